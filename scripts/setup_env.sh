@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create (or reuse) ./.venv with everything sage-grpo needs. Idempotent: it reinstalls only when
+# requirements.txt changed since the last successful install.
+#   SAGE_TORCH_SPEC   torch requirement installed first (default torch==2.13.0, the CPU build here)
+#   SAGE_VENV         virtual-environment folder (default ./.venv)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV=${SAGE_VENV:-.venv}
+TORCH_SPEC=${SAGE_TORCH_SPEC:-torch==2.13.0}
+PY=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup_env] creating virtual environment in $VENV"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.sage_grpo_installed"
+want="$(sha256sum requirements.txt | cut -d' ' -f1) $TORCH_SPEC"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "[setup_env] installing $TORCH_SPEC and requirements.txt (about a minute on first run)"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+"$VENV/bin/python" -m pip install -q -r requirements.txt
+echo "$want" > "$stamp"
