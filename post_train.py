@@ -1,0 +1,23 @@
+"""SAGE-GRPO post-training of HunyuanVideo-1.5.
+
+    python post_train.py --config configs/tiny_cpu.yaml                # CPU demo on the tiny checkpoint
+    torchrun --nproc_per_node 8 post_train.py --sp_size 2 ...         # one node (see run_post_train.sh)
+
+Every option is a flag named as in the reference implementation; ``--config file.yaml`` supplies values and flags
+override them. ``--help`` lists them all.
+"""
+
+import sys
+
+from sage_grpo.config import TrainConfig, parse_cli
+
+
+def main(argv=None) -> None:
+    cfg = parse_cli(TrainConfig, argv, description=__doc__.strip().splitlines()[0])
+    from sage_grpo.trainer import run_training  # heavy imports only after the command line is known to be valid
+
+    run_training(cfg)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,211 @@
+"""Dataclass-driven configuration: one schema gives the CLI flags, the YAML keys and the defaults.
+
+A config class is a plain ``@dataclass`` whose fields are declared with :func:`config_field`. From it,
+:func:`parse_cli` builds an ``argparse`` parser with one flag per field, named exactly as the field (so the reference's
+launch lines such as ``--sde_type sage_grpo --kl_weight 1e-5`` work unchanged). Values are resolved in three layers:
+field default < ``--config file.yaml`` < command-line flags. Unknown YAML keys are errors.
+
+Booleans parse like the reference's ``str_to_bool`` with ``nargs='?'`` and ``const=True``: a bare ``--flag`` means True,
+and true/false/1/0/yes/no/on/off (any case) are accepted.
+"""
+
+import argparse
+import dataclasses
+import difflib
+import json
+import typing
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+_TRUE = {"true", "1", "yes", "on", "y", "t"}
+_FALSE = {"false", "0", "no", "off", "n", "f"}
+
+
+def str_to_bool(value: Any) -> bool:
+    """Parse a boolean the way the reference does (case-insensitive true/1/yes/on, false/0/no/off)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false, 1/0, yes/no, on/off), got {value!r}")
+
+
+def config_field(
+    default: Any,
+    help: str,
+    *,
+    choices: Optional[Sequence[Any]] = None,
+    nargs: Optional[str] = None,
+    aliases: Sequence[str] = (),
+    no_effect: Optional[str] = None,
+) -> Any:
+    """Declare a config field.
+
+    ``no_effect``: for flags the reference accepts but ignores, the reason; setting such a flag emits a warning.
+    ``aliases``: extra command-line spellings (``--video_length`` for ``--validate_video_length``).
+    """
+    metadata = {"help": help, "choices": choices, "nargs": nargs, "aliases": tuple(aliases), "no_effect": no_effect}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _unwrap_optional(tp: Any) -> Tuple[Any, bool]:
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _scalar_converter(tp: Any):
+    if tp is bool:
+        return str_to_bool
+    if tp in (int, float, str):
+        def convert(value: Any, _tp=tp) -> Any:
+            if _tp is int and isinstance(value, float) and not value.is_integer():
+                raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}")
+            if _tp is int and isinstance(value, str):
+                return int(float(value)) if "e" in value.lower() else int(value)
+            return _tp(value)
+        return convert
+    if tp is dict or typing.get_origin(tp) is dict:
+        def convert_dict(value: Any) -> dict:
+            return value if isinstance(value, dict) else json.loads(value)
+        return convert_dict
+    raise TypeError(f"unsupported config field type {tp!r}")
+
+
+def _converter(field: dataclasses.Field):
+    """Return (convert_one_value, is_list, is_optional) for a field."""
+    tp, optional = _unwrap_optional(field.type)
+    if typing.get_origin(tp) in (list, List):
+        (inner,) = typing.get_args(tp)
+        return _scalar_converter(inner), True, optional
+    return _scalar_converter(tp), False, optional
+
+
+def coerce_value(field: dataclasses.Field, value: Any) -> Any:
+    """Convert a YAML/CLI value to the field's type; ``None`` is kept for Optional fields."""
+    convert, is_list, optional = _converter(field)
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ValueError(f"{field.name}: a value is required (got None)")
+    try:
+        if is_list:
+            items = value if isinstance(value, (list, tuple)) else [value]
+            result = [convert(v) for v in items]
+        else:
+            result = convert(value)
+    except (ValueError, TypeError, argparse.ArgumentTypeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{field.name}: cannot use {value!r}: {err}") from None
+    choices = field.metadata.get("choices")
+    if choices is not None:
+        for item in result if is_list else [result]:
+            if item not in choices:
+                raise ValueError(f"{field.name}: {item!r} is not one of {list(choices)}")
+    return result
+
+
+def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+    convert, is_list, _ = _converter(field)
+    meta = field.metadata
+    names = [f"--{field.name}"] + [f"--{a}" for a in meta.get("aliases", ())]
+    default = _default_of(field)
+    help_text = f"{meta.get('help', '')} (default: {default!r})"
+    if meta.get("no_effect"):
+        help_text += f" [accepted for compatibility; no effect: {meta['no_effect']}]"
+    kwargs: Dict[str, Any] = dict(dest=field.name, default=argparse.SUPPRESS, help=help_text)
+    if is_list:
+        kwargs.update(nargs=meta.get("nargs") or "+", type=str, metavar="VALUE")
+    elif convert is str_to_bool:
+        kwargs.update(nargs="?", const=True, type=str_to_bool, metavar="BOOL")
+    else:
+        kwargs.update(type=str, metavar=field.name.upper())
+        if meta.get("choices") is not None:
+            kwargs["choices"] = [str(c) for c in meta["choices"]]
+    parser.add_argument(*names, **kwargs)
+
+
+def load_yaml(path: str) -> Dict[str, Any]:
+    """Read a YAML config file into a flat ``{field: value}`` dict."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"--config: file {path!r} does not exist")
+    data = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: the top level must be a mapping of option names to values")
+    return data
+
+
+def from_dict(cls: Type[T], values: Dict[str, Any], *, source: str = "config") -> T:
+    """Build ``cls`` from a dict, rejecting unknown keys with a suggestion."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    aliases = {a: f.name for f in fields.values() for a in f.metadata.get("aliases", ())}
+    kwargs = {}
+    for key, value in values.items():
+        name = aliases.get(key, key)
+        if name not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"{source}: unknown option {key!r}.{hint} Run with --help for the full list.")
+        kwargs[name] = coerce_value(fields[name], value)
+    return cls(**kwargs)
+
+
+def _default_of(field: dataclasses.Field) -> Any:
+    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
+
+
+def warn_no_effect(config: Any) -> List[str]:
+    """Warn about each option the reference accepts but which does nothing, when set away from its default."""
+    messages = []
+    for field in dataclasses.fields(config):
+        reason = field.metadata.get("no_effect")
+        if reason and getattr(config, field.name) != _default_of(field):
+            messages.append(f"--{field.name} is accepted for compatibility with the reference but has no effect: {reason}")
+            warnings.warn(messages[-1], stacklevel=3)
+    return messages
+
+
+def build_parser(cls: Type[Any], description: Optional[str] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", default=None, help="YAML file of option values; command-line flags override it")
+    for field in dataclasses.fields(cls):
+        _add_flag(parser, field)
+    return parser
+
+
+def parse_cli(cls: Type[T], argv: Optional[Sequence[str]] = None, description: Optional[str] = None) -> T:
+    """Resolve defaults < YAML (``--config``) < flags into an instance of ``cls``."""
+    parser = build_parser(cls, description)
+    args = vars(parser.parse_args(argv))
+    config_path = args.pop("config")
+    values: Dict[str, Any] = load_yaml(config_path) if config_path else {}
+    values.update(args)
+    try:
+        config = from_dict(cls, values, source=f"--config {config_path}" if config_path else "command line")
+    except ValueError as err:
+        parser.error(str(err))
+    warn_no_effect(config)
+    return config
+
+
+def to_dict(config: Any) -> Dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def save_yaml(config: Any, path: Path) -> None:
+    """Write the resolved config; the file can be passed back with ``--config``."""
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))

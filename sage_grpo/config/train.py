@@ -1,0 +1,144 @@
+"""``TrainConfig``: every option of ``post_train.py``, declared once.
+
+Field names, types and defaults follow the reference's *effective* behaviour (its argparse defaults, which win over its
+dataclass defaults; reference_spec §1.1-§1.2). Options the reference does not expose as flags but that we make
+configurable (rollout size, sampler settings, logging retention, ...) are grouped after the reference flags. Options
+the reference accepts but ignores are accepted with a warning (``no_effect``).
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from sage_grpo.config.schema import config_field
+
+SDE_TYPE_CHOICES = ("dance_grpo", "sage_grpo", "flow_grpo", "cps")
+# Reference rollout resolution buckets (spec §2.4): bucket_hw_base_size -> (height, width).
+RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (544, 960), 960: (720, 1280),
+                      1440: (1080, 1920)}
+DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'
+
+
+@dataclass
+class TrainConfig:
+    # ---------------------------------------------------------------- model
+    pretrained_model_root: str = config_field("ckpts", "Root of the checkpoint tree (see ckpts/README.md)")
+    pretrained_transformer_version: str = config_field(
+        "480p_t2v", "Transformer subfolder under <root>/transformer/ (480p_t2v or 720p_t2v)")
+    post_train_type: str = config_field(
+        "grpo", "Post-training algorithm; only grpo is implemented (the reference's 'standard' crashes)",
+        choices=("grpo", "standard"))
+    dtype: str = config_field("bf16", "Dtype the transformer is loaded in", choices=("bf16", "fp32"))
+    master_weight_type: str = config_field(
+        "fp32", "Dtype of the trained (FSDP) parameters; gradients are reduced in fp32", choices=("fp32", "bf16"))
+    # ---------------------------------------------------------------- optimisation
+    learning_rate: float = config_field(1e-5, "Optimizer learning rate")
+    weight_decay: float = config_field(0.01, "Decoupled weight decay (Muon and AdamW)")
+    max_steps: int = config_field(10000, "Outer steps (rollout batches); one optimizer update each by default")
+    warmup_steps: int = config_field(
+        500, "Linear warm-up steps, used only with --lr_scheduler constant_with_warmup (the reference's constant "
+        "schedule ignores it)")
+    gradient_accumulation_steps: int = config_field(
+        1, "Rollout batches per optimizer update (the reference multiplies by steps x batch size internally)")
+    max_grad_norm: float = config_field(1.0, "Gradient-norm clip at each update")
+    use_muon: bool = config_field(True, "Muon for matrix parameters (AdamW for the rest); false: AdamW everywhere")
+    train_timestep_shift: float = config_field(3.0, "SFT leftover", no_effect="unused by GRPO in the reference too")
+    flow_snr_type: str = config_field(
+        "lognorm", "SFT leftover", choices=("uniform", "lognorm", "mix", "mode"),
+        no_effect="unused by GRPO in the reference too")
+    # ---------------------------------------------------------------- data
+    batch_size: int = config_field(2, "Prompts (rollout videos) per data-parallel rank per step")
+    num_workers: int = config_field(4, "DataLoader workers", no_effect="prompt CSVs are read in-process")
+    prefetch_factor: int = config_field(2, "DataLoader prefetch", no_effect="prompt CSVs are read in-process")
+    num_generations: int = config_field(4, "GRPO group size G: videos per prompt, across all ranks")
+    train_video_csv: Optional[List[str]] = config_field(
+        None, "Prompt CSV file(s) with a 'prompt' column (optional index, seed, ref_image_path); "
+        "default assets/demo_train.csv", nargs="+")
+    # ---------------------------------------------------------------- reward
+    reward_model: str = config_field(
+        "videoalign_local", "Reward model: videoalign_local, a built-in toy reward, or a dotted path "
+        "'package.module:callable'")
+    reward_weights: str = config_field(DEFAULT_REWARD_WEIGHTS, "JSON weights of the sub-rewards; avg = sum w_m * m")
+    reward_checkpoint_mode: str = config_field(
+        "v3", "Key-remapping mode for the VideoReward state dict", choices=("v1", "v2", "v3"))
+    remote_reward_url: Optional[str] = config_field(
+        None, "Server URL of a remote reward", no_effect="the reference's remote rewards are stubs")
+    # ---------------------------------------------------------------- KL / trust region
+    kl_weight: float = config_field(1e-5, "KL switch (>0 loads a reference model) and the controller's target/max beta")
+    kl_coef: float = config_field(1e-7, "Initial adaptive KL coefficient beta")
+    kl_min_coef: float = config_field(1e-7, "Lower bound of the adaptive KL coefficient")
+    use_moving_KL: bool = config_field(True, "Moving anchor: copy the policy into the reference periodically")
+    update_ref_model_step: int = config_field(10, "Anchor refresh interval, in optimizer updates")
+    use_dual_kl: bool = config_field(True, "Add the step-wise (rollout vs current log-prob) KL term")
+    dual_kl_moving_weight: float = config_field(1.0, "Weight of the mean-matching (position) KL term")
+    dual_kl_step_weight: float = config_field(0.1, "Weight of the step-wise (velocity) KL term")
+    # ---------------------------------------------------------------- sampler / GRPO
+    sde_type: str = config_field("sage_grpo", "SDE used for rollouts and log-probs", choices=SDE_TYPE_CHOICES)
+    use_grad_balancing: bool = config_field(True, "Gradient-norm equalizer across timesteps")
+    enable_timestep_permutation: bool = config_field(True, "Per-sample random order of the trained steps")
+    debug_grad_flow: bool = config_field(False, "Log gradient and parameter-change diagnostics")
+    debug_train_diagnostics_interval: int = config_field(1, "Diagnostics every N updates (with --debug_grad_flow)")
+    # ---------------------------------------------------------------- output / logging
+    output_dir: str = config_field("./outputs", "Run directory (logs, TensorBoard, samples, checkpoints)")
+    save_interval: int = config_field(100, "Checkpoint every N steps (and always at the end)")
+    log_interval: int = config_field(1, "Console metrics line every N steps")
+    seed: int = config_field(42, "Base seed: data order, shuffles and per-rank RNG (seed + dp_rank)")
+    # ---------------------------------------------------------------- validation
+    validation_global_seed: int = config_field(930, "Seed of validation videos without a CSV seed")
+    i2v_prob: float = config_field(0.3, "SFT leftover", no_effect="unused by GRPO in the reference too")
+    validation_interval: int = config_field(100, "Validate every N steps (<= 0 disables)")
+    validate_at_step0: bool = config_field(False, "Validate before the first step")
+    validation_prompts: Optional[List[str]] = config_field(
+        None, "Validation prompts, used when --valid_video_csv gives none", nargs="+")
+    valid_video_csv: Optional[List[str]] = config_field(
+        None, "Validation CSV file(s) with 'prompt' and optional 'seed'", nargs="+")
+    validation_timestep_shift: float = config_field(5.0, "Flow shift of the validation (ODE) sampler")
+    validation_fixed_size: str = config_field("480x864", "Validation HxW ('HxW' or 'H*W'; 'none': rollout size)")
+    validate_video_length: int = config_field(
+        81, "Validation frame count", aliases=("validation_video_length", "video_length"))
+    # ---------------------------------------------------------------- parallelism / memory
+    use_lora: bool = config_field(False, "Train LoRA adapters instead of all weights")
+    lora_r: int = config_field(8, "LoRA rank")
+    lora_alpha: int = config_field(16, "LoRA alpha")
+    lora_dropout: float = config_field(0.0, "LoRA dropout")
+    lora_target_modules: Optional[List[str]] = config_field(
+        None, "LoRA target modules (default all-linear)", nargs="+")
+    pretrained_lora_path: Optional[str] = config_field(None, "Load this adapter instead of creating one")
+    enable_fsdp: bool = config_field(True, "FSDP2 sharding when world size > 1")
+    enable_gradient_checkpointing: bool = config_field(True, "Activation checkpointing of transformer blocks")
+    sp_size: int = config_field(8, "Ulysses sequence-parallel degree")
+    dp_replicate: int = config_field(1, "HSDP replicate degree of the FSDP mesh")
+    reference_mode_offload: bool = config_field(False, "Keep the reference model on CPU between its passes")
+    resume_from_checkpoint: Optional[str] = config_field(None, "checkpoint-N directory to resume from")
+
+    # ================================================================ beyond the reference's flags
+    # (reference TrainingConfig fields without a flag, spec §1.2, plus our own additions)
+    grpo_sampling_steps: int = config_field(20, "Rollout denoising steps; every one is an SDE step and a trained step")
+    sample_n_frames: int = config_field(81, "Frames per rollout video")
+    eta: float = config_field(0.5, "SDE noise level eta")
+    cfg_scale: float = config_field(6.0, "Classifier-free guidance scale in rollouts and training")
+    neg_prompt: str = config_field("", "Negative prompt for CFG")
+    infer_flow_shift_video: float = config_field(5.0, "Flow shift of the rollout sigma schedule")
+    video_bucket_hw_base_size: int = config_field(
+        480, "Rollout resolution bucket", choices=tuple(RESOLUTION_BUCKETS))
+    rollout_height: Optional[int] = config_field(None, "Rollout height override (default: from the bucket)")
+    rollout_width: Optional[int] = config_field(None, "Rollout width override (default: from the bucket)")
+    mini_batch_size_per_update: int = config_field(1, "Samples per transformer call in rollout, reference and training")
+    clip_range: float = config_field(1e-4, "PPO ratio clip epsilon")
+    adv_clip_max: float = config_field(5.0, "Advantage clip |A| <= adv_clip_max")
+    timestep_fraction: float = config_field(1.0, "Fraction of the denoising steps trained per sample")
+    use_same_noise: bool = config_field(False, "All members of a group start from the same initial noise")
+    video_fps: int = config_field(24, "Frame rate of saved videos and of reward frame sampling")
+    validation_num_inference_steps: int = config_field(40, "Validation denoising steps")
+    lr_scheduler: str = config_field(
+        "constant", "Learning-rate schedule (constant as the reference; constant_with_warmup uses --warmup_steps)",
+        choices=("constant", "constant_with_warmup"))
+    text_max_length: Optional[int] = config_field(
+        None, "Override of the text encoder's token length (tiny models use short lengths)")
+    reward_batch_size: int = config_field(4, "Videos per reward-model forward")
+    reward_from_mp4: bool = config_field(False, "Score the saved mp4 files (strict reference parity) instead of tensors")
+    save_rollout_videos: bool = config_field(True, "Write rollout mp4s and per-group reward JSON under rl_samples/")
+    keep_rollout_steps: int = config_field(
+        20, "Keep rollout media of only the newest N steps (<= 0 keeps all, as the reference)")
+    keep_checkpoints: int = config_field(0, "Keep only the newest N checkpoints (<= 0 keeps all)")
+    overwrite_output_dir: bool = config_field(False, "Allow starting a new run in a directory that holds another run")
+    device: Optional[str] = config_field(None, "Device (default: cuda:LOCAL_RANK when available, else cpu)")

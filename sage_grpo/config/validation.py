@@ -1,0 +1,140 @@
+"""Validity rules checked before any model loads (reference_spec §3.4 plus our own sanity checks).
+
+Every failure raises ``ConfigError`` (a ``ValueError``) whose message names the rule, the offending values and a valid
+alternative, so that a mistyped launch line fails in a second instead of after minutes of model loading.
+"""
+
+import json
+from typing import Dict, List, Optional, Tuple
+
+from sage_grpo.config.train import TrainConfig
+
+
+class ConfigError(ValueError):
+    """An invalid combination of options."""
+
+
+def _fail(rule: str, message: str, fix: str) -> None:
+    raise ConfigError(f"[{rule}] {message}. Fix: {fix}.")
+
+
+def parse_reward_weights(text: str) -> Dict[str, float]:
+    """``--reward_weights`` JSON -> {sub_reward: weight}."""
+    try:
+        weights = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--reward_weights is not valid JSON ({err}); example: '{{\"VQ\":0.5,\"MQ\":0.5,\"TA\":1.0}}'")
+    if not isinstance(weights, dict) or not all(isinstance(v, (int, float)) for v in weights.values()):
+        raise ConfigError(f"--reward_weights must be a JSON object of numbers, got {text!r}; "
+                          "example: '{\"VQ\":0.5,\"MQ\":0.5,\"TA\":1.0}'")
+    return {str(k): float(v) for k, v in weights.items()}
+
+
+def parse_size(text: Optional[str], option: str) -> Optional[Tuple[int, int]]:
+    """'480x864' or '480*864' -> (480, 864); 'none'/None -> None."""
+    if text is None or str(text).strip().lower() in ("", "none"):
+        return None
+    for sep in ("x", "X", "*"):
+        if sep in text:
+            parts = text.split(sep)
+            if len(parts) == 2 and all(p.strip().isdigit() and int(p) > 0 for p in parts):
+                return int(parts[0]), int(parts[1])
+    raise ConfigError(f"{option} {text!r} is not a size; use HEIGHTxWIDTH such as 480x864, or none")
+
+
+def group_layout(batch_size: int, num_generations: int) -> Tuple[int, int]:
+    """(ranks_per_group, groups_per_rank) of spec §2.2: B >= G gives (1, B/G), B < G gives (G/B, 1)."""
+    if batch_size >= num_generations:
+        return 1, batch_size // num_generations
+    return num_generations // batch_size, 1
+
+
+def check_parallel_layout(world_size: int, sp_size: int, batch_size: int, num_generations: int,
+                          num_attention_heads: Optional[int] = None) -> None:
+    """Rules (1)-(4) of spec §3.4."""
+    if sp_size < 1 or sp_size > world_size or world_size % sp_size:
+        _fail("sp-divides-world", f"--sp_size {sp_size} must divide the world size {world_size}",
+              f"use --sp_size 1 on one process, or launch a multiple of {sp_size} processes "
+              f"(torchrun --nproc_per_node {max(sp_size, 1)})")
+    if num_attention_heads is not None and num_attention_heads % sp_size:
+        _fail("heads-divisible-by-sp", f"the transformer has {num_attention_heads} attention heads, not divisible "
+              f"by --sp_size {sp_size}", "pick --sp_size among the divisors of the head count")
+    dp_size = world_size // sp_size
+    if batch_size < 1 or num_generations < 1:
+        _fail("positive-sizes", f"--batch_size {batch_size} and --num_generations {num_generations} must be >= 1",
+              "use for example --batch_size 2 --num_generations 4")
+    if (batch_size * dp_size) % num_generations:
+        _fail("groups-fill-the-step", f"--batch_size {batch_size} x data-parallel size {dp_size} = "
+              f"{batch_size * dp_size} videos per step is not a multiple of --num_generations {num_generations}",
+              "choose num_generations dividing batch_size x dp")
+    if batch_size >= num_generations and batch_size % num_generations:
+        _fail("batch-holds-whole-groups", f"--batch_size {batch_size} >= --num_generations {num_generations} "
+              "but is not a multiple of it", f"use --batch_size {num_generations * (batch_size // num_generations)}")
+    if batch_size < num_generations:
+        if num_generations % batch_size:
+            _fail("group-spans-whole-ranks", f"--num_generations {num_generations} is not a multiple of "
+                  f"--batch_size {batch_size}", "choose batch_size dividing num_generations")
+        ranks_per_group = num_generations // batch_size
+        if dp_size % ranks_per_group:
+            _fail("ranks-per-group-divides-dp", f"each group spans {ranks_per_group} data-parallel ranks but the "
+                  f"data-parallel size is {dp_size}", f"use a dp size that is a multiple of {ranks_per_group}")
+
+
+def check_sequence_parallel_tokens(num_tokens: int, sp_size: int) -> None:
+    """Rule (5) of spec §3.4: every SP rank gets image tokens (we additionally need an even split)."""
+    if sp_size > 1 and num_tokens % sp_size:
+        _fail("tokens-divisible-by-sp", f"{num_tokens} latent tokens per video cannot be split evenly across "
+              f"--sp_size {sp_size}", "change the rollout size/frames or the sp degree")
+
+
+def validate_train_config(cfg: TrainConfig, world_size: int = 1,
+                          num_attention_heads: Optional[int] = None) -> List[str]:
+    """Check every rule that needs no model; returns human-readable notes (empty when nothing to say)."""
+    notes: List[str] = []
+    if cfg.post_train_type != "grpo":
+        _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
+              "'standard' path crashes)", "use --post_train_type grpo")
+    check_parallel_layout(world_size, cfg.sp_size, cfg.batch_size, cfg.num_generations, num_attention_heads)
+    if cfg.batch_size % cfg.mini_batch_size_per_update:
+        _fail("mini-batch-divides-batch", f"--mini_batch_size_per_update {cfg.mini_batch_size_per_update} does not "
+              f"divide --batch_size {cfg.batch_size}", "use 1 (the reference's value)")
+    if not 0.0 < cfg.timestep_fraction <= 1.0:
+        _fail("timestep-fraction", f"--timestep_fraction {cfg.timestep_fraction} must be in (0, 1]", "use 1.0")
+    if cfg.grpo_sampling_steps < 1:
+        _fail("sampling-steps", f"--grpo_sampling_steps {cfg.grpo_sampling_steps} must be >= 1", "use 20")
+    if cfg.eta <= 0:
+        _fail("eta-positive", f"--eta {cfg.eta} gives a zero-noise SDE with no log-probability",
+              "use --eta 0.5 (the reference's value)")
+    if cfg.kl_weight < 0 or cfg.kl_coef < 0 or cfg.kl_min_coef < 0:
+        _fail("kl-nonnegative", "--kl_weight, --kl_coef and --kl_min_coef must be >= 0",
+              "use --kl_weight 0 to disable the KL terms")
+    for name in ("learning_rate", "max_grad_norm", "cfg_scale", "clip_range", "adv_clip_max"):
+        if getattr(cfg, name) <= 0:
+            _fail(f"{name}-positive", f"--{name} {getattr(cfg, name)} must be > 0", "see --help for the default")
+    for name in ("max_steps", "gradient_accumulation_steps", "save_interval", "log_interval", "sample_n_frames",
+                 "reward_batch_size", "validation_num_inference_steps"):
+        if getattr(cfg, name) < 1:
+            _fail(f"{name}-positive", f"--{name} {getattr(cfg, name)} must be >= 1", "see --help for the default")
+    if cfg.dp_replicate < 1 or (world_size % cfg.dp_replicate):
+        _fail("dp-replicate-divides-world", f"--dp_replicate {cfg.dp_replicate} must divide the world size "
+              f"{world_size}", "use --dp_replicate 1")
+    if (cfg.rollout_height is None) != (cfg.rollout_width is None):
+        _fail("rollout-size-pair", "--rollout_height and --rollout_width must be given together",
+              "pass both, or neither to use --video_bucket_hw_base_size")
+    parse_reward_weights(cfg.reward_weights)
+    parse_size(cfg.validation_fixed_size, "--validation_fixed_size")
+    if cfg.pretrained_lora_path and not cfg.use_lora:
+        _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
+    if cfg.kl_weight > 0 and cfg.kl_min_coef > cfg.kl_weight:
+        notes.append(f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
+                     f"{cfg.kl_weight} (as the reference does)")
+    return notes
+
+
+def rollout_size(cfg: TrainConfig) -> Tuple[int, int]:
+    """(height, width) of rollout videos: the explicit override, else the reference bucket table."""
+    from sage_grpo.config.train import RESOLUTION_BUCKETS
+
+    if cfg.rollout_height is not None:
+        return cfg.rollout_height, cfg.rollout_width
+    return RESOLUTION_BUCKETS[cfg.video_bucket_hw_base_size]
