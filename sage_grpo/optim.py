@@ -1,0 +1,96 @@
+"""Optimizers and the learning-rate schedule (reference_spec §2.17).
+
+Default (``--use_muon true``): ``torch.optim.Muon`` on the 2-D weight matrices, with the reference's per-matrix learning
+rate ``lr * 0.2 * sqrt(max(rows, cols))`` (torch's ``adjust_lr_fn="match_rms_adamw"``), momentum 0.95 with Nesterov,
+5 Newton-Schulz steps with coefficients (3.4445, -4.7750, 2.0315) and decoupled weight decay; AdamW with the
+reference's Muon-side betas (0.95, 0.95) and eps 1e-8 for every other trainable tensor (biases, norms, embeddings of
+other ranks). ``--use_muon false``: AdamW(betas=(0.9, 0.999), eps=1e-8) on everything.
+
+Differences from the reference's Muon (HunyuanVideo-1.5 ``hyvideo/optim/muon.py``): torch keeps the momentum buffer as
+an exponential average, which scales the pre-orthogonalisation update by (1 - momentum); Newton-Schulz normalises by
+the Frobenius norm first, so the orthogonalised update is the same. Tensors with more than two dimensions (the 3-D
+patch-embedding convolution) go to AdamW instead of being flattened into Muon, because torch's Muon accepts only
+matrices.
+
+Schedule: ``constant`` (the reference's; it ignores ``--warmup_steps``) or ``constant_with_warmup`` (linear warm-up
+from 0 over ``--warmup_steps`` optimizer updates, then constant).
+"""
+
+from typing import Dict, Iterable, List, Tuple
+
+import torch
+
+MUON_MOMENTUM = 0.95
+AUX_ADAMW_BETAS = (0.95, 0.95)
+ADAMW_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+class MuonWithAdamW:
+    """Muon for matrices plus AdamW for the rest, stepped together and checkpointed as one."""
+
+    def __init__(self, named_params: Iterable[Tuple[str, torch.nn.Parameter]], lr: float, weight_decay: float):
+        matrices, others = [], []
+        for _, param in named_params:
+            if param.requires_grad:
+                (matrices if param.ndim == 2 else others).append(param)
+        self.optimizers: Dict[str, torch.optim.Optimizer] = {}
+        if matrices:
+            self.optimizers["muon"] = torch.optim.Muon(
+                matrices, lr=lr, weight_decay=weight_decay, momentum=MUON_MOMENTUM, nesterov=True,
+                adjust_lr_fn="match_rms_adamw")
+        if others:
+            self.optimizers["adamw"] = torch.optim.AdamW(
+                others, lr=lr, betas=AUX_ADAMW_BETAS, eps=ADAM_EPS, weight_decay=weight_decay)
+
+    @property
+    def param_groups(self) -> List[dict]:
+        return [group for opt in self.optimizers.values() for group in opt.param_groups]
+
+    def step(self) -> None:
+        for opt in self.optimizers.values():
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != set(self.optimizers):
+            raise ValueError(f"optimizer state holds {sorted(state)} but this run builds {sorted(self.optimizers)}")
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state[name])
+
+
+def build_optimizer(named_params: Iterable[Tuple[str, torch.nn.Parameter]], *, use_muon: bool, lr: float,
+                    weight_decay: float):
+    named_params = [(n, p) for n, p in named_params if p.requires_grad]
+    if not named_params:
+        raise ValueError("no trainable parameters: check --use_lora / --lora_target_modules")
+    if use_muon:
+        return MuonWithAdamW(named_params, lr, weight_decay)
+    return torch.optim.AdamW([p for _, p in named_params], lr=lr, betas=ADAMW_BETAS, eps=ADAM_EPS,
+                             weight_decay=weight_decay)
+
+
+class LRSchedule:
+    """Learning rate as a pure function of the number of optimizer updates done so far."""
+
+    def __init__(self, kind: str, base_lr: float, warmup_steps: int = 0):
+        if kind not in ("constant", "constant_with_warmup"):
+            raise ValueError(f"unknown lr schedule {kind!r}; use constant or constant_with_warmup")
+        self.kind, self.base_lr, self.warmup_steps = kind, base_lr, warmup_steps
+
+    def lr_at(self, update_steps: int) -> float:
+        if self.kind == "constant_with_warmup" and self.warmup_steps > 0:
+            return self.base_lr * min(1.0, (update_steps + 1) / self.warmup_steps)
+        return self.base_lr
+
+    def apply(self, optimizer, update_steps: int) -> float:
+        lr = self.lr_at(update_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr

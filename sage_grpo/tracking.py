@@ -1,0 +1,114 @@
+"""What a user sees of a run: the run directory, console lines, ``metrics.jsonl``, TensorBoard and rollout media.
+
+Run directory (``--output_dir``)::
+
+    run_config.yaml            resolved configuration (pass it back with --config to repeat the run)
+    train.log                  the console lines
+    metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}
+    tb/                        TensorBoard scalars, tags grouped as the reference: Reward/, KL/, Time/, Train/
+    rl_samples/{step:07d}/group_{g}/   rollout mp4s and index_{i}_group_{g}_rewards.json (newest N steps kept)
+    samples/step_{step:06d}/   validation videos
+    checkpoint-{step}/         see sage_grpo/checkpoint.py
+"""
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+from sage_grpo.config.validation import ConfigError
+
+RUN_MARKER = "run_config.yaml"
+
+
+def prepare_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> Path:
+    """Create the run directory, refusing to mix two runs in one directory."""
+    run_dir = Path(output_dir)
+    if (run_dir / RUN_MARKER).exists() and not (resuming or overwrite):
+        raise ConfigError(f"--output_dir {output_dir} already holds a run ({RUN_MARKER} exists). Use a new "
+                          "--output_dir, continue it with --resume_from_checkpoint latest, or pass "
+                          "--overwrite_output_dir true to start over in place")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def tensorboard_tag(name: str) -> str:
+    """The reference's tag routing: reward -> Reward/, kl -> KL/, time -> Time/, everything else -> Train/."""
+    lowered = name.lower()
+    for key, group in (("reward", "Reward"), ("kl", "KL"), ("time", "Time")):
+        if key in lowered:
+            return f"{group}/{name}"
+    return f"Train/{name}"
+
+
+def format_value(value: float) -> str:
+    """8 decimals, or scientific notation below 1e-6 (as the reference's console line)."""
+    if isinstance(value, float) and value != 0.0 and math.isfinite(value) and abs(value) < 1e-6:
+        return f"{value:.3e}"
+    return f"{value:.8f}" if isinstance(value, float) else str(value)
+
+
+class MetricsLogger:
+    """Console + train.log + metrics.jsonl + TensorBoard; only the main process writes."""
+
+    def __init__(self, run_dir: Path, *, enabled: bool = True, log_interval: int = 1):
+        self.enabled, self.log_interval = enabled, log_interval
+        self.run_dir = run_dir
+        self._writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+
+    def info(self, message: str) -> None:
+        if not self.enabled:
+            return
+        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
+        print(line, flush=True)
+        with open(self.run_dir / "train.log", "a") as handle:
+            handle.write(line + "\n")
+
+    def log_step(self, step: int, metrics: Dict[str, float], *, console: Optional[bool] = None) -> None:
+        """Record the metrics of global step ``step`` (1-based, as the reference's TensorBoard x axis)."""
+        if not self.enabled:
+            return
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        with open(self.run_dir / "metrics.jsonl", "a") as handle:
+            handle.write(json.dumps({"step": step, **clean}) + "\n")
+        for name, value in clean.items():
+            tag = "Train/learning_rate" if name == "lr" else tensorboard_tag(name)
+            self._writer.add_scalar(tag, value, step)
+        self._writer.flush()
+        if console if console is not None else step % self.log_interval == 0:
+            shown = ", ".join(f"{k}={format_value(v)}" for k, v in clean.items())
+            self.info(f"step {step}: {shown}")
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def read_metrics(run_dir: Path) -> list:
+    """All rows of ``metrics.jsonl`` (for plots and tests)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def truncate_metrics(run_dir: Path, last_step: int) -> None:
+    """Drop rows after ``last_step`` (a resumed run rewrites the steps a crash left half-logged)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if path.exists():
+        rows = [r for r in read_metrics(run_dir) if r["step"] <= last_step]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def prune_rollout_media(run_dir: Path, keep: int) -> None:
+    """Keep only the newest ``keep`` step folders under rl_samples/ (``keep <= 0`` keeps everything)."""
+    root = Path(run_dir) / "rl_samples"
+    if keep <= 0 or not root.exists():
+        return
+    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    for old in steps[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,155 @@
+"""Trainer building blocks that need no model: prompt data, seeds, optimizer, LR schedule, run dir, checkpoints."""
+
+import json
+
+import pytest
+import torch
+
+from sage_grpo.checkpoint import (capture_rng_state, list_checkpoints, load_checkpoint, prune_checkpoints,
+                                  resolve_resume_path, restore_rng_state, save_checkpoint)
+from sage_grpo.config.validation import ConfigError
+from sage_grpo.data import GroupedPromptSampler, read_prompt_csvs, sample_seeds
+from sage_grpo.optim import LRSchedule, MuonWithAdamW, build_optimizer
+from sage_grpo.tracking import MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics, tensorboard_tag
+
+
+def _csv(tmp_path, text, name="p.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_csv_reading_defaults_and_concatenation(tmp_path):
+    a = _csv(tmp_path, "prompt,seed\nfirst,7\nsecond,\n", "a.csv")
+    b = _csv(tmp_path, "index,prompt\n10,third\n", "b.csv")
+    items = read_prompt_csvs([a, b])
+    assert [(i.index, i.prompt, i.seed) for i in items] == [(0, "first", 7), (1, "second", 42), (10, "third", 42)]
+
+
+@pytest.mark.parametrize("text,match", [
+    ("text,seed\nhello,1\n", "no 'prompt' column"),
+    ("prompt,seed\n", "holds no prompts"),
+    ("prompt,seed\nhello,abc\n", "must be integers"),
+    ("prompt,ref_image_path\nhello,/does/not/exist.png\n", "cannot be read"),
+])
+def test_csv_errors_are_clear(tmp_path, text, match):
+    with pytest.raises(ConfigError, match=match):
+        read_prompt_csvs([_csv(tmp_path, text)])
+
+
+def test_missing_csv_names_the_file():
+    with pytest.raises(ConfigError, match="nope.csv.*does not exist"):
+        read_prompt_csvs(["nope.csv"])
+
+
+def test_sampler_layout_groups_span_consecutive_ranks():
+    # B=2, G=4, dp=4: U = 2*4/4 = 2 unique prompts per step; ranks (0,1) share one prompt, ranks (2,3) the other.
+    per_rank = [GroupedPromptSampler(8, 2, 4, 4, r, seed=42).indices(0) for r in range(4)]
+    assert per_rank[0] == per_rank[1] and per_rank[2] == per_rank[3]
+    assert len(set(per_rank[0])) == 1 and per_rank[0][0] != per_rank[2][0]
+
+
+def test_sampler_whole_groups_per_rank_and_epoch_advances():
+    sampler = GroupedPromptSampler(6, 4, 2, 1, 0, seed=42)   # U = 4*1/2 = 2, steps/epoch = 6 // 2 = 3
+    assert sampler.steps_per_epoch == 3
+    epoch0 = [sampler.indices(s) for s in range(3)]
+    for batch in epoch0:                                       # [p, p, q, q]: two whole groups of 2
+        assert batch[0] == batch[1] and batch[2] == batch[3]
+    assert sorted(i for b in epoch0 for i in b[::2]) == list(range(6))  # every prompt once per epoch
+    epoch1 = [sampler.indices(s) for s in range(3, 6)]
+    assert epoch1 != epoch0                                    # the order changes with the epoch
+
+
+def test_sampler_needs_enough_prompts():
+    with pytest.raises(ConfigError, match="cannot fill one step"):
+        GroupedPromptSampler(1, 4, 2, 1, 0, seed=0)            # U = 2 > 1 prompt
+
+
+def test_sample_seeds_follow_reference_offsets():
+    assert sample_seeds([42, 42, 7, 7], num_generations=2, dp_rank=0, batch_size=4) == [42, 43, 7, 8]
+    # group spans 2 ranks (B=2, G=4): rank_in_group 1 -> offsets 1*2+0, 1*2+1
+    assert sample_seeds([42, 42], num_generations=4, dp_rank=3, batch_size=2) == [44, 45]
+    assert sample_seeds([42, 42], 4, 3, 2, use_same_noise=True) == [42, 42]
+
+
+def test_muon_takes_matrices_and_adamw_the_rest():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Conv3d(2, 2, 1))
+    opt = build_optimizer(model.named_parameters(), use_muon=True, lr=1e-2, weight_decay=0.0)
+    assert isinstance(opt, MuonWithAdamW)
+    muon = opt.optimizers["muon"].param_groups[0]["params"]
+    assert len(muon) == 1 and muon[0] is model[0].weight
+    assert opt.optimizers["muon"].param_groups[0]["adjust_lr_fn"] == "match_rms_adamw"
+    before = model[0].weight.detach().clone()
+    model[0](torch.randn(3, 4)).pow(2).sum().backward()
+    opt.step()
+    # One Muon step moves W by lr * 0.2 * sqrt(max(8, 4)) * U with U orthogonal-ish: |dW|_max is O(lr * 0.57).
+    delta = (model[0].weight - before).abs().max().item()
+    assert 1e-4 < delta < 2e-2
+    state = opt.state_dict()
+    opt2 = build_optimizer(model.named_parameters(), use_muon=True, lr=1e-2, weight_decay=0.0)
+    opt2.load_state_dict(state)
+    assert torch.equal(opt2.optimizers["muon"].state_dict()["state"][0]["momentum_buffer"],
+                       state["muon"]["state"][0]["momentum_buffer"])
+
+
+def test_adamw_when_muon_is_off():
+    opt = build_optimizer(torch.nn.Linear(2, 2).named_parameters(), use_muon=False, lr=1e-3, weight_decay=0.01)
+    assert isinstance(opt, torch.optim.AdamW) and opt.param_groups[0]["betas"] == (0.9, 0.999)
+
+
+def test_lr_schedules():
+    assert [LRSchedule("constant", 1e-5, 500).lr_at(s) for s in (0, 10)] == [1e-5, 1e-5]  # warm-up ignored
+    warm = LRSchedule("constant_with_warmup", 1e-4, 4)
+    assert [warm.lr_at(s) for s in range(5)] == pytest.approx([2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4])
+
+
+def test_tensorboard_tag_routing():
+    assert tensorboard_tag("gathered_avg_reward_mean") == "Reward/gathered_avg_reward_mean"
+    assert tensorboard_tag("KL_weight") == "KL/KL_weight" and tensorboard_tag("approx_kl") == "KL/approx_kl"
+    assert tensorboard_tag("rollout_time") == "Time/rollout_time"
+    assert tensorboard_tag("clipfrac") == "Train/clipfrac"
+
+
+def test_run_dir_refuses_a_second_run(tmp_path):
+    run = prepare_run_dir(str(tmp_path / "run"), resuming=False, overwrite=False)
+    (run / "run_config.yaml").write_text("x: 1\n")
+    with pytest.raises(ConfigError, match="already holds a run"):
+        prepare_run_dir(str(run), resuming=False, overwrite=False)
+    prepare_run_dir(str(run), resuming=True, overwrite=False)
+
+
+def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path):
+    logger = MetricsLogger(tmp_path)
+    logger.log_step(1, {"loss": 0.5, "avg_reward_mean": 1.25})
+    logger.close()
+    assert read_metrics(tmp_path) == [{"step": 1, "loss": 0.5, "avg_reward_mean": 1.25}]
+    assert any((tmp_path / "tb").iterdir()) and "loss=0.50000000" in (tmp_path / "train.log").read_text()
+
+
+def test_rollout_media_retention(tmp_path):
+    for step in range(5):
+        (tmp_path / "rl_samples" / f"{step:07d}").mkdir(parents=True)
+    prune_rollout_media(tmp_path, keep=2)
+    assert sorted(p.name for p in (tmp_path / "rl_samples").iterdir()) == ["0000003", "0000004"]
+
+
+def test_checkpoint_roundtrip_atomic_and_latest(tmp_path):
+    weights = {"w": torch.arange(6.0).reshape(2, 3)}
+    for step in (2, 4):
+        save_checkpoint(tmp_path, step, model_state=weights, optimizer_state={"s": step},
+                        training_state={"global_step": step}, anchor_state={"w": torch.ones(1)})
+    (tmp_path / ".checkpoint-6.tmp").mkdir()   # an interrupted save is never picked up
+    assert list(list_checkpoints(tmp_path)) == [2, 4]
+    latest = resolve_resume_path("latest", tmp_path)
+    loaded = load_checkpoint(latest)
+    assert torch.equal(loaded["model_state"]["w"], weights["w"])
+    assert loaded["training_state"]["global_step"] == 4 and loaded["optimizer_state"] == {"s": 4}
+    prune_checkpoints(tmp_path, keep=1)
+    assert list(list_checkpoints(tmp_path)) == [4]
+
+
+def test_rng_state_roundtrip():
+    state = capture_rng_state()
+    first = torch.rand(3)
+    restore_rng_state(state)
+    assert torch.equal(torch.rand(3), first)
