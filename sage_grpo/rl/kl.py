@@ -1,0 +1,94 @@
+"""KL terms of the dual trust region (paper §3.2.2, App. A.6; spec §2.13).
+
+Position control, the mean-matching KL to a reference (fixed base model or periodically refreshed "moving
+anchor"): the KL between two isotropic Gaussians with the same std, averaged per element,
+
+    KL_pos = mean_b [ mean_elems (μ_θ − μ_ref)² / (2·(std² + 1e-6)) ]       ``mean_matching_kl``
+
+Velocity control, the step-wise KL to the rollout policy, a one-sample estimate of KL(π_old ‖ π_θ):
+
+    KL_step = mean_b (log π_old − log π_θ)                                  ``stepwise_kl``
+
+    KL_eff = w_pos·KL_pos + w_step·KL_step (dual; w = 1.0, 0.1)  or  KL_pos   ``dual_kl``
+
+``std`` is the sampler's returned ``std_dev_t`` as in the reference: for flow_grpo it lacks the √(−dt) factor,
+for cps it is 0 at the last step (denominator 2e-6); see spec §10.14.
+
+KL modes (the README's KL ablation), chosen by (kl_weight, use_moving_KL, use_dual_kl): kl_weight = 0 is "none"
+(no reference model is loaded), otherwise the table ``KL_MODES`` below. "Step-wise only" has no flag in the
+reference; the closest is a dual mode with moving weight 0, which still needs the reference model.
+"""
+from dataclasses import dataclass
+from typing import Union
+
+from torch import Tensor
+
+KL_STD_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class KLMode:
+    """One KL configuration: whether it uses the reference model, refreshes it, and adds the step-wise term."""
+
+    name: str
+    uses_reference: bool
+    moving_anchor: bool
+    dual: bool
+
+
+KL_MODES: dict[tuple[bool, bool], KLMode] = {  # (use_moving_KL, use_dual_kl) -> mode, for kl_weight > 0
+    (False, False): KLMode("fixed", uses_reference=True, moving_anchor=False, dual=False),
+    (True, False): KLMode("moving", uses_reference=True, moving_anchor=True, dual=False),
+    (False, True): KLMode("dual_fixed", uses_reference=True, moving_anchor=False, dual=True),
+    (True, True): KLMode("dual_moving", uses_reference=True, moving_anchor=True, dual=True),
+}
+NO_KL = KLMode("none", uses_reference=False, moving_anchor=False, dual=False)
+
+
+def resolve_kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) -> KLMode:
+    """The KLMode of a flag combination; kl_weight = 0 switches KL (and the reference model) off."""
+    if kl_weight < 0:
+        raise ValueError(f"kl_weight must be >= 0, got {kl_weight}")
+    if kl_weight == 0:
+        return NO_KL
+    return KL_MODES[(bool(use_moving_kl), bool(use_dual_kl))]
+
+
+def kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) -> str:
+    """Name of the KL mode: "none", "fixed", "moving", "dual_fixed" or "dual_moving"."""
+    return resolve_kl_mode(kl_weight, use_moving_kl, use_dual_kl).name
+
+
+def mean_matching_kl(mean: Tensor, ref_mean: Tensor, std: Union[float, Tensor]) -> Tensor:
+    """0-d KL_pos for (B, ...) means; ``std`` is a scalar or a (B,) per-sample std_dev_t."""
+    if mean.shape != ref_mean.shape:
+        raise ValueError(f"mean {tuple(mean.shape)} and ref_mean {tuple(ref_mean.shape)} must have the same shape")
+    per_sample = ((mean.float() - ref_mean.float()) ** 2).mean(dim=tuple(range(1, mean.ndim)))  # (B,)
+    return (per_sample / (2 * (std**2 + KL_STD_EPS))).mean()
+
+
+def stepwise_kl(old_log_prob: Tensor, new_log_prob: Tensor) -> Tensor:
+    """0-d KL_step = mean(old − new): ≈ 0 in value on-policy, but its gradient is −∇ log π_θ."""
+    return (old_log_prob - new_log_prob).mean()
+
+
+def dual_kl(
+    mean: Tensor,
+    ref_mean: Tensor,
+    std: Union[float, Tensor],
+    old_log_prob: Tensor,
+    new_log_prob: Tensor,
+    use_dual_kl: bool,
+    moving_weight: float = 1.0,
+    step_weight: float = 0.1,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """(KL_eff, parts): parts holds detached "kl_moving" and, in dual modes only, "kl_stepwise".
+
+    Without use_dual_kl, KL_eff = KL_pos unweighted (the reference applies ``moving_weight`` only in dual mode).
+    """
+    kl_moving = mean_matching_kl(mean, ref_mean, std)
+    if not use_dual_kl:
+        return kl_moving, {"kl_moving": kl_moving.detach()}
+    kl_step = stepwise_kl(old_log_prob, new_log_prob)
+    effective = moving_weight * kl_moving + step_weight * kl_step
+    return effective, {"kl_moving": kl_moving.detach(), "kl_stepwise": kl_step.detach()}

@@ -1,0 +1,89 @@
+"""Adaptive KL coefficient β (paper App. A.6; spec §2.13), as ``AdaptiveKLController`` of the reference lineage.
+
+Built from the reference's flags: target = kl_weight, β_min = clamp(kl_min_coef, 0, kl_weight),
+β_0 = clamp(kl_coef, β_min, kl_weight), β_max = kl_weight. ``kl_coef`` is the β to use now (read before the
+update); ``update(kl)`` is then called once per inner iteration with that iteration's effective KL:
+
+    n = number of updates so far (after counting this one)
+    n < horizon:  β = β_min + (target − β_min)·n / horizon                  linear warm-up
+    otherwise, if >= window KL values are stored and m = mean of the last ``window``:
+        m − target >  0.5·target  ->  β ← 0.9·β                             KL too large
+        m − target < −0.5·target  ->  β ← 1.1·β                             KL too small
+        β ← clamp(β, β_min, β_max)
+
+The history keeps the last ``horizon`` values. This is a proportional bang-bang rule, not a PID controller.
+
+Departures from the reference (TVRL ``grpo_commons.py``; the SAGE copy is not public):
+- the warm-up length is ``horizon`` (the reference hard-codes 100, its default horizon) and the averaging
+  window is a parameter (hard-coded 10 there); with the defaults the behaviour is identical;
+- ``state_dict``/``load_state_dict`` make it resumable; the reference does not checkpoint it (spec §10.29).
+"""
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AdaptiveKLController:
+    """β controller; use ``from_flags`` to build it from the reference's command-line values."""
+
+    target_kl: float
+    min_coef: float
+    max_coef: float
+    init_coef: float
+    horizon: int = 100
+    window: int = 10
+    _coef: float = field(init=False)
+    _num_updates: int = field(init=False, default=0)
+    _history: list[float] = field(init=False, default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.window <= self.horizon:
+            raise ValueError(f"need 1 <= window <= horizon, got window={self.window}, horizon={self.horizon}")
+        if not 0 <= self.min_coef <= self.init_coef <= self.max_coef:
+            raise ValueError(f"need 0 <= min <= init <= max, got {self.min_coef}, {self.init_coef}, {self.max_coef}")
+        self._coef = self.init_coef
+
+    @classmethod
+    def from_flags(
+        cls, kl_weight: float, kl_coef: float, kl_min_coef: float, horizon: int = 100, window: int = 10
+    ) -> "AdaptiveKLController":
+        """target = max = kl_weight; min = clamp(kl_min_coef, 0, kl_weight); init = clamp(kl_coef, min, kl_weight)."""
+        if kl_weight <= 0:
+            raise ValueError(f"the KL controller needs kl_weight > 0, got {kl_weight}")
+        min_coef = min(max(kl_min_coef, 0.0), kl_weight)
+        init_coef = min(max(kl_coef, min_coef), kl_weight)
+        return cls(kl_weight, min_coef, kl_weight, init_coef, horizon, window)
+
+    @property
+    def kl_coef(self) -> float:
+        """β to use for the current iteration."""
+        return self._coef
+
+    def update(self, kl: float) -> float:
+        """Record this iteration's KL and move β (warm-up ramp, then ×0.9 / ×1.1); returns the new β."""
+        self._num_updates += 1
+        self._history.append(float(kl))
+        del self._history[: -self.horizon]
+        if self._num_updates < self.horizon:
+            progress = self._num_updates / self.horizon
+            self._coef = self.min_coef + (self.target_kl - self.min_coef) * progress
+        elif len(self._history) >= self.window:
+            self._coef = self._adjusted(sum(self._history[-self.window :]) / self.window)
+        return self._coef
+
+    def _adjusted(self, recent_kl: float) -> float:
+        """β after the bang-bang rule for the recent mean KL, clamped to [min, max]."""
+        error = recent_kl - self.target_kl
+        coef = self._coef
+        if error > 0.5 * self.target_kl:
+            coef *= 0.9
+        elif error < -0.5 * self.target_kl:
+            coef *= 1.1
+        return max(self.min_coef, min(self.max_coef, coef))
+
+    def state_dict(self) -> dict:
+        return {"kl_coef": self._coef, "num_updates": self._num_updates, "history": list(self._history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._coef = float(state["kl_coef"])
+        self._num_updates = int(state["num_updates"])
+        self._history = [float(value) for value in state["history"]]
