@@ -133,7 +133,10 @@ class TrainConfig:
         "constant", "Learning-rate schedule (constant as the reference; constant_with_warmup uses --warmup_steps)",
         choices=("constant", "constant_with_warmup"))
     text_max_length: Optional[int] = config_field(
-        None, "Override of the text encoder's token length (tiny models use short lengths)")
+        None, "Override of the MLLM text token length (default: the pipeline's 1000; tiny models use short lengths)")
+    byt5_max_length: int = config_field(256, "byT5 glyph-stream token length")
+    vision_num_semantic_tokens: int = config_field(
+        729, "Image-embedding tokens fed to the transformer (zeros for text-to-video)")
     reward_batch_size: int = config_field(4, "Videos per reward-model forward")
     reward_from_mp4: bool = config_field(False, "Score the saved mp4 files (strict reference parity) instead of tensors")
     save_rollout_videos: bool = config_field(True, "Write rollout mp4s and per-group reward JSON under rl_samples/")

@@ -1,0 +1,147 @@
+"""Building what the trainer works with: the policy, the KL reference (anchor), the VAE, the prompt encoder and the
+reward. ``ModelBundle`` is the trainer's one handle on models, so the loop itself never touches loading, dtypes or
+devices.
+
+Precision: the transformer is loaded in ``--dtype``; the trained parameters are kept in ``--master_weight_type``
+(fp32 by default) and the forward runs under ``--dtype`` autocast when that is bf16 (on one process the reference
+leaves the parameters in bf16; we honour ``--master_weight_type`` everywhere). The reference model stays in
+``--dtype`` and is frozen.
+"""
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from sage_grpo.config import TrainConfig
+from sage_grpo.config.validation import parse_reward_weights
+from sage_grpo.models.loading import load_components, load_transformer
+from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
+from sage_grpo.pipeline.replay import replay_step
+from sage_grpo.pipeline.rollout import RolloutOutput, rollout
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def resolve_device(cfg: TrainConfig) -> torch.device:
+    if cfg.device:
+        return torch.device(cfg.device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+@dataclass
+class ModelBundle:
+    cfg: TrainConfig
+    device: torch.device
+    policy: torch.nn.Module
+    reference: Optional[torch.nn.Module]
+    vae: torch.nn.Module
+    encoder: PromptEncoder
+    autocast_dtype: Optional[torch.dtype]
+
+    # ------------------------------------------------------------------ sampling and scoring
+    def encode(self, prompts: Sequence[str]) -> PromptEmbeds:
+        return self.encoder.encode(list(prompts), negative_prompt=self.cfg.neg_prompt).to(self.device)
+
+    def rollout(self, embeds: PromptEmbeds, *, seeds: Sequence[int], sigmas: torch.Tensor,
+                sde_generators: Optional[Sequence[torch.Generator]], height: int, width: int,
+                num_frames: Optional[int] = None, deterministic: bool = False) -> RolloutOutput:
+        cfg = self.cfg
+        return rollout(self.policy, self.vae, embeds, seeds, sde_type=cfg.sde_type, eta=cfg.eta,
+                       guidance_scale=cfg.cfg_scale, num_frames=num_frames or cfg.sample_n_frames, height=height,
+                       width=width, deterministic=deterministic, sigmas=sigmas, sde_generators=sde_generators,
+                       micro_batch_size=cfg.mini_batch_size_per_update, autocast_dtype=self.autocast_dtype,
+                       num_image_tokens=cfg.vision_num_semantic_tokens)
+
+    def replay(self, transformer: torch.nn.Module, latents: torch.Tensor, next_latents: torch.Tensor, index,
+               embeds: PromptEmbeds, *, sigmas: torch.Tensor):
+        return replay_step(transformer, latents, next_latents, sigmas, index, embeds, sde_type=self.cfg.sde_type,
+                           eta=self.cfg.eta, guidance_scale=self.cfg.cfg_scale, autocast_dtype=self.autocast_dtype,
+                           num_image_tokens=self.cfg.vision_num_semantic_tokens)
+
+    @torch.no_grad()
+    def score(self, reward_fn: Callable, videos: torch.Tensor, prompts: Sequence[str]) -> Dict[str, torch.Tensor]:
+        rewards = reward_fn(videos, list(prompts))
+        if "avg" not in rewards:
+            raise KeyError(f"the reward function returned {sorted(rewards)} without the 'avg' key GRPO trains on")
+        return {k: v.detach().float().cpu() for k, v in rewards.items()}
+
+    # ------------------------------------------------------------------ reference / anchor
+    @contextlib.contextmanager
+    def reference_on_device(self) -> Iterator[torch.nn.Module]:
+        """The reference model on the compute device for the duration (``--reference_mode_offload``)."""
+        offload = self.cfg.reference_mode_offload and self.device.type != "cpu"
+        if offload:
+            self.reference.to(self.device)
+        try:
+            yield self.reference
+        finally:
+            if offload:
+                self.reference.to("cpu")
+
+    @torch.no_grad()
+    def copy_policy_to_reference(self) -> None:
+        """Moving anchor: overwrite the reference weights with the policy's (cast to the reference dtype)."""
+        self.reference.load_state_dict(self.policy.state_dict(), strict=True)
+
+    def reference_state(self) -> Dict[str, torch.Tensor]:
+        return self.reference.state_dict()
+
+    def load_reference_state(self, state: Dict[str, torch.Tensor]) -> None:
+        self.reference.load_state_dict(state, strict=True)
+
+    # ------------------------------------------------------------------ trainable weights
+    def trainable_named_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
+
+    def trainable_state_dict(self) -> Dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in self.trainable_named_parameters()}
+
+    @torch.no_grad()
+    def load_trainable_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
+        params = dict(self.trainable_named_parameters())
+        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise KeyError(f"checkpoint weights do not match the model: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+        for name, param in params.items():
+            param.copy_(state[name])
+
+
+def build_models(cfg: TrainConfig) -> ModelBundle:
+    device = resolve_device(cfg)
+    load_dtype, master_dtype = DTYPES[cfg.dtype], DTYPES[cfg.master_weight_type]
+    components = load_components(cfg.pretrained_model_root, cfg.pretrained_transformer_version, dtype=load_dtype,
+                                 device=device)
+    policy = components.transformer
+    if policy.dtype != master_dtype:
+        policy.to(master_dtype)
+    policy.requires_grad_(True)
+    policy.train()
+    if cfg.enable_gradient_checkpointing:
+        policy.enable_gradient_checkpointing()
+    reference = None
+    if cfg.kl_weight > 0:
+        reference_device = "cpu" if cfg.reference_mode_offload else device
+        reference = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, load_dtype,
+                                     reference_device)
+        reference.requires_grad_(False)
+        reference.eval()
+    settings = TextEncoderSettings(max_length=cfg.text_max_length or TextEncoderSettings.max_length,
+                                   max_length_2=cfg.byt5_max_length)
+    encoder = PromptEncoder.from_components(components, settings, cache=True)
+    autocast_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
+    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, autocast_dtype)
+
+
+def build_reward(cfg: TrainConfig, device: torch.device) -> Callable:
+    from sage_grpo.rewards import build_reward_fn
+
+    return build_reward_fn(cfg.reward_model, parse_reward_weights(cfg.reward_weights),
+                           model_root=cfg.pretrained_model_root, checkpoint_mode=cfg.reward_checkpoint_mode,
+                           device=device, dtype=DTYPES[cfg.dtype], video_fps=cfg.video_fps,
+                           batch_size=cfg.reward_batch_size)
