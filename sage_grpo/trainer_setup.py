@@ -144,4 +144,5 @@ def build_reward(cfg: TrainConfig, device: torch.device) -> Callable:
     return build_reward_fn(cfg.reward_model, parse_reward_weights(cfg.reward_weights),
                            model_root=cfg.pretrained_model_root, checkpoint_mode=cfg.reward_checkpoint_mode,
                            device=device, dtype=DTYPES[cfg.dtype], video_fps=cfg.video_fps,
-                           batch_size=cfg.reward_batch_size)
+                           batch_size=cfg.reward_batch_size, reward_kwargs=cfg.reward_kwargs,
+                           score_from_mp4=cfg.reward_from_mp4)

@@ -2,7 +2,7 @@
 
 import re
 from pathlib import Path
-from typing import Union
+from typing import Tuple, Union
 
 import numpy as np
 import torch
@@ -17,22 +17,31 @@ def video_to_uint8_frames(video: torch.Tensor) -> np.ndarray:
 
 
 def write_video(path: Union[str, Path], video: torch.Tensor, fps: float = 24.0) -> Path:
-    """Write a (3, F, H, W) video in [0, 1] as H.264 mp4; sizes are kept exactly (no macro-block resize)."""
+    """Write a (3, F, H, W) video in [0, 1] as mp4 the way the reference saves rollouts (``save_videos_grid``):
+    uint8 truncation, then ``imageio.mimsave`` with imageio-ffmpeg's defaults (libx264, yuv420p, quality 5), which
+    resize sides that are not multiples of 16."""
     import imageio
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    imageio.mimwrite(path, list(video_to_uint8_frames(video)), fps=fps, codec="libx264", quality=8,
-                     macro_block_size=1)
+    imageio.mimsave(path, list(video_to_uint8_frames(video)), fps=fps)
     return path
+
+
+def read_video_frames(path: Union[str, Path]) -> Tuple[torch.Tensor, float]:
+    """Decode a video file into ``(uint8 frames (F, H, W, 3), fps)`` with imageio-ffmpeg."""
+    import imageio
+
+    with imageio.get_reader(str(path), format="FFMPEG") as reader:
+        fps = float(reader.get_meta_data()["fps"])
+        frames = np.stack([np.asarray(frame) for frame in reader])
+    return torch.from_numpy(frames), fps
 
 
 def read_video(path: Union[str, Path]) -> torch.Tensor:
     """Read an mp4 into (3, F, H, W) float in [0, 1]."""
-    import imageio
-
-    frames = np.stack(imageio.mimread(str(path), memtest=False))  # (F, H, W, 3) uint8
-    return torch.from_numpy(frames).permute(3, 0, 1, 2).float() / 255.0
+    frames, _ = read_video_frames(path)
+    return frames.permute(3, 0, 1, 2).float() / 255.0
 
 
 def sanitize_name(text: str, max_length: int = 50) -> str:

@@ -58,6 +58,8 @@ class TrainConfig:
         "videoalign_local", "Reward model: videoalign_local, a built-in toy reward, or a dotted path "
         "'package.module:callable'")
     reward_weights: str = config_field(DEFAULT_REWARD_WEIGHTS, "JSON weights of the sub-rewards; avg = sum w_m * m")
+    reward_kwargs: str = config_field(
+        "{}", "JSON constructor arguments of the reward model, e.g. '{\"target_rgb\": [0, 0, 1]}' for target_color")
     reward_checkpoint_mode: str = config_field(
         "v3", "Key-remapping mode for the VideoReward state dict", choices=("v1", "v2", "v3"))
     remote_reward_url: Optional[str] = config_field(

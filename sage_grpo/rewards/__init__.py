@@ -1,0 +1,40 @@
+"""Rewards: the VideoAlign (VideoReward) model, toy rewards, plug-ins, and the weighted composite.
+
+Contract: a reward callable maps ``videos (B, 3, F, H, W)`` in [0, 1] and B prompts to ``{metric: tensor (B,)}``.
+``build_reward_fn`` combines reward models into the reference's output keys (``videoalign_local_vq`` ...,
+``avg``) with its failure policy (failed samples score NaN with a warning).
+
+Modules: ``base`` (contract, failure policy), ``registry`` (name table, plug-ins, composite), ``toys``,
+``videoalign`` (the reward callable) with ``videoalign_checkpoint`` (files, key remapping, loading),
+``videoalign_model`` (network, pooling), ``videoalign_inputs`` (batch assembly), ``video_preprocess``
+(torch-only frame sampling/resize/patchify, mp4 IO), ``prompt_templates``, and ``tiny`` (tiny checkpoint).
+``videoalign`` and ``tiny`` import transformers/peft and are not imported here.
+"""
+
+from .base import RewardFn, score_with_fallback
+from .registry import (
+    BUILTIN_REWARDS,
+    CompositeReward,
+    build_reward_fn,
+    import_object,
+    make_reward,
+    parse_reward_weights,
+    register_reward,
+)
+from .toys import BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "BrightnessReward",
+    "CompositeReward",
+    "RewardFn",
+    "TargetColorReward",
+    "TemporalSmoothnessReward",
+    "ToySuiteReward",
+    "build_reward_fn",
+    "import_object",
+    "make_reward",
+    "parse_reward_weights",
+    "register_reward",
+    "score_with_fallback",
+]

@@ -1,0 +1,337 @@
+"""Reward models by name, plug-ins by dotted path, and the weighted composite the trainer calls.
+
+``build_reward_fn`` turns the reference's ``--reward_model`` / ``--reward_weights`` (plus optional further
+models) into one callable. Its configuration is the reference's standard format (``multi_video_score``)::
+
+    {<model name>: {"weight": w, "sub_reward": {metric: w_m, ...}, "kwargs": {...}}, ...}
+
+and its output follows the reference's keys: ``<model>_<metric in lower case>`` for every metric of every model
+(``videoalign_local_vq``, ``..._mq``, ``..._ta``, ``..._overall``; a metric named like its model is reported
+under the bare model name, as the reference does for single-score models), plus
+
+    avg = sum_models weight * sum_{m in sub_reward} w_m * score_m      (the mean of all raw metrics of a model
+                                                                        that has no sub_reward)
+
+so the default ``videoalign_local`` with ``{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}`` gives
+``avg = 0.5 VQ + 0.5 MQ + 1.0 TA`` (normalised heads). Validation follows the reference (a dict per model with a
+``weight``; a lone model must have weight 1.0) and additionally rejects what it silently ignored: metric names a
+model does not produce, invalid JSON, unknown entry keys.
+
+Names resolve through one explicit table (``BUILTIN_REWARDS``), then ``register_reward`` registrations, then
+dotted paths ``"package.module:attr"`` / ``"package.module.attr"`` (a class is instantiated with the entry's
+``kwargs``, a function is used as it is). ``video_align`` / ``video_score2`` are stubs returning None in the
+reference and are rejected.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .base import RewardFn, metric_names_of, score_with_fallback
+from .toys import BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
+
+DEFAULT_VIDEOALIGN_WEIGHTS = {"VQ": 0.5, "MQ": 0.5, "TA": 1.0}  # reference --reward_weights default
+EMPTY_VIDEOALIGN_WEIGHTS = {"VQ": 1.0, "MQ": 1.0, "TA": 1.0}  # reference fallback for empty reward_weights
+REMOTE_STUBS = ("video_align", "video_score2")
+ENTRY_KEYS = ("weight", "sub_reward", "kwargs")
+
+
+@dataclass(frozen=True)
+class RewardContext:
+    """Settings shared by all reward models of one composite (only VideoAlign uses most of them)."""
+
+    model_root: str | Path = "./ckpts"
+    checkpoint_mode: str = "v3"
+    device: str | torch.device = "cpu"
+    dtype: torch.dtype = torch.bfloat16
+    video_fps: float = 24.0
+    score_from_mp4: bool = False
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """A built-in reward model: how to build it and which sub_reward weights it gets by default."""
+
+    build: Callable[[RewardContext, dict], RewardFn]
+    metric_names: tuple[str, ...]  # what the built callable returns, known before building it
+    default_weights: dict[str, float] | None  # when reward_weights is None
+    empty_weights: dict[str, float] | None  # when reward_weights is {} (the reference's fallback)
+
+
+def _build_videoalign(ctx: RewardContext, kwargs: dict) -> RewardFn:
+    from .videoalign import VideoAlignReward
+
+    return VideoAlignReward(
+        ctx.model_root, checkpoint_mode=ctx.checkpoint_mode, device=ctx.device, dtype=ctx.dtype,
+        video_fps=ctx.video_fps, from_mp4=ctx.score_from_mp4, **kwargs,
+    )
+
+
+VIDEOALIGN_METRICS = ("VQ", "MQ", "TA", "Overall")  # VideoAlignReward.metric_names, without importing it
+
+BUILTIN_REWARDS: dict[str, RewardSpec] = {
+    "videoalign_local": RewardSpec(
+        _build_videoalign, VIDEOALIGN_METRICS, DEFAULT_VIDEOALIGN_WEIGHTS, EMPTY_VIDEOALIGN_WEIGHTS
+    ),
+    "brightness": RewardSpec(lambda ctx, kw: BrightnessReward(**kw), BrightnessReward.metric_names, None, None),
+    "target_color": RewardSpec(
+        lambda ctx, kw: TargetColorReward(**kw), TargetColorReward.metric_names, None, None
+    ),
+    "temporal_smoothness": RewardSpec(
+        lambda ctx, kw: TemporalSmoothnessReward(**kw), TemporalSmoothnessReward.metric_names, None, None
+    ),
+    "toy_suite": RewardSpec(lambda ctx, kw: ToySuiteReward(**kw), ToySuiteReward.metric_names, None, None),
+}
+_REGISTERED: dict[str, str | Callable] = {}
+
+
+def _is_dotted_path(name: str) -> bool:
+    return ":" in name or "." in name
+
+
+def register_reward(name: str, target: str | Callable) -> None:
+    """Make ``name`` usable as a ``reward_model``: ``target`` is a reward callable, a class, or a dotted path."""
+    if not name or _is_dotted_path(name):
+        raise ValueError(f"reward name {name!r} must be non-empty and contain no '.' or ':' (those mark paths)")
+    if name in BUILTIN_REWARDS or name in REMOTE_STUBS:
+        raise ValueError(f"{name!r} is a built-in reward name; register the plug-in under another name")
+    _REGISTERED[name] = target
+
+
+def import_object(path: str):
+    """Import ``"package.module:attr"`` or ``"package.module.attr"`` (``attr`` may be dotted after ``:``)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"plug-in path {path!r} must look like 'package.module:function' or 'package.module.Class'")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(f"cannot import reward plug-in {path!r}: {type(exc).__name__}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ImportError(f"cannot import reward plug-in {path!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _instantiate(obj, kwargs: dict, label: str) -> RewardFn:
+    if isinstance(obj, type):
+        return obj(**kwargs)
+    if not callable(obj):
+        raise TypeError(f"reward plug-in {label!r} is a {type(obj).__name__}, not a callable or class")
+    return functools.partial(obj, **kwargs) if kwargs else obj
+
+
+def make_reward(name: str, ctx: RewardContext, kwargs: dict | None = None) -> RewardFn:
+    """Build the reward callable that ``name`` refers to (built-in, registered, or dotted path)."""
+    kwargs = dict(kwargs or {})
+    if name in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[name].build(ctx, kwargs)
+    if name in REMOTE_STUBS:
+        raise ValueError(
+            f"reward model {name!r} is a remote service that the reference only stubs (it returns None); it is "
+            "not supported. Use 'videoalign_local' (local VideoReward) or register your own reward callable."
+        )
+    if name in _REGISTERED:
+        target = _REGISTERED[name]
+        return _instantiate(import_object(target) if isinstance(target, str) else target, kwargs, name)
+    if _is_dotted_path(name):
+        return _instantiate(import_object(name), kwargs, name)
+    known = sorted(BUILTIN_REWARDS) + sorted(_REGISTERED)
+    raise ValueError(
+        f"unknown reward model {name!r}; known: {known}, or give a dotted path 'package.module:function' "
+        "(see register_reward)"
+    )
+
+
+def _json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
+    """A dict given directly or as a JSON string (an empty string is an empty dict)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{label} is not valid JSON ({exc}): {value!r}; e.g. '{example}'") from exc
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{label} must be a dict (or its JSON), got {value!r}; e.g. '{example}'")
+    return value
+
+
+def parse_reward_weights(value: Mapping | str | None) -> dict[str, float] | None:
+    """``--reward_weights`` as a dict of metric -> weight (JSON strings are parsed); None stays None."""
+    if value is None:
+        return None
+    return _number_dict(_json_dict(value, "reward_weights", '{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}'), "reward_weights")
+
+
+def _number_dict(value: Mapping, label: str) -> dict[str, float]:
+    out = {}
+    for key, weight in value.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ValueError(f"{label}[{key!r}] must be a number, got {weight!r}")
+        out[str(key)] = float(weight)
+    return out
+
+
+def _validate_entry(name: str, entry) -> dict:
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"reward model entry {name!r} must be a dict like {{'weight': 1.0}}, got {entry!r}")
+    unknown = sorted(set(entry) - set(ENTRY_KEYS))
+    if unknown or "weight" not in entry:
+        raise ValueError(
+            f"reward model entry {name!r} needs 'weight' and may have {ENTRY_KEYS[1:]}; got keys {sorted(entry)}"
+        )
+    weight = _number_dict({"weight": entry["weight"]}, name)["weight"]
+    sub_reward = entry.get("sub_reward")
+    if sub_reward is not None and not isinstance(sub_reward, Mapping):
+        raise ValueError(f"'sub_reward' of {name!r} must be a dict metric -> weight, got {sub_reward!r}")
+    kwargs = entry.get("kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(f"'kwargs' of {name!r} must be a dict of constructor arguments, got {kwargs!r}")
+    return {
+        "weight": weight,
+        "sub_reward": _number_dict(sub_reward, f"{name}.sub_reward") if sub_reward is not None else None,
+        "kwargs": dict(kwargs),
+    }
+
+
+def output_key(model: str, metric: str) -> str:
+    metric = metric.strip().lower()
+    return model if metric == model.lower() else f"{model}_{metric}"
+
+
+def _resolve_metric(model: str, metric: str, available: tuple[str, ...]) -> str:
+    """Exact name, else the unique case-insensitive match (the reference tries lower case, then as given)."""
+    if metric in available:
+        return metric
+    matches = [m for m in available if m.lower() == metric.lower()]
+    if len(matches) != 1:
+        raise ValueError(f"reward model {model!r} has no metric {metric!r} for sub_reward; its metrics: {available}")
+    return matches[0]
+
+
+class CompositeReward:
+    """Several reward models combined into the reference's output dict (see module docstring)."""
+
+    def __init__(self, models: dict[str, dict], fns: dict[str, RewardFn], batch_size: int | None = None):
+        self.models = models
+        self.fns = fns
+        self.batch_size = batch_size
+        self._resolved = {}  # model -> {metric actually produced: weight}
+        for name, fn in fns.items():
+            declared = metric_names_of(fn)
+            if declared is not None:
+                self._resolve_weights(name, declared)
+
+    def _resolve_weights(self, name: str, available: tuple[str, ...]) -> None:
+        sub_reward = self.models[name]["sub_reward"]
+        if sub_reward is not None:
+            self._resolved[name] = {_resolve_metric(name, m, available): w for m, w in sub_reward.items()}
+
+    @property
+    def metric_names(self) -> tuple[str, ...] | None:
+        """Output keys (``avg`` last) when every model declares its metrics."""
+        keys = []
+        for name, fn in self.fns.items():
+            declared = metric_names_of(fn)
+            if declared is None:
+                return None
+            keys += [output_key(name, m) for m in declared]
+        return tuple(keys) + ("avg",)
+
+    def __call__(self, videos: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
+        if videos.ndim != 5 or videos.shape[1] != 3:
+            raise ValueError(f"videos must be (B, 3, F, H, W) in [0, 1], got shape {tuple(videos.shape)}")
+        out: dict[str, torch.Tensor] = {}
+        avg = torch.zeros(len(prompts), dtype=torch.float32)
+        with torch.no_grad():
+            for name, fn in self.fns.items():
+                raw = score_with_fallback(fn, videos, prompts, name=name, batch_size=self.batch_size,
+                                          metric_names=metric_names_of(fn))
+                for metric, values in raw.items():
+                    key = output_key(name, metric)
+                    if key in out:
+                        raise ValueError(f"reward output key {key!r} is produced twice; rename a model or metric")
+                    out[key] = values
+                avg += self.models[name]["weight"] * self._model_score(name, raw)
+        out["avg"] = avg
+        return out
+
+    def _model_score(self, name: str, raw: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.models[name]["sub_reward"] is None:
+            return torch.stack(list(raw.values())).mean(dim=0)
+        if name not in self._resolved:
+            self._resolve_weights(name, tuple(raw))
+        return sum(weight * raw[metric] for metric, weight in self._resolved[name].items())
+
+
+def build_reward_fn(
+    reward_model: str = "videoalign_local",
+    reward_weights: Mapping | str | None = None,
+    *,
+    model_root: str | Path = "./ckpts",
+    checkpoint_mode: str = "v3",
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    reward_kwargs: Mapping | str | None = None,
+    extra_models: Mapping[str, Mapping] | str | None = None,
+    video_fps: float = 24.0,
+    batch_size: int | None = None,
+    score_from_mp4: bool = False,
+) -> CompositeReward:
+    """Build the trainer's reward: ``fn(videos (B,3,F,H,W) in [0,1], prompts) -> {key: (B,)} incl. "avg"``.
+
+    Args:
+        reward_model: ``--reward_model``: a name from ``BUILTIN_REWARDS`` (``"auto"`` = ``videoalign_local``),
+            a ``register_reward`` name, or a dotted path to a reward callable/class.
+        reward_weights: ``--reward_weights``, the primary model's sub_reward (dict or JSON). None: the model's
+            default (``{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}`` for videoalign_local, none otherwise); empty:
+            the reference fallback ``{"VQ": 1, "MQ": 1, "TA": 1}`` for videoalign_local, none otherwise. A model
+            without sub_reward contributes the mean of its raw metrics to ``avg``.
+        model_root: folder holding ``VideoReward/`` (the trainer's ``--pretrained_model_root``).
+        checkpoint_mode: ``--reward_checkpoint_mode`` (v1/v2/v3) for the VideoReward state dict.
+        device, dtype: where and in which precision VideoReward runs.
+        reward_kwargs: constructor arguments of the primary model, dict or JSON (e.g. ``{"target_rgb": [0, 0, 1]}``
+            for ``target_color``, ``{"checkpoint_step": 11352}`` for ``videoalign_local``).
+        extra_models: further models ``{name: {"weight": w, "sub_reward": {...}, "kwargs": {...}}}`` (dict or
+            JSON); an entry named like ``reward_model`` replaces the primary entry (to give it a weight other than
+            1.0).
+        video_fps: frame rate of the videos passed in (24 for HunyuanVideo-1.5 rollouts).
+        batch_size: videos per reward-model call (None: the whole batch; 1: the reference's one at a time).
+        score_from_mp4: VideoAlign scores each video after an mp4 round trip, as the reference does.
+    """
+    name = "videoalign_local" if reward_model == "auto" else reward_model
+    weights = parse_reward_weights(reward_weights)
+    spec = BUILTIN_REWARDS.get(name)
+    if weights is None:
+        sub_reward = spec.default_weights if spec else None
+    elif not weights:
+        sub_reward = spec.empty_weights if spec else None
+    else:
+        sub_reward = weights
+    kwargs = _json_dict(reward_kwargs or {}, "reward_kwargs", '{"target_rgb": [0.0, 0.0, 1.0]}')
+    entries = {name: {"weight": 1.0, "sub_reward": sub_reward, "kwargs": kwargs}}
+    entries.update(_json_dict(extra_models or {}, "extra_models", '{"temporal_smoothness": {"weight": 0.5}}'))
+    models = {model: _validate_entry(model, entry) for model, entry in entries.items()}
+    if len(models) == 1 and abs(models[name]["weight"] - 1.0) > 1e-6:
+        raise ValueError(
+            f"a single reward model must have weight 1.0, got {models[name]['weight']} for {name!r}; "
+            "use 1.0 or add another model through extra_models"
+        )
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None (whole batch), got {batch_size}")
+    for model, cfg in models.items():  # catch metric-name typos before loading any model
+        if model in BUILTIN_REWARDS and cfg["sub_reward"] is not None:
+            for metric in cfg["sub_reward"]:
+                _resolve_metric(model, metric, BUILTIN_REWARDS[model].metric_names)
+    ctx = RewardContext(model_root, checkpoint_mode, device, dtype, video_fps, score_from_mp4)
+    fns = {model: make_reward(model, ctx, cfg["kwargs"]) for model, cfg in models.items()}
+    return CompositeReward(models, fns, batch_size)

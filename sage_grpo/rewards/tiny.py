@@ -1,0 +1,217 @@
+"""A tiny random-weight VideoReward in the released on-disk layout, for tests and CPU demos.
+
+``write_tiny_video_reward(root)`` writes, deterministically for a given seed, in about a second and < 5 MB::
+
+    <root>/VideoReward/model_config.json             detailed_special prompt, special-token pooling, LoRA r=4,
+                                                      the released checkpoint's inference_config statistics
+    <root>/VideoReward/tiny-qwen2-vl-base/           base model: Qwen2-VL config + safetensors, an offline
+                                                      byte-level BPE Qwen2 tokenizer, chat template,
+                                                      preprocessor_config.json (model_name_or_path points here)
+    <root>/VideoReward/checkpoint-1/                 LoRA form: adapter_model.safetensors, adapter_config.json,
+                                                      non_lora_state_dict.pth
+    <root>/VideoReward/checkpoint-2/model.pth        full form of the same weights (the latest checkpoint)
+
+Both checkpoints hold the same network, so they must score identically. ``key_layout`` picks the state-dict
+naming: ``"legacy"`` (pre-4.52 transformers, like the released checkpoint; load with mode v1 or v3) or
+``"current"`` (transformers >= 4.52; load with v2 or v3). The weights are random: scores are meaningless
+but depend on the video and the prompt, which is all the plumbing tests need. The frame budget is tiny
+(``max_frame_pixels`` 56x84, ``min_frame_pixels`` 56x56) so CPU forwards take milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .prompt_templates import DETAILED_SPECIAL_TEMPLATE
+from .video_preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+BASE_DIRNAME = "tiny-qwen2-vl-base"
+LORA_STEP = 1
+FULL_STEP = 2
+# The released VideoReward's inference_config (KlingTeam/VideoReward model_config.json).
+RELEASED_NORM_STATS = {
+    "VQ_mean": 3.6757, "VQ_std": 2.2476, "MQ_mean": 1.1646, "MQ_std": 1.3811, "TA_mean": 2.8105, "TA_std": 2.5121,
+}
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>",
+)
+# Renders like Qwen2-VL-Instruct's template for a single user turn with text and one video or image.
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'video' or 'video' in content %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{% elif content['type'] == 'image' or 'image' in content %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_CORPUS = (
+    DETAILED_SPECIAL_TEMPLATE,
+    "system\nYou are a helpful assistant.\nuser\nassistant\n",
+    "A cat walks on the grass, realistic. A red ball bounces on a wooden floor. The camera pans over a city at "
+    "night. A dog runs along the beach at sunset.",
+)
+
+
+def build_tiny_tokenizer(vocab_size: int = 1200):
+    """Offline byte-level BPE ``Qwen2Tokenizer`` with Qwen's special tokens (trained on the reward prompt)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(QWEN_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    bpe.train_from_iterator(list(_CORPUS) * 4, trainer=trainer)
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" "))
+              for m in json.loads(bpe.to_str())["model"]["merges"]]
+    tokenizer = Qwen2Tokenizer(vocab=bpe.get_vocab(), merges=merges)  # unk/bos/eos/pad = <|endoftext|>
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
+    tokenizer.chat_template = QWEN2_VL_CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_qwen2_vl_config(tokenizer):
+    """A ~0.2M-parameter Qwen2-VL: 2 text layers of width 64, a 2-block vision tower of width 32."""
+    from transformers import Qwen2VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    return Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e6},
+            bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+        ),
+        vision_config=dict(
+            depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        ),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+
+
+def tiny_model_config_json(lora_r: int = 4) -> dict:
+    """``model_config.json`` with the released checkpoint's field names and choices, scaled down."""
+    return {
+        "data_config": {
+            "meta_data": "unused", "data_dir": "unused",
+            "max_frame_pixels": 56 * 84, "min_frame_pixels": 56 * 56, "fps": 2.0, "num_frames": None,
+            "eval_dim": ["VQ", "MQ", "TA"], "prompt_template_type": "detailed_special", "sample_type": "uniform",
+        },
+        "model_config": {
+            "model_name_or_path": BASE_DIRNAME, "output_dim": 1, "use_special_tokens": True,
+            "reward_token": "special", "torch_dtype": "bfloat16",
+        },
+        "peft_lora_config": {
+            "lora_enable": True, "vision_lora": False, "lora_r": lora_r, "lora_alpha": 2 * lora_r,
+            "lora_dropout": 0.05, "lora_target_modules": None,
+            "lora_namespan_exclude": ["lm_head", "rm_head", "embed_tokens", "visual"],
+            "lora_modules_to_save": None, "lora_task_type": "CAUSAL_LM", "use_rslora": False, "num_lora_modules": -1,
+        },
+        "inference_config": dict(RELEASED_NORM_STATS),
+    }
+
+
+def to_key_layout(state_dict: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
+    """Rename transformers-5 PEFT keys into ``layout``: ``"current"`` (unchanged) or ``"legacy"`` (pre-4.52)."""
+    if layout == "current":
+        return dict(state_dict)
+    if layout != "legacy":
+        raise ValueError(f"key_layout must be 'legacy' or 'current', got {layout!r}")
+    renames = (("base_model.model.model.visual.", "base_model.model.visual."),
+               ("base_model.model.model.language_model.", "base_model.model.model."))
+    out = {}
+    for key, value in state_dict.items():
+        for old, new in renames:
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        out[key] = value
+    return out
+
+
+def _write_base(base_dir: Path, seed: int):
+    from transformers import Qwen2VLForConditionalGeneration
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.save_pretrained(base_dir)
+    torch.manual_seed(seed)
+    Qwen2VLForConditionalGeneration(tiny_qwen2_vl_config(tokenizer)).save_pretrained(base_dir)
+    (base_dir / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "image_mean": list(OPENAI_CLIP_MEAN),
+        "image_std": list(OPENAI_CLIP_STD), "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+        "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280,
+    }, indent=2))
+
+
+def _randomize_trained_weights(model: torch.nn.Module, seed: int) -> set[str]:
+    """Give the parts VideoAlign trains (LoRA, rm_head, embeddings, merger) non-trivial values.
+
+    Returns the state-dict keys of the non-LoRA trained tensors (what ``non_lora_state_dict.pth`` holds).
+    """
+    gen = torch.Generator().manual_seed(seed + 1)
+    non_lora = set()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+            elif "rm_head" in name or "embed_tokens" in name or "visual.merger" in name:
+                param.add_(torch.randn(param.shape, generator=gen) * 0.05)
+                non_lora.add(name)
+    keys = set(model.state_dict())
+    non_lora |= {k for k in keys if k.endswith("lm_head.weight")}  # tied to embed_tokens
+    return non_lora
+
+
+def write_tiny_video_reward(output_root: str | Path, *, seed: int = 0, key_layout: str = "legacy") -> Path:
+    """Write the tiny VideoReward under ``<output_root>/VideoReward`` and return that folder."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    from .videoalign import build_reward_model, load_reward_tokenizer
+    from .videoalign_checkpoint import ResolvedCheckpoint, VideoRewardConfig
+
+    reward_dir = Path(output_root) / "VideoReward"
+    base_dir = reward_dir / BASE_DIRNAME
+    base_dir.mkdir(parents=True, exist_ok=True)
+    _write_base(base_dir, seed)
+    config_path = reward_dir / "model_config.json"
+    config_path.write_text(json.dumps(tiny_model_config_json(), indent=2))
+
+    lora_dir, full_dir = reward_dir / f"checkpoint-{LORA_STEP}", reward_dir / f"checkpoint-{FULL_STEP}"
+    resolved = ResolvedCheckpoint(reward_dir, lora_dir, LORA_STEP, "lora", base_dir,
+                                  VideoRewardConfig.from_file(config_path))
+    tokenizer = load_reward_tokenizer(base_dir, use_special_tokens=True)
+    torch.manual_seed(seed)
+    model = build_reward_model(resolved, tokenizer, device=torch.device("cpu"), dtype=torch.float32,
+                               attn_implementation="sdpa", position_mode="sequential")
+    non_lora_keys = _randomize_trained_weights(model, seed)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+
+    lora_dir.mkdir(exist_ok=True)
+    adapter = {k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    save_file(to_key_layout(adapter, key_layout), lora_dir / "adapter_model.safetensors")
+    adapter_config = model.peft_config["default"].to_dict()
+    adapter_config["target_modules"] = sorted(adapter_config["target_modules"])
+    adapter_config["base_model_name_or_path"] = BASE_DIRNAME  # relative, so the folder can move
+    (lora_dir / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, default=str))
+    torch.save(to_key_layout({k: state[k] for k in sorted(non_lora_keys)}, key_layout),
+               lora_dir / "non_lora_state_dict.pth")
+
+    full_dir.mkdir(exist_ok=True)
+    torch.save(to_key_layout(state, key_layout), full_dir / "model.pth")
+    return reward_dir

@@ -1,0 +1,144 @@
+"""Turn (video, prompt) pairs into the padded Qwen2-VL batch VideoReward consumes.
+
+Per sample, as the reference's ``prepare_batch`` + Qwen2-VL processor do it (one video at a time there, a padded
+batch here):
+
+* video: sample, resize and normalise the frames (``video_preprocess``), flatten into patches, record
+  ``video_grid_thw = (grid_t, grid_h, grid_w)``;
+* text: the chat template renders ``[video, build_prompt(prompt)]`` as one user turn plus the generation prompt;
+  the single ``<|video_pad|>`` is expanded to ``grid_t * grid_h * grid_w / merge_size**2`` copies (one per
+  merged visual token). The three reward tokens already sit inside the ``detailed_special`` text;
+* batch: right padding with the tokenizer's pad id, ``attention_mask``, and ``mm_token_type_ids`` (0 text,
+  2 video) which transformers 5 needs for multimodal RoPE.
+
+Expanding the placeholder after tokenisation is equivalent to the processor's string expansion because
+``<|video_pad|>`` is an added special token: the tokenizer never merges across it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .prompt_templates import build_prompt
+from .video_preprocess import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    normalize_frames,
+    num_sampled_frames,
+    patchify_video,
+    resize_frames,
+    sample_frame_indices,
+    smart_resize,
+)
+
+VIDEO_TOKEN = "<|video_pad|>"
+VIDEO_TOKEN_TYPE = 2  # mm_token_type_ids: 0 text, 1 image, 2 video
+
+
+@dataclass(frozen=True)
+class VideoInputSpec:
+    """How frames are sampled and cut into patches (checkpoint ``data_config`` + base-model vision config)."""
+
+    fps: float | None = 2.0  # frames per second fed to the model; ignored when ``num_frames`` is set
+    num_frames: int | None = None
+    max_pixels: int = 240 * 320  # data_config.max_frame_pixels
+    min_pixels: int = 128 * 28 * 28
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
+    image_std: tuple[float, float, float] = OPENAI_CLIP_STD
+
+
+class VideoAlignInputBuilder:
+    """Builds model inputs from decoded videos or video files; holds the tokenizer and chat template."""
+
+    def __init__(self, tokenizer, chat_template: str, spec: VideoInputSpec, template_type: str):
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.spec = spec
+        self.template_type = template_type
+        self.video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_TOKEN)
+        self.pad_token_id = tokenizer.pad_token_id
+        if self.pad_token_id is None:
+            raise ValueError("the reward tokenizer has no pad token; right padding and 'last' pooling need one")
+
+    # ---- video -------------------------------------------------------------------------------------------
+    def prepare_frames(self, frames: torch.Tensor, video_fps: float, *, quantize: bool) -> torch.Tensor:
+        """Sample and resize ``(F, 3, H, W)`` frames in [0, 255] -> ``(T, 3, h, w)`` in [0, 255]."""
+        total, _, height, width = frames.shape
+        count = num_sampled_frames(total, video_fps, fps=self.spec.fps, nframes=self.spec.num_frames)
+        frames = frames[sample_frame_indices(total, count)]
+        size = smart_resize(
+            height, width,
+            factor=self.spec.patch_size * self.spec.merge_size,
+            min_pixels=self.spec.min_pixels,
+            max_pixels=self.spec.max_pixels,
+        )
+        return resize_frames(frames, size, quantize=quantize)
+
+    def frames_from_tensor(self, video: torch.Tensor, video_fps: float) -> torch.Tensor:
+        """A decoded rollout ``(3, F, H, W)`` in [0, 1] -> prepared frames (no uint8 quantisation)."""
+        frames = video.detach().float().clamp(0.0, 1.0).permute(1, 0, 2, 3) * 255.0
+        return self.prepare_frames(frames, video_fps, quantize=False)
+
+    def frames_from_uint8(self, frames: torch.Tensor, video_fps: float) -> torch.Tensor:
+        """Decoded file frames ``(F, H, W, 3)`` uint8 -> prepared frames (resize rounded back to uint8 levels)."""
+        return self.prepare_frames(frames.permute(0, 3, 1, 2).float(), video_fps, quantize=True)
+
+    def patchify(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        normalized = normalize_frames(frames, self.spec.image_mean, self.spec.image_std)
+        return patchify_video(
+            normalized,
+            patch_size=self.spec.patch_size,
+            temporal_patch_size=self.spec.temporal_patch_size,
+            merge_size=self.spec.merge_size,
+        )
+
+    # ---- text --------------------------------------------------------------------------------------------
+    def render_chat(self, prompt: str) -> str:
+        messages = [{
+            "role": "user",
+            "content": [{"type": "video"}, {"type": "text", "text": build_prompt(prompt, self.template_type)}],
+        }]
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=True
+        )
+
+    def prompt_token_ids(self, prompt: str, num_video_tokens: int) -> list[int]:
+        ids = self.tokenizer(self.render_chat(prompt))["input_ids"]
+        slots = [i for i, token in enumerate(ids) if token == self.video_token_id]
+        if len(slots) != 1:
+            raise ValueError(f"chat template produced {len(slots)} {VIDEO_TOKEN} tokens, expected exactly 1")
+        slot = slots[0]
+        return ids[:slot] + [self.video_token_id] * num_video_tokens + ids[slot + 1:]
+
+    # ---- batch -------------------------------------------------------------------------------------------
+    def build(self, frames_per_video: list[torch.Tensor], prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Prepared frames + prompts -> ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` (B, L),
+        ``pixel_values_videos`` (sum of patches, C*tp*p*p) and ``video_grid_thw`` (B, 3)."""
+        if len(frames_per_video) != len(prompts):
+            raise ValueError(f"{len(frames_per_video)} videos but {len(prompts)} prompts")
+        patches, grids, sequences = [], [], []
+        for frames, prompt in zip(frames_per_video, prompts):
+            flat, grid = self.patchify(frames)
+            patches.append(flat)
+            grids.append(grid)
+            num_video_tokens = grid[0] * grid[1] * grid[2] // self.spec.merge_size**2
+            sequences.append(self.prompt_token_ids(prompt, num_video_tokens))
+        length = max(len(seq) for seq in sequences)
+        input_ids = torch.full((len(sequences), length), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attention_mask[row, : len(seq)] = 1
+        mm_token_type_ids = torch.where(input_ids == self.video_token_id, VIDEO_TOKEN_TYPE, 0)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "mm_token_type_ids": mm_token_type_ids.masked_fill(attention_mask == 0, 0),
+            "pixel_values_videos": torch.cat(patches, dim=0),
+            "video_grid_thw": torch.tensor(grids, dtype=torch.long),
+        }
