@@ -18,13 +18,13 @@ def video_to_uint8_frames(video: torch.Tensor) -> np.ndarray:
 
 def write_video(path: Union[str, Path], video: torch.Tensor, fps: float = 24.0) -> Path:
     """Write a (3, F, H, W) video in [0, 1] as mp4 the way the reference saves rollouts (``save_videos_grid``):
-    uint8 truncation, then ``imageio.mimsave`` with imageio-ffmpeg's defaults (libx264, yuv420p, quality 5), which
-    resize sides that are not multiples of 16."""
+    uint8 truncation, then ``imageio.mimsave`` with imageio-ffmpeg's defaults (libx264, yuv420p, quality 5); the
+    frame size is kept as it is (imageio would otherwise resize sides that are not multiples of 16)."""
     import imageio
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    imageio.mimsave(path, list(video_to_uint8_frames(video)), fps=fps)
+    imageio.mimsave(path, list(video_to_uint8_frames(video)), fps=fps, macro_block_size=1)
     return path
 
 
@@ -45,6 +45,7 @@ def read_video(path: Union[str, Path]) -> torch.Tensor:
 
 
 def sanitize_name(text: str, max_length: int = 50) -> str:
-    """Prompt -> file-name fragment: whitespace collapsed, only [A-Za-z0-9 _.-] kept, at most ``max_length`` chars."""
-    text = re.sub(r"\s+", " ", text).strip()
-    return re.sub(r"[^A-Za-z0-9 _.\-]", "", text)[:max_length].strip().replace(" ", "_") or "prompt"
+    """Prompt -> file-name fragment as the reference: whitespace collapsed, only [A-Za-z0-9 _.-] kept, at most
+    ``max_length`` characters."""
+    collapsed = re.sub(r"\s+", " ", text).strip()
+    return re.sub(r"[^A-Za-z0-9 _.-]", "", collapsed)[:max_length].strip()

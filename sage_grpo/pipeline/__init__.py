@@ -1,0 +1,25 @@
+"""Rollout and replay: sampling videos with per-step log-probs, and re-scoring stored transitions with gradients.
+
+``rollout`` and ``replay_step`` share one CFG velocity function (``velocity.cfg_velocity``) and one SDE kernel
+(``sage_grpo.sde.step``), which is what makes a replayed log-prob equal the rollout's bit for bit.
+"""
+
+from sage_grpo.pipeline.replay import replay_step
+from sage_grpo.pipeline.resolution import BUCKET_HW_16_9, bucket_hw, parse_size, resolution_hw
+from sage_grpo.pipeline.rollout import RolloutOutput, decode_latents, latent_shape, rollout
+from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS, cfg_velocity, step_timesteps
+
+__all__ = [
+    "BUCKET_HW_16_9",
+    "T2V_IMAGE_TOKENS",
+    "RolloutOutput",
+    "bucket_hw",
+    "cfg_velocity",
+    "decode_latents",
+    "latent_shape",
+    "parse_size",
+    "replay_step",
+    "resolution_hw",
+    "rollout",
+    "step_timesteps",
+]

@@ -1,0 +1,29 @@
+"""Sample videos from HunyuanVideo-1.5 (base or trained weights) with the Euler ODE sampler.
+
+    python generate.py --model_path ckpts --resolution 480p --prompt "A cat walks on the grass" \
+        --num_inference_steps 50 --video_length 121 --output_path outputs/cat.mp4
+    python generate.py --valid_video_csv prompts.csv --checkpoint_path run/checkpoint-100 --output_path outputs/eval
+
+Options: ``python generate.py --help`` (sage_grpo/config/generate.py); behaviour: sage_grpo/pipeline/generation.py.
+"""
+
+import sys
+
+from sage_grpo.config.generate import GenerateConfig
+from sage_grpo.config.schema import parse_cli
+from sage_grpo.pipeline.generation import plan_generation, run_generation
+
+
+def main(argv=None) -> int:
+    config = parse_cli(GenerateConfig, argv, description=__doc__.splitlines()[0])
+    try:
+        plan_generation(config)  # bad prompts, sizes or CSVs fail here, before any model loads
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    run_generation(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""On-disk layout of a HunyuanVideo-1.5 checkpoint root (``./ckpts``): the one table of expected files.
+
+The loader (:mod:`sage_grpo.models.loading`) and the download script's verification step both read this table, so a
+checkpoint that passes ``python -m sage_grpo.models.verify --model_root ckpts`` is one the loader can open. Every
+component is a diffusers/transformers ``save_pretrained`` folder; the transformer folders are per version, as in the
+reference's ``ckpts/transformer/<version>``::
+
+    <root>/transformer/480p_t2v/   HunyuanVideo15Transformer3DModel   config.json + diffusion_pytorch_model*.safetensors
+    <root>/transformer/720p_t2v/   (same class; any other version folder, e.g. a distilled one, is accepted too)
+    <root>/vae/                    AutoencoderKLHunyuanVideo15        config.json + diffusion_pytorch_model*.safetensors
+    <root>/text_encoder/           Qwen2_5_VLTextModel                config.json + model*.safetensors
+    <root>/tokenizer/              Qwen2Tokenizer + chat template     tokenizer_config.json + (tokenizer.json | vocab.json & merges.txt)
+    <root>/text_encoder_2/         T5EncoderModel (byT5 glyph encoder) config.json + model*.safetensors
+    <root>/tokenizer_2/            ByT5Tokenizer                      tokenizer_config.json
+    <root>/scheduler/              FlowMatchEulerDiscreteScheduler    scheduler_config.json
+    <root>/VideoReward/            VideoAlign reward model            model_config.json (its loader checks the rest)
+
+Weights may be one file or sharded (``*.safetensors.index.json`` plus the shards it names); the shards of an index are
+checked too, so an interrupted download is reported as missing files rather than failing later inside
+``from_pretrained``.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Sequence, Tuple
+
+DEFAULT_TRANSFORMER_VERSION = "480p_t2v"
+TRANSFORMER_VERSIONS = ("480p_t2v", "720p_t2v")
+TRANSFORMER_DIR = "transformer"
+REWARD_DIR = "VideoReward"
+DOWNLOAD_HINT = "Run `bash download_weights.sh --help` to see how to download the weights into this layout."
+
+
+@dataclass(frozen=True)
+class ComponentLayout:
+    """One component folder and the files it must hold.
+
+    ``required`` is a tuple of requirements; each requirement is a tuple of alternatives, and each alternative is a
+    tuple of file names that must all be present (e.g. ``(("tokenizer.json",), ("vocab.json", "merges.txt"))``).
+    """
+
+    name: str
+    subdir: str
+    class_name: str
+    required: Tuple[Tuple[Tuple[str, ...], ...], ...]
+
+
+def _weights(stem: str) -> Tuple[Tuple[str, ...], ...]:
+    return ((f"{stem}.safetensors",), (f"{stem}.safetensors.index.json",))
+
+
+def transformer_layout(version: str = DEFAULT_TRANSFORMER_VERSION) -> ComponentLayout:
+    return ComponentLayout(
+        name=f"transformer ({version})",
+        subdir=f"{TRANSFORMER_DIR}/{version}",
+        class_name="HunyuanVideo15Transformer3DModel",
+        required=((("config.json",),), _weights("diffusion_pytorch_model")),
+    )
+
+
+VAE = ComponentLayout("vae", "vae", "AutoencoderKLHunyuanVideo15",
+                      ((("config.json",),), _weights("diffusion_pytorch_model")))
+TEXT_ENCODER = ComponentLayout("text_encoder", "text_encoder", "Qwen2_5_VLTextModel",
+                               ((("config.json",),), _weights("model")))
+TOKENIZER = ComponentLayout("tokenizer", "tokenizer", "Qwen2Tokenizer",
+                            ((("tokenizer_config.json",),), (("tokenizer.json",), ("vocab.json", "merges.txt"))))
+TEXT_ENCODER_2 = ComponentLayout("text_encoder_2", "text_encoder_2", "T5EncoderModel",
+                                 ((("config.json",),), _weights("model")))
+TOKENIZER_2 = ComponentLayout("tokenizer_2", "tokenizer_2", "ByT5Tokenizer", ((("tokenizer_config.json",),),))
+SCHEDULER = ComponentLayout("scheduler", "scheduler", "FlowMatchEulerDiscreteScheduler",
+                            ((("scheduler_config.json",),),))
+VIDEO_REWARD = ComponentLayout("VideoReward", REWARD_DIR, "VideoAlign reward model", ((("model_config.json",),),))
+
+TEXT_COMPONENTS = (TEXT_ENCODER, TOKENIZER, TEXT_ENCODER_2, TOKENIZER_2)
+
+
+class MissingCheckpointError(FileNotFoundError):
+    """A checkpoint root lacks files; ``missing`` lists every one of them (paths relative to ``root``)."""
+
+    def __init__(self, root: Path, missing: Sequence[str], note: str = ""):
+        self.root = Path(root)
+        self.missing = list(missing)
+        lines = "\n".join(f"  - {item}" for item in self.missing)
+        extra = f"\n{note}" if note else ""
+        super().__init__(
+            f"Checkpoint root {str(self.root)!r} is missing {len(self.missing)} required file(s):\n{lines}{extra}\n"
+            f"{DOWNLOAD_HINT} (Tiny random weights for tests: `python scripts/make_tiny_checkpoint.py --output DIR`.)"
+        )
+
+
+def _missing_in_alternative(folder: Path, files: Tuple[str, ...]) -> List[str]:
+    """Files of one alternative that are absent; for a shard index, also the shards it names."""
+    missing = [f for f in files if not (folder / f).is_file()]
+    for f in files:
+        if f.endswith(".index.json") and (folder / f).is_file():
+            weight_map = json.loads((folder / f).read_text()).get("weight_map", {})
+            missing += sorted({s for s in weight_map.values() if not (folder / s).is_file()})
+    return missing
+
+
+def missing_files(root: Path, layout: ComponentLayout) -> List[str]:
+    """Relative paths missing for one component (alternatives shown as ``a | b``); empty when complete."""
+    folder = Path(root) / layout.subdir
+    if not folder.is_dir():
+        return [f"{layout.subdir}/  ({layout.class_name} folder)"]
+    missing: List[str] = []
+    for alternatives in layout.required:
+        gaps = [_missing_in_alternative(folder, alt) for alt in alternatives]
+        if not all(gaps):
+            continue
+        started = [gap for alt, gap in zip(alternatives, gaps) if any((folder / f).is_file() for f in alt)]
+        if started:  # e.g. an index without all its shards: name the exact files
+            missing += [f"{layout.subdir}/{f}" for f in started[0]]
+        else:
+            missing.append(" | ".join(" + ".join(f"{layout.subdir}/{f}" for f in alt) for alt in alternatives))
+    return missing
+
+
+def available_transformer_versions(root: Path) -> List[str]:
+    """Version folders present under ``<root>/transformer/`` (any name, e.g. ``480p_t2v_distilled``)."""
+    folder = Path(root) / TRANSFORMER_DIR
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+def check_transformer_version(root: Path, version: str) -> None:
+    """Reject a version that is neither a known one nor an existing folder, listing what exists."""
+    if version in TRANSFORMER_VERSIONS or version in available_transformer_versions(root):
+        return
+    raise MissingCheckpointError(
+        root, [f"{TRANSFORMER_DIR}/{version}/"],
+        note=f"Unknown transformer version {version!r}; known: {list(TRANSFORMER_VERSIONS)}, "
+             f"present under {TRANSFORMER_DIR}/: {available_transformer_versions(root)}.",
+    )
+
+
+def check_layout(root: Path, layouts: Sequence[ComponentLayout]) -> None:
+    """Raise one :class:`MissingCheckpointError` listing every missing file of ``layouts``."""
+    missing = [m for layout in layouts for m in missing_files(root, layout)]
+    if missing:
+        raise MissingCheckpointError(root, missing)
+
+
+def required_layouts(transformer_versions: Sequence[str] = (DEFAULT_TRANSFORMER_VERSION,), *,
+                     text_encoders: bool = True, vae: bool = True, reward: bool = False) -> List[ComponentLayout]:
+    layouts = [transformer_layout(v) for v in transformer_versions]
+    layouts += [VAE] if vae else []
+    layouts += list(TEXT_COMPONENTS) if text_encoders else []
+    layouts += [SCHEDULER]
+    layouts += [VIDEO_REWARD] if reward else []
+    return layouts

@@ -1,0 +1,163 @@
+"""Load HunyuanVideo-1.5 components from a local checkpoint root, and trained transformer weights.
+
+Nothing is fetched at run time: every ``from_pretrained`` call is ``local_files_only=True``, and the whole layout is
+checked first (:mod:`sage_grpo.models.layout`), so a missing or partial download gives one
+:class:`~sage_grpo.models.layout.MissingCheckpointError` that lists every missing file.
+
+The frozen parts (VAE, both text encoders) are put in eval mode with ``requires_grad=False``; the transformer is
+returned as ``from_pretrained`` gives it (eval mode, trainable), since the trainer decides what to train.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional, Union
+
+import torch
+
+from sage_grpo.models import layout
+
+PathLike = Union[str, Path]
+# Where the single-process trainer saves full weights inside ``checkpoint-N/``.
+CHECKPOINT_TRANSFORMER_FILE = Path("transformer") / "model.safetensors"
+
+
+@dataclass
+class HunyuanComponents:
+    """The loaded pieces of a checkpoint root; parts not requested are None."""
+
+    transformer: Optional[torch.nn.Module]
+    vae: Optional[torch.nn.Module]
+    text_encoder: Optional[torch.nn.Module]
+    tokenizer: Optional[object]
+    text_encoder_2: Optional[torch.nn.Module]
+    tokenizer_2: Optional[object]
+    scheduler_config: Dict
+    transformer_version: str
+    paths: Dict[str, Path] = field(default_factory=dict)
+
+
+def _freeze(module: torch.nn.Module) -> torch.nn.Module:
+    module.eval()
+    module.requires_grad_(False)
+    return module
+
+
+def load_transformer(model_root: PathLike = "./ckpts", version: str = layout.DEFAULT_TRANSFORMER_VERSION,
+                     dtype: torch.dtype = torch.bfloat16, device: Union[str, torch.device] = "cpu"):
+    """Load ``<root>/transformer/<version>`` alone (the trainer's KL reference is a second copy)."""
+    root = Path(model_root)
+    layout.check_transformer_version(root, version)
+    layout.check_layout(root, [layout.transformer_layout(version)])
+    return _read_transformer(root, version, dtype, device)
+
+
+def _read_transformer(root: Path, version: str, dtype: torch.dtype, device: Union[str, torch.device]):
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    folder = root / layout.transformer_layout(version).subdir
+    model = HunyuanVideo15Transformer3DModel.from_pretrained(folder, torch_dtype=dtype, local_files_only=True)
+    return model.to(device)
+
+
+def load_components(model_root: PathLike = "./ckpts", transformer_version: str = layout.DEFAULT_TRANSFORMER_VERSION,
+                    *, dtype: torch.dtype = torch.bfloat16, device: Union[str, torch.device] = "cpu",
+                    load_transformer: bool = True, load_vae: bool = True,
+                    load_text_encoders: bool = True) -> HunyuanComponents:
+    """Load the requested components of ``model_root``; the scheduler config is always read."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, Qwen2Tokenizer, T5EncoderModel
+
+    root = Path(model_root)
+    if load_transformer:
+        layout.check_transformer_version(root, transformer_version)
+    versions = (transformer_version,) if load_transformer else ()
+    layouts = layout.required_layouts(versions, text_encoders=load_text_encoders, vae=load_vae)
+    layout.check_layout(root, layouts)
+    paths = {spec.name: root / spec.subdir for spec in layouts}
+
+    def folder(spec: layout.ComponentLayout) -> Path:
+        return root / spec.subdir
+
+    components = HunyuanComponents(
+        transformer=None, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+        scheduler_config=json.loads((folder(layout.SCHEDULER) / "scheduler_config.json").read_text()),
+        transformer_version=transformer_version, paths=paths,
+    )
+    if load_transformer:
+        components.transformer = _read_transformer(root, transformer_version, dtype, device)
+    if load_vae:
+        vae = AutoencoderKLHunyuanVideo15.from_pretrained(folder(layout.VAE), torch_dtype=dtype, local_files_only=True)
+        components.vae = _freeze(vae.to(device))
+    if load_text_encoders:
+        components.tokenizer = Qwen2Tokenizer.from_pretrained(folder(layout.TOKENIZER), local_files_only=True)
+        components.tokenizer_2 = ByT5Tokenizer.from_pretrained(folder(layout.TOKENIZER_2), local_files_only=True)
+        text_encoder = Qwen2_5_VLTextModel.from_pretrained(folder(layout.TEXT_ENCODER), dtype=dtype,
+                                                           local_files_only=True)
+        text_encoder_2 = T5EncoderModel.from_pretrained(folder(layout.TEXT_ENCODER_2), dtype=dtype,
+                                                        local_files_only=True)
+        components.text_encoder = _freeze(text_encoder.to(device))
+        components.text_encoder_2 = _freeze(text_encoder_2.to(device))
+    return components
+
+
+def resolve_transformer_weights(path: PathLike) -> Path:
+    """Map any accepted weights location to the file (or shard index) to read.
+
+    Accepted: a ``.safetensors`` file; a training checkpoint dir ``checkpoint-N/`` (reads
+    ``transformer/model.safetensors``) or its ``transformer/`` subdir (``model.safetensors``); a diffusers transformer
+    folder (``diffusion_pytorch_model.safetensors`` or its ``.index.json``).
+    """
+    path = Path(path)
+    if path.is_file():
+        if path.name.endswith(".safetensors") or path.name.endswith(".safetensors.index.json"):
+            return path
+        raise ValueError(f"{path}: expected a .safetensors file (or a folder), got {path.suffix or 'no suffix'}")
+    candidates = [
+        path / CHECKPOINT_TRANSFORMER_FILE,
+        path / "model.safetensors",
+        path / "diffusion_pytorch_model.safetensors",
+        path / "diffusion_pytorch_model.safetensors.index.json",
+    ]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"No transformer weights at {str(path)!r}. Expected one of: a .safetensors file; a training checkpoint dir "
+        f"holding {CHECKPOINT_TRANSFORMER_FILE}; its transformer/ subdir holding model.safetensors; or a diffusers "
+        f"transformer folder holding diffusion_pytorch_model.safetensors(.index.json)."
+    )
+
+
+def _read_safetensors(path: Path) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if path.name.endswith(".index.json"):
+        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        state: Dict[str, torch.Tensor] = {}
+        for shard in shards:
+            state.update(load_file(path.parent / shard))
+        return state
+    return load_file(path)
+
+
+def load_transformer_weights(transformer: torch.nn.Module, path: PathLike) -> torch.nn.Module:
+    """Copy weights from ``path`` (see :func:`resolve_transformer_weights`) into ``transformer``, strictly.
+
+    Every key must match by name and shape; otherwise one ``ValueError`` lists the missing, unexpected and
+    mis-shaped keys (first 10 of each). Values are cast to the model's dtype.
+    """
+    file = resolve_transformer_weights(path)
+    state = _read_safetensors(file)
+    expected = transformer.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mis_shaped = sorted(k for k in set(state) & set(expected) if tuple(state[k].shape) != tuple(expected[k].shape))
+    if missing or unexpected or mis_shaped:
+        def show(keys):
+            return ", ".join(keys[:10]) + (f", ... ({len(keys)} in all)" if len(keys) > 10 else "")
+        problems = [f"{name} keys: {show(keys)}" for name, keys in
+                    (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mis_shaped)) if keys]
+        raise ValueError(f"Weights in {file} do not match the transformer:\n  " + "\n  ".join(problems))
+    transformer.load_state_dict(state, strict=True)
+    return transformer

@@ -1,0 +1,201 @@
+"""Prompt encoding for HunyuanVideo-1.5 with classifier-free guidance: the Qwen2.5-VL stream and the byT5 glyph stream.
+
+Both streams are computed by diffusers' own ``HunyuanVideo15Pipeline`` helpers, so the embeddings equal the ones the
+diffusers pipeline feeds its transformer:
+
+- MLLM stream (``embeds``/``masks``, (B, L, D)/(B, L)): the prompt is wrapped in the system message + user chat
+  template, padded to ``crop_start + max_length`` tokens, encoded, hidden state ``-(num_hidden_layers_to_skip + 1)``
+  is taken and the first ``crop_start`` (template) positions are cut off, leaving ``L = max_length``.
+- byT5 stream (``embeds_2``/``masks_2``, (B, L2, D2)/(B, L2)): only the quoted text of the prompt ("..." or “...”,
+  formatted as ``Text "x". ``) is encoded, ``L2 = max_length_2``; a prompt without quotes gives zeros and a zero mask.
+
+The negative prompt ("" by default, as in the reference) is encoded once and repeated over the batch.
+``crop_start=None`` counts the template tokens before the user text with the tokenizer itself: diffusers hard-codes
+108, the count for the released tokenizer and system message, while a tiny test tokenizer needs its own count.
+
+``PromptEncoder(cache=True)`` keeps every encoded prompt in memory (CPU), keyed by prompt text; with ``cache_path`` it
+also loads and saves them in a ``.pt`` file keyed by an encoder identity (configs, settings and a weight checksum), so
+a cache written by other weights or other lengths is never reused.
+"""
+
+import hashlib
+import inspect
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+_STREAM_FIELDS = ("embeds", "masks", "embeds_2", "masks_2")
+
+
+def _diffusers_pipeline_class():
+    from diffusers import HunyuanVideo15Pipeline
+
+    return HunyuanVideo15Pipeline
+
+
+def default_system_message() -> str:
+    """The system message of diffusers' HunyuanVideo-1.5 pipeline (the released model's video template)."""
+    helper = _diffusers_pipeline_class()._get_mllm_prompt_embeds
+    return inspect.signature(helper).parameters["system_message"].default
+
+
+@dataclass(frozen=True)
+class TextEncoderSettings:
+    """Tokenizer lengths and template of the two text streams (real-model defaults; tiny tests shorten them)."""
+
+    max_length: int = 1000  # MLLM tokens kept after the template crop (L)
+    max_length_2: int = 256  # byT5 glyph tokens (L2)
+    crop_start: Optional[int] = None  # template tokens before the user text; None: counted with the tokenizer
+    num_hidden_layers_to_skip: int = 2  # take hidden state -(skip + 1) of the Qwen2.5-VL text model
+    system_message: Optional[str] = None  # None: diffusers' HunyuanVideo-1.5 system message
+
+
+@dataclass
+class PromptEmbeds:
+    """Positive and negative conditioning of B prompts, both streams; negatives are aligned with the positives."""
+
+    embeds: Tensor  # (B, L, D) Qwen2.5-VL hidden states
+    masks: Tensor  # (B, L) 1 = real token
+    embeds_2: Tensor  # (B, L2, D2) byT5 glyph states
+    masks_2: Tensor  # (B, L2)
+    neg_embeds: Tensor
+    neg_masks: Tensor
+    neg_embeds_2: Tensor
+    neg_masks_2: Tensor
+
+    def __len__(self) -> int:
+        return self.embeds.shape[0]
+
+    def _map(self, fn) -> "PromptEmbeds":
+        return PromptEmbeds(**{f.name: fn(f.name, getattr(self, f.name)) for f in fields(self)})
+
+    def select(self, indices: Union[Sequence[int], Tensor, slice]) -> "PromptEmbeds":
+        """The rows ``indices`` of every tensor (a list, a LongTensor or a slice)."""
+        if not isinstance(indices, slice):
+            indices = torch.as_tensor(indices, dtype=torch.long, device=self.embeds.device)
+        return self._map(lambda _, t: t[indices])
+
+    def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "PromptEmbeds":
+        """Move every tensor to ``device``; ``dtype`` applies to the embeddings only (masks keep theirs)."""
+        return self._map(lambda name, t: t.to(device=device, dtype=dtype if "embeds" in name else None))
+
+    @classmethod
+    def cat(cls, parts: Sequence["PromptEmbeds"]) -> "PromptEmbeds":
+        return cls(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+
+    def positive(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        return self.embeds, self.masks, self.embeds_2, self.masks_2
+
+    def negative(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        return self.neg_embeds, self.neg_masks, self.neg_embeds_2, self.neg_masks_2
+
+
+class PromptEncoder:
+    """Encodes prompts with the two text encoders; optional per-prompt cache in memory and on disk."""
+
+    def __init__(self, text_encoder, tokenizer, text_encoder_2, tokenizer_2,
+                 settings: TextEncoderSettings = TextEncoderSettings(), *, cache: bool = False,
+                 cache_path: Optional[Union[str, Path]] = None):
+        self.text_encoder, self.tokenizer = text_encoder, tokenizer
+        self.text_encoder_2, self.tokenizer_2 = text_encoder_2, tokenizer_2
+        self.settings = settings
+        self.system_message = settings.system_message or default_system_message()
+        self.crop_start = settings.crop_start if settings.crop_start is not None else self.count_template_tokens()
+        self.cache_path = Path(cache_path) if cache_path is not None else None
+        self._cache: Optional[Dict[str, Dict[str, Tensor]]] = {} if (cache or cache_path is not None) else None
+        self._identity: Optional[str] = None
+        if self.cache_path is not None and self.cache_path.is_file():
+            self._cache.update(torch.load(self.cache_path, map_location="cpu").get(self.identity, {}))
+
+    @classmethod
+    def from_components(cls, components, settings: TextEncoderSettings = TextEncoderSettings(), **kwargs):
+        return cls(components.text_encoder, components.tokenizer, components.text_encoder_2, components.tokenizer_2,
+                   settings, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.text_encoder.parameters()).device
+
+    def count_template_tokens(self) -> int:
+        """Number of chat-template tokens before the user text (what diffusers crops; 108 for the released model)."""
+        sentinel = "\x00user-text\x00"
+        conversation = [{"role": "system", "content": self.system_message}, {"role": "user", "content": sentinel}]
+        rendered = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        prefix = rendered[: rendered.index(sentinel)]
+        return len(self.tokenizer(prefix, add_special_tokens=False).input_ids)
+
+    @property
+    def identity(self) -> str:
+        """Hash of what determines an encoding: both encoder configs, weight checksums, tokenizers and settings."""
+        if self._identity is None:
+            def checksum(module) -> float:
+                return float(sum(p.detach().sum(dtype=torch.float64).item() for p in module.parameters()))
+            payload = {
+                "text_encoder": self.text_encoder.config.to_dict(),
+                "text_encoder_2": self.text_encoder_2.config.to_dict(),
+                "checksums": [checksum(self.text_encoder), checksum(self.text_encoder_2)],
+                "tokenizers": [len(self.tokenizer), len(self.tokenizer_2)], "dtype": str(self.text_encoder.dtype),
+                "settings": asdict(self.settings), "system_message": self.system_message, "crop_start": self.crop_start,
+            }
+            self._identity = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return self._identity
+
+    @torch.no_grad()
+    def encode_streams(self, prompts: Sequence[str]) -> Dict[str, Tensor]:
+        """Both streams of ``prompts`` (no cache): {"embeds", "masks", "embeds_2", "masks_2"}, batch first."""
+        pipeline_class = _diffusers_pipeline_class()
+        embeds, masks = pipeline_class._get_mllm_prompt_embeds(
+            text_encoder=self.text_encoder, tokenizer=self.tokenizer, prompt=list(prompts), device=self.device,
+            tokenizer_max_length=self.settings.max_length,
+            num_hidden_layers_to_skip=self.settings.num_hidden_layers_to_skip,
+            system_message=self.system_message, crop_start=self.crop_start,
+        )
+        embeds_2, masks_2 = pipeline_class._get_byt5_prompt_embeds(
+            tokenizer=self.tokenizer_2, text_encoder=self.text_encoder_2, prompt=list(prompts), device=self.device,
+            tokenizer_max_length=self.settings.max_length_2,
+        )
+        return dict(embeds=embeds, masks=masks, embeds_2=embeds_2, masks_2=masks_2)
+
+    def _lookup(self, prompts: Sequence[str]) -> Dict[str, Tensor]:
+        """Streams of ``prompts``, encoding only those not cached yet (in one batch)."""
+        if self._cache is None:
+            return self.encode_streams(prompts)
+        todo = list(dict.fromkeys(p for p in prompts if p not in self._cache))
+        if todo:
+            fresh = self.encode_streams(todo)
+            for row, prompt in enumerate(todo):
+                self._cache[prompt] = {k: fresh[k][row].cpu() for k in _STREAM_FIELDS}
+        return {k: torch.stack([self._cache[p][k] for p in prompts]).to(self.device) for k in _STREAM_FIELDS}
+
+    def encode(self, prompts: Sequence[str], negative_prompt: str = "") -> PromptEmbeds:
+        """Positive streams of ``prompts`` and the negative prompt's streams repeated to the same batch size."""
+        if isinstance(prompts, str):
+            raise TypeError("encode() takes a list of prompts")
+        positive = self._lookup(prompts)
+        negative = self._lookup([negative_prompt])
+        repeat = {k: v.expand(len(prompts), *v.shape[1:]).contiguous() for k, v in negative.items()}
+        return PromptEmbeds(**positive, **{f"neg_{k}": v for k, v in repeat.items()})
+
+    def precompute(self, prompts: Sequence[str], negative_prompt: str = "") -> None:
+        """Fill the cache with ``prompts`` (e.g. a whole prompt file) and save it if a cache path is set."""
+        if self._cache is None:
+            raise ValueError("precompute() needs PromptEncoder(cache=True) or a cache_path")
+        self._lookup(list(prompts) + [negative_prompt])
+        self.save_cache()
+
+    def save_cache(self) -> None:
+        """Write the in-memory cache under this encoder's identity (other identities in the file are kept)."""
+        if self.cache_path is None:
+            return
+        stored = torch.load(self.cache_path, map_location="cpu") if self.cache_path.is_file() else {}
+        stored[self.identity] = dict(self._cache)
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(stored, self.cache_path)
+
+    @property
+    def cached_prompts(self) -> List[str]:
+        return list(self._cache or {})

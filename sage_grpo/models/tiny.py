@@ -1,0 +1,144 @@
+"""Tiny random-weight HunyuanVideo-1.5 checkpoint: the real classes, the real layout, a few MB, written offline.
+
+:func:`write_tiny_hunyuan` writes every component of :mod:`sage_grpo.models.layout` with the same classes as the real
+checkpoint, so :func:`sage_grpo.models.loading.load_components` opens it exactly like the real one. Sizes follow the
+diffusers test configs (feasibility note §2):
+
+- transformer: 2 dual-stream blocks, 2 heads x 8 dims, ``rope_axes_dim`` (2, 2, 4) (sums to the head dim, even
+  entries), 4 latent channels so ``in_channels = 2*4 + 1 = 9`` (latent, zero condition, zero mask). About 4.3M
+  parameters, nearly all in the byT5 projection whose hidden width (2048) diffusers hard-codes.
+- VAE: 4 latent channels, the real ratios' shape (temporal 4: 81 frames -> 21 latent frames) but spatial 8 instead
+  of 16, so tiny test videos still have a few latent pixels.
+- text encoder: a 3-layer Qwen2.5-VL text model (the pipeline reads hidden state -3, so with 3 layers that is the
+  output of the first block, not the bare embeddings) on a byte-level BPE tokenizer trained here on a small corpus,
+  with Qwen's chat template and special tokens; byT5: a 2-layer T5 encoder with ``ByT5Tokenizer`` (needs no files).
+
+Weights are drawn under a forked RNG seeded by ``seed`` (so a seed gives byte-identical files and the caller's global
+RNG is untouched) and saved in bf16, like the released checkpoint. Each transformer version gets its own seed offset.
+"""
+
+import json
+from pathlib import Path
+from typing import Dict, Sequence
+
+import torch
+
+from sage_grpo.models import layout
+
+TINY_TRANSFORMER_CONFIG: Dict = dict(
+    in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2, num_refiner_layers=1,
+    mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=32, image_embed_dim=12,
+    rope_axes_dim=(2, 2, 4), target_size=64, task_type="t2v",
+)
+TINY_VAE_CONFIG: Dict = dict(
+    latent_channels=4, block_out_channels=(8, 8, 16, 16), layers_per_block=1, spatial_compression_ratio=8,
+    temporal_compression_ratio=4, downsample_match_channel=False, upsample_match_channel=False,
+)
+TINY_FLOW_SHIFT = 5.0
+
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                       "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>")
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'video' or 'video' in content %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{% elif content['type'] == 'image' or 'image' in content %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_TOKENIZER_CORPUS = (
+    "You are a helpful assistant. Describe the video by detailing the following aspects: 1. The main content and "
+    "theme of the video. 2. The color, shape, size, texture, quantity, text, and spatial relationships of the "
+    "objects. 3. Actions, events, behaviors temporal relationships, physical movement changes of the objects. "
+    "4. background environment, light, style and atmosphere. 5. camera angles, movements, and transitions used in "
+    "the video. A cat walks on the grass, realistic. The video shows a dog running on a beach at sunset. "
+    'A girl holding a paper with words "Hello, world!" in a sunny park.'
+)
+
+
+def build_tiny_qwen_tokenizer(vocab_size: int = 400):
+    """A byte-level BPE ``Qwen2Tokenizer`` trained on a fixed corpus, with Qwen's specials and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(QWEN_SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator([_TOKENIZER_CORPUS] * 20, trainer=trainer)
+    # Qwen2Tokenizer wants merges as tuples (lists raise "failed to extract enum PyMerges").
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" "))
+              for m in json.loads(bpe.to_str())["model"]["merges"]]
+    tokenizer = Qwen2Tokenizer(vocab=bpe.get_vocab(), merges=merges)  # pad = eos = unk = <|endoftext|>
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    return tokenizer
+
+
+def _tiny_text_encoder(tokenizer):
+    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    config = Qwen2_5_VLTextConfig(
+        vocab_size=len(tokenizer), hidden_size=TINY_TRANSFORMER_CONFIG["text_embed_dim"], intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
+        rope_parameters={"mrope_section": [1, 1, 2], "rope_type": "default", "rope_theta": 1e6},
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+    )
+    return Qwen2_5_VLTextModel(config)
+
+
+def _tiny_text_encoder_2():
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(vocab_size=384, d_model=TINY_TRANSFORMER_CONFIG["text_embed_2_dim"], d_kv=8, d_ff=37,
+                      num_layers=2, num_heads=4, relative_attention_num_buckets=8, is_encoder_decoder=False,
+                      use_cache=False)
+    return T5EncoderModel(config)
+
+
+def _save(module, folder: Path) -> None:
+    """Save in bf16 (``nn.Module.to`` skips diffusers' override, which warns about fp32-kept modules: none here)."""
+    from transformers.utils import logging as hf_logging
+
+    torch.nn.Module.to(module, torch.bfloat16)
+    progress_bar_was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        module.save_pretrained(folder)
+    finally:
+        if progress_bar_was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _seeded(build, seed: int):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def write_tiny_hunyuan(root, *, seed: int = 0, versions: Sequence[str] = (layout.DEFAULT_TRANSFORMER_VERSION,)) -> Path:
+    """Write a complete tiny checkpoint under ``root`` (created if needed) and return ``root`` as a Path."""
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
+    from transformers import ByT5Tokenizer
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for offset, version in enumerate(versions):
+        transformer = _seeded(lambda: HunyuanVideo15Transformer3DModel(**TINY_TRANSFORMER_CONFIG), seed + 100 + offset)
+        _save(transformer, root / layout.transformer_layout(version).subdir)
+    _save(_seeded(lambda: AutoencoderKLHunyuanVideo15(**TINY_VAE_CONFIG), seed + 1), root / layout.VAE.subdir)
+
+    tokenizer = build_tiny_qwen_tokenizer()
+    tokenizer.save_pretrained(root / layout.TOKENIZER.subdir)
+    _save(_seeded(lambda: _tiny_text_encoder(tokenizer), seed + 2), root / layout.TEXT_ENCODER.subdir)
+    ByT5Tokenizer().save_pretrained(root / layout.TOKENIZER_2.subdir)
+    _save(_seeded(_tiny_text_encoder_2, seed + 3), root / layout.TEXT_ENCODER_2.subdir)
+
+    FlowMatchEulerDiscreteScheduler(shift=TINY_FLOW_SHIFT).save_pretrained(root / layout.SCHEDULER.subdir)
+    return root

@@ -1,0 +1,188 @@
+"""GRPO rollout: sample B videos with an SDE sampler and record every latent and per-step log-probability.
+
+For each sample i (seed s_i) and step k = 0..N-1 on the shifted schedule σ (spec §2.5):
+
+    v_k     = v_u + g·(v_c − v_u)                       (CFG velocity, ``velocity.cfg_velocity``)
+    x_{k+1} = μ_k + noise_std_k·ε_k                     (or x_k + dt·v_k on a deterministic step)
+    log p_k = mean over elements of log N(x_{k+1}; μ_k, noise_std_k²)
+
+using :func:`sage_grpo.sde.step`, the same kernel :func:`~sage_grpo.pipeline.replay.replay_step` re-scores with. With
+every step deterministic this is the plain Euler flow-matching ODE sampler that ``generate.py`` uses; it matches
+diffusers' ``HunyuanVideo15Pipeline`` (tested to 1e-5 in fp32).
+
+Randomness: each sample owns a CPU ``torch.Generator`` seeded with its seed. It first draws the initial noise x_0
+(fp32, (C, T, h, w)) and then every SDE noise ε_k of that sample, so a sample's trajectory does not depend on the
+batch or micro-batch it runs in, nor on the device. ``initial_latents`` replaces the drawn x_0 (the draw still
+happens, so the SDE noise is the same as without it). ``sde_generators`` (one per sample) take over the SDE noise,
+e.g. so that a prompt re-drawn in a later epoch keeps its seeded x_0 but gets fresh SDE noise.
+
+Micro-batching: ``micro_batch_size`` samples go through the transformer together (the reference uses 1). Replaying a
+stored transition with the same micro-batch composition reproduces the log-probs bit-exactly.
+
+Departures from the reference:
+- SDE noise comes from the per-sample generators, not the global CUDA RNG (spec §10.10).
+- The initial latent stays fp32 (the reference draws it in bf16).
+- The final latent is divided by the VAE scaling factor ONCE before decoding, as diffusers and the reference's
+  ``generate.py`` do; the reference's GRPO pipeline divides twice, so its rollout videos (and rewards) come from
+  latents ≈7% too small (spec §10.7).
+- The VAE decodes in its own dtype (the reference uses fp16 autocast with tiling); enable tiling on the VAE for
+  large videos (``vae.enable_tiling()``).
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from sage_grpo import sde
+from sage_grpo.models.text_encoding import PromptEmbeds
+from sage_grpo.pipeline.resolution import bucket_hw
+from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS, cfg_velocity, step_timesteps
+
+DEFAULT_HEIGHT, DEFAULT_WIDTH = bucket_hw(480)  # 352 x 624
+DEFAULT_NUM_FRAMES = 81
+
+
+@dataclass
+class RolloutOutput:
+    """What a rollout returns; latents and log-probs stay on the compute device."""
+
+    videos: Optional[Tensor]  # (B, 3, F, H, W) float in [0, 1] on the CPU; None when decode=False
+    latents: Tensor  # (B, N+1, C, T, h, w) fp32: x_0 (initial noise), then the latent after each step
+    log_probs: Tensor  # (B, N) fp32 log p(x_{k+1} | x_k)
+    sigmas: Tensor  # (N+1,) fp32 schedule
+    timesteps: Tensor  # (N,) fp32 model timesteps 1000·σ_k
+    seeds: List[int]
+    deterministic: List[bool]  # per step: True = Euler ODE step
+    micro_batch_size: int  # samples per transformer call; replay with the same grouping to reproduce log_probs
+
+    @property
+    def final_latents(self) -> Tensor:
+        return self.latents[:, -1]
+
+
+def latent_shape(vae_config, num_frames: int, height: int, width: int) -> Tuple[int, int, int, int]:
+    """(C, T, h, w) of a video, checking the sizes against the VAE's compression ratios."""
+    temporal, spatial = vae_config.temporal_compression_ratio, vae_config.spatial_compression_ratio
+    if num_frames < 1 or (num_frames - 1) % temporal:
+        raise ValueError(f"num_frames must be 1 + a multiple of {temporal} (e.g. 81 or 121), got {num_frames}")
+    if height % spatial or width % spatial or height <= 0 or width <= 0:
+        raise ValueError(f"height and width must be positive multiples of {spatial}, got {height}x{width}")
+    return vae_config.latent_channels, (num_frames - 1) // temporal + 1, height // spatial, width // spatial
+
+
+def sample_generators(seeds: Sequence[int]) -> List[torch.Generator]:
+    """One CPU generator per sample, seeded with its seed."""
+    return [torch.Generator("cpu").manual_seed(int(seed)) for seed in seeds]
+
+
+def draw_initial_noise(generators: Sequence[torch.Generator], shape: Sequence[int]) -> Tensor:
+    """(B, *shape) fp32 standard normal noise on the CPU, one row per generator."""
+    return torch.stack([torch.randn(tuple(shape), generator=g, dtype=torch.float32) for g in generators])
+
+
+@torch.no_grad()
+def decode_latents(vae, latents: Tensor) -> Tensor:
+    """(B, C, T, h, w) latents -> (B, 3, F, H, W) float video in [0, 1] on the CPU, one sample at a time."""
+    videos = []
+    for latent in latents:
+        scaled = latent[None].to(vae.dtype) / vae.config.scaling_factor  # divided ONCE (reference: twice)
+        decoded = vae.decode(scaled, return_dict=False)[0]
+        videos.append((decoded.float() / 2 + 0.5).clamp(0, 1).cpu())
+    return torch.cat(videos)
+
+
+def _per_step_flags(deterministic: Union[bool, Sequence[bool]], num_steps: int) -> List[bool]:
+    if isinstance(deterministic, bool):
+        return [deterministic] * num_steps
+    flags = [bool(d) for d in deterministic]
+    if len(flags) != num_steps:
+        raise ValueError(f"deterministic has {len(flags)} entries for {num_steps} steps")
+    return flags
+
+
+@torch.no_grad()
+def rollout(
+    transformer,
+    vae,
+    embeds: PromptEmbeds,
+    seeds: Sequence[int],
+    *,
+    sde_type: str = "sage_grpo",
+    num_steps: int = 20,
+    shift: float = 5.0,
+    eta: float = 0.5,
+    guidance_scale: float = 6.0,
+    num_frames: int = DEFAULT_NUM_FRAMES,
+    height: int = DEFAULT_HEIGHT,
+    width: int = DEFAULT_WIDTH,
+    deterministic: Union[bool, Sequence[bool]] = False,
+    initial_latents: Optional[Tensor] = None,
+    sigmas: Optional[Tensor] = None,
+    sde_generators: Optional[Sequence[torch.Generator]] = None,
+    micro_batch_size: int = 1,
+    autocast_dtype: Optional[torch.dtype] = None,
+    sde_solver: bool = True,
+    decode: bool = True,
+    num_image_tokens: int = T2V_IMAGE_TOKENS,
+    progress: bool = False,
+) -> RolloutOutput:
+    """Roll out ``len(seeds)`` videos for the prompts in ``embeds`` (one row per sample) on the transformer's device.
+
+    ``vae`` gives the latent geometry (its ``config``) and decodes; ``deterministic`` is one bool or one per step;
+    ``initial_latents`` (B, C, T, h, w) replaces the seeded initial noise; ``sigmas`` ((N+1,) fp32) replaces the
+    ``shifted_sigmas(num_steps, shift)`` schedule; ``sde_generators`` (one per sample) replace the seed generators
+    as the source of the SDE noise (the initial noise still comes from the seeds).
+    """
+    num_samples = len(seeds)
+    if len(embeds) != num_samples:
+        raise ValueError(f"got {len(embeds)} prompt embeddings for {num_samples} seeds")
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    shape = latent_shape(vae.config, num_frames, height, width)
+    sigmas = sde.shifted_sigmas(num_steps, shift) if sigmas is None else sigmas.detach().float().cpu()
+    num_steps = sigmas.numel() - 1
+    flags = _per_step_flags(deterministic, num_steps)
+    if not all(flags):
+        sde.check_schedule(sde_type, sigmas, eta)
+    device = next(transformer.parameters()).device
+
+    generators = sample_generators(seeds)
+    noise = draw_initial_noise(generators, shape)
+    if sde_generators is not None:
+        if len(sde_generators) != num_samples:
+            raise ValueError(f"got {len(sde_generators)} sde_generators for {num_samples} samples")
+        generators = list(sde_generators)
+    if initial_latents is not None:
+        if tuple(initial_latents.shape) != (num_samples, *shape):
+            raise ValueError(f"initial_latents must have shape {(num_samples, *shape)}, "
+                             f"got {tuple(initial_latents.shape)}")
+        noise = initial_latents.detach().float().cpu()
+
+    all_latents = torch.empty(num_samples, num_steps + 1, *shape, dtype=torch.float32, device=device)
+    all_log_probs = torch.empty(num_samples, num_steps, dtype=torch.float32, device=device)
+    all_latents[:, 0] = noise.to(device)
+    bar = tqdm(total=num_steps * -(-num_samples // micro_batch_size), desc="denoising", unit="step",
+               disable=not progress)
+    for start in range(0, num_samples, micro_batch_size):
+        rows = slice(start, min(start + micro_batch_size, num_samples))
+        batch_embeds = embeds.select(rows).to(device)
+        latents = all_latents[rows, 0]
+        for k in range(num_steps):
+            timesteps = step_timesteps(sigmas, k, latents.shape[0])
+            velocity = cfg_velocity(transformer, latents, timesteps, batch_embeds, guidance_scale,
+                                    autocast_dtype=autocast_dtype, num_image_tokens=num_image_tokens)
+            out = sde.step(sde_type, velocity, latents, sigmas, k, eta, generator=generators[rows],
+                           deterministic=flags[k], sde_solver=sde_solver)
+            latents = out.prev_sample
+            all_latents[rows, k + 1] = latents
+            all_log_probs[rows, k] = out.log_prob
+            bar.update()
+    bar.close()
+
+    videos = decode_latents(vae, all_latents[:, -1]) if decode else None
+    return RolloutOutput(videos=videos, latents=all_latents, log_probs=all_log_probs, sigmas=sigmas,
+                         timesteps=sde.timesteps_from_sigmas(sigmas), seeds=[int(s) for s in seeds],
+                         deterministic=flags, micro_batch_size=micro_batch_size)

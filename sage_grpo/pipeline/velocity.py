@@ -1,0 +1,77 @@
+"""The classifier-free-guided velocity v_θ(x_t, t): the one transformer call shared by rollout and replay.
+
+Text-to-video input, exactly as diffusers' ``HunyuanVideo15Pipeline`` builds it::
+
+    hidden_states = cat([x_t, zeros (C ch: no image condition), zeros (1 ch: condition mask)], dim=1)   # 2C+1 ch
+    image_embeds  = zeros(B, num_image_tokens, image_embed_dim)   # all-zero => the transformer masks them out (t2v)
+    timestep      = 1000·σ_k per sample
+
+CFG (spec §2.12): ``v = v_u + s·(v_c − v_u)`` with s = ``guidance_scale``, computed in fp32. Both branches run in
+ONE transformer call on the doubled batch ``[negative; positive]`` (the reference's ``denoise_step`` layout; diffusers
+instead makes two calls). Gradients flow through both branches when grad is enabled. With ``s == 1`` only the
+positive branch runs (diffusers' guider does the same), since v = v_c exactly.
+
+Float inputs are cast to the transformer's parameter dtype, as diffusers does (with bf16 weights the timestep is thus
+rounded to bf16 too); under ``autocast_dtype`` (fp32 master weights, bf16 compute) they stay fp32 and autocast casts.
+"""
+
+import contextlib
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from sage_grpo.models.text_encoding import PromptEmbeds
+from sage_grpo.sde import timesteps_from_sigmas
+
+T2V_IMAGE_TOKENS = 729  # SigLIP tokens the pipeline feeds (as zeros) for text-to-video
+
+
+def step_timesteps(sigmas: Tensor, index: Union[int, Tensor], batch_size: int) -> Tensor:
+    """(B,) fp32 model timesteps 1000·σ_k for a shared int index or a per-sample (B,) index."""
+    timesteps = timesteps_from_sigmas(sigmas)
+    if isinstance(index, Tensor):
+        return timesteps.to(index.device)[index]
+    return timesteps[index].expand(batch_size)
+
+
+def _autocast(device: torch.device, dtype: Optional[torch.dtype]):
+    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def t2v_model_input(latents: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, 2C+1, T, h, w): the latent, a zero image condition and a zero condition mask."""
+    x = latents.to(dtype)
+    batch, _, frames, height, width = x.shape
+    mask = torch.zeros(batch, 1, frames, height, width, dtype=dtype, device=x.device)
+    return torch.cat([x, torch.zeros_like(x), mask], dim=1)
+
+
+def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: PromptEmbeds, guidance_scale: float = 6.0,
+                 *, autocast_dtype: Optional[torch.dtype] = None,
+                 num_image_tokens: int = T2V_IMAGE_TOKENS) -> Tensor:
+    """Guided velocity, fp32 (B, C, T, h, w), for latents (B, C, T, h, w) at (B,) timesteps."""
+    dtype = transformer.dtype
+    model_input = t2v_model_input(latents, dtype)
+    timestep = timesteps.to(device=latents.device, dtype=dtype)
+    streams = embeds.positive()
+    use_cfg = guidance_scale != 1.0
+    if use_cfg:
+        model_input = torch.cat([model_input, model_input])
+        timestep = torch.cat([timestep, timestep])
+        streams = tuple(torch.cat([neg, pos]) for neg, pos in zip(embeds.negative(), embeds.positive()))
+    text, text_mask, glyph, glyph_mask = streams
+    image_embeds = torch.zeros(model_input.shape[0], num_image_tokens, transformer.config.image_embed_dim,
+                               dtype=dtype, device=latents.device)
+    with _autocast(latents.device, autocast_dtype):
+        prediction = transformer(
+            hidden_states=model_input, timestep=timestep,
+            encoder_hidden_states=text.to(dtype), encoder_attention_mask=text_mask,
+            encoder_hidden_states_2=glyph.to(dtype), encoder_attention_mask_2=glyph_mask,
+            image_embeds=image_embeds, return_dict=False,
+        )[0]
+    prediction = prediction.float()
+    if not use_cfg:
+        return prediction
+    v_uncond, v_cond = prediction.chunk(2)
+    return v_uncond + guidance_scale * (v_cond - v_uncond)

@@ -1,0 +1,41 @@
+"""Shared fixtures for the model / pipeline / generate tests: one tiny checkpoint per test session.
+
+Import the fixtures into a test module by name (``from model_fixtures import tiny_root, tiny_components``).
+The checkpoint is written once into the session's base temp dir, whichever module asks first.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sage_grpo.models import PromptEncoder, TextEncoderSettings, load_components, write_tiny_hunyuan
+
+TINY_SEED = 0
+# Short text streams and few image tokens keep every transformer call in the milliseconds.
+TINY_TEXT = TextEncoderSettings(max_length=16, max_length_2=8)
+TINY_IMAGE_TOKENS = 4
+# 5 frames of 16x16 -> latents (C, T, h, w) = (4, 2, 2, 2) with the tiny VAE (temporal 4, spatial 8).
+TINY_VIDEO = dict(num_frames=5, height=16, width=16)
+
+
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    root = tmp_path_factory.getbasetemp() / "tiny_ckpt"
+    if not (root / "scheduler" / "scheduler_config.json").is_file():
+        write_tiny_hunyuan(root, seed=TINY_SEED)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tiny_components(tiny_root):
+    return load_components(tiny_root, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tiny_components):
+    return PromptEncoder.from_components(tiny_components, TINY_TEXT)

@@ -1,0 +1,174 @@
+"""Rollout and replay on the tiny checkpoint: shapes, seeding, exact replay, ODE parity with diffusers."""
+
+import pytest
+import torch
+from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, TINY_VIDEO
+from model_fixtures import tiny_components, tiny_encoder, tiny_root  # noqa: F401
+
+from sage_grpo import sde
+from sage_grpo.pipeline import (bucket_hw, cfg_velocity, decode_latents, latent_shape, parse_size, replay_step,
+                                resolution_hw, rollout, step_timesteps)
+
+PROMPTS = ["A cat walks on the grass", 'A girl holding a paper with words "Hello, world!"', "A dog runs on a beach"]
+SEEDS = [11, 12, 13]
+NUM_STEPS = 4
+LATENT = (4, 2, 2, 2)  # (C, T, h, w) of TINY_VIDEO
+
+
+@pytest.fixture(scope="module")
+def embeds(tiny_encoder):
+    return tiny_encoder.encode(PROMPTS)
+
+
+def run(components, embeds, seeds=SEEDS, **kwargs):
+    settings = dict(num_steps=NUM_STEPS, num_image_tokens=TINY_IMAGE_TOKENS, **TINY_VIDEO)
+    settings.update(kwargs)
+    return rollout(components.transformer, components.vae, embeds, seeds, **settings)
+
+
+@pytest.fixture(scope="module")
+def sage_rollout(tiny_components, embeds):
+    return run(tiny_components, embeds)
+
+
+def test_rollout_shapes_and_ranges(sage_rollout):
+    out = sage_rollout
+    assert out.videos.shape == (3, 3, 5, 16, 16) and out.videos.dtype == torch.float32
+    assert out.videos.min() >= 0 and out.videos.max() <= 1 and out.videos.std() > 0
+    assert out.latents.shape == (3, NUM_STEPS + 1, *LATENT) and out.latents.dtype == torch.float32
+    assert out.log_probs.shape == (3, NUM_STEPS) and torch.isfinite(out.log_probs).all()
+    assert torch.equal(out.sigmas, sde.shifted_sigmas(NUM_STEPS, 5.0))
+    assert torch.equal(out.timesteps, 1000 * out.sigmas[:-1])
+    assert out.seeds == SEEDS and out.deterministic == [False] * NUM_STEPS
+    # x_0 is fp32 noise from a CPU generator seeded with the sample's seed.
+    for row, seed in enumerate(SEEDS):
+        expected = torch.randn(LATENT, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(out.latents[row, 0], expected)
+    assert (out.latents[:, 1:] != out.latents[:, :-1]).any(dim=(2, 3, 4, 5)).all()
+
+
+def test_a_sample_does_not_depend_on_its_batch(tiny_components, embeds, sage_rollout):
+    alone = run(tiny_components, embeds.select([2]), seeds=SEEDS[2:])
+    assert torch.equal(alone.latents[0], sage_rollout.latents[2])
+    assert torch.equal(alone.log_probs[0], sage_rollout.log_probs[2])
+    again = run(tiny_components, embeds, initial_latents=sage_rollout.latents[:, 0])
+    assert torch.equal(again.latents, sage_rollout.latents)  # same x_0 -> same SDE noise too
+
+
+@pytest.mark.parametrize("sde_type", sde.SDE_TYPES)
+def test_replay_reproduces_rollout_log_probs_exactly(tiny_components, embeds, sde_type):
+    out = run(tiny_components, embeds.select([0, 1]), seeds=SEEDS[:2], sde_type=sde_type, decode=False)
+    transformer = tiny_components.transformer
+    for k in range(NUM_STEPS):
+        for row in range(2):
+            sample = slice(row, row + 1)
+            for index in (k, torch.tensor([k])):  # shared int index and per-sample LongTensor index
+                replayed = replay_step(transformer, out.latents[sample, k], out.latents[sample, k + 1], out.sigmas,
+                                       index, embeds.select([row]), sde_type=sde_type, eta=0.5,
+                                       num_image_tokens=TINY_IMAGE_TOKENS)  # grad enabled, as in training
+                assert torch.equal(replayed.log_prob, out.log_probs[sample, k]), (sde_type, k, row)
+                assert replayed.log_prob.requires_grad
+
+
+def test_replay_with_micro_batches(tiny_components, embeds):
+    out = run(tiny_components, embeds.select([0, 1]), seeds=SEEDS[:2], micro_batch_size=2, decode=False)
+    for k in range(NUM_STEPS):
+        replayed = replay_step(tiny_components.transformer, out.latents[:, k], out.latents[:, k + 1], out.sigmas,
+                               torch.tensor([k, k]), embeds.select([0, 1]), sde_type="sage_grpo", eta=0.5,
+                               num_image_tokens=TINY_IMAGE_TOKENS)
+        assert torch.equal(replayed.log_prob, out.log_probs[:, k])
+
+
+def test_replay_gradients_flow_through_both_cfg_branches(tiny_components, embeds, sage_rollout):
+    transformer = tiny_components.transformer
+    conditioning = embeds.select([0])
+    conditioning.embeds.requires_grad_(True)
+    conditioning.neg_embeds.requires_grad_(True)
+    transformer.zero_grad()
+    out = replay_step(transformer, sage_rollout.latents[:1, 1], sage_rollout.latents[:1, 2], sage_rollout.sigmas, 1,
+                      conditioning, sde_type="sage_grpo", eta=0.5, num_image_tokens=TINY_IMAGE_TOKENS)
+    out.log_prob.sum().backward()
+    assert conditioning.embeds.grad.abs().sum() > 0 and conditioning.neg_embeds.grad.abs().sum() > 0
+    assert transformer.proj_out.weight.grad.abs().sum() > 0
+    assert out.mean.shape == (1, *LATENT) and out.std.shape == ()
+    transformer.zero_grad(set_to_none=True)
+
+
+def test_cfg_velocity_formula(tiny_components, embeds):
+    transformer, conditioning = tiny_components.transformer, embeds.select([1])
+    latents = torch.randn(1, *LATENT, generator=torch.Generator().manual_seed(0))
+    timesteps = step_timesteps(sde.shifted_sigmas(NUM_STEPS), 1, 1)
+    with torch.no_grad():
+        v_cond = cfg_velocity(transformer, latents, timesteps, conditioning, 1.0, num_image_tokens=TINY_IMAGE_TOKENS)
+        swapped = type(conditioning)(*conditioning.negative(), *conditioning.positive())
+        v_uncond = cfg_velocity(transformer, latents, timesteps, swapped, 1.0, num_image_tokens=TINY_IMAGE_TOKENS)
+        guided = cfg_velocity(transformer, latents, timesteps, conditioning, 6.0, num_image_tokens=TINY_IMAGE_TOKENS)
+    torch.testing.assert_close(guided, v_uncond + 6.0 * (v_cond - v_uncond), rtol=1e-5, atol=1e-5)
+
+
+def test_ode_rollout_matches_diffusers_pipeline(tiny_components, tiny_encoder, embeds):
+    from diffusers import ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
+
+    c = tiny_components
+    ours = run(c, embeds.select([0, 1]), seeds=SEEDS[:2], deterministic=True, guidance_scale=6.0)
+    pipe = HunyuanVideo15Pipeline(c.text_encoder, c.tokenizer, c.transformer, c.vae,
+                                  FlowMatchEulerDiscreteScheduler.from_config(c.scheduler_config), c.text_encoder_2,
+                                  c.tokenizer_2, ClassifierFreeGuidance(guidance_scale=6.0))
+    pipe.set_progress_bar_config(disable=True)
+    pipe.tokenizer_max_length, pipe.tokenizer_2_max_length = TINY_TEXT.max_length, TINY_TEXT.max_length_2
+    pipe.prompt_template_encode_start_idx = tiny_encoder.crop_start
+    pipe.vision_num_semantic_tokens = TINY_IMAGE_TOKENS
+    # negative_prompt=None: diffusers encodes "" per prompt (a plain "" string fails for batches > 1 in 0.42.1).
+    common = dict(negative_prompt=None, num_inference_steps=NUM_STEPS, output_type="latent", **TINY_VIDEO)
+    latents = pipe(prompt=PROMPTS[:2], latents=ours.latents[:, 0].clone(), **common).frames
+    assert pipe.scheduler.config.shift == 5.0
+    torch.testing.assert_close(pipe.scheduler.sigmas, ours.sigmas, rtol=0, atol=1e-6)
+    torch.testing.assert_close(latents, ours.final_latents, rtol=0, atol=1e-5)
+    # Decoded frames (one prompt: the 0.42.1 VAE's mid-block attention fails on batches > 1).
+    common["output_type"] = "pt"
+    frames = pipe(prompt=PROMPTS[1:2], latents=ours.latents[1:2, 0].clone(), **common).frames  # (1, F, 3, H, W)
+    torch.testing.assert_close(frames.permute(0, 2, 1, 3, 4), ours.videos[1:2], rtol=0, atol=1e-5)
+
+
+def test_deterministic_steps_and_overrides(tiny_components, embeds, sage_rollout):
+    flags = [True, False, True, False]
+    mixed = run(tiny_components, embeds, deterministic=flags, decode=False)
+    sigmas = mixed.sigmas
+    with torch.no_grad():
+        for k in (0, 2):  # Euler steps: x' = x + dt * v
+            v = cfg_velocity(tiny_components.transformer, mixed.latents[:1, k], step_timesteps(sigmas, k, 1),
+                             embeds.select([0]), 6.0, num_image_tokens=TINY_IMAGE_TOKENS)
+            assert torch.equal(mixed.latents[:1, k + 1], mixed.latents[:1, k] + (sigmas[k + 1] - sigmas[k]) * v)
+    assert mixed.deterministic == flags and torch.isfinite(mixed.log_probs).all()
+    custom = torch.tensor([1.0, 0.9, 0.6, 0.0])
+    generators = [torch.Generator().manual_seed(99) for _ in SEEDS]
+    other = run(tiny_components, embeds, sigmas=custom, sde_generators=generators, decode=False)
+    assert other.latents.shape[1] == 4 and torch.equal(other.sigmas, custom)
+    assert torch.equal(other.latents[:, 0], sage_rollout.latents[:, 0])  # x_0 still from the seeds
+    with pytest.raises(ValueError, match="deterministic has 2 entries"):
+        run(tiny_components, embeds, deterministic=[True, False])
+
+
+def test_decode_divides_by_the_scaling_factor_once(tiny_components, sage_rollout):
+    vae, final = tiny_components.vae, sage_rollout.final_latents
+    with torch.no_grad():
+        expected = vae.decode(final[:1] / vae.config.scaling_factor).sample
+    torch.testing.assert_close(decode_latents(vae, final[:1]), (expected / 2 + 0.5).clamp(0, 1), rtol=0, atol=0)
+    assert torch.equal(decode_latents(vae, final), sage_rollout.videos)
+
+
+def test_sizes_and_resolution_table(tiny_components):
+    assert bucket_hw() == (352, 624) and bucket_hw(640) == (480, 864) and bucket_hw(960) == (720, 1280)
+    assert resolution_hw("480p") == (480, 864) and resolution_hw("720p", "16:9") == (720, 1280)
+    assert resolution_hw("480p", "9:16") == (848, 480)  # diffusers' closest-ratio bucket for base 640
+    assert parse_size("480x864") == (480, 864)
+    for bad in ("480", "480x", "0x16", "axb", ""):
+        with pytest.raises(ValueError, match="HEIGHTxWIDTH"):
+            parse_size(bad)
+    with pytest.raises(ValueError, match="unknown bucket base size 500"):
+        bucket_hw(500)
+    assert latent_shape(tiny_components.vae.config, 81, 352, 624) == (4, 21, 44, 78)
+    with pytest.raises(ValueError, match="1 \\+ a multiple of 4"):
+        latent_shape(tiny_components.vae.config, 80, 16, 16)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        latent_shape(tiny_components.vae.config, 5, 20, 16)
