@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One-node SAGE-GRPO post-training of HunyuanVideo-1.5 with the reference's launch flags (reference_spec §1.3):
+# 8 processes, Ulysses sequence parallel 2 (so 4 data-parallel replicas), FSDP2 with activation checkpointing, the
+# SAGE SDE, gradient balancing, timestep permutation and the dual (moving + step-wise) KL.
+#
+#   bash run_post_train.sh                                     # new run in ./outputs
+#   bash run_post_train.sh --resume_from_checkpoint latest     # extra arguments go to post_train.py, after the
+#   bash run_post_train.sh --max_steps 200 --sp_size 4         # flags below, so they override them
+#
+# Environment variables (all optional):
+#   NPROC_PER_NODE  processes (one per GPU) on this node; a multiple of --sp_size (default 8)
+#   MASTER_PORT     torchrun rendezvous port on this host (default 29500; change it to run two jobs on one node)
+#   TORCHRUN        torchrun command (default: .venv/bin/torchrun when present, else torchrun from PATH)
+#   DRY_RUN         1: print the torchrun command line instead of running it
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+if [[ -z "${TORCHRUN:-}" ]]; then
+  if [[ -x .venv/bin/torchrun ]]; then TORCHRUN=.venv/bin/torchrun; else TORCHRUN=torchrun; fi
+fi
+export TOKENIZERS_PARALLELISM=false
+
+cmd=(
+  "$TORCHRUN" --nproc_per_node "${NPROC_PER_NODE:-8}" --master_port "${MASTER_PORT:-29500}" post_train.py
+  --pretrained_model_root ./ckpts
+  --learning_rate 1e-5
+  --batch_size 2
+  --num_generations 4
+  --max_steps 10000
+  --output_dir ./outputs
+  --enable_fsdp
+  --enable_gradient_checkpointing
+  --sp_size 2
+  --reward_checkpoint_mode v3
+  --validate_at_step0 False
+  --validate_video_length 121
+  --validation_timestep_shift 5.0
+  --use_grad_balancing True
+  --enable_timestep_permutation True
+  --sde_type sage_grpo
+  --kl_weight 1e-5
+  --kl_coef 1e-7
+  --use_moving_KL True
+  --update_ref_model_step 10
+  --use_dual_kl True
+  --dual_kl_moving_weight 1.0
+  --dual_kl_step_weight 0.1
+  --reference_mode_offload True
+  "$@"
+)
+
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+  printf '%q ' "${cmd[@]}"
+  echo
+  exit 0
+fi
+exec "${cmd[@]}"

@@ -1,0 +1,186 @@
+"""Ulysses sequence parallelism for diffusers' ``HunyuanVideo15Transformer3DModel``, applied from outside the model.
+
+The reference builds SP into its DiT forward (reference_spec §3.3); here the diffusers class is used unchanged and
+:func:`apply_sequence_parallel` installs
+
+1. a forward hook on ``x_embedder`` keeping this rank's ``N / sp`` image tokens (a contiguous chunk, rank order),
+2. a forward hook on ``rope`` keeping the same rows of the RoPE cos/sin tables,
+3. :class:`UlyssesAttnProcessor` on every dual-stream block: the local image Q/K/V ``(B, N/sp, H, D)`` go through an
+   all-to-all that scatters heads and gathers the sequence, giving ``(B, N, H/sp, D)``; the text tokens, replicated
+   on every rank, are projected in full and sliced to the same ``H/sp`` heads; attention runs over the *full*
+   sequence with the unchanged mask; a reverse all-to-all returns the image output to ``(B, N/sp, H, D)`` and the
+   text output is all-gathered over heads before ``to_add_out``;
+4. a forward hook on ``proj_out`` all-gathering the image tokens, so every SP rank returns the full velocity.
+
+Everything else (time/text embedders, token refiner, modulation, feed-forwards, norms) is per-token or replicated and
+runs unchanged. The result is exact: each attention head sees the same tokens, mask and RoPE as without SP.
+
+Gradients. The collectives are torch's differentiable functional collectives, whose backward is the exact adjoint
+(all-to-all <-> all-to-all, all-gather <-> reduce-scatter-sum). Because every SP rank computes the same loss ``L`` on
+the same full output, the backward computes the gradient of ``sp * L`` summed over the group's replicas of the
+parameters: each rank's raw parameter gradient is partial, and their **mean** over the SP group is exactly ``dL/dθ``.
+FSDP2's mean reduction over the flattened ``dp x sp`` mesh performs that mean (see ``parallel_dims.py``); without
+FSDP, average the gradients over ``ParallelDims.sp_group`` yourself.
+
+Requirements: ``num_attention_heads % sp == 0`` (checked here and by ``ParallelDims``) and a latent token count
+``F * H * W`` (after patching) divisible by ``sp`` (checked on every forward; ``ConfigError`` otherwise). Every rank of
+the SP group must call the model with identical inputs.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed import _functional_collectives as funcol
+from torch.utils.hooks import RemovableHandle
+
+from sage_grpo.config.validation import ConfigError, check_sequence_parallel_tokens
+
+_STATE_ATTR = "_sage_sequence_parallel"
+
+
+def _seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, sp: int) -> torch.Tensor:
+    """(B, N/sp, H, D) sequence-sharded -> (B, N, H/sp, D) head-sharded."""
+    b, n_local, h, d = x.shape
+    send = x.reshape(b, n_local, sp, h // sp, d).permute(2, 0, 1, 3, 4).contiguous()  # (dest rank, B, N/sp, H/sp, D)
+    recv = funcol.all_to_all_single_autograd(send, None, None, group)  # (source rank = sequence chunk, ...)
+    return recv.permute(1, 0, 2, 3, 4).reshape(b, sp * n_local, h // sp, d)
+
+
+def _heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, sp: int) -> torch.Tensor:
+    """(B, N, H/sp, D) head-sharded -> (B, N/sp, H, D) sequence-sharded."""
+    b, n, h_local, d = x.shape
+    send = x.reshape(b, sp, n // sp, h_local, d).permute(1, 0, 2, 3, 4).contiguous()  # (dest = sequence chunk, ...)
+    recv = funcol.all_to_all_single_autograd(send, None, None, group)  # (source rank = head chunk, ...)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, n // sp, sp * h_local, d)
+
+
+def _all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup, sp: int) -> torch.Tensor:
+    """Concatenate the group's tensors along ``dim`` in rank order (differentiable: backward is reduce-scatter-sum)."""
+    stacked = funcol.all_gather_single_autograd(x.contiguous(), 0, group)  # (sp * x.shape[0], ...)
+    return torch.cat(stacked.chunk(sp, dim=0), dim=dim)
+
+
+def _local_chunk(x: torch.Tensor, dim: int, sp: int, sp_rank: int) -> torch.Tensor:
+    check_sequence_parallel_tokens(x.shape[dim], sp)
+    return x.chunk(sp, dim=dim)[sp_rank]
+
+
+class UlyssesAttnProcessor:
+    """Drop-in for ``HunyuanVideo15AttnProcessor2_0`` (same call signature, same mask, same attention dispatch)."""
+
+    def __init__(self, group: dist.ProcessGroup, attention_backend=None):
+        self.group = group
+        self.sp_size = dist.get_world_size(group)
+        self.sp_rank = dist.get_rank(group)
+        self._attention_backend = attention_backend  # whatever diffusers backend the replaced processor used
+        self._parallel_config = None
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor] = None,
+                 attention_mask: Optional[torch.Tensor] = None,
+                 image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        if encoder_hidden_states is None:
+            raise ValueError("UlyssesAttnProcessor serves HunyuanVideo-1.5 joint attention; text tokens are required")
+        sp, group = self.sp_size, self.group
+        heads_local = attn.heads // sp
+
+        # Image stream: local tokens, all heads; RoPE rows were sharded to match by the rope hook.
+        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if image_rotary_emb is not None:
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        query, key, value = (_seq_to_heads(t, group, sp) for t in (query, key, value))  # (B, N, H/sp, D)
+        num_image_tokens = query.shape[1]
+
+        # Text stream: replicated tokens; keep the same head slice this rank received for the image stream.
+        heads = slice(self.sp_rank * heads_local, (self.sp_rank + 1) * heads_local)
+        text_q, text_k, text_v = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                                  for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+        if attn.norm_added_q is not None:
+            text_q = attn.norm_added_q(text_q)
+        if attn.norm_added_k is not None:
+            text_k = attn.norm_added_k(text_k)
+        query = torch.cat([query, text_q[:, :, heads]], dim=1)
+        key = torch.cat([key, text_k[:, :, heads]], dim=1)
+        value = torch.cat([value, text_v[:, :, heads]], dim=1)
+
+        # The unsplit processor's mask over [image tokens (always valid), text tokens (given mask)].
+        batch_size, seq_len = query.shape[:2]
+        mask = F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0), value=True).bool()
+        mask = mask.view(batch_size, 1, 1, seq_len) & mask.view(batch_size, 1, seq_len, 1)
+
+        out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                                    backend=self._attention_backend, parallel_config=None)
+        out = out.to(query.dtype)  # (B, N + L, H/sp, D)
+
+        image_out = _heads_to_seq(out[:, :num_image_tokens], group, sp).flatten(2, 3)  # (B, N/sp, H*D)
+        image_out = attn.to_out[1](attn.to_out[0](image_out))
+        text_out = _all_gather(out[:, num_image_tokens:], 2, group, sp).flatten(2, 3)  # (B, L, H*D)
+        text_out = attn.to_add_out(text_out)
+        return image_out, text_out
+
+
+@dataclass
+class _SequenceParallelState:
+    group: dist.ProcessGroup
+    handles: List[RemovableHandle]
+    original_processors: Dict[int, object]  # block index -> processor
+
+
+def apply_sequence_parallel(transformer: torch.nn.Module, sp_group: Optional[dist.ProcessGroup]) -> None:
+    """Shard a HunyuanVideo-1.5 transformer's image tokens over ``sp_group`` (no-op for None or a group of one).
+
+    Works before or after ``apply_fsdp`` and with gradient checkpointing. Undo with :func:`remove_sequence_parallel`.
+    """
+    if sp_group is None or dist.get_world_size(sp_group) == 1:
+        return
+    if getattr(transformer, _STATE_ATTR, None) is not None:
+        raise RuntimeError("sequence parallelism is already applied to this transformer")
+    sp, sp_rank = dist.get_world_size(sp_group), dist.get_rank(sp_group)
+    num_heads = transformer.config.num_attention_heads
+    if num_heads % sp:
+        raise ConfigError(f"[heads-divisible-by-sp] the transformer has {num_heads} attention heads, not divisible by "
+                          f"--sp_size {sp}. Fix: pick --sp_size among the divisors of the head count.")
+
+    original = {}
+    for index, block in enumerate(transformer.transformer_blocks):
+        original[index] = block.attn.processor
+        block.attn.set_processor(UlyssesAttnProcessor(sp_group, getattr(block.attn.processor, "_attention_backend",
+                                                                        None)))
+    handles = [
+        # (B, N, C) -> (B, N/sp, C)
+        transformer.x_embedder.register_forward_hook(
+            lambda module, args, out: _local_chunk(out, 1, sp, sp_rank)),
+        # (cos, sin), each (N, D) -> (N/sp, D)
+        transformer.rope.register_forward_hook(
+            lambda module, args, out: tuple(_local_chunk(t, 0, sp, sp_rank) for t in out)),
+        # (B, N/sp, C_out) -> (B, N, C_out) on every rank
+        transformer.proj_out.register_forward_hook(
+            lambda module, args, out: _all_gather(out, 1, sp_group, sp)),
+    ]
+    setattr(transformer, _STATE_ATTR, _SequenceParallelState(sp_group, handles, original))
+
+
+def remove_sequence_parallel(transformer: torch.nn.Module) -> None:
+    """Restore the processors and remove the hooks installed by :func:`apply_sequence_parallel` (no-op if none)."""
+    state: Optional[_SequenceParallelState] = getattr(transformer, _STATE_ATTR, None)
+    if state is None:
+        return
+    for handle in state.handles:
+        handle.remove()
+    for index, processor in state.original_processors.items():
+        transformer.transformer_blocks[index].attn.set_processor(processor)
+    setattr(transformer, _STATE_ATTR, None)
+
+
+def sequence_parallel_group(transformer: torch.nn.Module) -> Optional[dist.ProcessGroup]:
+    """The SP group the transformer is sharded over, or None."""
+    state = getattr(transformer, _STATE_ATTR, None)
+    return state.group if state is not None else None

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# One node's part of a multi-node SAGE-GRPO run (started on every node by pdsh_train.sh, or by hand on each node):
+# torchrun with the same flags as run_post_train.sh, plus the node layout; the log is tee'd to
+# $OUTPUT_DIR/logs/node_<rank>.log.
+#
+#   NODE_LIST=node1,node2 bash scripts/post_train/train_grpo.sh [extra post_train.py flags...]
+#   NNODES=2 NODE_RANK=1 MASTER_ADDR=node1 bash scripts/post_train/train_grpo.sh
+#
+# Environment variables:
+#   NODE_LIST       comma-separated hosts of the job, master first; gives the defaults of the next three
+#   NNODES          number of nodes (default: number of hosts in NODE_LIST; required without NODE_LIST)
+#   NODE_RANK       this node's rank (default: the position of this host in NODE_LIST, matched against its host
+#                   names and IP addresses; required without NODE_LIST)
+#   MASTER_ADDR     rendezvous host, reachable from every node (default: first host of NODE_LIST)
+#   MASTER_PORT     rendezvous port (default 29500)
+#   NPROC_PER_NODE  processes (one per GPU) per node (default 8)
+#   OUTPUT_DIR      run directory, passed as --output_dir; logs go to its logs/ (default ./outputs). Set this
+#                   rather than passing --output_dir, so that the logs land in the run directory.
+#   RESUME          checkpoint directory or "latest": adds --resume_from_checkpoint "$RESUME"
+#   TORCHRUN        torchrun command (default: .venv/bin/torchrun when present, else torchrun from PATH)
+#   DRY_RUN         1: print the torchrun command line instead of running it
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+fail() {
+  echo "error: $*" >&2
+  exit 2
+}
+
+hosts=()
+if [[ -n "${NODE_LIST:-}" ]]; then
+  IFS=, read -r -a hosts <<< "$NODE_LIST"
+fi
+
+this_node_rank() {
+  local names=("$(hostname)" "$(hostname -s 2> /dev/null || true)" "$(hostname -f 2> /dev/null || true)")
+  names+=($(hostname -I 2> /dev/null || true))
+  local i name
+  for i in "${!hosts[@]}"; do
+    for name in "${names[@]}"; do
+      if [[ -n "$name" && "${hosts[$i]}" == "$name" ]]; then
+        echo "$i"
+        return 0
+      fi
+    done
+  done
+  return 1
+}
+
+if [[ -z "${NNODES:-}" ]]; then
+  [[ ${#hosts[@]} -gt 0 ]] || fail "NNODES is not set and there is no NODE_LIST to count the nodes from"
+  NNODES=${#hosts[@]}
+fi
+if [[ -z "${NODE_RANK:-}" ]]; then
+  [[ ${#hosts[@]} -gt 0 ]] || fail "NODE_RANK is not set and there is no NODE_LIST to find this node in"
+  NODE_RANK=$(this_node_rank) || fail "this host ($(hostname)) is not in NODE_LIST=$NODE_LIST; set NODE_RANK"
+fi
+if [[ -z "${MASTER_ADDR:-}" ]]; then
+  [[ ${#hosts[@]} -gt 0 ]] || fail "MASTER_ADDR is not set and there is no NODE_LIST to take the first host from"
+  MASTER_ADDR=${hosts[0]}
+fi
+OUTPUT_DIR=${OUTPUT_DIR:-./outputs}
+if [[ -z "${TORCHRUN:-}" ]]; then
+  if [[ -x .venv/bin/torchrun ]]; then TORCHRUN=.venv/bin/torchrun; else TORCHRUN=torchrun; fi
+fi
+export TOKENIZERS_PARALLELISM=false
+
+cmd=(
+  "$TORCHRUN" --nnodes "$NNODES" --nproc_per_node "${NPROC_PER_NODE:-8}" --node_rank "$NODE_RANK"
+  --master_addr "$MASTER_ADDR" --master_port "${MASTER_PORT:-29500}" post_train.py
+  --pretrained_model_root ./ckpts
+  --learning_rate 1e-5
+  --batch_size 2
+  --num_generations 4
+  --max_steps 10000
+  --output_dir "$OUTPUT_DIR"
+  --enable_fsdp
+  --enable_gradient_checkpointing
+  --sp_size 2
+  --reward_checkpoint_mode v3
+  --validate_at_step0 False
+  --validate_video_length 121
+  --validation_timestep_shift 5.0
+  --use_grad_balancing True
+  --enable_timestep_permutation True
+  --sde_type sage_grpo
+  --kl_weight 1e-5
+  --kl_coef 1e-7
+  --use_moving_KL True
+  --update_ref_model_step 10
+  --use_dual_kl True
+  --dual_kl_moving_weight 1.0
+  --dual_kl_step_weight 0.1
+  --reference_mode_offload True
+)
+if [[ -n "${RESUME:-}" ]]; then
+  cmd+=(--resume_from_checkpoint "$RESUME")
+fi
+cmd+=("$@")
+
+log_file="$OUTPUT_DIR/logs/node_${NODE_RANK}.log"
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+  printf '%q ' "${cmd[@]}"
+  echo
+  echo "# log: $log_file"
+  exit 0
+fi
+mkdir -p "$(dirname "$log_file")"
+"${cmd[@]}" 2>&1 | tee -a "$log_file"

@@ -1,0 +1,271 @@
+"""Distributed building blocks: process layout, Ulysses SP, FSDP2, FSDP-aware Muon and the launch scripts.
+
+Multi-process checks run ``tests/distributed_scripts/{two,four}_ranks.py`` under torchrun (gloo on 127.0.0.1, CPU); each
+script runs every check once, compares with the unsplit single-process model computed in the same processes, and
+writes the worst error over ranks to a JSON report that the tests below read.
+"""
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from sage_grpo.config.validation import ConfigError
+from sage_grpo.distributed import (FSDPMuon, ParallelDims, all_gather_in_group, apply_sequence_parallel,
+                                   broadcast_from_sp_leader, broadcast_object_from_sp_leader, gradient_sync,
+                                   init_distributed, mean_over_world)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO_ROOT / "tests" / "distributed_scripts"
+TOL = 1e-5
+
+# reference_spec §1.3, in the reference's order.
+REFERENCE_FLAGS = (
+    "--pretrained_model_root ./ckpts --learning_rate 1e-5 --batch_size 2 --num_generations 4 --max_steps 10000 "
+    "--output_dir ./outputs --enable_fsdp --enable_gradient_checkpointing --sp_size 2 --reward_checkpoint_mode v3 "
+    "--validate_at_step0 False --validate_video_length 121 --validation_timestep_shift 5.0 --use_grad_balancing True "
+    "--enable_timestep_permutation True --sde_type sage_grpo --kl_weight 1e-5 --kl_coef 1e-7 --use_moving_KL True "
+    "--update_ref_model_step 10 --use_dual_kl True --dual_kl_moving_weight 1.0 --dual_kl_step_weight 0.1 "
+    "--reference_mode_offload True")
+
+
+# ---------------------------------------------------------------- ParallelDims (no process group needed)
+
+def test_layout_world8_sp2():
+    dims = ParallelDims(world_size=8, sp_size=2, rank=5)
+    assert (dims.dp_size, dims.dp_rank, dims.sp_rank) == (4, 2, 1)
+    assert (dims.sp_leader_rank, dims.sp_group_ranks, dims.is_sp_leader, dims.is_main) == (4, [4, 5], False, False)
+    for rank in range(8):  # contiguous SP groups: rank = dp_rank * sp + sp_rank
+        d = ParallelDims(world_size=8, sp_size=2, rank=rank)
+        assert d.dp_rank * 2 + d.sp_rank == rank
+
+
+def test_layout_reference_run_and_prompt_groups():
+    dims = ParallelDims(world_size=8, sp_size=2, rank=0, batch_size=2, num_generations=4, num_attention_heads=16)
+    assert dims.is_main and dims.is_sp_leader and dims.ranks_per_group == 2  # spec §1.3: 2 DP ranks per group
+    assert ParallelDims(world_size=8, sp_size=2, batch_size=4, num_generations=2).ranks_per_group == 1
+
+
+@pytest.mark.parametrize("kwargs, rule", [
+    (dict(world_size=8, sp_size=3), "sp-divides-world"),
+    (dict(world_size=2, sp_size=4), "sp-divides-world"),
+    (dict(world_size=8, sp_size=8, num_attention_heads=4), "heads-divisible-by-sp"),
+    (dict(world_size=8, sp_size=2, dp_replicate=3), "dp-replicate-divides-world"),
+    (dict(world_size=2, sp_size=2, batch_size=1, num_generations=2), "groups-fill-the-step"),
+    (dict(world_size=8, sp_size=2, batch_size=6, num_generations=4), "batch-holds-whole-groups"),
+    (dict(world_size=8, sp_size=2, batch_size=3, num_generations=4), "group-spans-whole-ranks"),
+    (dict(world_size=4, sp_size=2, rank=4), "rank-in-world"),
+])
+def test_invalid_layouts_name_the_rule(kwargs, rule):
+    with pytest.raises(ConfigError, match=rf"\[{rule}\]"):
+        ParallelDims(**kwargs)
+
+
+def test_token_rule():
+    dims = ParallelDims(world_size=8, sp_size=4)
+    dims.check_tokens(21 * 4 * 4)
+    with pytest.raises(ConfigError, match=r"\[tokens-divisible-by-sp\] 9 latent tokens"):
+        dims.check_tokens(9)
+    ParallelDims(world_size=8, sp_size=1).check_tokens(9)
+
+
+def test_meshes_must_be_built_first():
+    with pytest.raises(RuntimeError, match="build_meshes"):
+        ParallelDims(world_size=2, sp_size=2).sp_group
+
+
+def test_single_process_needs_no_process_group(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    env = init_distributed()
+    assert (env.rank, env.world_size, env.local_rank) == (0, 1, 0) and not dist.is_initialized()
+    dims = ParallelDims.from_env(env, sp_size=1)
+    dims.build_meshes()
+    assert dims.fsdp_mesh is None and dims.sp_group is None and dims.prompt_group is None
+    tensor = torch.arange(3.0)
+    assert broadcast_from_sp_leader(tensor, dims) is tensor
+    assert broadcast_object_from_sp_leader({"a": 1}, dims) == {"a": 1}
+    assert all_gather_in_group(tensor, dims.prompt_group) is tensor
+    assert mean_over_world({"loss": 2.5}, dims.device) == {"loss": 2.5}
+    model = torch.nn.Linear(2, 2)
+    apply_sequence_parallel(model, None)  # no-op without an SP group
+    with gradient_sync(model, enabled=False):  # no-op on a plain module
+        model(torch.ones(1, 2)).sum().backward()
+    assert model.weight.grad is not None
+
+
+def test_fsdp_muon_is_torch_muon_on_plain_tensors():
+    """Same math op for op: bit-identical to torch.optim.Muon on unsharded (tall, wide, square) matrices."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(12, 40), torch.nn.GELU(), torch.nn.Linear(40, 7), torch.nn.Linear(7, 7))
+    model = copy.deepcopy(ref)
+    hyper = dict(lr=2e-2, weight_decay=0.1, momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw")
+    opt = FSDPMuon([p for p in model.parameters() if p.ndim == 2], **hyper)
+    ref_opt = torch.optim.Muon([p for p in ref.parameters() if p.ndim == 2], **hyper)
+    for step in range(3):
+        x = torch.randn(5, 12, generator=torch.Generator().manual_seed(step))
+        for m, o in ((model, opt), (ref, ref_opt)):
+            m(x).square().mean().backward()
+            o.step()
+            o.zero_grad()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+    assert opt.state_dict()["state"].keys() == ref_opt.state_dict()["state"].keys()
+
+
+# ---------------------------------------------------------------- multi-process (torchrun, gloo)
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_torchrun(script: str, nproc: int, tmp_path_factory, timeout: int = 150) -> dict:
+    report = tmp_path_factory.mktemp(script.replace(".py", "")) / "report.json"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    if Path("/sys/class/net/lo").exists():
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo on the loopback interface
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(SCRIPTS / script), str(report)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(report.read_text())
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return _run_torchrun("two_ranks.py", 2, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    return _run_torchrun("four_ranks.py", 4, tmp_path_factory)
+
+
+def test_sp2_matches_unsplit_model(two_ranks):
+    r = two_ranks
+    assert r["sp2_output_err"] <= TOL and r["sp2_grad_err"] <= TOL
+    assert r["sp2_raw_grad_err"] > 1e-3  # before the SP mean each rank's gradient is partial
+    assert r["sp2_num_grads"][0] == r["sp2_num_grads"][1] > 100
+    assert r["sp2_ckpt_output_err"] <= TOL and r["sp2_ckpt_grad_err"] <= TOL  # with gradient checkpointing
+
+
+def test_sp_rejects_indivisible_tokens_and_is_removable(two_ranks):
+    assert two_ranks["sp2_odd_tokens_error"].startswith("[tokens-divisible-by-sp] 9 latent tokens")
+    assert two_ranks["sp2_removed_output_err"] == 0.0
+    assert two_ranks["sp2_removed_processors"] == ["HunyuanVideo15AttnProcessor2_0"]
+
+
+def test_sp4_matches_unsplit_model(four_ranks):
+    assert four_ranks["sp4_output_err"] <= TOL and four_ranks["sp4_grad_err"] <= TOL
+    assert four_ranks["sp4_num_grads"][0] == four_ranks["sp4_num_grads"][1]
+
+
+def test_fsdp_matches_single_process(two_ranks):
+    r = two_ranks
+    assert max(r[f"fsdp_output_err_step{s}"] for s in range(3)) <= TOL
+    assert r["fsdp_grad_err"] <= TOL and r["fsdp_param_err_after_3_steps"] <= TOL
+    assert r["fsdp_local_numel_fraction"] == pytest.approx(0.5, abs=1e-3)  # each rank holds half
+
+
+def test_one_gradient_reduction_per_update(two_ranks):
+    r = two_ranks
+    assert r["accum_num_units"] == 4  # 2 blocks, the token refiner, the root
+    assert r["accum_reductions_per_unit"] == [2] and r["accum_updates_reduced"] == 2  # 2 updates x 3 micro-steps
+    assert r["every_step_reductions_per_unit"] == [3]  # the reference's cadence: one per micro-step
+    assert r["accum_param_err"] <= TOL
+
+
+def test_fsdp_muon_equals_single_process_muon(two_ranks):
+    r = two_ranks
+    assert r["muon_same_grads_param_err"] == 0.0
+    assert r["muon_end_to_end_param_err"] <= 1e-6
+    assert r["muon_matrices_updated"] == [44, 47]  # 3 matrices of the last block never get a gradient
+    assert r["muon_uneven_shards"] and [3, 32] in r["muon_shapes"] and [192, 32] in r["muon_shapes"]
+
+
+def test_fsdp_muon_on_hsdp_shards(four_ranks):
+    assert four_ranks["hsdp_muon_placements"] == ["R", "S(0)"]  # (Replicate(), Shard(0))
+    assert four_ranks["hsdp_muon_param_err"] == 0.0
+
+
+def test_layout_and_collectives_on_four_ranks(four_ranks):
+    r = four_ranks
+    assert r["layout"] == [[0, 0, True, 0], [0, 1, False, 0], [1, 0, True, 2], [1, 1, False, 2]]
+    assert r["sp_groups"] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert r["dp_groups"] == r["prompt_groups"] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert r["fsdp_mesh_shape"] == [4] and r["hsdp_mesh"] == [[2, 2], ["dp_replicate", "dp_shard"]]
+    assert r["sp_broadcast"] == r["sp_broadcast_object"] == [0, 0, 2, 2]
+    assert r["group_rewards"] == [[0.0, 12.0]] * 4  # the group's rewards in DP-rank order, on every rank
+    assert r["world_gather"] == [[0, 1, 2, 3]] * 4
+    assert r["metric_mean"] == [{"loss": 1.5, "kl": 3.0}] * 4
+
+
+def test_fsdp_with_sp_matches_single_process(four_ranks):
+    for name in ("fsdp_dp2_sp2", "hsdp_dp2_sp2"):
+        errors = {k: v for k, v in four_ranks.items() if k.startswith(name)}
+        assert len(errors) >= 3 and max(errors.values()) <= TOL, errors
+
+
+# ---------------------------------------------------------------- launch scripts (DRY_RUN=1: print, do not run)
+
+def _launch(script: str, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
+    launch_vars = ("NODE_LIST", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "OUTPUT_DIR",
+                   "RESUME", "TORCHRUN", "DRY_RUN", "PDSH_FANOUT")
+    env = {k: v for k, v in os.environ.items() if k not in launch_vars}
+    env.update(env_vars)
+    return subprocess.run(["bash", str(REPO_ROOT / script), *args], env=env, capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_run_post_train_dry_run():
+    proc = _launch("run_post_train.sh", "--resume_from_checkpoint", "latest", DRY_RUN="1")
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert "torchrun --nproc_per_node 8 " in line and " post_train.py " + REFERENCE_FLAGS in line
+    assert line.endswith(REFERENCE_FLAGS + " --resume_from_checkpoint latest")
+    assert "--nproc_per_node 4 " in _launch("run_post_train.sh", DRY_RUN="1", NPROC_PER_NODE="4").stdout
+
+
+def test_train_grpo_dry_run_derives_node_rank_and_resumes():
+    proc = _launch("scripts/post_train/train_grpo.sh", "--max_steps", "3", DRY_RUN="1", RESUME="latest",
+                   NODE_LIST=f"node-a,{socket.gethostname()}")
+    assert proc.returncode == 0, proc.stderr
+    line, log = proc.stdout.strip().splitlines()
+    assert "torchrun --nnodes 2 --nproc_per_node 8 --node_rank 1 --master_addr node-a --master_port 29500 " in line
+    assert (" post_train.py " + REFERENCE_FLAGS + " --resume_from_checkpoint latest --max_steps 3") in line
+    assert log == "# log: ./outputs/logs/node_1.log"
+    explicit = _launch("scripts/post_train/train_grpo.sh", DRY_RUN="1", NNODES="4", NODE_RANK="3",
+                       MASTER_ADDR="10.0.0.1", MASTER_PORT="1234", OUTPUT_DIR="runs/a")
+    assert "--nnodes 4 --nproc_per_node 8 --node_rank 3 --master_addr 10.0.0.1 --master_port 1234 " in explicit.stdout
+    assert "--output_dir runs/a " in explicit.stdout and "# log: runs/a/logs/node_3.log" in explicit.stdout
+
+
+def test_multinode_dry_run_uses_pdsh_on_every_node():
+    proc = _launch("run_post_train_multinode.sh", "--max_steps", "5", DRY_RUN="1", NODE_LIST="node-a,node-b",
+                   RESUME="latest")
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert line.startswith("pdsh -w node-a,node-b -f 2 ")
+    assert f"cd {REPO_ROOT}" in line and "RESUME=latest" in line and "NODE_RANK" not in line
+    assert line.rstrip("'").endswith("bash scripts/post_train/train_grpo.sh --max_steps 5")
+
+
+@pytest.mark.parametrize("script, env_vars, message", [
+    ("run_post_train_multinode.sh", {}, "NODE_LIST is not set"),
+    ("scripts/post_train/train_grpo.sh", {}, "NNODES is not set"),
+    ("scripts/post_train/train_grpo.sh", {"NNODES": "2"}, "NODE_RANK is not set"),
+    ("scripts/post_train/train_grpo.sh", {"NNODES": "2", "NODE_RANK": "0"}, "MASTER_ADDR is not set"),
+    ("scripts/post_train/train_grpo.sh", {"NODE_LIST": "node-x,node-y"}, "is not in NODE_LIST=node-x,node-y"),
+])
+def test_launchers_name_missing_variables(script, env_vars, message):
+    proc = _launch(script, DRY_RUN="1", **env_vars)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stdout == ""
