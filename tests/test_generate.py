@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import imageio
@@ -132,8 +131,7 @@ def test_generate_with_trained_weights(tiny_root, tmp_path):
 
 
 def test_make_tiny_checkpoint_and_generate_end_to_end(tmp_path):
-    """The two real entry points as subprocesses, timed (must stay well under a minute on the CPU)."""
-    start = time.perf_counter()
+    """The two real entry points as subprocesses (timed by scripts/benchmark_tiny_generate.sh, not here)."""
     ckpts, video = tmp_path / "ckpts", tmp_path / "cat.mp4"
     subprocess.run([sys.executable, "scripts/make_tiny_checkpoint.py", "--output", str(ckpts), "--no_reward"],
                    cwd=REPO_ROOT, check=True, capture_output=True)
@@ -141,8 +139,5 @@ def test_make_tiny_checkpoint_and_generate_end_to_end(tmp_path):
                              "--fixed_size", "32x48", "--video_length", "9", "--num_inference_steps", "4",
                              "--dtype", "fp32", "--output_path", str(video)],
                             cwd=REPO_ROOT, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_video(video) == (9, (32, 48, 3)) and (tmp_path / "cat_config.json").is_file()
-    assert elapsed < 60, f"make_tiny_checkpoint + generate took {elapsed:.1f} s"
-    print(f"make_tiny_checkpoint.py + generate.py: {elapsed:.1f} s")
