@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.tiny import QWEN_CHAT_TEMPLATE
 from .prompt_templates import DETAILED_SPECIAL_TEMPLATE
 from .video_preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
@@ -40,19 +41,7 @@ QWEN_SPECIAL_TOKENS = (
     "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>",
 )
 # Renders like Qwen2-VL-Instruct's template for a single user turn with text and one video or image.
-QWEN2_VL_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'video' or 'video' in content %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
-    "{% elif content['type'] == 'image' or 'image' in content %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+QWEN2_VL_CHAT_TEMPLATE = QWEN_CHAT_TEMPLATE
 _CORPUS = (
     DETAILED_SPECIAL_TEMPLATE,
     "system\nYou are a helpful assistant.\nuser\nassistant\n",
