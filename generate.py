@@ -3,8 +3,11 @@
     python generate.py --model_path ckpts --resolution 480p --prompt "A cat walks on the grass" \
         --num_inference_steps 50 --video_length 121 --output_path outputs/cat.mp4
     python generate.py --valid_video_csv prompts.csv --checkpoint_path run/checkpoint-100 --output_path outputs/eval
+    python generate.py --prompt "A cat walks" --lora_path run/checkpoint-100/lora --offloading false
 
-Options: ``python generate.py --help`` (sage_grpo/config/generate.py); behaviour: sage_grpo/pipeline/generation.py.
+``--checkpoint_path`` takes full, LoRA and sharded (``transformer_dcp/``) training checkpoints and exported folders
+(scripts/export_checkpoint.py); ``--lora_path`` a peft adapter folder. Options: ``python generate.py --help``
+(sage_grpo/config/generate.py); behaviour and the speed flags: sage_grpo/pipeline/generation.py.
 """
 
 import sys

@@ -1,8 +1,10 @@
-"""generate.py: input validation before any model loads, output naming, mp4 + JSON output, trained weights, e2e."""
+"""generate.py: input validation before any model loads, output naming, mp4 + JSON output, trained weights (single
+file and sharded DCP), the speed flags, e2e."""
 
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import imageio
@@ -15,7 +17,7 @@ import generate
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import parse_cli
 from sage_grpo.models import load_transformer
-from sage_grpo.pipeline.generation import plan_generation
+from sage_grpo.pipeline.generation import Acceleration, VideoGenerator, parse_block_ids, plan_generation
 from sage_grpo.video_io import sanitize_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -141,3 +143,84 @@ def test_make_tiny_checkpoint_and_generate_end_to_end(tmp_path):
                             cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_video(video) == (9, (32, 48, 3)) and (tmp_path / "cat_config.json").is_file()
+
+
+# ------------------------------------------------------------------ weight sources and speed flags
+
+
+def _render(config):
+    plan = plan_generation(config)
+    return VideoGenerator(config, plan).render(plan.items[0])
+
+
+def _small_config(root, **overrides):
+    values = dict(model_path=str(root), prompt="A cat walks", seed=5, dtype="fp32", device="cpu", offloading=False,
+                  fixed_size="16x16", video_length=5, num_inference_steps=3, text_max_length=16, byt5_max_length=8,
+                  vision_num_semantic_tokens=4)
+    values.update(overrides)
+    return GenerateConfig(**values)
+
+
+def test_sharded_dcp_checkpoint_loads_like_the_single_file(tiny_root, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from sage_grpo.export import read_dcp_state_dict
+
+    state = load_transformer(tiny_root, dtype=torch.float32).state_dict()
+    generator = torch.Generator().manual_seed(1)
+    state = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in state.items()}
+    single = tmp_path / "single" / "checkpoint-4"
+    (single / "transformer").mkdir(parents=True)
+    save_file(state, single / "transformer" / "model.safetensors")
+    sharded = tmp_path / "sharded" / "checkpoint-4"
+    # the nesting of the reference and of the sharded trainer: only "model" is read
+    extra = {"optimizer": {"adamw": {"step": torch.ones(3)}}, "anchor": {"x": torch.zeros(2)}}
+    dcp.save({"model": state, **extra}, checkpoint_id=str(sharded / "transformer_dcp"))
+    dcp.save(state, checkpoint_id=str(tmp_path / "flat"))
+    flat = read_dcp_state_dict(tmp_path / "flat")
+    assert flat.keys() == state.keys() and all(torch.equal(flat[k], state[k]) for k in state)
+    from_single = _render(_small_config(tiny_root, checkpoint_path=str(single)))
+    assert torch.equal(_render(_small_config(tiny_root, checkpoint_path=str(sharded))), from_single)
+    assert torch.equal(_render(_small_config(tiny_root, checkpoint_path=str(sharded / "transformer_dcp"))),
+                       from_single)
+
+
+def test_speed_flags_are_checked_before_loading(tmp_path):
+    absent = str(tmp_path / "no_such_ckpts")
+    plan = plan_generation(GenerateConfig(prompt="A cat", model_path=absent, device="cpu", group_offloading=True))
+    assert plan.acceleration == Acceleration()  # nothing CUDA-only is applied on the CPU ...
+    assert any("--offloading is skipped on cpu" in n for n in plan.notes)  # ... and the plan says so
+    assert any("--group_offloading is skipped on cpu" in n for n in plan.notes)
+    with pytest.raises(ValueError, match="needs CUDA and the sageattention package"):
+        plan_generation(GenerateConfig(prompt="A cat", model_path=absent, device="cpu", use_sageattn=True))
+    with pytest.raises(ValueError, match="cannot be combined"):
+        plan_generation(GenerateConfig(prompt="A cat", model_path=absent, use_sageattn=True, sparse_attn=True))
+    with pytest.raises(ValueError, match="--cache_type teacache: not available"):
+        plan_generation(GenerateConfig(prompt="A cat", model_path=absent, enable_cache=True, cache_type="teacache"))
+    with pytest.raises(ValueError, match="--no_cache_block_id 'x'"):
+        plan_generation(GenerateConfig(prompt="A cat", model_path=absent, enable_cache=True, no_cache_block_id="x"))
+    with pytest.raises(FileNotFoundError, match="--checkpoint_path .* no such file"):
+        plan_generation(GenerateConfig(prompt="A cat", model_path=absent, checkpoint_path=absent))
+    assert generate.main(["--prompt", "A cat", "--model_path", absent, "--lora_path", absent]) == 2
+    cached = plan_generation(GenerateConfig(prompt="A cat", model_path=absent, device="cpu", enable_cache=True,
+                                            cache_type="taylorcache", no_cache_block_id="1,53"))
+    assert cached.acceleration.cache["max_order"] == 1 and cached.acceleration.cache["cache_interval"] == 4
+    assert parse_block_ids("0-53", "--sage_blocks_range") == tuple(range(54))
+
+
+def test_offloading_paths_and_the_cache_run_on_cpu(tiny_root):
+    """Model offload and block-group offload (onloading to the CPU here) leave the video unchanged; the feature
+    cache changes it a little and restarts fresh for every video."""
+    config = _small_config(tiny_root, num_inference_steps=4)
+    plan = plan_generation(config)
+    item = plan.items[0]
+    plain = VideoGenerator(config, plan).render(item)
+    for acceleration in (Acceleration(model_offload=True, group_offload=True), Acceleration(group_offload=True)):
+        assert torch.equal(VideoGenerator(config, replace(plan, acceleration=acceleration)).render(item), plain)
+    cached_config = _small_config(tiny_root, num_inference_steps=4, enable_cache=True, cache_start_step=1,
+                                  cache_end_step=3, cache_step_interval=2, no_cache_block_id="1")
+    cached_plan = plan_generation(cached_config)
+    generator = VideoGenerator(cached_config, cached_plan)
+    first, second = generator.render(item), generator.render(item)
+    assert torch.equal(first, second) and not torch.equal(first, plain)
+    assert float((first - plain).abs().max()) < 0.5

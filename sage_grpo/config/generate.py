@@ -1,10 +1,16 @@
 """``GenerateConfig``: the options of ``generate.py`` (reference §1.4), declared once.
 
 Core reference flags keep their names and defaults (``--num_inference_steps 50``, ``--video_length 121``,
-``--seed 930``, ``--aspect_ratio 16:9``, ``--dtype bf16``, ...); ``--guidance_scale``, ``--flow_shift`` and
-``--device`` are new (the reference takes CFG and shift from its pipeline config). Flags of ``run_inference.sh`` that
-select features this reimplementation does not have (super-resolution, prompt rewrite, offloading, sage attention,
-feature cache, distilled variants) are accepted with a warning.
+``--seed 930``, ``--aspect_ratio 16:9``, ``--dtype bf16``, ``--offloading true``, ...); ``--guidance_scale``,
+``--flow_shift`` and ``--device`` are new (the reference takes CFG and shift from its pipeline config), as are the
+text-stream lengths, which must match what the weights were trained with (the trainer has the same three flags).
+
+Inference-speed flags map onto diffusers (sage_grpo/pipeline/generation.py): ``--offloading`` moves each model to
+CUDA only for its stage, ``--group_offloading`` is diffusers' block-level ``apply_group_offloading`` on the
+transformer blocks, ``--enable_torch_compile`` compiles the repeated blocks, ``--use_sageattn`` selects diffusers'
+``sage_varlen`` attention backend on ``--sage_blocks_range``, ``--enable_cache`` is diffusers' TaylorSeer cache.
+Flags of features this reimplementation does not have (super-resolution, prompt rewrite, distilled variants, the
+angelslim fp8 path) are accepted with a warning.
 
 Departures: ``--resolution`` and ``--model_path`` have defaults (480p, ./ckpts) instead of being required, and
 ``--valid_video_csv`` has none (the reference's default CSV is not shipped, spec §10.24).
@@ -32,8 +38,11 @@ class GenerateConfig:
     resolution: str = config_field("480p", "Selects the transformer version <resolution>_t2v and the video size",
                                    choices=("480p", "720p"))
     checkpoint_path: Optional[str] = config_field(
-        None, "Trained weights: a checkpoint-N dir, its transformer/ subdir, a .safetensors file or a diffusers "
-        "transformer folder")
+        None, "Trained weights: a training checkpoint-N dir (full, LoRA, or sharded transformer_dcp/), its "
+        "transformer/ subdir, a DCP folder, a .safetensors file, or an exported diffusers transformer folder")
+    lora_path: Optional[str] = config_field(
+        None, "LoRA adapter folder (peft format: checkpoint-N/lora or an export --format lora), merged into the "
+        "transformer after --checkpoint_path")
     dtype: str = config_field("bf16", "Dtype the models run in", choices=("bf16", "fp32"))
     device: Optional[str] = config_field(None, "Torch device; default cuda when available, else cpu")
     # ---------------------------------------------------------------- sampling
@@ -43,11 +52,38 @@ class GenerateConfig:
     fixed_size: Optional[str] = config_field(None, "HEIGHTxWIDTH override of the size, e.g. 480x864")
     guidance_scale: float = config_field(6.0, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u)")
     flow_shift: float = config_field(5.0, "Time shift of the sigma schedule, sigma = s*u / (1 + (s-1)*u)")
+    text_max_length: Optional[int] = config_field(
+        None, "MLLM text token length (default: the pipeline's 1000; use the value the weights were trained with)")
+    byt5_max_length: int = config_field(256, "byT5 glyph-stream token length")
+    vision_num_semantic_tokens: int = config_field(729, "Image-embedding tokens fed to the transformer (zeros, t2v)")
     # ---------------------------------------------------------------- output
     output_path: Optional[str] = config_field(
         None, "One video: this .mp4 path; several: the path without extension becomes a directory of "
         "sample_{i:03d}_seed_{seed}_{prompt}.mp4 files. Default ./outputs/output_<version>_<time>.mp4")
     save_generation_config: bool = config_field(True, "Also write <name>_config.json next to each video")
+    # ---------------------------------------------------------------- inference speed and memory (CUDA)
+    offloading: bool = config_field(
+        True, "Keep the models on the CPU and move each to CUDA only for its stage (encode, denoise, decode)")
+    group_offloading: Optional[bool] = config_field(
+        None, "Block-level group offloading of the transformer blocks (diffusers apply_group_offloading); "
+        "unset: on when the GPU has less than 60 GB")
+    overlap_group_offloading: bool = config_field(
+        True, "Overlap group-offloading transfers with compute",
+        no_effect="transfers are synchronous: diffusers' stream prefetching needs its hooks on the whole "
+        "transformer, whose input layers the sampler takes its device from")
+    enable_torch_compile: bool = config_field(False, "torch.compile each repeated transformer block")
+    use_sageattn: bool = config_field(
+        False, "SageAttention (diffusers backend sage_varlen; needs the sageattention package, CUDA and bf16)")
+    sage_blocks_range: str = config_field("0-53", "Transformer blocks that use SageAttention: 'a-b' or 'a,b,c'")
+    enable_cache: bool = config_field(False, "Feature cache across denoising steps (diffusers TaylorSeer cache)")
+    cache_type: str = config_field(
+        "deepcache", "deepcache: reuse the cached attention outputs on skipped steps (TaylorSeer order 0); "
+        "taylorcache: first-order Taylor extrapolation (order 1)", choices=("deepcache", "teacache", "taylorcache"))
+    no_cache_block_id: str = config_field("53", "Blocks (comma-separated) always computed in full with --enable_cache")
+    cache_start_step: int = config_field(11, "First denoising step that may reuse the cache")
+    cache_end_step: int = config_field(45, "Denoising step from which every step is computed in full again")
+    total_steps: int = config_field(50, "Cache schedule length", no_effect="the TaylorSeer cache counts steps itself")
+    cache_step_interval: int = config_field(4, "Steps between full computations while caching")
     # ---------------------------------------------------------------- accepted for compatibility
     sr: bool = config_field(True, "Super-resolution pipeline", no_effect=_NOT_IMPLEMENTED)
     save_pre_sr_video: bool = config_field(False, "Also save the pre-SR video", no_effect=_NOT_IMPLEMENTED)
@@ -55,7 +91,3 @@ class GenerateConfig:
     cfg_distilled: bool = config_field(False, "Use the _distilled transformer", no_effect=_NOT_IMPLEMENTED)
     enable_step_distill: bool = config_field(False, "Use the _step_distilled transformer", no_effect=_NOT_IMPLEMENTED)
     sparse_attn: bool = config_field(False, "Use the _distilled_sparse transformer", no_effect=_NOT_IMPLEMENTED)
-    offloading: bool = config_field(True, "CPU offloading", no_effect=_NOT_IMPLEMENTED)
-    overlap_group_offloading: bool = config_field(True, "Overlapped group offloading", no_effect=_NOT_IMPLEMENTED)
-    use_sageattn: bool = config_field(False, "SageAttention kernels", no_effect=_NOT_IMPLEMENTED)
-    enable_cache: bool = config_field(False, "Feature cache (deepcache/teacache)", no_effect=_NOT_IMPLEMENTED)

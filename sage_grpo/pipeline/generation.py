@@ -1,26 +1,52 @@
 """Sampling videos from the base model or trained weights: what ``generate.py`` runs (reference §5).
 
 1. ``plan_generation`` reads and checks everything that needs no model (prompts from CSV or ``--prompt``, seeds,
-   size, output paths) and raises ``ValueError`` / ``FileNotFoundError`` before any weights load.
-2. ``run_generation`` loads ``<model_path>`` with transformer version ``<resolution>_t2v``, optionally copies trained
-   weights in (``--checkpoint_path``), and renders each item with the Euler ODE sampler: our rollout with every step
-   deterministic (log-probs are computed but unused), CFG ``--guidance_scale`` and shift ``--flow_shift``.
+   size, output paths, weight paths, the inference-speed flags against the device) and raises ``ValueError`` /
+   ``FileNotFoundError`` before any weights load.
+2. ``VideoGenerator`` loads ``<model_path>`` with transformer version ``<resolution>_t2v``, puts trained weights in
+   (``--checkpoint_path``: full, LoRA or sharded-DCP training checkpoints and exported folders; ``--lora_path``: an
+   adapter folder; LoRA adapters are merged into the weights, see :mod:`sage_grpo.export`), applies the speed
+   settings and renders each item with the Euler ODE sampler: our rollout with every step deterministic, CFG
+   ``--guidance_scale`` and shift ``--flow_shift``. It equals diffusers' ``HunyuanVideo15Pipeline`` given the same
+   transformer and initial latents (tested to 1e-5 in fp32).
 3. Each video is written with imageio (libx264, 24 fps) plus ``<name>_config.json`` of the settings.
+
+Inference-speed flags (reference §1.4) mapped onto diffusers:
+
+* ``--offloading``: every model lives on the CPU and moves to CUDA for its stage only (text encoders, transformer,
+  VAE), as ``enable_model_cpu_offload`` does for a pipeline;
+* ``--group_offloading`` (unset: on when the GPU has < 60 GB): ``diffusers.hooks.apply_group_offloading``,
+  block level, one block per group, on ``transformer_blocks``; the embedders, token refiner and output layers stay on
+  the GPU (the sampler reads its device from them), transfers are synchronous;
+* ``--enable_torch_compile``: ``compile_repeated_blocks`` (torch.compile of each repeated block class);
+* ``--use_sageattn``: the ``sage_varlen`` attention backend on the blocks of ``--sage_blocks_range`` (the plain
+  ``sage`` backend rejects the attention mask HunyuanVideo-1.5 always passes);
+* ``--enable_cache``: diffusers' TaylorSeer cache on the blocks' attention (``deepcache``: order 0, reuse;
+  ``taylorcache``: order 1), full steps before ``--cache_start_step``, from ``--cache_end_step`` on, every
+  ``--cache_step_interval`` and always in the ``--no_cache_block_id`` blocks. ``teacache`` has no diffusers
+  counterpart for this transformer (FirstBlockCache does not register its blocks in diffusers 0.42.1).
+
+Offloading, group offloading and SageAttention need CUDA; on another device the plan says so and they are skipped
+(SageAttention is an error, as its package is missing on such machines anyway).
 
 Output naming (reference §5.8): one item -> ``--output_path``; several -> the path without its extension becomes a
 directory holding ``sample_{i:03d}_seed_{seed}_{sanitized prompt}.mp4``; default
 ``./outputs/output_{version}_{YYYY-mm-dd_HH-MM-SS}.mp4``.
 
 Departures: the initial noise comes from a CPU generator seeded with the item's seed (the reference draws it with a
-CUDA generator), so videos for a seed do not match the reference's bit for bit; no super-resolution stage.
+CUDA generator), so videos for a seed do not match the reference's bit for bit; no super-resolution stage; the
+reference loads ``--checkpoint_path`` after its speed optimisations, we load weights first (so merged LoRA weights
+are what gets compiled and offloaded).
 """
 
+import contextlib
 import csv
+import importlib.util
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,6 +57,9 @@ from sage_grpo.video_io import sanitize_name, write_video
 
 VIDEO_FPS = 24
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+GROUP_OFFLOAD_BELOW_BYTES = 60 * 1024 ** 3  # reference: group offloading on when the GPU has less than 60 GB
+SAGE_BACKEND = "sage_varlen"
+CACHE_ORDERS = {"deepcache": 0, "taylorcache": 1}
 
 
 @dataclass(frozen=True)
@@ -40,12 +69,26 @@ class GenerationItem:
 
 
 @dataclass(frozen=True)
+class Acceleration:
+    """The inference-speed settings that apply on the planned device."""
+
+    model_offload: bool = False
+    group_offload: bool = False
+    compile_blocks: bool = False
+    sage_blocks: Tuple[int, ...] = ()
+    cache: Optional[Dict] = None  # diffusers TaylorSeerCacheConfig keyword arguments
+
+
+@dataclass(frozen=True)
 class GenerationPlan:
     items: List[GenerationItem]
     output_paths: List[Path]
     height: int
     width: int
     transformer_version: str
+    device: torch.device = torch.device("cpu")
+    acceleration: Acceleration = Acceleration()
+    notes: List[str] = field(default_factory=list)
 
 
 def read_prompt_csv(path: Path, default_seed: int) -> List[GenerationItem]:
@@ -106,8 +149,69 @@ def _vae_ratios(model_path: str) -> Optional[Tuple[int, int]]:
     return vae_config.get("temporal_compression_ratio", 4), vae_config.get("spatial_compression_ratio", 16)
 
 
+def parse_block_ids(text: str, option: str) -> Tuple[int, ...]:
+    """``"0-53"`` -> 0..53, ``"1,3"`` -> (1, 3)."""
+    try:
+        if "-" in text:
+            first, last = (int(part) for part in text.split("-", 1))
+            ids = tuple(range(first, last + 1))
+        else:
+            ids = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        ids = ()
+    if not ids or min(ids) < 0:
+        raise ValueError(f"{option} {text!r}: use a block range such as 0-53 or a list such as 1,3,5")
+    return ids
+
+
+def _cache_settings(config: GenerateConfig) -> Dict:
+    if config.cache_type not in CACHE_ORDERS:
+        raise ValueError(f"--cache_type {config.cache_type}: not available for HunyuanVideo-1.5 in diffusers "
+                         f"(FirstBlockCache does not register its blocks); use one of {sorted(CACHE_ORDERS)}")
+    start, end = config.cache_start_step, config.cache_end_step
+    if config.cache_step_interval < 1 or start < 0 or end <= start:
+        raise ValueError("--enable_cache needs --cache_step_interval >= 1 and 0 <= --cache_start_step < "
+                         f"--cache_end_step, got {config.cache_step_interval}, {start}, {end}")
+    full = "|".join(str(i) for i in parse_block_ids(config.no_cache_block_id, "--no_cache_block_id"))
+    return dict(cache_interval=config.cache_step_interval, disable_cache_before_step=start,
+                disable_cache_after_step=end, max_order=CACHE_ORDERS[config.cache_type],
+                taylor_factors_dtype=DTYPES[config.dtype],
+                cache_identifiers=[rf"transformer_blocks\.(?!(?:{full})\.)\d+\.attn"])
+
+
+def plan_acceleration(config: GenerateConfig, device: torch.device) -> Tuple[Acceleration, List[str]]:
+    """Resolve the speed flags for ``device``; errors for impossible requests, notes for what is skipped."""
+    notes: List[str] = []
+    cuda = device.type == "cuda"
+    if config.use_sageattn:
+        if config.sparse_attn:
+            raise ValueError("--use_sageattn and --sparse_attn cannot be combined (as in the reference)")
+        if importlib.util.find_spec("sageattention") is None or not cuda:
+            raise ValueError("--use_sageattn needs CUDA and the sageattention package (pip install sageattention); "
+                             f"the device is {device} and the package is "
+                             f"{'present' if importlib.util.find_spec('sageattention') else 'missing'}")
+        if config.dtype != "bf16":
+            raise ValueError("--use_sageattn runs in bf16 or fp16 only; add --dtype bf16")
+    sage_blocks = parse_block_ids(config.sage_blocks_range, "--sage_blocks_range") if config.use_sageattn else ()
+    cache = _cache_settings(config) if config.enable_cache else None
+    group = config.group_offloading
+    if group is None:
+        group = cuda and torch.cuda.get_device_properties(device).total_memory < GROUP_OFFLOAD_BELOW_BYTES
+    for flag, wanted in (("--offloading", config.offloading), ("--group_offloading", group)):
+        if wanted and not cuda:
+            notes.append(f"{flag} is skipped on {device}: it moves weights between the CPU and a CUDA device")
+    return Acceleration(model_offload=config.offloading and cuda, group_offload=bool(group) and cuda,
+                        compile_blocks=config.enable_torch_compile, sage_blocks=sage_blocks, cache=cache), notes
+
+
+def _check_weight_paths(config: GenerateConfig) -> None:
+    for option, value in (("--checkpoint_path", config.checkpoint_path), ("--lora_path", config.lora_path)):
+        if value and not Path(value).exists():
+            raise FileNotFoundError(f"{option} {value}: no such file or directory")
+
+
 def plan_generation(config: GenerateConfig) -> GenerationPlan:
-    """Validate the config and resolve prompts, size and paths, without loading any model."""
+    """Validate the config and resolve prompts, size, paths and speed settings, without loading any model."""
     if config.resolution not in ("480p", "720p"):
         raise ValueError(f"--resolution must be 480p or 720p, got {config.resolution!r}")
     if config.dtype not in DTYPES:
@@ -122,9 +226,13 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
         raise ValueError(f"video size {height}x{width} must be a multiple of the VAE's spatial ratio {spatial}")
     if config.video_length < 1 or (config.video_length - 1) % temporal:
         raise ValueError(f"--video_length must be 1 + a multiple of {temporal} (e.g. 121), got {config.video_length}")
+    _check_weight_paths(config)
     items = read_items(config)
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    acceleration, notes = plan_acceleration(config, device)
     version = f"{config.resolution}_t2v"
-    return GenerationPlan(items, output_paths(config, items, version), height, width, version)
+    return GenerationPlan(items, output_paths(config, items, version), height, width, version, device, acceleration,
+                          notes)
 
 
 def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPlan, item: GenerationItem) -> None:
@@ -136,27 +244,104 @@ def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPl
     video_path.with_name(f"{video_path.stem}_config.json").write_text(json.dumps(settings, indent=2))
 
 
+def offload_transformer_blocks(transformer: torch.nn.Module, device: torch.device) -> None:
+    """Group offloading of ``transformer_blocks`` (one block per group, weights on the CPU between uses); the
+    other modules move to ``device`` and stay there."""
+    from diffusers.hooks import apply_group_offloading
+
+    for name, child in transformer.named_children():
+        if name != "transformer_blocks":
+            child.to(device)
+    holder = torch.nn.Module()  # the hooks go on the blocks themselves; the holder only scopes the traversal
+    holder.transformer_blocks = transformer.transformer_blocks
+    apply_group_offloading(holder, onload_device=device, offload_device=torch.device("cpu"),
+                           offload_type="block_level", num_blocks_per_group=1)
+
+
+def apply_acceleration(transformer: torch.nn.Module, acceleration: Acceleration, device: torch.device) -> None:
+    """Attention backend, feature cache, group offloading, then compilation (compiled code sees the final model)."""
+    for index in acceleration.sage_blocks:
+        if index < len(transformer.transformer_blocks):
+            transformer.transformer_blocks[index].attn.set_attention_backend(SAGE_BACKEND)
+    if acceleration.cache is not None:
+        from diffusers import TaylorSeerCacheConfig
+
+        transformer.enable_cache(TaylorSeerCacheConfig(**acceleration.cache))
+    if acceleration.group_offload:
+        offload_transformer_blocks(transformer, device)
+    if acceleration.compile_blocks:
+        transformer.compile_repeated_blocks(fullgraph=False)
+
+
+class VideoGenerator:
+    """The loaded models of ``generate.py`` and the sampling of one video (:meth:`render`)."""
+
+    def __init__(self, config: GenerateConfig, plan: GenerationPlan):
+        from sage_grpo.export import apply_trained_weights, read_trained_weights
+        from sage_grpo.models.loading import load_components
+        from sage_grpo.models.text_encoding import PromptEncoder, TextEncoderSettings
+
+        self.config, self.plan, self.device = config, plan, plan.device
+        accel = plan.acceleration
+        on_cpu = accel.model_offload or accel.group_offload
+        self.components = load_components(config.model_path, plan.transformer_version, dtype=DTYPES[config.dtype],
+                                          device="cpu" if on_cpu else self.device)
+        self.transformer = self.components.transformer
+        for path in (config.checkpoint_path, config.lora_path):
+            if path:
+                apply_trained_weights(self.transformer, read_trained_weights(path))
+        apply_acceleration(self.transformer, accel, self.device)
+        if on_cpu and not accel.model_offload:  # group offloading alone: everything but the blocks lives on the GPU
+            for module in (self.components.text_encoder, self.components.text_encoder_2, self.components.vae):
+                module.to(self.device)
+        settings = TextEncoderSettings(max_length=config.text_max_length or TextEncoderSettings.max_length,
+                                       max_length_2=config.byt5_max_length)
+        self.encoder = PromptEncoder.from_components(self.components, settings)
+
+    @contextlib.contextmanager
+    def _stage(self, modules: Sequence[torch.nn.Module]) -> Iterator[None]:
+        """With ``--offloading``: ``modules`` on the device for the block, back on the CPU after."""
+        offload = self.plan.acceleration.model_offload
+        for module in modules if offload else ():
+            module.to(self.device)
+        try:
+            yield
+        finally:
+            for module in modules if offload else ():
+                module.to("cpu")
+
+    @torch.no_grad()
+    def render(self, item: GenerationItem, progress: bool = False) -> torch.Tensor:
+        """(3, F, H, W) float video in [0, 1] on the CPU."""
+        from sage_grpo.pipeline.rollout import decode_latents, rollout
+
+        config, plan, c = self.config, self.plan, self.components
+        with self._stage([c.text_encoder, c.text_encoder_2]):
+            embeds = self.encoder.encode([item.prompt], config.negative_prompt)
+        # group-offloaded blocks move themselves; the rest of that transformer already sits on the device
+        transformer_stage = [] if plan.acceleration.group_offload else [self.transformer]
+        cache = self.transformer.cache_context("generate") if plan.acceleration.cache else contextlib.nullcontext()
+        with self._stage(transformer_stage), cache:
+            result = rollout(self.transformer, c.vae, embeds, [item.seed], num_steps=config.num_inference_steps,
+                             shift=config.flow_shift, guidance_scale=config.guidance_scale,
+                             num_frames=config.video_length, height=plan.height, width=plan.width,
+                             deterministic=True, decode=False, num_image_tokens=config.vision_num_semantic_tokens,
+                             progress=progress)
+        if plan.acceleration.cache:
+            self.transformer._reset_stateful_cache()  # the next video starts a fresh cache, as diffusers' pipelines do
+        with self._stage([c.vae]):
+            return decode_latents(c.vae, result.final_latents.to(c.vae.device))[0]
+
+
 def run_generation(config: GenerateConfig) -> List[Path]:
     """Render every planned item; returns the written video paths."""
-    from sage_grpo.models.loading import load_components, load_transformer_weights
-    from sage_grpo.models.text_encoding import PromptEncoder
-    from sage_grpo.pipeline.rollout import rollout
-
     plan = plan_generation(config)
-    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    components = load_components(config.model_path, plan.transformer_version, dtype=DTYPES[config.dtype],
-                                 device=device)
-    if config.checkpoint_path:
-        load_transformer_weights(components.transformer, config.checkpoint_path)
-    encoder = PromptEncoder.from_components(components)
+    for note in plan.notes:
+        print(f"note: {note}")
+    generator = VideoGenerator(config, plan)
     for index, (item, path) in enumerate(zip(plan.items, plan.output_paths)):
         print(f"[{index + 1}/{len(plan.items)}] seed {item.seed}: {item.prompt}")
-        result = rollout(
-            components.transformer, components.vae, encoder.encode([item.prompt], config.negative_prompt), [item.seed],
-            num_steps=config.num_inference_steps, shift=config.flow_shift, guidance_scale=config.guidance_scale,
-            num_frames=config.video_length, height=plan.height, width=plan.width, deterministic=True, progress=True,
-        )
-        write_video(path, result.videos[0], VIDEO_FPS)
+        write_video(path, generator.render(item, progress=True), VIDEO_FPS)
         if config.save_generation_config:
             _write_settings(path, config, plan, item)
         print(f"saved {path}")

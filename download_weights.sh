@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Download HunyuanVideo-1.5 (diffusers format) and the VideoReward model into the layout sage-grpo loads.
+# Run `bash download_weights.sh --help` for the layout and the options.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+MODEL_ROOT=./ckpts
+VARIANTS=()
+REPO_PREFIX=hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-
+REWARD_REPO=KwaiVGI/VideoReward
+WITH_REWARD=1
+VERIFY_ONLY=0
+TIMEOUT=8
+SHARED_COMPONENTS=(vae text_encoder tokenizer text_encoder_2 tokenizer_2 scheduler)
+
+usage() {
+  cat <<'EOF'
+Usage: bash download_weights.sh [options]
+
+Fetches the diffusers-format HunyuanVideo-1.5 checkpoint and the VideoReward reward model from the Hugging Face
+Hub with the huggingface_hub CLI (`hf download`, else `huggingface-cli download`), arranges them in the layout
+below and checks every expected file with `python -m sage_grpo.models.verify`. Idempotent: complete components
+are skipped without touching the network, and interrupted downloads resume.
+
+Options:
+  --model_root DIR     checkpoint root to fill (default ./ckpts)
+  --variant NAME       transformer version to fetch; repeat for several (default 480p_t2v). The hub repo is
+                       <repo_prefix><NAME>, e.g. 720p_t2v, 480p_t2v_distilled, 480p_i2v, 480p_i2v_step_distilled
+  --repo_prefix TEXT   hub repo prefix (default hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-)
+  --reward_repo ID     VideoReward repo (default KwaiVGI/VideoReward)
+  --no_reward          skip VideoReward and its base model
+  --verify_only        only check the layout of --model_root (exit 0 complete, 1 with the missing files listed)
+  --timeout SECONDS    how long to wait for the hub before giving up (default 8)
+  -h, --help           this text
+
+Layout under --model_root (the table lives in sage_grpo/models/layout.py):
+  transformer/<variant>/   HunyuanVideo15Transformer3DModel  config.json + diffusion_pytorch_model*.safetensors
+  vae/                     AutoencoderKLHunyuanVideo15       config.json + diffusion_pytorch_model*.safetensors
+  text_encoder/            Qwen2_5_VLTextModel               config.json + model*.safetensors
+  tokenizer/               Qwen2Tokenizer                    tokenizer_config.json + tokenizer.json
+  text_encoder_2/          T5EncoderModel (byT5 glyphs)      config.json + model*.safetensors
+  tokenizer_2/             ByT5Tokenizer                     tokenizer_config.json
+  scheduler/               FlowMatchEulerDiscreteScheduler   scheduler_config.json
+  VideoReward/             VideoAlign reward                 model_config.json + checkpoint-N/
+  Qwen2-VL-2B-Instruct/    the reward's base model (model_config.json's model_name_or_path)
+  .hf/<repo>/              the downloaded hub snapshots; the folders above link into them (relative symlinks,
+                           so copy the root with `cp -a` or `rsync -a`)
+
+Each hub pipeline repo holds transformer/, vae/, text_encoder/, ... at its top level: its transformer/ becomes
+transformer/<variant>/, the shared components are taken from the first variant that needs them (later variants
+fetch only transformer/*). Sharded weights (*.safetensors.index.json) are checked shard by shard.
+
+Without hub access (HF_HUB_OFFLINE=1, or no answer within --timeout) the script stops at once with exit status 3:
+download on a machine with internet and copy the root here, or point HF_ENDPOINT at a mirror.
+Environment: PYTHON (interpreter with sage_grpo's requirements; default .venv/bin/python or python3),
+HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE.
+EOF
+}
+
+die() { echo "error: $*" >&2; exit "${EXIT_CODE:-2}"; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model_root) MODEL_ROOT=${2:?--model_root needs a value}; shift 2 ;;
+    --variant) VARIANTS+=("${2:?--variant needs a value}"); shift 2 ;;
+    --repo_prefix) REPO_PREFIX=${2:?--repo_prefix needs a value}; shift 2 ;;
+    --reward_repo) REWARD_REPO=${2:?--reward_repo needs a value}; shift 2 ;;
+    --no_reward) WITH_REWARD=0; shift ;;
+    --verify_only) VERIFY_ONLY=1; shift ;;
+    --timeout) TIMEOUT=${2:?--timeout needs a value}; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+done
+[ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(480p_t2v)
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+REWARD_FLAG=()
+[ "$WITH_REWARD" = 1 ] && REWARD_FLAG=(--reward)
+
+verify() {
+  "$PY" -m sage_grpo.models.verify --model_root "$MODEL_ROOT" --transformer_versions "${VARIANTS[@]}" \
+    "${REWARD_FLAG[@]}"
+}
+
+if [ "$VERIFY_ONLY" = 1 ]; then
+  verify
+  exit $?
+fi
+
+mapfile -t MISSING < <("$PY" -m sage_grpo.models.verify --model_root "$MODEL_ROOT" \
+  --transformer_versions "${VARIANTS[@]}" "${REWARD_FLAG[@]}" --missing_components)
+if [ ${#MISSING[@]} -eq 0 ]; then
+  echo "[download_weights] $MODEL_ROOT is complete; nothing to download"
+  verify
+  exit $?
+fi
+echo "[download_weights] to fetch: ${MISSING[*]}"
+
+# ---------------------------------------------------------------- hub access, checked before any download
+ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
+no_hub() {
+  EXIT_CODE=3 die "$1
+The Hugging Face Hub is not reachable from here, so nothing was downloaded. Either
+  1. run this script on a machine with internet access and copy $MODEL_ROOT here (keep the links: cp -a / rsync -a),
+  2. or use a hub mirror: HF_ENDPOINT=https://<mirror> bash download_weights.sh ...
+Check a copied folder with: bash download_weights.sh --verify_only"
+}
+case "${HF_HUB_OFFLINE:-0}" in
+  1|true|TRUE|yes|YES|on|ON) no_hub "HF_HUB_OFFLINE=${HF_HUB_OFFLINE} forbids downloads." ;;
+esac
+# any HTTP answer (even an error status) means the endpoint is reachable; DNS/connection failures and silence are not
+if ! timeout "$TIMEOUT" "$PY" -c '
+import sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen(urllib.request.Request(sys.argv[1], method="HEAD"), timeout=float(sys.argv[2]))
+except urllib.error.HTTPError:
+    pass
+' "$ENDPOINT/api/models/$REWARD_REPO" "$TIMEOUT" >/dev/null 2>&1; then
+  no_hub "cannot reach $ENDPOINT (no connection or no answer within ${TIMEOUT}s)."
+fi
+
+if command -v hf >/dev/null 2>&1; then HF_CLI=(hf download); INCLUDE_STYLE=repeat
+elif [ -x .venv/bin/hf ]; then HF_CLI=(.venv/bin/hf download); INCLUDE_STYLE=repeat
+elif command -v huggingface-cli >/dev/null 2>&1; then HF_CLI=(huggingface-cli download); INCLUDE_STYLE=list
+else die "neither 'hf' nor 'huggingface-cli' is installed: pip install 'huggingface_hub[cli]'"
+fi
+
+# fetch REPO DIR [PATTERN...]: download REPO (only PATTERNs when given) into DIR, resuming what is there
+fetch() {
+  local repo=$1 dir=$2; shift 2
+  local args=("$repo" --local-dir "$dir")
+  if [ $# -gt 0 ]; then
+    if [ "$INCLUDE_STYLE" = repeat ]; then for p in "$@"; do args+=(--include "$p"); done
+    else args+=(--include "$@"); fi
+  fi
+  echo "[download_weights] ${HF_CLI[*]} ${args[*]}"
+  "${HF_CLI[@]}" "${args[@]}"
+}
+
+# link TARGET LINK: make LINK a relative symlink to TARGET (an incomplete real folder is moved aside first)
+link() {
+  local target=$1 link=$2
+  mkdir -p "$(dirname "$link")"
+  if [ -e "$link" ] && [ ! -L "$link" ]; then
+    local aside="$link.incomplete-$(date +%s)"
+    echo "[download_weights] moving the incomplete $link aside to $aside"
+    mv "$link" "$aside"
+  fi
+  ln -sfn "$(realpath --relative-to="$(dirname "$link")" "$target")" "$link"
+}
+
+is_missing() { local c; for c in "${MISSING[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
+
+# ---------------------------------------------------------------- HunyuanVideo-1.5 pipeline repos
+for variant in "${VARIANTS[@]}"; do
+  patterns=()
+  is_missing "transformer/$variant" && patterns+=("transformer/*")
+  shared=()
+  for component in "${SHARED_COMPONENTS[@]}"; do
+    if is_missing "$component"; then patterns+=("$component/*"); shared+=("$component"); fi
+  done
+  [ ${#patterns[@]} -gt 0 ] || continue
+  repo="$REPO_PREFIX$variant"
+  snapshot="$MODEL_ROOT/.hf/${repo##*/}"
+  fetch "$repo" "$snapshot" "${patterns[@]}" || die "downloading $repo failed (is the variant name right? see --help)"
+  is_missing "transformer/$variant" && link "$snapshot/transformer" "$MODEL_ROOT/transformer/$variant"
+  for component in "${shared[@]}"; do link "$snapshot/$component" "$MODEL_ROOT/$component"; done
+  kept=()
+  for c in "${MISSING[@]}"; do
+    [ "$c" = "transformer/$variant" ] && continue
+    printf '%s\n' "${shared[@]}" | grep -qx -- "$c" && continue
+    kept+=("$c")
+  done
+  MISSING=("${kept[@]}")
+done
+
+# ---------------------------------------------------------------- VideoReward and its base model
+if [ "$WITH_REWARD" = 1 ] && is_missing VideoReward; then
+  fetch "$REWARD_REPO" "$MODEL_ROOT/VideoReward" || die "downloading $REWARD_REPO failed"
+  base=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["model_config"]["model_name_or_path"])' \
+    "$MODEL_ROOT/VideoReward/model_config.json")
+  case "$base" in
+    */*/*|/*|.*) echo "[download_weights] the reward's base model $base is a path; place it there yourself" ;;
+    */*) fetch "$base" "$MODEL_ROOT/${base##*/}" || die "downloading the reward base model $base failed" ;;
+  esac
+fi
+
+echo "[download_weights] checking $MODEL_ROOT"
+verify

@@ -1,0 +1,167 @@
+"""download_weights.sh: the documented layout, a fast clear failure without hub access, layout verification, and the
+whole download-and-arrange flow against a fake ``hf`` CLI and a local HTTP endpoint (no network needed)."""
+
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from model_fixtures import tiny_root  # noqa: F401
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = REPO_ROOT / "download_weights.sh"
+PIPELINE_COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")
+FAKE_HF = r"""#!/usr/bin/env bash
+# fake `hf download REPO --local-dir DIR [--include PATTERN]...`: copies $FAKE_HUB/<owner>__<name>/
+echo "$*" >> "$FAKE_HUB/calls.log"
+[ "$1" = download ] || exit 1
+repo=$2; shift 2; dir=; includes=()
+while [ $# -gt 0 ]; do
+  case $1 in --local-dir) dir=$2; shift 2 ;; --include) includes+=("$2"); shift 2 ;; *) shift ;; esac
+done
+src="$FAKE_HUB/${repo//\//__}"
+[ -d "$src" ] || { echo "404: $repo" >&2; exit 1; }
+mkdir -p "$dir"
+if [ ${#includes[@]} -eq 0 ]; then cp -r "$src/." "$dir/"; exit 0; fi
+for pattern in "${includes[@]}"; do c=${pattern%/*}; mkdir -p "$dir/$c"; cp -r "$src/$c/." "$dir/$c/"; done
+"""
+
+
+def run_script(*args, env=None, timeout=120):
+    base = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    base.update(env or {})
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, env=base, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_documents_the_layout():
+    result = run_script("--help")
+    assert result.returncode == 0
+    for line in ("transformer/<variant>/", "vae/", "text_encoder/", "tokenizer/", "text_encoder_2/", "tokenizer_2/",
+                 "scheduler/", "VideoReward/", "Qwen2-VL-2B-Instruct/", "--verify_only", "--variant", "HF_ENDPOINT",
+                 "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-", "KwaiVGI/VideoReward"):
+        assert line in result.stdout, line
+
+
+class _SilentServer:
+    """A TCP port that accepts connections and never answers (a hub that hangs)."""
+
+    def __enter__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+def _closed_port() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens there once closed
+
+
+@pytest.mark.parametrize("case", ["offline_env", "refused", "silent"])
+def test_without_hub_access_it_fails_fast_and_says_what_to_do(tmp_path, case):
+    env = {"HF_HUB_OFFLINE": "1"} if case == "offline_env" else {}
+    with _SilentServer() as silent:
+        env["HF_ENDPOINT"] = silent if case == "silent" else _closed_port()
+        start = time.perf_counter()
+        result = run_script("--model_root", str(tmp_path / "ckpts"), "--timeout", "3", env=env, timeout=60)
+        elapsed = time.perf_counter() - start
+    assert result.returncode == 3, result.stderr
+    assert elapsed < 15, f"took {elapsed:.1f} s"
+    message = result.stderr
+    assert "machine with internet access" in message and "HF_ENDPOINT" in message and "--verify_only" in message
+    assert ("HF_HUB_OFFLINE=1" if case == "offline_env" else "cannot reach") in message
+    assert not (tmp_path / "ckpts" / ".hf").exists()  # nothing was started
+
+
+def test_verify_only_passes_on_a_complete_root_and_lists_a_removed_file(tiny_root, tmp_path):
+    complete = run_script("--verify_only", "--no_reward", "--model_root", str(tiny_root))
+    assert complete.returncode == 0 and "complete (480p_t2v)" in complete.stdout
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_root, broken)
+    (broken / "text_encoder" / "model.safetensors").unlink()
+    result = run_script("--verify_only", "--no_reward", "--model_root", str(broken))
+    assert result.returncode == 1
+    assert "missing 1 required file(s)" in result.stderr
+    assert "text_encoder/model.safetensors | text_encoder/model.safetensors.index.json" in result.stderr
+    without_reward = run_script("--verify_only", "--model_root", str(tiny_root))  # the reward is required by default
+    assert without_reward.returncode == 1 and "VideoReward files are missing" in without_reward.stderr
+
+
+class _QuietHandler(http.server.BaseHTTPRequestHandler):
+    def do_HEAD(self):  # noqa: N802 - http.server's naming
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_hub(tiny_root, tmp_path, monkeypatch):
+    """Hub repos built from the tiny checkpoint, an `hf` that copies them, and a local endpoint that answers."""
+    from sage_grpo.rewards.tiny import write_tiny_video_reward
+
+    hub = tmp_path / "hub"
+    for variant in ("480p_t2v", "720p_t2v"):
+        repo = hub / f"hunyuanvideo-community__HunyuanVideo-1.5-Diffusers-{variant}"
+        shutil.copytree(tiny_root / "transformer" / "480p_t2v", repo / "transformer")
+        for component in PIPELINE_COMPONENTS:
+            shutil.copytree(tiny_root / component, repo / component)
+    write_tiny_video_reward(hub / "reward")
+    (hub / "reward" / "VideoReward").rename(hub / "KwaiVGI__VideoReward")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "hf").write_text(FAKE_HF)
+    (bin_dir / "hf").chmod(0o755)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_HUB": str(hub),
+           "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}"}
+    yield hub, env
+    server.shutdown()
+
+
+def test_download_arranges_the_layout_links_and_is_idempotent(fake_hub, tmp_path):
+    hub, env = fake_hub
+    root = tmp_path / "ckpts"
+    first = run_script("--model_root", str(root), env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "complete (480p_t2v, VideoReward)" in first.stdout
+    snapshot = root / ".hf" / "HunyuanVideo-1.5-Diffusers-480p_t2v"
+    assert os.readlink(root / "transformer" / "480p_t2v") == "../.hf/HunyuanVideo-1.5-Diffusers-480p_t2v/transformer"
+    for component in PIPELINE_COMPONENTS:
+        assert (root / component).is_symlink() and (root / component).resolve() == (snapshot / component).resolve()
+    assert (root / "VideoReward" / "model_config.json").is_file()
+
+    calls = (hub / "calls.log").read_text().splitlines()
+    second = run_script("--model_root", str(root), env=env)
+    assert second.returncode == 0 and "nothing to download" in second.stdout
+    assert (hub / "calls.log").read_text().splitlines() == calls  # no download at all
+
+    # A second variant fetches only its transformer; the shared components stay where they are.
+    third = run_script("--model_root", str(root), "--variant", "480p_t2v", "--variant", "720p_t2v", env=env)
+    assert third.returncode == 0, third.stdout + third.stderr
+    new_calls = (hub / "calls.log").read_text().splitlines()[len(calls):]
+    assert len(new_calls) == 1 and "Diffusers-720p_t2v" in new_calls[0]
+    assert new_calls[0].count("--include") == 1 and "--include transformer/*" in new_calls[0]
+    assert "complete (480p_t2v, 720p_t2v, VideoReward)" in third.stdout
+
+
+def test_an_incomplete_component_is_fetched_again_and_the_partial_folder_kept_aside(fake_hub, tmp_path):
+    hub, env = fake_hub
+    root = tmp_path / "ckpts"
+    (root / "vae").mkdir(parents=True)
+    (root / "vae" / "config.json").write_text("{}")  # an interrupted copy: weights missing
+    result = run_script("--model_root", str(root), "--no_reward", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (root / "vae").is_symlink() and len(list(root.glob("vae.incomplete-*"))) == 1
