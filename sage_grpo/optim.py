@@ -12,6 +12,12 @@ the Frobenius norm first, so the orthogonalised update is the same. Tensors with
 patch-embedding convolution) go to AdamW instead of being flattened into Muon, because torch's Muon accepts only
 matrices.
 
+Sharded parameters (FSDP2 ``DTensor`` shards, ``sage_grpo.distributed``): the matrices go to
+:class:`sage_grpo.distributed.muon.FSDPMuon`, which orthogonalizes each whole matrix and keeps this rank's rows;
+``torch.optim.Muon`` would run Newton-Schulz on the shards through DTensor propagation, which is wrong for tall
+matrices. On plain tensors both are the same math, so one process keeps ``torch.optim.Muon``. Build the optimizer
+*after* the model is sharded.
+
 Schedule: ``constant`` (the reference's; it ignores ``--warmup_steps``) or ``constant_with_warmup`` (linear warm-up
 from 0 over ``--warmup_steps`` optimizer updates, then constant).
 """
@@ -19,11 +25,31 @@ from 0 over ``--warmup_steps`` optimizer updates, then constant).
 from typing import Dict, Iterable, List, Tuple
 
 import torch
+from torch.distributed.tensor import DTensor
 
 MUON_MOMENTUM = 0.95
 AUX_ADAMW_BETAS = (0.95, 0.95)
 ADAMW_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
+
+
+def muon_class_for(matrices: List[torch.nn.Parameter]) -> type:
+    """``FSDPMuon`` when the matrices are FSDP shards (all or none are: FSDP wraps the whole model), else torch's."""
+    sharded = [isinstance(p, DTensor) for p in matrices]
+    if any(sharded) and not all(sharded):
+        raise ValueError("some Muon matrices are FSDP-sharded and some are not; shard the whole model (apply_fsdp)")
+    if all(sharded):
+        from sage_grpo.distributed.muon import FSDPMuon
+
+        return FSDPMuon
+    return torch.optim.Muon
+
+
+def optimizer_parts(optimizer) -> Dict[str, torch.optim.Optimizer]:
+    """The torch optimizers behind ``optimizer`` by name (``muon``/``adamw``), for per-part sharded checkpoints."""
+    if isinstance(optimizer, MuonWithAdamW):
+        return dict(optimizer.optimizers)
+    return {"adamw": optimizer}
 
 
 class MuonWithAdamW:
@@ -36,7 +62,8 @@ class MuonWithAdamW:
                 (matrices if param.ndim == 2 else others).append(param)
         self.optimizers: Dict[str, torch.optim.Optimizer] = {}
         if matrices:
-            self.optimizers["muon"] = torch.optim.Muon(
+            muon_class = muon_class_for(matrices)
+            self.optimizers["muon"] = muon_class(
                 matrices, lr=lr, weight_decay=weight_decay, momentum=MUON_MOMENTUM, nesterov=True,
                 adjust_lr_fn="match_rms_adamw")
         if others:

@@ -16,28 +16,57 @@
   anchor), before the next rollout.
 
 Randomness is derived from (seed, step, sample) so that resuming needs only the counters: the initial noise of a
-sample uses its CSV-derived seed (reference), its SDE noise a generator seeded from (seed, global step, slot), and the
-shuffles a generator seeded from (seed, dp rank, global step).
+sample uses its CSV-derived seed (reference), its SDE noise a generator seeded from (seed, global step, the sample's
+index in the step's global batch), and the shuffles a generator seeded from (seed, dp rank, global step).
+
+Several processes (``torchrun``; reference_spec §3). ``world = dp x sp`` with contiguous SP groups
+(``ParallelDims``); the layout rules are checked before any model loads. The policy and the reference get Ulysses SP
+and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; the optimizer is built afterwards.
+
+* Data: the sampler deals prompt groups over the DP ranks; a group spans ``G / B`` DP ranks when ``B < G``. Every rank
+  of an SP group derives its prompts, seeds, SDE noise and permutations from its ``dp_rank`` and so sees the same
+  samples (asserted each step); the stored rollout is broadcast from the SP leader.
+* Rewards: scored once per SP group on its leader and broadcast; a group spread over DP ranks is gathered so its
+  advantages are normalized over the whole group, each rank keeping its slice. Reward statistics are over all
+  ``B x dp`` samples of the step; loss, KL and timing metrics are averaged over the world.
+* Gradients: FSDP reduces (mean over every rank: DP mean and SP correction) only on the last backward of an
+  accumulation window (``gradient_sync``): one reduce-scatter per optimizer update instead of the reference's one per
+  backward (spec §10.20), at the price of holding the unsharded fp32 gradients between backwards. Without FSDP the
+  gradients are averaged once per update.
+* KL controller: fed the world-mean KL of each inner iteration, so every rank has the same beta (the reference keeps
+  unsynchronized per-rank controllers, spec §10.12) and rank 0's checkpoint describes every rank.
+* Files: the run directory, console, metrics, TensorBoard and validation videos are written by rank 0; rollout media
+  by each SP leader (names carry the dp rank and the global rank); checkpoints by every rank together (sharded,
+  ``checkpoint.py``). Every collective, the end-of-training checkpoint included, is entered by every rank (the
+  reference's rank-0-only final save deadlocks, spec §10.5).
+* Seeds: the models are built under ``--seed`` on every rank (identical replicas, e.g. a random LoRA init), then the
+  global RNGs are seeded ``seed + dp_rank`` as in the reference.
 """
 
 import json
 import math
-import re
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
+from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl, sde
-from sage_grpo.checkpoint import (capture_rng_state, load_checkpoint, prune_checkpoints, resolve_resume_path,
-                                  restore_rng_state, save_checkpoint)
+from sage_grpo.checkpoint import (ShardedTrainingObjects, capture_rng_state, gather_rng_states, is_sharded_checkpoint,
+                                  load_checkpoint, load_sharded_checkpoint, prune_checkpoints, resolve_resume_path,
+                                  restore_rng_state, save_checkpoint, save_sharded_checkpoint, seed_everything)
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
-from sage_grpo.config.schema import to_dict
-from sage_grpo.config.validation import group_layout, parse_reward_weights, parse_size, rollout_size
+from sage_grpo.config.validation import ConfigError, group_layout, parse_reward_weights, parse_size, rollout_size
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
-from sage_grpo.optim import LRSchedule, build_optimizer
+from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
+                                   mean_over_world)
+from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, is_sharded,
+                                               parallelize_models, read_model_geometry, reference_on_device)
+from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_group_rewards, gather_step_rewards,
+                                                run_on_main, share_rewards, share_rollout)
+from sage_grpo.optim import LRSchedule, build_optimizer, optimizer_parts
 from sage_grpo.tracking import MetricsLogger, prepare_run_dir, prune_rollout_media, truncate_metrics
 from sage_grpo.trainer_setup import ModelBundle, build_models, build_reward
 from sage_grpo.video_io import sanitize_name, write_video
@@ -54,25 +83,50 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP parameter (the tensor itself when unsharded)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, List[str]]:
+    """Join the torchrun job (if any) and check the configuration and the parallel layout (spec §3.4) before any
+    model loads; returns the layout and the validation notes."""
+    device = torch.device(cfg.device) if cfg.device else None
+    env = init_distributed(backend="gloo" if device is not None and device.type == "cpu" else None)
+    geometry = read_model_geometry(cfg)
+    heads = geometry.num_attention_heads if geometry is not None else None
+    notes = validate_train_config(cfg, world_size=env.world_size, num_attention_heads=heads)
+    dims = ParallelDims(world_size=env.world_size, sp_size=cfg.sp_size, dp_replicate=cfg.dp_replicate,
+                        rank=env.rank, device=device or env.device, batch_size=cfg.batch_size,
+                        num_generations=cfg.num_generations, num_attention_heads=heads)
+    for tokens in (geometry.video_tokens.values() if geometry is not None else ()):
+        dims.check_tokens(tokens)
+    return dims, notes
+
+
 class GRPOTrainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.dp_rank, self.dp_size, self.is_main = 0, 1, True
-        self.notes = validate_train_config(cfg, world_size=1)
+        self.dims, self.notes = start_processes(cfg)
+        self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
         self.items = read_prompt_csvs(cfg.train_video_csv)
         self.validation_items = self._validation_items()
         self.reward_weights = parse_reward_weights(cfg.reward_weights)
-        self.run_dir = prepare_run_dir(cfg.output_dir, resuming=cfg.resume_from_checkpoint is not None,
-                                       overwrite=cfg.overwrite_output_dir)
-        if cfg.resume_from_checkpoint is None:
-            save_yaml(cfg, self.run_dir / "run_config.yaml")
+        self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval)
         for note in self.notes:
             self.logger.info(f"note: {note}")
+        if self.dims.is_distributed:
+            self.logger.info(f"{self.dims.world_size} processes: dp {self.dp_size} x sp {self.dims.sp_size}, "
+                             f"FSDP {'on' if cfg.enable_fsdp else 'off'}")
 
+        self.dims.build_meshes()
+        seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
         self.models: ModelBundle = build_models(cfg)
+        parallelize_models(self.models, self.dims, cfg)
+        seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
-        self.reward_fn = build_reward(cfg, self.device)
+        self.reward_fn = build_reward(cfg, self.device) if self.dims.is_sp_leader else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps)
@@ -90,6 +144,14 @@ class GRPOTrainer:
         self.num_train_steps = max(int(cfg.grpo_sampling_steps * cfg.timestep_fraction), 1)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
+
+    def _prepare_run_dir(self) -> Path:
+        cfg = self.cfg
+        run_dir = prepare_run_dir(cfg.output_dir, resuming=cfg.resume_from_checkpoint is not None,
+                                  overwrite=cfg.overwrite_output_dir)
+        if cfg.resume_from_checkpoint is None:
+            save_yaml(cfg, run_dir / "run_config.yaml")
+        return run_dir
 
     # ------------------------------------------------------------------ outer loop
     def train(self) -> None:
@@ -122,20 +184,22 @@ class GRPOTrainer:
         prompts = [item.prompt for item in items]
         seeds = sample_seeds([item.seed for item in items], cfg.num_generations, self.dp_rank, cfg.batch_size,
                              cfg.use_same_noise)
+        check_same_in_sp_group(self.dims, items=[item.index for item in items], seeds=seeds)
         timings: Dict[str, float] = {}
 
         start = time.perf_counter()
         embeds = self.models.encode(prompts)
-        noise_generators = [_generator(derived_seed(cfg.seed, step, self.dp_rank, slot, s))
-                            for slot, s in enumerate(seeds)]
+        first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
+        noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
         rollout = self.models.rollout(embeds, seeds=seeds, sigmas=self.sigmas, sde_generators=noise_generators,
                                       height=self.height, width=self.width)
+        share_rollout(rollout, self.dims)
         timings["rollout_time"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        rewards = self.models.score(self.reward_fn, rollout.videos, prompts)
+        rewards, group_rewards = self.score(rollout.videos, prompts)
         timings["reward_time"] = time.perf_counter() - start
-        advantages = rl.local_advantages(rewards["avg"], cfg.num_generations, self.ranks_per_group,
+        advantages = rl.local_advantages(group_rewards["avg"], cfg.num_generations, self.ranks_per_group,
                                          self.dp_rank % self.ranks_per_group, cfg.batch_size)
         self._write_rollout_media(items, seeds, rollout.videos, rewards, advantages)
 
@@ -147,20 +211,27 @@ class GRPOTrainer:
         metrics = self.policy_update(rollout, embeds, advantages, ref_means)
         timings["grpo_loop_time"] = time.perf_counter() - start
 
-        metrics.update(timings)
-        metrics.update(self._reward_metrics(rewards))
+        metrics = mean_over_world({**metrics, **timings}, self.device)
+        metrics.update(self._reward_metrics(gather_step_rewards(rewards, self.dims)))
         metrics["learning_rate"] = self.lr_schedule.lr_at(max(self.update_steps - 1, 0))
         metrics["update_steps"] = float(self.update_steps)
         return metrics
 
     # ------------------------------------------------------------------ phases
+    def score(self, videos: torch.Tensor, prompts: List[str]) -> Tuple[Dict[str, torch.Tensor], ...]:
+        """This rank's (B,) rewards, scored on the SP leader, and those of its prompt group: the same, or the whole
+        (G,) group when it spans several DP ranks."""
+        local = self.models.score(self.reward_fn, videos, prompts) if self.dims.is_sp_leader else None
+        rewards = share_rewards(local, self.dims)
+        return rewards, gather_group_rewards(rewards, self.dims, self.ranks_per_group)
+
     @torch.no_grad()
     def reference_means(self, rollout, embeds) -> Optional[torch.Tensor]:
         """mu_ref of every stored transition, (B, N, C, T, h, w) on CPU; None without a KL reference."""
         if self.models.reference is None or self.kl_controller is None:
             return None
         latents = rollout.latents
-        with self.models.reference_on_device() as reference:
+        with reference_on_device(self.models) as reference:
             means = []
             for i in range(latents.shape[0]):
                 per_step = []
@@ -187,10 +258,14 @@ class GRPOTrainer:
         cfg = self.cfg
         batch = rollout.latents.shape[0]
         shuffle, order = self._permutations(batch)
+        check_same_in_sp_group(self.dims, shuffle=shuffle.tolist(), order=order.tolist())
         micro = cfg.mini_batch_size_per_update
         # One backward per (mini-batch, trained step); dividing by the number of backward passes of the whole
         # accumulation window makes the update the mean over samples and steps (reference GA = B * N for mb = 1).
-        backward_per_update = cfg.gradient_accumulation_steps * self.num_train_steps * (batch // micro)
+        num_backward = self.num_train_steps * (batch // micro)
+        backward_per_update = cfg.gradient_accumulation_steps * num_backward
+        closes_window = (self.micro_steps + 1) % cfg.gradient_accumulation_steps == 0
+        backward_done = 0
         history: Dict[str, List[float]] = {}
         self.models.policy.train()
         for start in range(0, batch, micro):
@@ -214,12 +289,17 @@ class GRPOTrainer:
                     effective_kl, parts = rl.dual_kl(out.mean, ref_mean, out.std, old_lp, out.log_prob,
                                                      cfg.use_dual_kl, cfg.dual_kl_moving_weight,
                                                      cfg.dual_kl_step_weight)
-                    self.kl_controller.update(float(effective_kl.detach()))
+                    # the world mean, so that every rank's controller follows the same beta
+                    self.kl_controller.update(mean_over_world({"kl": float(effective_kl.detach())},
+                                                              self.device)["kl"])
                     if beta > 0:
                         loss = policy_loss + beta * effective_kl
                     metrics.update(kl_loss=effective_kl.detach(), KL_weight=beta, **parts)
                 metrics["total_loss"] = loss.detach()
-                (loss / backward_per_update).backward()
+                backward_done += 1
+                # FSDP reduces the gradients once per optimizer update, on the window's last backward
+                with gradient_sync(self.models.policy, enabled=closes_window and backward_done == num_backward):
+                    (loss / backward_per_update).backward()
                 for name, value in metrics.items():
                     history.setdefault(name, []).append(float(value))
         self.micro_steps += 1
@@ -233,15 +313,16 @@ class GRPOTrainer:
     def optimizer_step(self) -> Dict[str, float]:
         cfg = self.cfg
         params = [p for _, p in self.models.trainable_named_parameters()]
-        watched = params[0].detach().clone() if cfg.debug_grad_flow else None
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
+        watched = _local(params[0]).detach().clone() if cfg.debug_grad_flow else None
+        average_unsharded_gradients(params, self.dims)
+        grad_norm = clip_gradients(params, cfg.max_grad_norm)
         self.lr_schedule.apply(self.optimizer, self.update_steps)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.update_steps += 1
         metrics = {"grad_norm": float(grad_norm)}
         if watched is not None and self.update_steps % cfg.debug_train_diagnostics_interval == 0:
-            delta = (params[0].detach() - watched).abs().flatten()[:4096]
+            delta = (_local(params[0]).detach() - watched).abs().flatten()[:4096]
             metrics.update(param_delta_mean=float(delta.mean()), param_delta_max=float(delta.max()))
         return metrics
 
@@ -254,47 +335,52 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ rewards and media
     def _reward_metrics(self, rewards: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """Statistics of the step's rewards, ``rewards`` holding all B x dp samples (prompt groups contiguous)."""
         metrics: Dict[str, float] = {}
         for name, values in {**rewards, "ori_avg": rewards["avg"]}.items():
             finite = values[torch.isfinite(values)].float()
             metrics[f"gathered_{name}_reward_mean"] = float(finite.mean()) if finite.numel() else math.nan
             metrics[f"gathered_{name}_reward_std"] = (float(finite.std(unbiased=False)) if finite.numel()
                                                       else math.nan)
-        metrics["zero_std_group_fraction"] = float(rl.zero_spread_fraction(rewards["avg"], self.group_size_local))
+        metrics["zero_std_group_fraction"] = float(rl.zero_spread_fraction(rewards["avg"], self.cfg.num_generations))
         metrics["failed_reward_count"] = float((~torch.isfinite(rewards["avg"])).sum())
         return metrics
 
-    @property
-    def group_size_local(self) -> int:
-        return min(self.cfg.num_generations, self.cfg.batch_size)
-
     def _write_rollout_media(self, items: List[PromptItem], seeds: List[int], videos: torch.Tensor,
                              rewards: Dict[str, torch.Tensor], advantages: torch.Tensor) -> None:
+        """Rollout videos and per-group reward JSON under rl_samples/, written by every SP leader for its samples.
+
+        When a group spans several DP ranks each writes its share, ``..._group_{g}_dp_{d}_rewards.json``."""
         cfg = self.cfg
-        if not (cfg.save_rollout_videos and self.is_main):
+        if not (cfg.save_rollout_videos and self.dims.is_sp_leader):
             return
         step_dir = self.run_dir / "rl_samples" / f"{self.update_steps:07d}"
-        group = self.cfg.num_generations if self.ranks_per_group == 1 else cfg.batch_size
+        spread = self.ranks_per_group > 1
+        group = cfg.batch_size if spread else cfg.num_generations  # members of one group on this rank
         groups_per_rank = max(cfg.batch_size // cfg.num_generations, 1)
+        # position of this rank's first member in its group (samples are numbered across the group's ranks)
+        offset = (self.dp_rank % self.ranks_per_group) * cfg.batch_size
         for first in range(0, len(items), group):
-            group_index = (self.dp_rank * groups_per_rank + first // group if self.ranks_per_group == 1
-                           else self.dp_rank // self.ranks_per_group)
+            group_index = (self.dp_rank // self.ranks_per_group if spread
+                           else self.dp_rank * groups_per_rank + first // group)
             group_dir = step_dir / f"group_{group_index}"
             group_dir.mkdir(parents=True, exist_ok=True)
             records = []
             for slot in range(first, min(first + group, len(items))):
                 item = items[slot]
-                name = (f"index_{item.index}_seed_{seeds[slot]}_dp_{self.dp_rank}_rank_{self.dp_rank}"
-                        f"_sample_{slot - first}_slot_{slot}.mp4")
+                name = (f"index_{item.index}_seed_{seeds[slot]}_dp_{self.dp_rank}_rank_{self.dims.rank}"
+                        f"_sample_{offset + slot - first}_slot_{slot}.mp4")
                 write_video(group_dir / name, videos[slot], cfg.video_fps)
                 record = {"prompt": item.prompt, "seed": seeds[slot], "video_path": str(group_dir / name),
                           "sample_idx": slot, "ranks_per_group": self.ranks_per_group,
                           "advantage": float(advantages[slot])}
                 record.update({k: float(v[slot]) for k, v in rewards.items()})
                 records.append(record)
-            path = group_dir / f"index_{items[first].index}_group_{group_index}_rewards.json"
+            share = f"_dp_{self.dp_rank}" if spread else ""
+            path = group_dir / f"index_{items[first].index}_group_{group_index}{share}_rewards.json"
             path.write_text(json.dumps(records, indent=2))
-        prune_rollout_media(self.run_dir, cfg.keep_rollout_steps)
+        if self.is_main:
+            prune_rollout_media(self.run_dir, cfg.keep_rollout_steps)
 
     # ------------------------------------------------------------------ validation
     def _validation_items(self) -> List[PromptItem]:
@@ -308,11 +394,14 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def validate(self, step: int) -> None:
-        """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/."""
+        """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/.
+
+        Every rank samples (the policy's FSDP and SP collectives need them all); rank 0 writes."""
         cfg = self.cfg
         size = parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or (self.height, self.width)
         out_dir = self.run_dir / "samples" / f"step_{step:06d}"
-        out_dir.mkdir(parents=True, exist_ok=True)
+        if self.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
         self.models.policy.eval()
         sigmas = sde.shifted_sigmas(cfg.validation_num_inference_steps, cfg.validation_timestep_shift)
         for number, item in enumerate(self.validation_items):
@@ -320,50 +409,98 @@ class GRPOTrainer:
             video = self.models.rollout(embeds, seeds=[item.seed], sigmas=sigmas, sde_generators=None,
                                         height=size[0], width=size[1], num_frames=cfg.validate_video_length,
                                         deterministic=True).videos[0]
-            name = f"sample_{number:03d}_seed_{item.seed}_{sanitize_name(item.prompt)}.mp4"
-            write_video(out_dir / name, video, cfg.video_fps)
+            if self.is_main:
+                name = f"sample_{number:03d}_seed_{item.seed}_{sanitize_name(item.prompt)}.mp4"
+                write_video(out_dir / name, video, cfg.video_fps)
         self.models.policy.train()
         self.logger.info(f"validation videos written to {out_dir}")
 
     # ------------------------------------------------------------------ checkpoints
     def training_state(self) -> dict:
-        return {
+        """Counters and small stateful objects (a collective on several processes: it gathers every rank's RNG)."""
+        state = {
             "global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller is not None else None,
             "anchor_schedule": self.anchor.state_dict(), "data": {"step": self.global_step, "seed": self.cfg.seed},
-            "rng": capture_rng_state(),
         }
+        if self.dims.is_distributed:
+            state.update(rng_per_rank=gather_rng_states(), optimizer_parts=sorted(optimizer_parts(self.optimizer)))
+        else:
+            state["rng"] = capture_rng_state()
+        return state
+
+    def _sharded_objects(self) -> ShardedTrainingObjects:
+        models, has_reference = self.models, self.models.reference is not None
+        return ShardedTrainingObjects(models.policy, optimizer_parts(self.optimizer), models.trainable_state_dict,
+                                      models.load_trainable_state_dict,
+                                      models.reference_state if has_reference else None,
+                                      models.load_reference_state if has_reference else None)
 
     def save(self) -> Path:
-        if not self.is_main:
-            return self.run_dir
-        anchor_state = self.models.reference_state() if self.anchor.last_refreshed_at is not None else None
-        path = save_checkpoint(self.run_dir, self.global_step, model_state=self.models.trainable_state_dict(),
-                               optimizer_state=self.optimizer.state_dict(), training_state=self.training_state(),
-                               anchor_state=anchor_state, config_yaml=(self.run_dir / "run_config.yaml").read_text()
-                               if (self.run_dir / "run_config.yaml").exists() else None)
-        prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
+        """Write ``checkpoint-{global_step}``: called by every rank (one process: the single-file format)."""
+        config_file = self.run_dir / "run_config.yaml"
+        config_yaml = config_file.read_text() if self.is_main and config_file.exists() else None
+        if self.dims.is_distributed:
+            path = save_sharded_checkpoint(self.run_dir, self.global_step, self._sharded_objects(),
+                                           training_state=self.training_state(),
+                                           save_anchor=self.anchor.last_refreshed_at is not None,
+                                           is_main=self.is_main, device=self.device, config_yaml=config_yaml)
+        else:
+            anchor_state = self.models.reference_state() if self.anchor.last_refreshed_at is not None else None
+            path = save_checkpoint(self.run_dir, self.global_step, model_state=self.models.trainable_state_dict(),
+                                   optimizer_state=self.optimizer.state_dict(), training_state=self.training_state(),
+                                   anchor_state=anchor_state, config_yaml=config_yaml)
+        if self.is_main and not is_sharded(self.models.policy):
+            # LoRA: the peft adapter folder lora/. It reads the adapter tensors whole, so FSDP-sharded runs skip it
+            # (export_checkpoint then takes the adapter config from config.yaml).
+            self.models.save_extras(path)
+        if self.is_main:
+            prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
         self.logger.info(f"checkpoint saved to {path}")
         return path
 
     def resume(self, path: Path) -> None:
-        state = load_checkpoint(path)
-        self.models.load_trainable_state_dict(state["model_state"])
-        self.optimizer.load_state_dict(state["optimizer_state"])
-        training = state["training_state"]
+        """Restore from a checkpoint: a sharded one on any number of processes, a one-process one on one process."""
+        if is_sharded_checkpoint(path):
+            training = load_sharded_checkpoint(path, self._sharded_objects())
+        elif self.dims.is_distributed:
+            raise ConfigError(f"{path} was written by a single process (no transformer_dcp/); resume it with one "
+                              "process, or start a new run from its weights")
+        else:
+            training = self._load_single_process_checkpoint(path)
         self.global_step, self.update_steps = training["global_step"], training["update_steps"]
         self.micro_steps = training["micro_steps"]
         if self.kl_controller is not None and training["kl_controller"] is not None:
             self.kl_controller.load_state_dict(training["kl_controller"])
         self.anchor.load_state_dict(training["anchor_schedule"])
+        self._restore_rng(training)
+        if self.is_main:
+            truncate_metrics(self.run_dir, self.global_step)
+        self.logger.info(f"resumed from {path} at step {self.global_step} (update {self.update_steps})")
+
+    def _load_single_process_checkpoint(self, path: Path) -> dict:
+        state = load_checkpoint(path)
+        self.models.load_trainable_state_dict(state["model_state"])
+        self.optimizer.load_state_dict(state["optimizer_state"])
         if state["anchor_state"] is not None:
             self.models.load_reference_state(state["anchor_state"])
-        restore_rng_state(training["rng"])
-        truncate_metrics(self.run_dir, self.global_step)
-        self.logger.info(f"resumed from {path} at step {self.global_step} (update {self.update_steps})")
+        return state["training_state"]
+
+    def _restore_rng(self, training: dict) -> None:
+        """This rank's RNG states; after a change of world size the ranks keep their fresh ``seed + dp_rank`` seeding
+        (the trainer's own randomness comes from explicitly seeded generators and does not depend on it)."""
+        if "rng" in training:
+            restore_rng_state(training["rng"])
+        elif len(training["rng_per_rank"]) == self.dims.world_size:
+            restore_rng_state(training["rng_per_rank"][self.dims.rank])
+        else:
+            self.logger.info(f"note: the checkpoint was written by {len(training['rng_per_rank'])} processes; global "
+                             "RNG states are not restored")
 
 
 def run_training(cfg: TrainConfig) -> GRPOTrainer:
     trainer = GRPOTrainer(cfg)
     trainer.train()
+    barrier(trainer.dims.device)  # every rank is done with every collective before the process group goes
+    destroy_distributed()
     return trainer
