@@ -64,34 +64,13 @@ if [[ -z "${TORCHRUN:-}" ]]; then
   if [[ -x .venv/bin/torchrun ]]; then TORCHRUN=.venv/bin/torchrun; else TORCHRUN=torchrun; fi
 fi
 export TOKENIZERS_PARALLELISM=false
+source scripts/post_train/reference_flags.sh
+reference_flags "$OUTPUT_DIR"
 
 cmd=(
   "$TORCHRUN" --nnodes "$NNODES" --nproc_per_node "${NPROC_PER_NODE:-8}" --node_rank "$NODE_RANK"
   --master_addr "$MASTER_ADDR" --master_port "${MASTER_PORT:-29500}" post_train.py
-  --pretrained_model_root ./ckpts
-  --learning_rate 1e-5
-  --batch_size 2
-  --num_generations 4
-  --max_steps 10000
-  --output_dir "$OUTPUT_DIR"
-  --enable_fsdp
-  --enable_gradient_checkpointing
-  --sp_size 2
-  --reward_checkpoint_mode v3
-  --validate_at_step0 False
-  --validate_video_length 121
-  --validation_timestep_shift 5.0
-  --use_grad_balancing True
-  --enable_timestep_permutation True
-  --sde_type sage_grpo
-  --kl_weight 1e-5
-  --kl_coef 1e-7
-  --use_moving_KL True
-  --update_ref_model_step 10
-  --use_dual_kl True
-  --dual_kl_moving_weight 1.0
-  --dual_kl_step_weight 0.1
-  --reference_mode_offload True
+  "${REFERENCE_FLAGS[@]}"
 )
 if [[ -n "${RESUME:-}" ]]; then
   cmd+=(--resume_from_checkpoint "$RESUME")
