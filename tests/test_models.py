@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from sage_grpo.models import (MissingCheckpointError, PromptEmbeds, PromptEncoder, TextEncoderSettings, check_layout,
                               load_components, load_transformer, load_transformer_weights, required_layouts,
                               write_tiny_hunyuan)
-from sage_grpo.models import layout, verify
+from sage_grpo.models import verify
 from sage_grpo.models.tiny import TINY_TRANSFORMER_CONFIG
 
 

@@ -1,6 +1,5 @@
 """Trainer building blocks that need no model: prompt data, seeds, optimizer, LR schedule, run dir, checkpoints."""
 
-import json
 
 import pytest
 import torch

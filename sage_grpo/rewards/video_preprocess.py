@@ -22,9 +22,7 @@ Frames travel as float tensors in [0, 255], shape ``(T, 3, H, W)``.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
