@@ -274,9 +274,8 @@ class GRPOTrainer:
             for position in range(self.num_train_steps):
                 steps = order[rows, position]                         # (mb,) original step index k
                 index = steps.to(self.device)
-                lat = rollout.latents.to(self.device)
-                x = lat[rows, steps]
-                x_next = lat[rows, steps + 1]
+                x = rollout.latents[rows, steps].to(self.device)             # only the rows this pass uses
+                x_next = rollout.latents[rows, steps + 1].to(self.device)
                 out = self.models.replay(self.models.policy, x, x_next, index, sub_embeds, sigmas=self.sigmas)
                 old_lp = rollout.log_probs[rows, steps].to(self.device)
                 scale = self.eq_scales[steps].to(self.device) if self.eq_scales is not None else None
