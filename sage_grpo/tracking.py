@@ -30,8 +30,20 @@ def prepare_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> Path
         raise ConfigError(f"--output_dir {output_dir} already holds a run ({RUN_MARKER} exists). Use a new "
                           "--output_dir, continue it with --resume_from_checkpoint latest, or pass "
                           "--overwrite_output_dir true to start over in place")
+    if overwrite and not resuming and (run_dir / RUN_MARKER).exists():
+        _remove_previous_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def _remove_previous_run(run_dir: Path) -> None:
+    """--overwrite_output_dir: delete what an earlier run wrote, so logs and checkpoints never mix two runs."""
+    for name in (RUN_MARKER, "train.log", "metrics.jsonl"):
+        (run_dir / name).unlink(missing_ok=True)
+    for path in run_dir.iterdir():
+        if path.is_dir() and (path.name in ("tb", "logs", "rl_samples", "samples") or path.name.startswith(
+                ("checkpoint-", ".checkpoint-"))):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def tensorboard_tag(name: str) -> str:

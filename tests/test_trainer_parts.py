@@ -117,6 +117,17 @@ def test_run_dir_refuses_a_second_run(tmp_path):
     prepare_run_dir(str(run), resuming=True, overwrite=False)
 
 
+def test_overwrite_starts_over_in_place(tmp_path):
+    run = prepare_run_dir(str(tmp_path / "run"), resuming=False, overwrite=False)
+    (run / "run_config.yaml").write_text("x: 1\n")
+    MetricsLogger(run).log_step(1, {"loss": 1.0})
+    save_checkpoint(run, 1, model_state={"w": torch.ones(1)}, optimizer_state={}, training_state={})
+    (run / "notes.txt").write_text("mine")
+    prepare_run_dir(str(run), resuming=False, overwrite=True)
+    assert read_metrics(run) == [] and not list_checkpoints(run) and not (run / "tb").exists()
+    assert (run / "notes.txt").read_text() == "mine"  # only what a run writes is removed
+
+
 def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path):
     logger = MetricsLogger(tmp_path)
     logger.log_step(1, {"loss": 0.5, "avg_reward_mean": 1.25})

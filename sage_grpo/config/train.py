@@ -145,5 +145,5 @@ class TrainConfig:
     keep_rollout_steps: int = config_field(
         20, "Keep rollout media of only the newest N steps (<= 0 keeps all, as the reference)")
     keep_checkpoints: int = config_field(0, "Keep only the newest N checkpoints (<= 0 keeps all)")
-    overwrite_output_dir: bool = config_field(False, "Allow starting a new run in a directory that holds another run")
+    overwrite_output_dir: bool = config_field(False, "Start over in a directory that holds another run, deleting that run's logs, media and checkpoints")
     device: Optional[str] = config_field(None, "Device (default: cuda:LOCAL_RANK when available, else cpu)")
