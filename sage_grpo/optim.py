@@ -1,6 +1,6 @@
 """Optimizers and the learning-rate schedule (reference_spec §2.17).
 
-Default (``--use_muon true``): ``torch.optim.Muon`` on the 2-D weight matrices, with the reference's per-matrix learning
+Default (``--use_muon true``): Muon (:class:`sage_grpo.muon.Muon`, ``torch.optim.Muon``'s math) on the 2-D weight matrices, with the reference's per-matrix learning
 rate ``lr * 0.2 * sqrt(max(rows, cols))`` (torch's ``adjust_lr_fn="match_rms_adamw"``), momentum 0.95 with Nesterov,
 5 Newton-Schulz steps with coefficients (3.4445, -4.7750, 2.0315) and decoupled weight decay; AdamW with the
 reference's Muon-side betas (0.95, 0.95) and eps 1e-8 for every other trainable tensor (biases, norms, embeddings of
@@ -12,11 +12,11 @@ the Frobenius norm first, so the orthogonalised update is the same. Tensors with
 patch-embedding convolution) go to AdamW instead of being flattened into Muon, because torch's Muon accepts only
 matrices.
 
-Sharded parameters (FSDP2 ``DTensor`` shards, ``sage_grpo.distributed``): the matrices go to
-:class:`sage_grpo.distributed.muon.FSDPMuon`, which orthogonalizes each whole matrix and keeps this rank's rows;
-``torch.optim.Muon`` would run Newton-Schulz on the shards through DTensor propagation, which is wrong for tall
-matrices. On plain tensors both are the same math, so one process keeps ``torch.optim.Muon``. Build the optimizer
-*after* the model is sharded.
+Sharded parameters (FSDP2 ``DTensor`` shards, ``sage_grpo.distributed``): :class:`sage_grpo.muon.Muon` orthogonalizes
+each whole matrix and keeps this rank's rows (``torch.optim.Muon`` would run Newton-Schulz on the shards through
+DTensor propagation, which is wrong for tall matrices); on plain tensors it is ``torch.optim.Muon``'s math. Its
+Newton-Schulz runs in bf16 on GPUs, as the reference's, and in fp32 on the CPU, where bf16 matmuls can be 100x slower
+(``sage_grpo/muon.py``). Build the optimizer *after* the model is sharded.
 
 Schedule: ``constant`` (the reference's; it ignores ``--warmup_steps``) or ``constant_with_warmup`` (linear warm-up
 from 0 over ``--warmup_steps`` optimizer updates, then constant).
@@ -27,22 +27,19 @@ from typing import Dict, Iterable, List, Tuple
 import torch
 from torch.distributed.tensor import DTensor
 
+from sage_grpo.muon import Muon
+
 MUON_MOMENTUM = 0.95
 AUX_ADAMW_BETAS = (0.95, 0.95)
 ADAMW_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
 
-def muon_class_for(matrices: List[torch.nn.Parameter]) -> type:
-    """``FSDPMuon`` when the matrices are FSDP shards (all or none are: FSDP wraps the whole model), else torch's."""
+def check_uniform_sharding(matrices: List[torch.nn.Parameter]) -> None:
+    """All Muon matrices are FSDP shards or none are: FSDP wraps the whole model."""
     sharded = [isinstance(p, DTensor) for p in matrices]
     if any(sharded) and not all(sharded):
         raise ValueError("some Muon matrices are FSDP-sharded and some are not; shard the whole model (apply_fsdp)")
-    if all(sharded):
-        from sage_grpo.distributed.muon import FSDPMuon
-
-        return FSDPMuon
-    return torch.optim.Muon
 
 
 def optimizer_parts(optimizer) -> Dict[str, torch.optim.Optimizer]:
@@ -62,8 +59,8 @@ class MuonWithAdamW:
                 (matrices if param.ndim == 2 else others).append(param)
         self.optimizers: Dict[str, torch.optim.Optimizer] = {}
         if matrices:
-            muon_class = muon_class_for(matrices)
-            self.optimizers["muon"] = muon_class(
+            check_uniform_sharding(matrices)
+            self.optimizers["muon"] = Muon(
                 matrices, lr=lr, weight_decay=weight_decay, momentum=MUON_MOMENTUM, nesterov=True,
                 adjust_lr_fn="match_rms_adamw")
         if others:

@@ -14,3 +14,23 @@ if str(REPO_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 torch.set_num_threads(2)
+
+# Test tiers (README "Tests"): pick one with -m, e.g. `bash scripts/test.sh -m unit` for the fast loop.
+TIERS = {
+    "unit": "fast in-process tests of one module on tiny real-class configs (every test not marked otherwise)",
+    "e2e": "whole-loop runs of the real entry points (post_train.py, generate.py, the download and export scripts)",
+    "distributed": "multi-process runs under torchrun on gloo (2 and 4 processes on the CPU)",
+}
+
+
+def pytest_configure(config):
+    for name, meaning in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in ("e2e", "distributed")):
+            item.add_marker(pytest.mark.unit)

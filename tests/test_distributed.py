@@ -1,4 +1,4 @@
-"""Distributed building blocks: process layout, Ulysses SP, FSDP2, FSDP-aware Muon and the launch scripts.
+"""Distributed building blocks: process layout, Ulysses SP, FSDP2, Muon on shards and the launch scripts.
 
 Multi-process checks run ``tests/distributed_scripts/{two,four}_ranks.py`` under torchrun (gloo on 127.0.0.1, CPU); each
 script runs every check once, compares with the unsplit single-process model computed in the same processes, and
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from sage_grpo.config.validation import ConfigError
-from sage_grpo.distributed import (FSDPMuon, ParallelDims, all_gather_in_group, apply_sequence_parallel,
+from sage_grpo.distributed import (ParallelDims, all_gather_in_group, apply_sequence_parallel,
                                    broadcast_from_sp_leader, broadcast_object_from_sp_leader, gradient_sync,
                                    init_distributed, mean_over_world)
 
@@ -101,25 +101,6 @@ def test_single_process_needs_no_process_group(monkeypatch):
     assert model.weight.grad is not None
 
 
-def test_fsdp_muon_is_torch_muon_on_plain_tensors():
-    """Same math op for op: bit-identical to torch.optim.Muon on unsharded (tall, wide, square) matrices."""
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(12, 40), torch.nn.GELU(), torch.nn.Linear(40, 7), torch.nn.Linear(7, 7))
-    model = copy.deepcopy(ref)
-    hyper = dict(lr=2e-2, weight_decay=0.1, momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw")
-    opt = FSDPMuon([p for p in model.parameters() if p.ndim == 2], **hyper)
-    ref_opt = torch.optim.Muon([p for p in ref.parameters() if p.ndim == 2], **hyper)
-    for step in range(3):
-        x = torch.randn(5, 12, generator=torch.Generator().manual_seed(step))
-        for m, o in ((model, opt), (ref, ref_opt)):
-            m(x).square().mean().backward()
-            o.step()
-            o.zero_grad()
-    for p, q in zip(model.parameters(), ref.parameters()):
-        assert torch.equal(p, q)
-    assert opt.state_dict()["state"].keys() == ref_opt.state_dict()["state"].keys()
-
-
 # ---------------------------------------------------------------- multi-process (torchrun, gloo)
 
 def _free_port() -> int:
@@ -150,6 +131,7 @@ def four_ranks(tmp_path_factory):
     return _run_torchrun("four_ranks.py", 4, tmp_path_factory)
 
 
+@pytest.mark.distributed
 def test_sp2_matches_unsplit_model(two_ranks):
     r = two_ranks
     assert r["sp2_output_err"] <= TOL and r["sp2_grad_err"] <= TOL
@@ -158,17 +140,20 @@ def test_sp2_matches_unsplit_model(two_ranks):
     assert r["sp2_ckpt_output_err"] <= TOL and r["sp2_ckpt_grad_err"] <= TOL  # with gradient checkpointing
 
 
+@pytest.mark.distributed
 def test_sp_rejects_indivisible_tokens_and_is_removable(two_ranks):
     assert two_ranks["sp2_odd_tokens_error"].startswith("[tokens-divisible-by-sp] 9 latent tokens")
     assert two_ranks["sp2_removed_output_err"] == 0.0
     assert two_ranks["sp2_removed_processors"] == ["HunyuanVideo15AttnProcessor2_0"]
 
 
+@pytest.mark.distributed
 def test_sp4_matches_unsplit_model(four_ranks):
     assert four_ranks["sp4_output_err"] <= TOL and four_ranks["sp4_grad_err"] <= TOL
     assert four_ranks["sp4_num_grads"][0] == four_ranks["sp4_num_grads"][1]
 
 
+@pytest.mark.distributed
 def test_fsdp_matches_single_process(two_ranks):
     r = two_ranks
     assert max(r[f"fsdp_output_err_step{s}"] for s in range(3)) <= TOL
@@ -176,6 +161,7 @@ def test_fsdp_matches_single_process(two_ranks):
     assert r["fsdp_local_numel_fraction"] == pytest.approx(0.5, abs=1e-3)  # each rank holds half
 
 
+@pytest.mark.distributed
 def test_one_gradient_reduction_per_update(two_ranks):
     r = two_ranks
     assert r["accum_num_units"] == 4  # 2 blocks, the token refiner, the root
@@ -184,6 +170,7 @@ def test_one_gradient_reduction_per_update(two_ranks):
     assert r["accum_param_err"] <= TOL
 
 
+@pytest.mark.distributed
 def test_fsdp_muon_equals_single_process_muon(two_ranks):
     r = two_ranks
     assert r["muon_same_grads_param_err"] == 0.0
@@ -192,11 +179,13 @@ def test_fsdp_muon_equals_single_process_muon(two_ranks):
     assert r["muon_uneven_shards"] and [3, 32] in r["muon_shapes"] and [192, 32] in r["muon_shapes"]
 
 
+@pytest.mark.distributed
 def test_fsdp_muon_on_hsdp_shards(four_ranks):
     assert four_ranks["hsdp_muon_placements"] == ["R", "S(0)"]  # (Replicate(), Shard(0))
     assert four_ranks["hsdp_muon_param_err"] == 0.0
 
 
+@pytest.mark.distributed
 def test_layout_and_collectives_on_four_ranks(four_ranks):
     r = four_ranks
     assert r["layout"] == [[0, 0, True, 0], [0, 1, False, 0], [1, 0, True, 2], [1, 1, False, 2]]
@@ -209,6 +198,7 @@ def test_layout_and_collectives_on_four_ranks(four_ranks):
     assert r["metric_mean"] == [{"loss": 1.5, "kl": 3.0}] * 4
 
 
+@pytest.mark.distributed
 def test_fsdp_with_sp_matches_single_process(four_ranks):
     for name in ("fsdp_dp2_sp2", "hsdp_dp2_sp2"):
         errors = {k: v for k, v in four_ranks.items() if k.startswith(name)}

@@ -13,7 +13,7 @@ Runs (each a torchrun subprocess with a timeout, one intra-op thread per process
 The parallel runs see exactly the baseline's samples (same prompt, same initial-noise seeds s..s+3, SDE noise seeded by
 the sample's index in the step's global batch), so they must reproduce its metrics and weights up to float summation
 order. Two amplifiers of that rounding are kept out of the comparison: Muon (its bf16 Newton-Schulz turns 1e-9
-gradient differences into ~1e-4 of an update, so the comparisons use AdamW; FSDPMuon itself is checked in
+gradient differences into ~1e-4 of an update on GPUs, so the comparisons use AdamW; sharded Muon itself is checked in
 test_distributed.py), and the policy loss, -mean(A_i w_k) with sum_i A_i = 0, i.e. the rounding residue of z-scores of
 rewards ~0.67 spread by ~0.003 (float32 rounding amplified 1/std ~ 400x, ~1e-5), compared in absolute terms.
 """
@@ -35,6 +35,8 @@ from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.distributed import ParallelDims
 from sage_grpo.distributed.parallelize import read_model_geometry
 from sage_grpo.tracking import read_metrics
+
+pytestmark = pytest.mark.distributed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = REPO_ROOT / "tests" / "distributed_scripts" / "train_tiny.py"
@@ -126,7 +128,7 @@ def dp2_post_train(root, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dp2_sp2(root, tmp_path_factory):
-    """4 processes, 2 steps, Muon (FSDPMuon) and a sharded CPU-offloaded reference; anchor refreshed every update."""
+    """4 processes, 2 steps, Muon on shards and a sharded CPU-offloaded reference; anchor refreshed every update."""
     base = tmp_path_factory.mktemp("dp2sp2")
     flags = tiny_flags(root, base / "run", "--batch_size", "2", "--sp_size", "2", "--enable_fsdp", "true",
                        "--use_muon", "true", "--reference_mode_offload", "true", "--update_ref_model_step", "1",

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from model_fixtures import tiny_root  # noqa: F401
 
+pytestmark = pytest.mark.e2e
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "download_weights.sh"
 PIPELINE_COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")

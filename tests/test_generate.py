@@ -98,6 +98,7 @@ def test_prompts_seeds_and_output_names(tmp_path):
 # ------------------------------------------------------------------ rendering on the tiny checkpoint
 
 
+@pytest.mark.e2e
 def test_generate_writes_videos_and_configs(tiny_root, tmp_path):
     csv_path = write_csv(tmp_path / "p.csv", 'prompt,seed\nA cat walks,3\nA sign that says "open",4\n')
     out = tmp_path / "samples.mp4"
@@ -116,6 +117,7 @@ def test_generate_writes_videos_and_configs(tiny_root, tmp_path):
     assert imageio.get_reader(videos[0]).get_meta_data()["fps"] == 24
 
 
+@pytest.mark.e2e
 def test_generate_with_trained_weights(tiny_root, tmp_path):
     base, trained = tmp_path / "base.mp4", tmp_path / "trained.mp4"
     state = load_transformer(tiny_root, dtype=torch.float32).state_dict()
@@ -132,6 +134,7 @@ def test_generate_with_trained_weights(tiny_root, tmp_path):
     assert json.loads((tmp_path / "trained_config.json").read_text())["checkpoint_path"] == str(checkpoint.parent)
 
 
+@pytest.mark.e2e
 def test_make_tiny_checkpoint_and_generate_end_to_end(tmp_path):
     """The two real entry points as subprocesses (timed by scripts/benchmark_tiny_generate.sh, not here)."""
     ckpts, video = tmp_path / "ckpts", tmp_path / "cat.mp4"
@@ -161,6 +164,7 @@ def _small_config(root, **overrides):
     return GenerateConfig(**values)
 
 
+@pytest.mark.e2e
 def test_sharded_dcp_checkpoint_loads_like_the_single_file(tiny_root, tmp_path):
     import torch.distributed.checkpoint as dcp
 
@@ -208,6 +212,7 @@ def test_speed_flags_are_checked_before_loading(tmp_path):
     assert parse_block_ids("0-53", "--sage_blocks_range") == tuple(range(54))
 
 
+@pytest.mark.e2e
 def test_offloading_paths_and_the_cache_run_on_cpu(tiny_root):
     """Model offload and block-group offload (onloading to the CPU here) leave the video unchanged; the feature
     cache changes it a little and restarts fresh for every video."""

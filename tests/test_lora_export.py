@@ -25,6 +25,8 @@ from sage_grpo.pipeline.rollout import draw_initial_noise, latent_shape, rollout
 from sage_grpo.tracking import read_metrics
 from sage_grpo.trainer_setup import build_models
 
+pytestmark = pytest.mark.e2e
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT, SEED = 'A cat holds a sign that says "hi"', 11
 VIDEO = dict(num_frames=5, height=16, width=16)

@@ -13,6 +13,8 @@ from sage_grpo.tracking import read_metrics
 from sage_grpo.trainer import GRPOTrainer
 from tests.test_config import RUN_POST_TRAIN_FLAGS
 
+pytestmark = pytest.mark.e2e
+
 # Timings differ run to run; everything else must be bit-identical between a straight run and a resumed one.
 TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
 

@@ -1,5 +1,5 @@
 """4-process checks (torchrun --nproc_per_node 4): the (dp 2, sp 2) layout and its collectives, Ulysses sp=4, and
-FSDP2 over the flattened dp x sp mesh and HSDP combined with SP, and FSDPMuon on HSDP shards, against one process.
+FSDP2 over the flattened dp x sp mesh and HSDP combined with SP, and Muon on HSDP shards, against one process.
 
     torchrun --nproc_per_node 4 tests/distributed_scripts/four_ranks.py report.json
 """
@@ -12,9 +12,10 @@ from torch.distributed.tensor import distribute_tensor
 
 from common import (Report, build_transformer, forward, grad_pairs, loss_of, make_inputs, max_abs_diff,
                     max_param_diff, param_pairs)
-from sage_grpo.distributed import (FSDPMuon, ParallelDims, all_gather_in_group, all_gather_world, apply_fsdp,
+from sage_grpo.distributed import (ParallelDims, all_gather_in_group, all_gather_world, apply_fsdp,
                                    apply_sequence_parallel, average_gradients, broadcast_from_sp_leader,
                                    broadcast_object_from_sp_leader, init_distributed, mean_over_world)
+from sage_grpo.muon import Muon
 
 
 def gathered(values) -> list:
@@ -86,7 +87,7 @@ def check_fsdp_with_sp(report: Report, dims: ParallelDims, name: str, steps: int
 
 
 def check_muon_on_hsdp(report: Report, dims: ParallelDims) -> None:
-    """FSDPMuon on (Replicate, Shard(0)) parameters, fed the single-process gradients: bit-identical to torch's Muon."""
+    """Muon on (Replicate, Shard(0)) parameters, fed the single-process gradients: bit-identical to Muon on one process."""
     ref = build_transformer()
     model = apply_fsdp(build_transformer(), dims.fsdp_mesh, param_dtype=torch.float32, activation_checkpointing=False)
 
@@ -94,7 +95,7 @@ def check_muon_on_hsdp(report: Report, dims: ParallelDims) -> None:
         return [p for n, p in m.named_parameters() if p.ndim == 2 and n.startswith("transformer_blocks")]
 
     hyper = dict(lr=1e-2, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
-    opt, ref_opt = FSDPMuon(matrices(model), **hyper), torch.optim.Muon(matrices(ref), **hyper)
+    opt, ref_opt = Muon(matrices(model), **hyper), Muon(matrices(ref), **hyper)
     for step in range(2):
         loss_of(forward(ref, make_inputs(seed=30 + step))).backward()
         for p, q in zip(matrices(model), matrices(ref)):
