@@ -5,7 +5,6 @@ script runs every check once, compares with the unsplit single-process model com
 writes the worst error over ranks to a JSON report that the tests below read.
 """
 
-import copy
 import json
 import os
 import socket

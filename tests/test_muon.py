@@ -83,7 +83,7 @@ def _step_with_gaussian_gradients(model, opt):
 
 
 def test_cpu_muon_steps_in_fp32_and_stays_close_to_the_bf16_reference():
-    """One optimizer step from the same well-conditioned gradients: fp32 (the CPU default) vs bf16 within PRECISION_RTOL.
+    """One step from the same well-conditioned gradients: fp32 (the CPU default) vs bf16 within PRECISION_RTOL.
 
     Well-conditioned matters: Newton-Schulz maps small singular values up by ~3.4 per iteration (~480x over 5), so on
     a low-rank or ill-conditioned gradient bf16's rounding noise in the near-null space is amplified into the update

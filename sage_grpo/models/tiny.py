@@ -19,7 +19,7 @@ RNG is untouched) and saved in bf16, like the released checkpoint. Each transfor
 
 import json
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -61,8 +61,9 @@ _TOKENIZER_CORPUS = (
 )
 
 
-def build_tiny_qwen_tokenizer(vocab_size: int = 400):
-    """A byte-level BPE ``Qwen2Tokenizer`` trained on a fixed corpus, with Qwen's specials and chat template."""
+def build_tiny_qwen_tokenizer(vocab_size: int = 400, corpus: str = ""):
+    """A byte-level BPE ``Qwen2Tokenizer`` trained on a fixed corpus (plus ``corpus``), with Qwen's specials and chat
+    template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
@@ -71,7 +72,7 @@ def build_tiny_qwen_tokenizer(vocab_size: int = 400):
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(QWEN_SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator([_TOKENIZER_CORPUS] * 20, trainer=trainer)
+    bpe.train_from_iterator([_TOKENIZER_CORPUS + corpus] * 20, trainer=trainer)
     # Qwen2Tokenizer wants merges as tuples (lists raise "failed to extract enum PyMerges").
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" "))
               for m in json.loads(bpe.to_str())["model"]["merges"]]
@@ -102,11 +103,11 @@ def _tiny_text_encoder_2():
     return T5EncoderModel(config)
 
 
-def _save(module, folder: Path) -> None:
-    """Save in bf16 (``nn.Module.to`` skips diffusers' override, which warns about fp32-kept modules: none here)."""
+def _save(module, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Save in ``dtype`` (``nn.Module.to`` skips diffusers' override, which warns about fp32-kept modules: none here)."""
     from transformers.utils import logging as hf_logging
 
-    torch.nn.Module.to(module, torch.bfloat16)
+    torch.nn.Module.to(module, dtype)
     progress_bar_was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -122,23 +123,31 @@ def _seeded(build, seed: int):
         return build()
 
 
-def write_tiny_hunyuan(root, *, seed: int = 0, versions: Sequence[str] = (layout.DEFAULT_TRANSFORMER_VERSION,)) -> Path:
-    """Write a complete tiny checkpoint under ``root`` (created if needed) and return ``root`` as a Path."""
+def write_tiny_hunyuan(root, *, seed: int = 0, versions: Sequence[str] = (layout.DEFAULT_TRANSFORMER_VERSION,),
+                       transformer_config: Optional[Dict] = None, vae_config: Optional[Dict] = None,
+                       tokenizer_corpus: str = "", dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write a complete tiny checkpoint under ``root`` (created if needed) and return ``root`` as a Path.
+
+    ``transformer_config``/``vae_config`` replace the tiny configs (the toy world's checkpoint uses wider ones),
+    ``tokenizer_corpus`` is added to the tokenizer's training text and ``dtype`` is the dtype the weights are saved in.
+    """
+    transformer_config = transformer_config or TINY_TRANSFORMER_CONFIG
+    vae_config = vae_config or TINY_VAE_CONFIG
     from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
     from transformers import ByT5Tokenizer
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     for offset, version in enumerate(versions):
-        transformer = _seeded(lambda: HunyuanVideo15Transformer3DModel(**TINY_TRANSFORMER_CONFIG), seed + 100 + offset)
-        _save(transformer, root / layout.transformer_layout(version).subdir)
-    _save(_seeded(lambda: AutoencoderKLHunyuanVideo15(**TINY_VAE_CONFIG), seed + 1), root / layout.VAE.subdir)
+        transformer = _seeded(lambda: HunyuanVideo15Transformer3DModel(**transformer_config), seed + 100 + offset)
+        _save(transformer, root / layout.transformer_layout(version).subdir, dtype)
+    _save(_seeded(lambda: AutoencoderKLHunyuanVideo15(**vae_config), seed + 1), root / layout.VAE.subdir, dtype)
 
-    tokenizer = build_tiny_qwen_tokenizer()
+    tokenizer = build_tiny_qwen_tokenizer(corpus=tokenizer_corpus)
     tokenizer.save_pretrained(root / layout.TOKENIZER.subdir)
-    _save(_seeded(lambda: _tiny_text_encoder(tokenizer), seed + 2), root / layout.TEXT_ENCODER.subdir)
+    _save(_seeded(lambda: _tiny_text_encoder(tokenizer), seed + 2), root / layout.TEXT_ENCODER.subdir, dtype)
     ByT5Tokenizer().save_pretrained(root / layout.TOKENIZER_2.subdir)
-    _save(_seeded(_tiny_text_encoder_2, seed + 3), root / layout.TEXT_ENCODER_2.subdir)
+    _save(_seeded(_tiny_text_encoder_2, seed + 3), root / layout.TEXT_ENCODER_2.subdir, dtype)
 
     FlowMatchEulerDiscreteScheduler(shift=TINY_FLOW_SHIFT).save_pretrained(root / layout.SCHEDULER.subdir)
     return root

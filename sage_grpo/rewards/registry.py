@@ -89,6 +89,20 @@ BUILTIN_REWARDS: dict[str, RewardSpec] = {
     ),
     "toy_suite": RewardSpec(lambda ctx, kw: ToySuiteReward(**kw), ToySuiteReward.metric_names, None, None),
 }
+
+
+def _toy_world_spec(name: str) -> RewardSpec:
+    """A toy-world reward (``sage_grpo.toy.rewards``): its score is the GRPO reward, the diagnostics weigh 0."""
+    def build(ctx: RewardContext, kwargs: dict) -> RewardFn:
+        from sage_grpo.toy.rewards import TOY_REWARDS
+
+        return TOY_REWARDS[name](**kwargs)
+
+    metrics = (name, "manifold_error", "prompt_adherence")
+    return RewardSpec(build, metrics, {name: 1.0}, {name: 1.0})
+
+
+BUILTIN_REWARDS.update({name: _toy_world_spec(name) for name in ("toy_large", "toy_red", "toy_redness")})
 _REGISTERED: dict[str, str | Callable] = {}
 
 

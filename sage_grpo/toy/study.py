@@ -1,0 +1,149 @@
+"""The toy study: the paper's claims measured on the toy world (``scripts/toy_study.py`` runs it).
+
+Ablations, each arm run with several seeds at a fixed budget from ``configs/toy_cpu.yaml`` (the demo's settings):
+
+- the four SDE types with the dual moving KL;
+- the five KL modes of the paper's ablation (none, fixed, moving, dual fixed, dual moving) with ``sage_grpo``;
+- ``sage_grpo`` with and without the gradient-norm equalizer.
+
+Per run: the reward gain (mean ``gathered_avg_reward_mean`` of the last ``window`` steps minus the first
+``window``), the manifold error of the last ``window`` steps' rollouts, and, on a fixed evaluation set after
+training, ODE samples of the final policy (reward, manifold error, prompt adherence) and the KL from the pretrained
+model (:func:`path_kl`), plus the wall time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import torch
+
+from sage_grpo import sde
+from sage_grpo.config import TrainConfig
+from sage_grpo.config.schema import from_dict, load_yaml
+from sage_grpo.models.loading import load_transformer
+from sage_grpo.pipeline.replay import replay_step
+from sage_grpo.pipeline.rollout import rollout
+from sage_grpo.tracking import read_metrics
+from sage_grpo.toy.manifold import fit_manifold, prompt_adherence
+
+KL_YARDSTICK = ("sage_grpo", 0.5)  # the common SDE under which every run's KL to the pretrained model is measured
+EVAL_SEEDS = (1000, 1001)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of an ablation: a name and the post_train.py settings that differ from the base config."""
+
+    ablation: str
+    name: str
+    overrides: Dict = field(default_factory=dict)
+
+
+def ablation_arms() -> List[Arm]:
+    arms = [Arm("sde", sde_type, {"sde_type": sde_type}) for sde_type in sde.SDE_TYPES]
+    kl_modes = {"none": dict(kl_weight=0.0), "fixed": dict(use_moving_KL=False, use_dual_kl=False),
+                "moving": dict(use_moving_KL=True, use_dual_kl=False),
+                "dual fixed": dict(use_moving_KL=False, use_dual_kl=True),
+                "dual moving": dict(use_moving_KL=True, use_dual_kl=True)}
+    arms += [Arm("kl", name, overrides) for name, overrides in kl_modes.items()]
+    arms += [Arm("equalizer", name, {"use_grad_balancing": on}) for name, on in (("on", True), ("off", False))]
+    return arms
+
+
+def base_config(config_path: str, **overrides) -> TrainConfig:
+    values = load_yaml(config_path)
+    values.update(overrides)
+    return from_dict(TrainConfig, values, source=config_path)
+
+
+def run_key(cfg: TrainConfig) -> tuple:
+    """Arms of different ablations that are the same run (e.g. sage_grpo + dual moving KL + equalizer) share it."""
+    return (cfg.sde_type, cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl, cfg.use_grad_balancing, cfg.seed)
+
+
+@torch.no_grad()
+def path_kl(policy, pretrained, bundle, prompts: Sequence[str], seeds: Sequence[int], cfg: TrainConfig) -> float:
+    """KL(policy path || pretrained path) per latent element under the yardstick SDE, on the policy's own rollouts.
+
+    Both are Gaussian Markov chains with the same noise std n_k, so the path KL is exact:
+    sum_k E[ |mu_policy,k - mu_pretrained,k|^2 ] / (2 n_k^2), averaged over latent elements.
+    """
+    sde_type, eta = KL_YARDSTICK
+    sigmas = sde.shifted_sigmas(cfg.grpo_sampling_steps, cfg.infer_flow_shift_video)
+    embeds = bundle.encode(list(prompts))
+    out = rollout(policy, bundle.vae, embeds, list(seeds), sde_type=sde_type, eta=eta, guidance_scale=cfg.cfg_scale,
+                  num_frames=cfg.sample_n_frames, height=cfg.rollout_height, width=cfg.rollout_width, sigmas=sigmas,
+                  micro_batch_size=len(seeds), decode=False, num_image_tokens=cfg.vision_num_semantic_tokens)
+    total = 0.0
+    for k in range(sigmas.numel() - 1):
+        x, x_next = out.latents[:, k], out.latents[:, k + 1]
+        common = dict(sde_type=sde_type, eta=eta, guidance_scale=cfg.cfg_scale,
+                      num_image_tokens=cfg.vision_num_semantic_tokens)
+        mine = replay_step(policy, x, x_next, sigmas, k, embeds, **common)
+        theirs = replay_step(pretrained, x, x_next, sigmas, k, embeds, **common)
+        total += float(((mine.mean - theirs.mean) ** 2).mean() / (2 * mine.noise_std ** 2))
+    return total
+
+
+@torch.no_grad()
+def evaluate_policy(trainer, pretrained, prompts: Sequence[str]) -> Dict[str, float]:
+    """ODE samples of the final policy on the evaluation prompts: reward, manifold error, adherence; and the KL."""
+    cfg, bundle = trainer.cfg, trainer.models
+    eval_prompts = [p for p in prompts for _ in EVAL_SEEDS]
+    seeds = [s for _ in prompts for s in EVAL_SEEDS]
+    sigmas = sde.shifted_sigmas(cfg.validation_num_inference_steps, cfg.validation_timestep_shift)
+    videos = bundle.rollout(bundle.encode(eval_prompts), seeds=seeds, sigmas=sigmas, sde_generators=None,
+                            height=cfg.rollout_height, width=cfg.rollout_width, deterministic=True).videos
+    rewards = trainer.reward_fn(videos, eval_prompts)
+    fit = fit_manifold(videos)
+    return {"eval_reward": float(rewards["avg"].mean()), "eval_manifold_error": float(fit.error.mean()),
+            "eval_prompt_adherence": float(prompt_adherence(eval_prompts, fit).nan_to_num(1.0).mean()),
+            "kl_to_pretrained": path_kl(bundle.policy, pretrained, bundle, eval_prompts, seeds, cfg)}
+
+
+def summarize_metrics(rows: List[dict], window: int) -> Dict[str, float]:
+    reward = [row["gathered_avg_reward_mean"] for row in rows]
+    manifold = [v for row in rows for k, v in row.items() if "manifold_error_reward_mean" in k]
+    step_seconds = [sum(row.get(k, 0.0) for k in ("rollout_time", "reward_time", "ref_model_time",
+                                                     "grpo_loop_time")) for row in rows]
+    return {"reward_first": statistics.fmean(reward[:window]), "reward_last": statistics.fmean(reward[-window:]),
+            "reward_gain": statistics.fmean(reward[-window:]) - statistics.fmean(reward[:window]),
+            "manifold_first": statistics.fmean(manifold[:window]) if manifold else float("nan"),
+            "manifold_last": statistics.fmean(manifold[-window:]) if manifold else float("nan"),
+            "seconds_per_step": statistics.fmean(step_seconds)}
+
+
+def run_one(cfg: TrainConfig, prompts: Sequence[str], window: int, log=print) -> Dict[str, float]:
+    """Train one arm in this process and measure it; returns the run's numbers (and its reward curve)."""
+    from sage_grpo.trainer import run_training
+
+    start = time.perf_counter()
+    trainer = run_training(cfg)
+    wall = time.perf_counter() - start
+    pretrained = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, torch.float32, "cpu")
+    rows = read_metrics(Path(cfg.output_dir))
+    result = {**summarize_metrics(rows, window), **evaluate_policy(trainer, pretrained, prompts),
+              "wall_seconds": wall}
+    result["reward_curve"] = [row["gathered_avg_reward_mean"] for row in rows]
+    result["manifold_curve"] = [v for row in rows for k, v in row.items() if "manifold_error_reward_mean" in k]
+    log(f"  {cfg.output_dir}: gain {result['reward_gain']:+.3f}, rollout manifold error {result['manifold_last']:.4f}"
+        f", KL to pretrained {result['kl_to_pretrained']:.4f}, {wall:.0f} s")
+    return result
+
+
+def mean_spread(values: Sequence[float]) -> str:
+    """'mean ± std' over seeds (population std; '±0' for one seed)."""
+    values = [v for v in values if v == v]
+    if not values:
+        return "n/a"
+    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.4f} ± {spread:.4f}"
+
+
+def with_overrides(cfg: TrainConfig, **overrides) -> TrainConfig:
+    return replace(cfg, **overrides)

@@ -1,0 +1,148 @@
+"""The toy video world (sage_grpo/toy): rendering, the manifold error, toy rewards, the analytic Gaussian-mixture
+velocity, the toy checkpoint writer at a reduced size, and GRPO raising a toy reward in a few steps."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from sage_grpo import sde
+from sage_grpo.toy import world
+from sage_grpo.toy.analytic import GaussianMixture, noise_std_per_step, terminal_errors
+from sage_grpo.toy.manifold import fit_manifold, prompt_adherence
+from sage_grpo.toy.rewards import ToyLargeReward, ToyRednessReward
+
+ON_MANIFOLD_MAX = 0.003  # measured: <= 0.0015 on 32 random videos (RMS in [0, 1] pixel units)
+
+
+@pytest.fixture(scope="module")
+def toy_videos():
+    generator = torch.Generator().manual_seed(0)
+    prompts = [world.training_prompts()[i] for i in torch.randint(270, (12,), generator=generator).tolist()]
+    videos, factors = world.sample_videos(prompts, generator)
+    return prompts, videos, factors
+
+
+def test_prompts_name_factors_and_videos_follow_them():
+    spec = world.parse_prompt("a large red disk moving left quickly")
+    assert spec == world.PromptSpec("large", "red", "left", "quickly")
+    assert spec.text == "a large red disk moving left quickly"
+    assert world.parse_prompt("a disk").text == "a disk"
+    assert len(world.training_prompts()) == 3 * 6 * 5 * 3  # each factor named (any value) or free
+    factors = world.sample_factors(["a large red disk moving left quickly"] * 4, torch.Generator().manual_seed(1))
+    assert torch.all(factors.colour == torch.tensor(world.PALETTE["red"]))
+    assert torch.all((factors.radius >= 2.75) & (factors.radius <= 3.5))
+    assert torch.all(factors.velocity[:, 0] < 0) and torch.all(factors.velocity[:, 1] == 0)
+    assert len(set(factors.start[:, 0].tolist())) == 4  # the free start position differs between samples
+    videos = world.render(factors)
+    assert videos.shape == (4, 3, world.NUM_FRAMES, world.HEIGHT, world.WIDTH)
+    assert 0.0 <= float(videos.min()) and float(videos.max()) <= 1.0
+
+
+def test_on_manifold_videos_fit_to_zero_and_recover_their_factors(toy_videos):
+    prompts, videos, factors = toy_videos
+    fit = fit_manifold(videos)
+    assert float(fit.error.max()) < ON_MANIFOLD_MAX
+    assert torch.allclose(fit.radius, factors.radius, atol=0.05)
+    assert torch.allclose(fit.factors.velocity, factors.velocity, atol=0.02)
+    assert torch.allclose(fit.factors.start, factors.start, atol=0.1)
+    assert fit.colour_names == world.nearest_palette(factors.colour)[0]
+    assert fit.direction_names == world.direction_name(factors.velocity)
+    assert torch.all(prompt_adherence(prompts, fit).nan_to_num(1.0) == 1.0)
+
+
+def _perturbations(videos):
+    generator = torch.Generator().manual_seed(5)
+    tint = videos.clone()
+    tint[:, 0] += 0.1
+    broken = videos.clone()
+    broken[:, :, 4:] = videos[:, :, 4:].flip(2)  # the second half of the motion runs backwards
+    return {
+        "noise": videos + 0.05 * torch.randn(videos.shape, generator=generator),
+        "blur": torch.nn.functional.avg_pool3d(videos, (1, 3, 3), 1, (0, 1, 1), count_include_pad=False),
+        "red tint": tint,
+        "second blob": torch.maximum(videos, videos.flip(0)),
+        "broken motion": broken,
+    }
+
+
+@pytest.mark.parametrize("name", ["noise", "blur", "red tint", "second blob", "broken motion"])
+def test_off_manifold_videos_score_clearly_higher(toy_videos, name):
+    _, videos, _ = toy_videos
+    perturbed = _perturbations(videos)[name].clamp(0, 1)
+    error = fit_manifold(perturbed).error
+    # Measured minima over 32 videos: noise 0.049, tint 0.054, blur 0.021, second blob 0.042, broken motion 0.016;
+    # the smallest happen for slow disks (reversing a slow motion moves the disk little).
+    assert float(error.median()) > 0.015 and float(error.min()) > 3 * ON_MANIFOLD_MAX
+
+
+def test_toy_rewards_score_and_report_the_manifold_error(toy_videos):
+    prompts, videos, factors = toy_videos
+    scores = ToyLargeReward()(videos, prompts)
+    assert set(scores) == {"toy_large", "manifold_error", "prompt_adherence"}
+    expected = ((factors.radius - ToyLargeReward.low) / (world.RADIUS_RANGE[1] - ToyLargeReward.low)).clamp(0, 1)
+    assert torch.allclose(scores["toy_large"], expected, atol=0.03)
+    assert float(scores["manifold_error"].max()) < ON_MANIFOLD_MAX
+    # the hackable reward: a red tint of the background raises it far more than it costs on the manifold
+    tinted = videos.clone()
+    tinted[:, 0] = (tinted[:, 0] + 0.3).clamp(0, 1)
+    hack = ToyRednessReward()
+    before, after = hack(videos, prompts), hack(tinted, prompts)
+    assert float(after["toy_redness"].mean()) > float(before["toy_redness"].mean()) + 0.2
+    assert float(after["manifold_error"].min()) > 0.1
+
+
+def test_toy_rewards_are_built_in_rewards():
+    from sage_grpo.rewards import build_reward_fn
+
+    fn = build_reward_fn("toy_large")
+    assert fn.metric_names == ("toy_large", "toy_large_manifold_error", "toy_large_prompt_adherence", "avg")
+    videos, _ = world.sample_videos(["a large disk", "a small disk"], torch.Generator().manual_seed(2))
+    out = fn(videos, ["a large disk", "a small disk"])
+    assert torch.equal(out["avg"], out["toy_large"])  # the diagnostics weigh 0 in the GRPO reward
+    assert float(out["toy_large"][0]) > float(out["toy_large"][1])
+
+
+def test_exact_velocity_matches_a_monte_carlo_estimate():
+    """E[v(x_σ) f(x_σ)] = E[(ε − x0) f(x_σ)] for any f (tower property); checked for f = x and f = tanh(3 x_1)."""
+    mixture = GaussianMixture.on_a_plane(dim=4)
+    generator = torch.Generator().manual_seed(1)
+    for sigma in (0.2, 0.5, 0.9):
+        x0 = mixture.sample(200_000, generator)
+        noise = torch.randn(x0.shape, generator=generator, dtype=torch.float64)
+        x = (1 - sigma) * x0 + sigma * noise
+        velocity = mixture.velocity(x, sigma)
+        for test_fn in (lambda t: t, lambda t: torch.tanh(3 * t[:, :1])):
+            exact = (velocity * test_fn(x)).mean(0)
+            monte_carlo = ((noise - x0) * test_fn(x)).mean(0)
+            assert float((exact - monte_carlo).abs().max()) < 5e-3  # measured <= 2.2e-3 (MC error ~1/sqrt(2e5))
+
+
+def test_exact_ode_lands_on_the_data_and_noise_std_follows_the_kernels():
+    mixture = GaussianMixture.on_a_plane(dim=6)
+    sigmas = sde.shifted_sigmas(20, 5.0)
+    ode = terminal_errors(mixture, None, 0.0, sigmas, 2000)
+    assert ode["sliced_w2"] < 0.06 and ode["off_manifold_rms"] < 0.02
+    sage = noise_std_per_step("sage_grpo", 0.5, sigmas)
+    assert sage[0] == pytest.approx(0.556, abs=2e-3) and sage[-1] == pytest.approx(0.080, abs=2e-3)  # spec §2.5
+    assert noise_std_per_step("cps", 0.5, sigmas)[-1] == 0.0  # CPS adds no noise on the last step
+
+
+@pytest.mark.e2e
+def test_toy_checkpoint_writer_at_a_reduced_size(tmp_path):
+    from sage_grpo.models.loading import load_components
+    from sage_grpo.toy.pretrain import PretrainSettings, write_toy_checkpoint
+
+    settings = PretrainSettings(vae_steps=2, vae_batch=2, flow_steps=2, flow_batch=4, flow_dataset=8, eval_samples=2,
+                                eval_steps=2)
+    report = write_toy_checkpoint(tmp_path / "toy", settings)
+    assert (tmp_path / "toy" / ".complete").is_file()
+    saved = json.loads((tmp_path / "toy" / "toy_report.json").read_text())
+    assert set(saved["evaluation"]) == {"true_videos", "vae_reconstructions", "pretrained_samples",
+                                        "random_model_samples"}
+    assert saved["evaluation"]["true_videos"]["manifold_error_mean"] < ON_MANIFOLD_MAX
+    assert math.isfinite(report["losses"]["flow_matching_loss"])
+    components = load_components(tmp_path / "toy", dtype=torch.float32)  # the real loader opens it
+    assert components.vae.config.spatial_compression_ratio == 4
+    assert components.vae.config.scaling_factor != 1.03682  # set from the trained latents
