@@ -129,20 +129,77 @@ def test_exact_ode_lands_on_the_data_and_noise_std_follows_the_kernels():
     assert noise_std_per_step("cps", 0.5, sigmas)[-1] == 0.0  # CPS adds no noise on the last step
 
 
-@pytest.mark.e2e
-def test_toy_checkpoint_writer_at_a_reduced_size(tmp_path):
-    from sage_grpo.models.loading import load_components
+@pytest.fixture(scope="module")
+def reduced_toy(tmp_path_factory):
+    """The toy checkpoint writer at a reduced size (a few training steps): the layout, not the learning."""
     from sage_grpo.toy.pretrain import PretrainSettings, write_toy_checkpoint
 
+    root = tmp_path_factory.mktemp("toy") / "toy"
     settings = PretrainSettings(vae_steps=2, vae_batch=2, flow_steps=2, flow_batch=4, flow_dataset=8, eval_samples=2,
                                 eval_steps=2)
-    report = write_toy_checkpoint(tmp_path / "toy", settings)
-    assert (tmp_path / "toy" / ".complete").is_file()
-    saved = json.loads((tmp_path / "toy" / "toy_report.json").read_text())
+    return root, write_toy_checkpoint(root, settings)
+
+
+@pytest.mark.e2e
+def test_toy_checkpoint_writer_at_a_reduced_size(reduced_toy):
+    from sage_grpo.models.loading import load_components
+
+    root, report = reduced_toy
+    assert (root / ".complete").is_file()
+    saved = json.loads((root / "toy_report.json").read_text())
     assert set(saved["evaluation"]) == {"true_videos", "vae_reconstructions", "pretrained_samples",
                                         "random_model_samples"}
     assert saved["evaluation"]["true_videos"]["manifold_error_mean"] < ON_MANIFOLD_MAX
     assert math.isfinite(report["losses"]["flow_matching_loss"])
-    components = load_components(tmp_path / "toy", dtype=torch.float32)  # the real loader opens it
+    components = load_components(root, dtype=torch.float32)  # the real loader opens it
     assert components.vae.config.spatial_compression_ratio == 4
     assert components.vae.config.scaling_factor != 1.03682  # set from the trained latents
+
+
+@pytest.mark.e2e
+def test_grpo_raises_a_toy_reward_in_a_few_steps(reduced_toy, tmp_path):
+    """post_train.py on the reduced toy checkpoint with the hackable redness reward: fixed seeds, 6 steps, the
+    reward's last two steps above its first two (on this barely trained model the trust region is off: the point is
+    that the toy reward path trains, not that it stays on the manifold)."""
+    import post_train
+    from sage_grpo.tracking import read_metrics
+
+    root, _ = reduced_toy
+    out = tmp_path / "run"
+    post_train.main(["--config", "configs/toy_cpu.yaml", "--pretrained_model_root", str(root), "--output_dir",
+                     str(out), "--reward_model", "toy_redness", "--reward_weights", '{"toy_redness": 1.0}',
+                     "--kl_weight", "0", "--learning_rate", "3e-3", "--max_steps", "6", "--batch_size", "16",
+                     "--validation_interval", "0", "--save_interval", "6", "--save_rollout_videos", "false"])
+    rows = read_metrics(out)
+    reward = [row["gathered_avg_reward_mean"] for row in rows]
+    assert len(rows) == 6 and all("gathered_toy_redness_manifold_error_reward_mean" in row for row in rows)
+    assert sum(reward[-2:]) / 2 > sum(reward[:2]) / 2 + 0.01, reward
+
+
+def test_demo_report_numbers_and_run_picture(tmp_path, capsys):
+    """scripts/demo_report.py on a hand-made metrics.jsonl: gain, noise ratio, manifold window means, the PNG."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import demo_report
+
+    rewards = [0.40, 0.42, 0.38, 0.41, 0.39] + [0.5] * 5 + [0.90, 0.92, 0.88, 0.91, 0.89]
+    rows = [{"step": i + 1, "gathered_avg_reward_mean": r, "gathered_avg_reward_std": 0.1, "kl_loss": 0.01,
+             "gathered_toy_large_manifold_error_reward_mean": 0.06 + 0.001 * i, "rollout_time": 1.0,
+             "reward_time": 0.5, "ref_model_time": 0.25, "grpo_loop_time": 0.25} for i, r in enumerate(rewards)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = demo_report.summarize(rows, window=5)
+    assert summary["first_mean"] == pytest.approx(0.40) and summary["last_mean"] == pytest.approx(0.90)
+    assert summary["gain"] == pytest.approx(0.50)
+    assert summary["first_step_std"] == pytest.approx(0.014142, abs=1e-5)  # pstdev of 0.40, 0.42, 0.38, 0.41, 0.39
+    assert summary["gain_over_noise"] == pytest.approx(0.5 / 0.014142, rel=1e-4)
+    assert summary["manifold_first_mean"] == pytest.approx(0.062) and summary["manifold_max"] == pytest.approx(0.074)
+    assert summary["seconds_per_step"] == pytest.approx(2.0)
+    assert demo_report.main(["--run_dir", str(tmp_path)]) == 0
+    assert "gain +0.5000" in capsys.readouterr().out
+    from PIL import Image
+
+    with Image.open(tmp_path / "run.png") as image:
+        assert image.size[0] == 900 and image.size[1] > 900  # three panels: reward, manifold error, KL
+    assert demo_report.main(["--run_dir", str(tmp_path / "missing")]) == 2

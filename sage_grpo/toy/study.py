@@ -136,13 +136,13 @@ def run_one(cfg: TrainConfig, prompts: Sequence[str], window: int, log=print) ->
     return result
 
 
-def mean_spread(values: Sequence[float]) -> str:
-    """'mean ± std' over seeds (population std; '±0' for one seed)."""
+def mean_spread(values: Sequence[float], digits: int = 4) -> str:
+    """'mean ± std' over seeds (population std; '± 0' for one seed)."""
     values = [v for v in values if v == v]
     if not values:
         return "n/a"
     spread = statistics.pstdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.4f} ± {spread:.4f}"
+    return f"{statistics.fmean(values):.{digits}f} ± {spread:.{digits}f}"
 
 
 def with_overrides(cfg: TrainConfig, **overrides) -> TrainConfig:
