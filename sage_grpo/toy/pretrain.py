@@ -193,7 +193,8 @@ def train_flow(transformer, encoder: PromptEncoder, latents: torch.Tensor, promp
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
-        ema_loss = float(loss) if ema_loss is None else 0.98 * ema_loss + 0.02 * float(loss)
+        value = loss.item()
+        ema_loss = value if ema_loss is None else 0.98 * ema_loss + 0.02 * value
         if step % 250 == 0 or step == settings.flow_steps - 1:
             _log(f"flow step {step}: loss {ema_loss:.4f}", log)
     transformer.eval().requires_grad_(False)
