@@ -461,8 +461,12 @@ def test_invalid_configurations_raise_clear_errors(kwargs, match):
 
 def test_builtin_metric_table_matches_the_callables():
     assert VIDEOALIGN_METRICS == VideoAlignReward.metric_names
-    assert sorted(BUILTIN_REWARDS) == ["brightness", "target_color", "temporal_smoothness", "toy_suite",
-                                       "videoalign_local"]
+    assert sorted(BUILTIN_REWARDS) == ["brightness", "target_color", "temporal_smoothness", "toy_large", "toy_red",
+                                       "toy_redness", "toy_suite", "videoalign_local"]
+    from sage_grpo.toy.rewards import TOY_REWARDS
+
+    for name, cls in TOY_REWARDS.items():
+        assert BUILTIN_REWARDS[name].metric_names == cls.metric_names
 
 
 def test_tiny_checkpoint_is_small_fast_and_deterministic(tiny_root, tmp_path):
