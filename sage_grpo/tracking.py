@@ -14,6 +14,7 @@ Run directory (``--output_dir``)::
 import json
 import math
 import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Dict, Optional
@@ -106,6 +107,37 @@ def read_metrics(run_dir: Path) -> list:
     """All rows of ``metrics.jsonl`` (for plots and tests)."""
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+PHASE_TIMES = ("rollout_time", "reward_time", "ref_model_time", "grpo_loop_time")
+
+
+def manifold_error_key(rows: list) -> Optional[str]:
+    """The per-step mean manifold error a toy reward logs (``gathered_<reward>_manifold_error_reward_mean``), if any."""
+    keys = sorted({k for row in rows for k in row if "manifold_error" in k and k.endswith("_mean")})
+    return keys[0] if keys else None
+
+
+def summarize_run(rows: list, window: int) -> Dict[str, float]:
+    """What a run learned, from its ``metrics.jsonl`` rows: the mean GRPO reward of the first and the last ``window``
+    steps, the gain, the step-to-step std of the first window and gain / std; the same window means and the maximum
+    of the manifold error when a toy reward logs one; the mean seconds per step (sum of the phase times)."""
+    if len(rows) < 2 * window:
+        raise ValueError(f"need at least {2 * window} logged steps, got {len(rows)}")
+    reward = [row["gathered_avg_reward_mean"] for row in rows]
+    first, last = reward[:window], reward[-window:]
+    noise = statistics.pstdev(first)
+    summary = {"steps": len(rows), "first_mean": statistics.fmean(first), "last_mean": statistics.fmean(last),
+               "first_step_std": noise}
+    summary["gain"] = summary["last_mean"] - summary["first_mean"]
+    summary["gain_over_noise"] = summary["gain"] / noise if noise > 0 else float("inf")
+    key = manifold_error_key(rows)
+    if key is not None:
+        error = [row[key] for row in rows]
+        summary.update(manifold_first_mean=statistics.fmean(error[:window]),
+                       manifold_last_mean=statistics.fmean(error[-window:]), manifold_max=max(error))
+    summary["seconds_per_step"] = statistics.fmean(sum(row.get(k, 0.0) for k in PHASE_TIMES) for row in rows)
+    return summary
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:

@@ -10,7 +10,6 @@ same windows when the reward reports one.
 """
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -18,28 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from plot_run import plot_run  # noqa: E402
 
-from sage_grpo.tracking import read_metrics  # noqa: E402
+from sage_grpo.tracking import read_metrics, summarize_run  # noqa: E402
 
 
 def summarize(rows, window: int = 5) -> dict:
-    if len(rows) < 2 * window:
-        raise ValueError(f"need at least {2 * window} logged steps, got {len(rows)}")
-    reward = [row["gathered_avg_reward_mean"] for row in rows]
-    first, last = reward[:window], reward[-window:]
-    noise = statistics.pstdev(first)
-    summary = {"steps": len(rows), "first_mean": statistics.fmean(first), "last_mean": statistics.fmean(last),
-               "first_step_std": noise}
-    summary["gain"] = summary["last_mean"] - summary["first_mean"]
-    summary["gain_over_noise"] = summary["gain"] / noise if noise > 0 else float("inf")
-    keys = sorted({k for row in rows for k in row if "manifold_error" in k and k.endswith("_mean")})
-    if keys:
-        error = [row[keys[0]] for row in rows]
-        summary.update(manifold_first_mean=statistics.fmean(error[:window]),
-                       manifold_last_mean=statistics.fmean(error[-window:]), manifold_max=max(error))
-    seconds = [sum(row.get(k, 0.0) for k in ("rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"))
-               for row in rows]
-    summary["seconds_per_step"] = statistics.fmean(seconds)
-    return summary
+    return summarize_run(rows, window)
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sage_grpo.plots import Panel, Series, plot_panels  # noqa: E402
-from sage_grpo.tracking import read_metrics  # noqa: E402
+from sage_grpo.tracking import manifold_error_key, read_metrics  # noqa: E402
 
 
 def run_panels(rows):
@@ -21,11 +21,11 @@ def run_panels(rows):
         Series("reward", steps, [row["gathered_avg_reward_mean"] for row in rows],
                [row.get("gathered_avg_reward_std", 0.0) for row in rows])])
     panels = [reward]
-    manifold_keys = sorted({k for row in rows for k in row if "manifold" in k and k.endswith("_mean")})
-    if manifold_keys:
+    key = manifold_error_key(rows)
+    if key is not None:
         panels.append(Panel("manifold error of the rollouts (RMS distance to the nearest toy-world video)", "RMS",
                             [Series(key.replace("gathered_", "").replace("_reward_mean", ""), steps,
-                                    [row.get(key, float("nan")) for row in rows]) for key in manifold_keys]))
+                                    [row.get(key, float("nan")) for row in rows])]))
     kl_keys = [k for k in ("kl_loss",) if any(k in row for row in rows)]
     if kl_keys:
         panels.append(Panel("KL to the moving anchor (kl_loss)", "KL",

@@ -14,6 +14,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
@@ -25,8 +26,7 @@ from sage_grpo import sde  # noqa: E402
 from sage_grpo.data import read_prompt_csvs  # noqa: E402
 from sage_grpo.plots import Panel, Series, plot_panels  # noqa: E402
 from sage_grpo.toy import analytic  # noqa: E402
-from sage_grpo.toy.study import (ablation_arms, base_config, mean_spread, run_key, run_one,  # noqa: E402
-                                 with_overrides)
+from sage_grpo.toy.study import ablation_arms, base_config, mean_spread, run_key, run_one  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ETAS = (0.3, 0.5, 0.7, 1.0)
@@ -102,7 +102,7 @@ def run_ablations(args, prompts, log) -> dict:
     for arm in arms:
         for seed in args.seeds:
             name = f"{arm.ablation}-{arm.name.replace(' ', '_')}-seed{seed}"
-            cfg = with_overrides(base, seed=seed, output_dir=str(Path(args.runs) / name), **arm.overrides)
+            cfg = replace(base, seed=seed, output_dir=str(Path(args.runs) / name), **arm.overrides)
             key = run_key(cfg)
             if key not in done:
                 log(f"[{time.strftime('%H:%M:%S')}] {arm.ablation}: {arm.name}, seed {seed}")
@@ -183,10 +183,10 @@ def main(argv=None) -> int:
              f"Reproduce: `{command}` (needs the toy checkpoint of `bash scripts/demo_cpu.sh`). Measured on "
              f"{date.today().isoformat()} on {platform.processor() or platform.machine()} with "
              f"{torch.get_num_threads()} threads, torch {torch.__version__}; the whole study took {minutes:.0f} min.",
-             "", f"Each run: `{Path(args.config).resolve().relative_to(REPO)}` (the demo's settings) for {args.steps} GRPO steps, seeds {args.seeds}, "
-             "overrides per arm as named. Eval: ODE samples of the final policy for the training prompts x 2 "
-             "seeds; KL to pretrained: the exact path KL per latent element between the final policy and the "
-             f"pretrained model under the `{'sage_grpo'}` SDE at η = 0.5 on the policy's rollouts.", "",
+             "", f"Each run: `{Path(args.config).resolve().relative_to(REPO)}` (the demo's settings) for "
+             f"{args.steps} GRPO steps, seeds {args.seeds}, overrides per arm as named. Eval: ODE samples of the "
+             "final policy for the training prompts x 2 seeds; KL to pretrained: the exact path KL per latent element between the final policy and the "
+             "pretrained model under the `sage_grpo` SDE at η = 0.5 on the policy's rollouts.", "",
              "<!-- verdict: written by hand from the numbers below (see the committed docs/toy_study.md) -->", ""]
     lines += ablation_markdown(results, args.window, output.parent)
     lines += analytic_markdown(analytic_results, analytic_png)

@@ -44,7 +44,6 @@ class ManifoldFit:
     raw_colour: torch.Tensor  # (B, 3) fitted colour before snapping to the palette
     free_radius: torch.Tensor  # (B,) fitted radius before clamping to the world's range
     raw_velocity: torch.Tensor  # (B, 2) fitted velocity before projecting onto a direction and speed range
-    coverage: torch.Tensor  # (B,) mean foreground coverage over frames (fraction of the frame)
     colour_names: List[str]
     direction_names: List[str]
 
@@ -58,7 +57,7 @@ def _background(videos: torch.Tensor) -> torch.Tensor:
 
 
 def _moments(videos: torch.Tensor):
-    """Closed-form first guess: colour, radius, start, velocity, and the mean coverage."""
+    """Closed-form first guess: colour, radius, start and velocity."""
     num, _, frames, height, width = videos.shape
     fg = videos - _background(videos)  # (B, 3, F, H, W)
     strength = fg.norm(dim=1).flatten(1)  # (B, F*H*W)
@@ -89,8 +88,7 @@ def _moments(videos: torch.Tensor):
         start.append(c_mean - slope * f_mean)
         velocity.append(slope)
     colour = (colour_offset + _background(videos).view(1, 3)).clamp(0, 1)
-    coverage = area.mean(1) / (height * width)
-    return colour, radius, torch.stack(start, 1), torch.stack(velocity, 1), coverage
+    return colour, radius, torch.stack(start, 1), torch.stack(velocity, 1)
 
 
 def _refine(videos: torch.Tensor, colour: torch.Tensor, radius: torch.Tensor, start: torch.Tensor,
@@ -144,7 +142,7 @@ def fit_manifold(videos: torch.Tensor) -> ManifoldFit:
     if videos.ndim != 5 or videos.shape[1] != 3:
         raise ValueError(f"videos must be (B, 3, F, H, W) in [0, 1], got shape {tuple(videos.shape)}")
     videos = videos.detach().float().cpu()
-    colour, radius, start, velocity, coverage = _moments(videos)
+    colour, radius, start, velocity = _moments(videos)
     free = _refine(videos, colour, radius, start, velocity, fit_colour=True)
     colour_names, palette_colour = world.nearest_palette(free.colour)
     direction_names = world.direction_name(free.velocity)
@@ -153,7 +151,7 @@ def fit_manifold(videos: torch.Tensor) -> ManifoldFit:
                         fit_colour=False, direction=direction)
     _, _, frames, height, width = videos.shape
     error = (world.render(projected, frames, height, width) - videos).pow(2).mean(dim=(1, 2, 3, 4)).sqrt()
-    return ManifoldFit(error, projected, free.colour, free.radius, free.velocity, coverage, colour_names,
+    return ManifoldFit(error, projected, free.colour, free.radius, free.velocity, colour_names,
                        direction_names)
 
 

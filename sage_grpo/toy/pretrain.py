@@ -109,8 +109,9 @@ def allow_batched_vae_attention(vae) -> None:
     """Let the VAE's mid-block attention take batches larger than one.
 
     diffusers 0.42's ``HunyuanVideo15AttnBlock`` expands its causal mask to (B, S, S), which
-    scaled_dot_product_attention broadcasts against the (B, 1, S, C) queries as (B, B, S, S) and fails for B > 1 (the pipelines decode one video
-    at a time). An (S, S) mask broadcasts correctly and is the same mask; it is set on these instances only.
+    scaled_dot_product_attention broadcasts against the (B, 1, S, C) queries as (B, B, S, S) and fails for B > 1
+    (the pipelines decode one video at a time). An (S, S) mask broadcasts correctly and is the same mask; it is set
+    on these instances only.
     """
     from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
 

@@ -23,6 +23,7 @@ Scores (``r`` the fitted radius, ``c`` the fitted disk colour before snapping to
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Dict, List
 
 import torch
@@ -36,14 +37,15 @@ def _diagnostics(fit: ManifoldFit, prompts: List[str]) -> Dict[str, torch.Tensor
     return {"manifold_error": fit.error, "prompt_adherence": torch.nan_to_num(adherence, nan=1.0)}
 
 
-class _ToyReward:
-    """Shared call: fit once, score, add the diagnostics."""
+class _ToyReward(ABC):
+    """Shared call: fit once, score, add the diagnostics. Subclasses define ``name``, ``metric_names`` and ``score``."""
 
     name = ""
     metric_names: tuple = ()
 
+    @abstractmethod
     def score(self, videos: torch.Tensor, fit: ManifoldFit) -> torch.Tensor:
-        raise NotImplementedError
+        """(B,) score in [0, 1] of ``videos`` (B, 3, F, H, W) given their manifold fit."""
 
     def __call__(self, videos: torch.Tensor, prompts: List[str]) -> Dict[str, torch.Tensor]:
         if videos.ndim != 5 or videos.shape[1] != 3:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -28,7 +28,7 @@ from sage_grpo.config.schema import from_dict, load_yaml
 from sage_grpo.models.loading import load_transformer
 from sage_grpo.pipeline.replay import replay_step
 from sage_grpo.pipeline.rollout import rollout
-from sage_grpo.tracking import read_metrics
+from sage_grpo.tracking import manifold_error_key, read_metrics, summarize_run
 from sage_grpo.toy.manifold import fit_manifold, prompt_adherence
 
 KL_YARDSTICK = ("sage_grpo", 0.5)  # the common SDE under which every run's KL to the pretrained model is measured
@@ -106,18 +106,6 @@ def evaluate_policy(trainer, pretrained, prompts: Sequence[str]) -> Dict[str, fl
             "kl_to_pretrained": path_kl(bundle.policy, pretrained, bundle, eval_prompts, seeds, cfg)}
 
 
-def summarize_metrics(rows: List[dict], window: int) -> Dict[str, float]:
-    reward = [row["gathered_avg_reward_mean"] for row in rows]
-    manifold = [v for row in rows for k, v in row.items() if "manifold_error_reward_mean" in k]
-    step_seconds = [sum(row.get(k, 0.0) for k in ("rollout_time", "reward_time", "ref_model_time",
-                                                     "grpo_loop_time")) for row in rows]
-    return {"reward_first": statistics.fmean(reward[:window]), "reward_last": statistics.fmean(reward[-window:]),
-            "reward_gain": statistics.fmean(reward[-window:]) - statistics.fmean(reward[:window]),
-            "manifold_first": statistics.fmean(manifold[:window]) if manifold else float("nan"),
-            "manifold_last": statistics.fmean(manifold[-window:]) if manifold else float("nan"),
-            "seconds_per_step": statistics.fmean(step_seconds)}
-
-
 def run_one(cfg: TrainConfig, prompts: Sequence[str], window: int, log=print) -> Dict[str, float]:
     """Train one arm in this process and measure it; returns the run's numbers (and its reward curve)."""
     from sage_grpo.trainer import run_training
@@ -127,10 +115,12 @@ def run_one(cfg: TrainConfig, prompts: Sequence[str], window: int, log=print) ->
     wall = time.perf_counter() - start
     pretrained = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, torch.float32, "cpu")
     rows = read_metrics(Path(cfg.output_dir))
-    result = {**summarize_metrics(rows, window), **evaluate_policy(trainer, pretrained, prompts),
-              "wall_seconds": wall}
-    result["reward_curve"] = [row["gathered_avg_reward_mean"] for row in rows]
-    result["manifold_curve"] = [v for row in rows for k, v in row.items() if "manifold_error_reward_mean" in k]
+    summary = summarize_run(rows, window)
+    key = manifold_error_key(rows)
+    result = {"reward_gain": summary["gain"], "manifold_last": summary.get("manifold_last_mean", float("nan")),
+              "seconds_per_step": summary["seconds_per_step"], **evaluate_policy(trainer, pretrained, prompts),
+              "wall_seconds": wall, "reward_curve": [row["gathered_avg_reward_mean"] for row in rows],
+              "manifold_curve": [row[key] for row in rows] if key is not None else []}
     log(f"  {cfg.output_dir}: gain {result['reward_gain']:+.3f}, rollout manifold error {result['manifold_last']:.4f}"
         f", KL to pretrained {result['kl_to_pretrained']:.4f}, {wall:.0f} s")
     return result
@@ -144,6 +134,3 @@ def mean_spread(values: Sequence[float], digits: int = 4) -> str:
     spread = statistics.pstdev(values) if len(values) > 1 else 0.0
     return f"{statistics.fmean(values):.{digits}f} ± {spread:.{digits}f}"
 
-
-def with_overrides(cfg: TrainConfig, **overrides) -> TrainConfig:
-    return replace(cfg, **overrides)
