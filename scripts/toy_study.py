@@ -186,7 +186,8 @@ def main(argv=None) -> int:
              "", f"Each run: `{Path(args.config).resolve().relative_to(REPO)}` (the demo's settings) for "
              f"{args.steps} GRPO steps, seeds {args.seeds}, overrides per arm as named. Eval: ODE samples of the "
              "final policy for the training prompts x 2 seeds; KL to pretrained: the exact path KL per latent "
-             "element between the final policy and the pretrained model under the `sage_grpo` SDE at η = 0.5 on the policy's rollouts.", "",
+             "element between the final policy and the pretrained model under the `sage_grpo` SDE at η = 0.5 "
+             "on the policy's rollouts.", "",
              "<!-- verdict: written by hand from the numbers below (see the committed docs/toy_study.md) -->", ""]
     lines += ablation_markdown(results, args.window, output.parent)
     lines += analytic_markdown(analytic_results, analytic_png)
