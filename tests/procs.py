@@ -1,0 +1,67 @@
+"""Subprocesses for tests that can never outlive their test.
+
+Every child starts in a new session (its own process group), so on timeout the whole group is killed: torchrun's
+workers, a script's Python and anything they spawned. Without this, a timed-out ``torchrun`` left its workers spinning
+at full CPU after the test had failed.
+
+Timeouts scale with the machine: ``scaled(seconds)`` multiplies a timeout tuned on the 2-core CI machine by
+``SAGE_GRPO_TEST_TIMEOUT_SCALE`` (default 1; raise it on a slower or loaded machine).
+"""
+
+import os
+import signal
+import subprocess
+from typing import List, Sequence
+
+
+def scaled(seconds: float) -> float:
+    """A timeout tuned on the 2-core CI machine, scaled by ``SAGE_GRPO_TEST_TIMEOUT_SCALE``."""
+    factor = float(os.environ.get("SAGE_GRPO_TEST_TIMEOUT_SCALE", "1"))
+    if not factor > 0:
+        raise ValueError(f"SAGE_GRPO_TEST_TIMEOUT_SCALE must be a positive number, got {factor}")
+    return seconds * factor
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of ``proc`` (started with ``start_new_session=True``) and reap ``proc``."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_group(cmd: Sequence[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a new process group, killed whole on timeout.
+
+    ``timeout`` is scaled by :func:`scaled`. Raises ``subprocess.TimeoutExpired`` (with the output so far) after
+    killing the group, as ``subprocess.run`` does after killing only the child."""
+    limit = scaled(timeout)
+    kwargs.setdefault("text", True)
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            **kwargs)
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, limit, output=stdout, stderr=stderr) from None
+    except BaseException:  # KeyboardInterrupt, pytest's own timeout: never leave the group behind
+        kill_group(proc)
+        raise
+    finally:
+        # a group leader that exited can still leave children (torchrun's workers after a crash)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, stdout, stderr)
+
+
+def start_group(cmd: Sequence[str], **kwargs) -> subprocess.Popen:
+    """``Popen`` in a new process group, for tests that interact with a running process (kill it with
+    :func:`kill_group`)."""
+    return subprocess.Popen(list(cmd), start_new_session=True, **kwargs)
+
+
+__all__: List[str] = ["scaled", "kill_group", "run_group", "start_group"]
