@@ -44,6 +44,8 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from sage_grpo.distributed.collectives import barrier
+from sage_grpo.faults import fault_point
+from sage_grpo.safe_io import CheckpointError, dcp_load, load_plain, read_dcp_metadata
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 DCP_DIR = "transformer_dcp"
@@ -51,15 +53,20 @@ StateDict = Dict[str, torch.Tensor]
 
 
 def capture_rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The global RNG states as plain data (tensors, numbers, strings: loadable with ``weights_only=True``)."""
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position,
+                                                     has_gauss, cached), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def restore_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
+    name, keys, position, has_gauss, cached = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)  # earlier versions: a NumPy array
+    np.random.set_state((name, keys.astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -92,6 +99,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model_state: Dict[str, torch.Te
     torch.save(training_state, tmp / "training_state.pt")
     if config_yaml is not None:
         (tmp / "config.yaml").write_text(config_yaml)
+    fault_point("checkpoint", step)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -99,19 +107,26 @@ def save_checkpoint(run_dir: Path, step: int, *, model_state: Dict[str, torch.Te
 
 
 def load_checkpoint(path: Path) -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint` into a dict of its parts."""
+    """Read a checkpoint written by :func:`save_checkpoint` into a dict of its parts (plain data only, see
+    :mod:`sage_grpo.safe_io`); a missing or unreadable part is named with its path."""
     path = Path(path)
     model_file = path / "transformer" / "model.safetensors"
-    if not model_file.exists() or not (path / "training_state.pt").exists():
-        raise FileNotFoundError(f"{path} is not a complete sage-grpo checkpoint (expected transformer/model.safetensors "
-                                "and training_state.pt)")
+    if not model_file.is_file():
+        raise CheckpointError(f"{path} is not a complete sage-grpo checkpoint: {model_file} is missing")
     anchor_file = path / "anchor" / "model.safetensors"
     return {
-        "model_state": load_file(str(model_file)),
-        "anchor_state": load_file(str(anchor_file)) if anchor_file.exists() else None,
-        "optimizer_state": torch.load(path / "optimizer.pt", weights_only=False),
-        "training_state": torch.load(path / "training_state.pt", weights_only=False),
+        "model_state": _load_safetensors(model_file),
+        "anchor_state": _load_safetensors(anchor_file) if anchor_file.exists() else None,
+        "optimizer_state": load_plain(path / "optimizer.pt", "optimizer state"),
+        "training_state": load_plain(path / "training_state.pt", "training state"),
     }
+
+
+def _load_safetensors(path: Path) -> StateDict:
+    try:
+        return load_file(str(path))
+    except Exception as err:  # SafetensorError, OSError
+        raise CheckpointError(f"cannot read {path}: {err} (truncated or not a safetensors file)") from None
 
 
 def list_checkpoints(run_dir: Path) -> Dict[int, Path]:
@@ -133,6 +148,11 @@ def resolve_resume_path(value: str, run_dir: Path) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"--resume_from_checkpoint {value}: no such directory; pass a checkpoint-N folder "
                                 "or 'latest'")
+    if not (path / "training_state.pt").is_file():
+        found = list(list_checkpoints(path))
+        hint = f" (it holds checkpoint-{found[-1]}; pass that folder, or 'latest')" if found else ""
+        raise FileNotFoundError(f"--resume_from_checkpoint {value}: not a sage-grpo checkpoint, "
+                                f"{path / 'training_state.pt'} is missing{hint}")
     return path
 
 
@@ -222,6 +242,7 @@ def save_sharded_checkpoint(run_dir: Path, step: int, objects: ShardedTrainingOb
         if config_yaml is not None:
             (tmp / "config.yaml").write_text(config_yaml)
     del full
+    fault_point("checkpoint", step)
     barrier(device)
     if is_main:
         if final.exists():
@@ -235,19 +256,15 @@ def load_sharded_checkpoint(path: Path, objects: ShardedTrainingObjects) -> dict
     """Restore weights, optimizer states and (when the checkpoint holds one and the run has a KL reference) the
     moving anchor from ``path``, in place on every rank (a collective), on any number of processes. Returns the
     training state."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     path = Path(path)
-    if not (path / "training_state.pt").exists():
-        raise FileNotFoundError(f"{path} is not a complete sage-grpo checkpoint (no training_state.pt)")
-    training = torch.load(path / "training_state.pt", weights_only=False)
+    training = load_plain(path / "training_state.pt", "training state")
     saved_parts = training.get("optimizer_parts")
     if saved_parts is not None and sorted(saved_parts) != sorted(objects.optimizers):
         raise ValueError(f"{path} holds optimizer states {sorted(saved_parts)} but this run builds "
                          f"{sorted(objects.optimizers)}; resume with the same --use_muon / --use_lora")
-    reader = dcp.FileSystemReader(str(path / DCP_DIR))
-    stored = set(reader.read_metadata().state_dict_metadata)
+    stored = set(read_dcp_metadata(path / DCP_DIR).state_dict_metadata)
     with_anchor = objects.anchor_state is not None and any(key.startswith("anchor.") for key in stored)
     state = _dcp_state(objects, with_anchor)
     expected = [f"model.{n}" for n in state["model"]] + [f"anchor.{n}" for n in state.get("anchor", {})]
@@ -256,7 +273,7 @@ def load_sharded_checkpoint(path: Path, objects: ShardedTrainingObjects) -> dict
         raise KeyError(f"{path / DCP_DIR} lacks {len(missing)} weights of this model, e.g. {missing[:5]}")
     # Partial load: optimizer entries of parameters that never had a gradient are absent from the checkpoint and
     # keep their freshly initialised values; every weight was checked above.
-    dcp.load(state, storage_reader=reader, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+    dcp_load(state, path / DCP_DIR, allow_partial_load=True)
     # The weights were loaded in place; the bundle's loaders also check the keys (and mark a LoRA anchor ready).
     objects.load_trainable_state(state["model"])
     for name, optimizer in objects.optimizers.items():

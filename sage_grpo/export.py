@@ -72,11 +72,12 @@ def read_dcp_state_dict(folder: PathLike) -> Dict[str, torch.Tensor]:
     When the checkpoint nests its parts (``{"model": ..., "optimizer": ..., "anchor": ...}``, as the reference and
     the sharded trainer save them), only ``model`` is read and its prefix dropped.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    from sage_grpo.safe_io import dcp_load, read_dcp_metadata
+
     folder = Path(folder)
-    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    metadata = read_dcp_metadata(folder)
     tensors = {k: m for k, m in metadata.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
     nested = any(key.startswith(DCP_NESTING) for key in tensors)
     state = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype) for key, meta in tensors.items()
@@ -85,7 +86,7 @@ def read_dcp_state_dict(folder: PathLike) -> Dict[str, torch.Tensor]:
         raise ValueError(f"{folder}: the DCP checkpoint holds no model tensors")
     with warnings.catch_warnings():  # "no process group: loading in this process alone" is expected here
         warnings.simplefilter("ignore")
-        dcp.load(state, checkpoint_id=str(folder), planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+        dcp_load(state, folder, allow_partial_load=True)
     return {key[len(DCP_NESTING):]: value for key, value in state.items()} if nested else state
 
 

@@ -28,6 +28,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from sage_grpo.safe_io import load_plain
+
 _STREAM_FIELDS = ("embeds", "masks", "embeds_2", "masks_2")
 
 
@@ -109,7 +111,7 @@ class PromptEncoder:
         self._cache: Optional[Dict[str, Dict[str, Tensor]]] = {} if (cache or cache_path is not None) else None
         self._identity: Optional[str] = None
         if self.cache_path is not None and self.cache_path.is_file():
-            self._cache.update(torch.load(self.cache_path, map_location="cpu").get(self.identity, {}))
+            self._cache.update(load_plain(self.cache_path, "prompt-embedding cache").get(self.identity, {}))
 
     @classmethod
     def from_components(cls, components, settings: TextEncoderSettings = TextEncoderSettings(), **kwargs):
@@ -191,7 +193,7 @@ class PromptEncoder:
         """Write the in-memory cache under this encoder's identity (other identities in the file are kept)."""
         if self.cache_path is None:
             return
-        stored = torch.load(self.cache_path, map_location="cpu") if self.cache_path.is_file() else {}
+        stored = load_plain(self.cache_path, "prompt-embedding cache") if self.cache_path.is_file() else {}
         stored[self.identity] = dict(self._cache)
         self.cache_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(stored, self.cache_path)

@@ -1,0 +1,178 @@
+"""Loading files a user is handed without running code from them.
+
+Pickle-based files can name any Python callable and have it called while loading. Every such file this project reads
+goes through this module:
+
+* ``training_state.pt``, ``optimizer.pt``, the prompt-embedding cache: :func:`load_plain`, ``torch.load`` with
+  ``weights_only=True`` (tensors, numbers, strings, lists, tuples, dicts, dtypes; the NumPy RNG state that earlier
+  versions stored is accepted as a plain array). Anything else is refused with :class:`UnsafeFileError`.
+* A sharded checkpoint's ``.metadata`` (``torch.distributed.checkpoint`` pickles it): :func:`read_dcp_metadata`, an
+  unpickler that only builds the DCP metadata classes and a few plain types.
+* The non-tensor values a DCP checkpoint stores as bytes (optimizer hyper-parameters): :class:`SafeLoadPlanner` loads
+  them with ``weights_only=True`` (torch's default planner uses ``weights_only=False``).
+
+safetensors files and YAML (``yaml.safe_load``) hold plain data by construction.
+"""
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+
+PathLike = Union[str, Path]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or cache file that is missing, incomplete, truncated or not plain data (names the path)."""
+
+
+class UnsafeFileError(CheckpointError):
+    """A file that would run code (or build objects other than plain data) if loaded."""
+
+
+def _numpy_globals() -> list:
+    """NumPy's array reconstruction, for the RNG state earlier versions stored (builds arrays, calls nothing)."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy ships with torch's requirements here
+        return []
+    core = getattr(np, "_core", None) or np.core
+    found = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:
+        found += [getattr(dtypes, name) for name in ("UInt32DType", "Int64DType", "Float64DType") if hasattr(dtypes,
+                                                                                                           name)]
+    return found
+
+
+def _refusal_reason(err: Exception) -> str:
+    """The line of torch's weights-only error that names the refused global."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    named = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
+    return (named or lines or [type(err).__name__])[0][:200]
+
+
+def load_plain(path: PathLike, what: str) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; a file that needs more is refused, naming ``path``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{what} {path} is missing")
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise UnsafeFileError(f"refusing to load {what} {path}: it holds Python objects other than tensors and plain "
+                              f"data, which could run code when loaded ({_refusal_reason(err)}). Use a file written "
+                              "by sage-grpo, or start a new run from the weights only") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {what} {path}: {type(err).__name__}: {str(err)[:200]} (is it truncated? "
+                              "an interrupted copy leaves such files; use another checkpoint)") from None
+
+
+# ---------------------------------------------------------------- torch.distributed.checkpoint
+
+_DCP_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                              "TensorStorageMetadata", "BytesStorageMetadata",
+                                              "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _DCPMetadataUnpickler(pickle.Unpickler):
+    """Builds only the classes DCP metadata is made of (and torch dtypes); any other global is refused."""
+
+    def __init__(self, file, source: Path):
+        super().__init__(file)
+        self.source = source
+
+    def find_class(self, module: str, name: str):
+        if name in _DCP_METADATA_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UnsafeFileError(f"refusing to read {self.source}: it names {module}.{name}, which is not part of "
+                              "torch.distributed.checkpoint metadata (a crafted file can run code this way). Use a "
+                              "checkpoint written by sage-grpo or torch.distributed.checkpoint")
+
+    def persistent_load(self, pid):
+        raise UnsafeFileError(f"refusing to read {self.source}: persistent ids are not part of DCP metadata")
+
+
+def read_dcp_metadata(folder: PathLike):
+    """The ``Metadata`` of the DCP checkpoint in ``folder``, unpickled with :class:`_DCPMetadataUnpickler`."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = Path(folder) / ".metadata"
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: {folder} is not a complete torch.distributed.checkpoint folder")
+    try:
+        metadata = _DCPMetadataUnpickler(io.BytesIO(path.read_bytes()), path).load()
+    except UnsafeFileError:
+        raise
+    except Exception as err:  # truncated or garbled pickle
+        raise CheckpointError(f"cannot read {path}: {type(err).__name__}: {str(err)[:200]} (truncated or not DCP "
+                              "metadata)") from None
+    if not isinstance(metadata, Metadata):
+        raise UnsafeFileError(f"refusing to read {path}: it holds a {type(metadata).__name__}, not DCP Metadata")
+    return metadata
+
+
+def safe_dcp_reader(folder: PathLike):
+    """A ``FileSystemReader`` whose metadata comes from :func:`read_dcp_metadata` (tensor data is already read with
+    ``weights_only=True`` by torch)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_dcp_metadata(self.path)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeFileSystemReader(str(folder))
+
+
+def safe_load_planner(allow_partial_load: bool = True):
+    """A ``DefaultLoadPlanner`` that loads byte items (non-tensor values) with ``weights_only=True``."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            # Load with weights_only=True, then hand the default planner (which places the value in the nested state
+            # dict, through private helpers) a re-serialisation of that plain data: its own weights_only=False load
+            # then only sees what was just written here. The items are small (optimizer hyper-parameters).
+            try:
+                loaded = torch.load(value, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError as err:
+                raise UnsafeFileError(f"refusing to load {read_item.dest_index.fqn} from a DCP checkpoint: it is "
+                                      f"not plain data ({_refusal_reason(err)})") from None
+            value = io.BytesIO()
+            torch.save(loaded, value)
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return SafeLoadPlanner(allow_partial_load=allow_partial_load)
+
+
+def dcp_load(state: dict, folder: PathLike, *, allow_partial_load: bool = True) -> None:
+    """``torch.distributed.checkpoint.load`` into ``state`` in place, through the safe reader and planner."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(state, storage_reader=safe_dcp_reader(folder), planner=safe_load_planner(allow_partial_load))
+    except CheckpointException as err:  # DCP wraps each rank's exception (with its stack) in a tuple
+        for failure in err.failures.values():
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(cause, CheckpointError):
+                raise cause from None
+        raise
