@@ -375,9 +375,13 @@ def test_non_finite_values_and_exceptions_become_nan_per_sample():
 PLUGIN_SOURCE = '''
 import torch
 
+from sage_grpo.rewards import reward_plugin
+
+@reward_plugin
 def redness(videos, prompts):
     return {"red": videos[:, 0].mean(dim=(1, 2, 3)), "green": videos[:, 1].mean(dim=(1, 2, 3))}
 
+@reward_plugin
 class Scaled:
     metric_names = ("value",)
     def __init__(self, factor=1.0):

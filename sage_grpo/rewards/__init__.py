@@ -19,7 +19,9 @@ from .registry import (
     import_object,
     make_reward,
     parse_reward_weights,
+    plan_reward_models,
     register_reward,
+    reward_plugin,
 )
 from .toys import BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
 
@@ -35,6 +37,8 @@ __all__ = [
     "import_object",
     "make_reward",
     "parse_reward_weights",
+    "plan_reward_models",
     "register_reward",
+    "reward_plugin",
     "score_with_fallback",
 ]

@@ -21,6 +21,14 @@ Names resolve through one explicit table (``BUILTIN_REWARDS``), then ``register_
 dotted paths ``"package.module:attr"`` / ``"package.module.attr"`` (a class is instantiated with the entry's
 ``kwargs``, a function is used as it is). ``video_align`` / ``video_score2`` are stubs returning None in the
 reference and are rejected.
+
+Plug-in rule (a config file is untrusted input, and it names the plug-in): a dotted path loads only a function or
+class marked with :func:`reward_plugin` in its own module. Before anything is imported, the module is located
+without importing it (nor its parent packages) and its source must use ``reward_plugin``; after the import the named
+object must carry the mark itself (not inherit it). So a config can pick among the reward plug-ins installed on the
+machine, never an arbitrary callable such as ``subprocess:Popen``, and never makes a module import that is not a
+reward module. ``kwargs`` / ``--reward_kwargs`` are JSON data (strings, numbers, booleans, null, lists, objects)
+passed to that one reward's constructor (or bound to that function) only.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,13 +129,69 @@ def register_reward(name: str, target: str | Callable) -> None:
     _REGISTERED[name] = target
 
 
-def import_object(path: str):
-    """Import ``"package.module:attr"`` or ``"package.module.attr"`` (``attr`` may be dotted after ``:``)."""
+PLUGIN_MARK = "__sage_grpo_reward_plugin__"
+
+
+def reward_plugin(obj):
+    """Mark a reward function or class as loadable by dotted path from a config (see the module docstring)::
+
+        from sage_grpo.rewards import reward_plugin
+
+        @reward_plugin
+        def my_reward(videos, prompts):   # videos (B, 3, F, H, W) in [0, 1]
+            return {"score": videos.mean(dim=(1, 2, 3, 4))}
+    """
+    if not callable(obj):
+        raise TypeError(f"@reward_plugin marks functions and classes, not {type(obj).__name__}")
+    setattr(obj, PLUGIN_MARK, True)
+    return obj
+
+
+def _find_spec_without_import(name: str):
+    """The import spec of module ``name``, found without importing it or any parent package (None if absent)."""
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__spec__", None)
+    parent, _, _ = name.rpartition(".")
+    search_path = None
+    if parent:
+        parent_spec = _find_spec_without_import(parent)
+        if parent_spec is None or parent_spec.submodule_search_locations is None:
+            return None
+        search_path = list(parent_spec.submodule_search_locations)
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        spec = find_spec(name, search_path) if find_spec is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
+def _split_plugin_path(path: str) -> tuple[str, str]:
     module_name, sep, attr = path.partition(":")
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
         raise ValueError(f"plug-in path {path!r} must look like 'package.module:function' or 'package.module.Class'")
+    return module_name, attr
+
+
+def import_object(path: str):
+    """Import the reward plug-in ``"package.module:attr"`` or ``"package.module.attr"`` (``attr`` may be dotted after
+    ``:``), enforcing the plug-in rule of the module docstring."""
+    module_name, attr = _split_plugin_path(path)
+    spec = _find_spec_without_import(module_name)
+    if spec is None:
+        raise ImportError(f"cannot import reward plug-in {path!r}: no module named {module_name!r} (is its package "
+                          "installed, or its folder on PYTHONPATH?)")
+    origin = Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
+    try:
+        source = origin.read_text(encoding="utf-8") if origin is not None else ""
+    except (OSError, UnicodeDecodeError):
+        source = ""
+    if "reward_plugin" not in source:
+        raise ImportError(f"refusing reward plug-in {path!r}: {module_name!r} is not a reward module (its source "
+                          "does not use @reward_plugin). Mark the reward with @sage_grpo.rewards.reward_plugin, or "
+                          f"use a built-in reward: {sorted(BUILTIN_REWARDS)}")
     try:
         obj = importlib.import_module(module_name)
     except ImportError as exc:
@@ -134,7 +200,28 @@ def import_object(path: str):
         if not hasattr(obj, part):
             raise ImportError(f"cannot import reward plug-in {path!r}: {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    if getattr(obj, "__dict__", {}).get(PLUGIN_MARK) is not True:
+        raise ImportError(f"refusing reward plug-in {path!r}: it is not marked with @reward_plugin in "
+                          f"{module_name!r}")
     return obj
+
+
+def _check_json_data(value, label: str) -> None:
+    """Refuse anything but JSON data (a YAML file could otherwise hand a constructor other Python objects)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_json_data(item, f"{label}[{i}]")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{label}: keys must be strings, got {key!r}")
+            _check_json_data(item, f"{label}[{key!r}]")
+        return
+    raise ValueError(f"{label} must be JSON data (strings, numbers, booleans, null, lists, objects), got a "
+                     f"{type(value).__name__}")
 
 
 def _instantiate(obj, kwargs: dict, label: str) -> RewardFn:
@@ -145,11 +232,11 @@ def _instantiate(obj, kwargs: dict, label: str) -> RewardFn:
     return functools.partial(obj, **kwargs) if kwargs else obj
 
 
-def make_reward(name: str, ctx: RewardContext, kwargs: dict | None = None) -> RewardFn:
-    """Build the reward callable that ``name`` refers to (built-in, registered, or dotted path)."""
-    kwargs = dict(kwargs or {})
+def resolve_reward(name: str) -> RewardSpec | Callable:
+    """What ``name`` refers to, without building it: a built-in's spec, or the registered / dotted-path plug-in
+    object (imported under the plug-in rule)."""
     if name in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[name].build(ctx, kwargs)
+        return BUILTIN_REWARDS[name]
     if name in REMOTE_STUBS:
         raise ValueError(
             f"reward model {name!r} is a remote service that the reference only stubs (it returns None); it is "
@@ -157,14 +244,23 @@ def make_reward(name: str, ctx: RewardContext, kwargs: dict | None = None) -> Re
         )
     if name in _REGISTERED:
         target = _REGISTERED[name]
-        return _instantiate(import_object(target) if isinstance(target, str) else target, kwargs, name)
+        return import_object(target) if isinstance(target, str) else target
     if _is_dotted_path(name):
-        return _instantiate(import_object(name), kwargs, name)
+        return import_object(name)
     known = sorted(BUILTIN_REWARDS) + sorted(_REGISTERED)
     raise ValueError(
-        f"unknown reward model {name!r}; known: {known}, or give a dotted path 'package.module:function' "
-        "(see register_reward)"
+        f"unknown reward model {name!r}; known: {known}, or give a dotted path 'package.module:function' to a "
+        "function or class marked with @reward_plugin"
     )
+
+
+def make_reward(name: str, ctx: RewardContext, kwargs: dict | None = None) -> RewardFn:
+    """Build the reward callable that ``name`` refers to (built-in, registered, or dotted path)."""
+    target = resolve_reward(name)
+    kwargs = dict(kwargs or {})
+    if isinstance(target, RewardSpec):
+        return target.build(ctx, kwargs)
+    return _instantiate(target, kwargs, name)
 
 
 def _json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
@@ -210,6 +306,7 @@ def _validate_entry(name: str, entry) -> dict:
     kwargs = entry.get("kwargs") or {}
     if not isinstance(kwargs, Mapping):
         raise ValueError(f"'kwargs' of {name!r} must be a dict of constructor arguments, got {kwargs!r}")
+    _check_json_data(kwargs, f"'kwargs' of {name!r}")
     return {
         "weight": weight,
         "sub_reward": _number_dict(sub_reward, f"{name}.sub_reward") if sub_reward is not None else None,
@@ -270,6 +367,9 @@ class CompositeReward:
             for name, fn in self.fns.items():
                 raw = score_with_fallback(fn, videos, prompts, name=name, batch_size=self.batch_size,
                                           metric_names=metric_names_of(fn))
+                if not raw:  # every sample failed and the model declares no metric names: NaN, counted as failed
+                    avg += torch.full_like(avg, math.nan)
+                    continue
                 for metric, values in raw.items():
                     key = output_key(name, metric)
                     if key in out:
@@ -322,6 +422,23 @@ def build_reward_fn(
         batch_size: videos per reward-model call (None: the whole batch; 1: the reference's one at a time).
         score_from_mp4: VideoAlign scores each video after an mp4 round trip, as the reference does.
     """
+    models = plan_reward_models(reward_model, reward_weights, reward_kwargs, extra_models, batch_size)
+    ctx = RewardContext(model_root, checkpoint_mode, device, dtype, video_fps, score_from_mp4)
+    fns = {model: make_reward(model, ctx, cfg["kwargs"]) for model, cfg in models.items()}
+    return CompositeReward(models, fns, batch_size)
+
+
+def plan_reward_models(
+    reward_model: str = "videoalign_local",
+    reward_weights: Mapping | str | None = None,
+    reward_kwargs: Mapping | str | None = None,
+    extra_models: Mapping[str, Mapping] | str | None = None,
+    batch_size: int | None = None,
+) -> dict[str, dict]:
+    """Everything :func:`build_reward_fn` checks before building a model: the entries ``{name: {"weight",
+    "sub_reward", "kwargs"}}`` after validation, every name resolved (plug-ins imported under the plug-in rule,
+    nothing instantiated), metric names of the built-ins checked. Cheap: the trainer calls it before any model
+    loads."""
     name = "videoalign_local" if reward_model == "auto" else reward_model
     weights = parse_reward_weights(reward_weights)
     spec = BUILTIN_REWARDS.get(name)
@@ -342,10 +459,9 @@ def build_reward_fn(
         )
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 or None (whole batch), got {batch_size}")
-    for model, cfg in models.items():  # catch metric-name typos before loading any model
+    for model, cfg in models.items():  # catch metric-name typos and bad plug-ins before loading any model
+        resolve_reward(model)
         if model in BUILTIN_REWARDS and cfg["sub_reward"] is not None:
             for metric in cfg["sub_reward"]:
                 _resolve_metric(model, metric, BUILTIN_REWARDS[model].metric_names)
-    ctx = RewardContext(model_root, checkpoint_mode, device, dtype, video_fps, score_from_mp4)
-    fns = {model: make_reward(model, ctx, cfg["kwargs"]) for model, cfg in models.items()}
-    return CompositeReward(models, fns, batch_size)
+    return models
