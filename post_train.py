@@ -14,9 +14,13 @@ from sage_grpo.config import TrainConfig, parse_cli
 
 def main(argv=None) -> None:
     cfg = parse_cli(TrainConfig, argv, description=__doc__.strip().splitlines()[0])
-    from sage_grpo.trainer import run_training  # heavy imports only after the command line is known to be valid
+    from sage_grpo.trainer import USER_ERRORS, run_training  # heavy imports only once the command line is valid
 
-    run_training(cfg)
+    try:
+        run_training(cfg)
+    except USER_ERRORS as err:  # a bad input or file: its message says what to fix; bugs keep their traceback
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

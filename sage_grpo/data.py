@@ -13,6 +13,8 @@ order repeats every epoch). The sampler is stateless in the global step, so resu
 """
 
 import csv
+import io
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -46,27 +48,45 @@ def _check_image(path: str, where: str) -> None:
                       "yet (the 480p_t2v/720p_t2v transformers are text-to-video). Leave ref_image_path empty.")
 
 
-def read_prompt_csvs(paths: Optional[Sequence[str]], *, require_seed: bool = False) -> List[PromptItem]:
-    """Read and concatenate prompt CSVs (``prompt`` required; ``index``, ``seed``, ``ref_image_path`` optional)."""
+MAX_PROMPT_BYTES = 16 * 1024  # far above any text encoder's context (the reference crops at 1000 tokens)
+
+
+def read_prompt_csvs(paths: Optional[Sequence[str]], *, require_seed: bool = False,
+                     notes: Optional[List[str]] = None) -> List[PromptItem]:
+    """Read and concatenate prompt CSVs (``prompt`` required; ``index``, ``seed``, ``ref_image_path`` optional).
+
+    Every error names the file (and the row); rows with an empty prompt are skipped and reported in ``notes``
+    (a list the caller logs), or as a warning when no list is given."""
     items: List[PromptItem] = []
     for path in paths or [DEFAULT_TRAIN_CSV]:
         file = Path(path)
         if not file.is_file():
             raise ConfigError(f"prompt CSV {path!r} does not exist. Pass an existing file, e.g. "
                               f"--train_video_csv {DEFAULT_TRAIN_CSV}")
-        with file.open(newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
+        try:
+            text = file.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as err:
+            line = file.read_bytes()[:err.start].count(b"\n") + 1
+            raise ConfigError(f"prompt CSV {path!r}, line {line}: not UTF-8 text ({err.reason} at byte {err.start}). "
+                              "Save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        skipped = []
+        try:
+            reader = csv.DictReader(io.StringIO(text, newline=""))
             columns = reader.fieldnames or []
             if "prompt" not in columns:
                 raise ConfigError(f"prompt CSV {path!r} has no 'prompt' column (columns: {columns}). The first line "
                                   "must be a header such as: prompt,seed")
             if require_seed and "seed" not in columns:
                 raise ConfigError(f"prompt CSV {path!r} needs a 'seed' column")
-            for row_number, row in enumerate(reader):
+            for row in reader:
+                where = f"{path}, row {reader.line_num}"
                 prompt = (row.get("prompt") or "").strip()
                 if not prompt:
+                    skipped.append(reader.line_num)
                     continue
-                where = f"{path}, row {row_number + 2}"
+                if len(prompt.encode("utf-8")) > MAX_PROMPT_BYTES:
+                    raise ConfigError(f"{where}: the prompt is {len(prompt.encode('utf-8'))} bytes long, over the "
+                                      f"{MAX_PROMPT_BYTES}-byte limit (is a column separator missing?). Shorten it")
                 try:
                     index = int(row["index"]) if row.get("index") not in (None, "") else len(items)
                     seed = int(row["seed"]) if row.get("seed") not in (None, "") else DEFAULT_CSV_SEED
@@ -76,6 +96,15 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, require_seed: bool = Fal
                 if image:
                     _check_image(image, where)
                 items.append(PromptItem(index, prompt, seed, image))
+        except csv.Error as err:
+            raise ConfigError(f"prompt CSV {path!r}, line {reader.line_num}: {err}") from None
+        if skipped:
+            shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+            message = f"prompt CSV {path}: {len(skipped)} row(s) with an empty prompt skipped (line {shown})"
+            if notes is not None:
+                notes.append(message)
+            else:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
         if not items:
             raise ConfigError(f"prompt CSV {path!r} holds no prompts. Add rows under the 'prompt' header.")
     return items

@@ -16,21 +16,32 @@ import math
 import shutil
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Dict, Optional
 
 from sage_grpo.config.validation import ConfigError
+from sage_grpo.faults import fault_point
 
 RUN_MARKER = "run_config.yaml"
 
 
-def prepare_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> Path:
-    """Create the run directory, refusing to mix two runs in one directory."""
+def check_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> None:
+    """Refuse, before anything loads, to mix two runs in one directory (changes nothing on disk)."""
     run_dir = Path(output_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir} is a file, not a directory; pass a directory path")
     if (run_dir / RUN_MARKER).exists() and not (resuming or overwrite):
         raise ConfigError(f"--output_dir {output_dir} already holds a run ({RUN_MARKER} exists). Use a new "
                           "--output_dir, continue it with --resume_from_checkpoint latest, or pass "
                           "--overwrite_output_dir true to start over in place")
+
+
+def prepare_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> Path:
+    """Create the run directory, refusing to mix two runs in one directory; with ``overwrite`` (and no resume) the
+    earlier run's files are deleted here, so call it only once the new run is ready to write."""
+    check_run_dir(output_dir, resuming=resuming, overwrite=overwrite)
+    run_dir = Path(output_dir)
     if overwrite and not resuming and (run_dir / RUN_MARKER).exists():
         _remove_previous_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -39,7 +50,7 @@ def prepare_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> Path
 
 def _remove_previous_run(run_dir: Path) -> None:
     """--overwrite_output_dir: delete what an earlier run wrote, so logs and checkpoints never mix two runs."""
-    for name in (RUN_MARKER, "train.log", "metrics.jsonl"):
+    for name in (RUN_MARKER, "train.log", "metrics.jsonl", "config_changes.yaml"):
         (run_dir / name).unlink(missing_ok=True)
     for path in run_dir.iterdir():
         if path.is_dir() and (path.name in ("tb", "logs", "rl_samples", "samples") or path.name.startswith(
@@ -88,8 +99,12 @@ class MetricsLogger:
         if not self.enabled:
             return
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        line = json.dumps({"step": step, **clean}) + "\n"
         with open(self.run_dir / "metrics.jsonl", "a") as handle:
-            handle.write(json.dumps({"step": step, **clean}) + "\n")
+            handle.write(line[:len(line) // 2])
+            handle.flush()
+            fault_point("metrics", step)  # tests: a kill here leaves a torn last line, as a real crash can
+            handle.write(line[len(line) // 2:])
         for name, value in clean.items():
             tag = "Train/learning_rate" if name == "lr" else tensorboard_tag(name)
             self._writer.add_scalar(tag, value, step)
@@ -104,9 +119,25 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: Path) -> list:
-    """All rows of ``metrics.jsonl`` (for plots and tests)."""
+    """All rows of ``metrics.jsonl`` (for plots and tests). A line that is not a JSON object (a kill mid-write
+    leaves a torn last line) is dropped with a warning."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not path.exists():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            warnings.warn(f"{path}, line {number}: not a complete metrics row (an interrupted write?); dropped",
+                          RuntimeWarning, stacklevel=2)
+            continue
+        rows.append(row)
+    return rows
 
 
 PHASE_TIMES = ("rollout_time", "reward_time", "ref_model_time", "grpo_loop_time")

@@ -54,10 +54,11 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl, sde
-from sage_grpo.checkpoint import (ShardedTrainingObjects, capture_rng_state, gather_rng_states, is_sharded_checkpoint,
-                                  load_checkpoint, load_sharded_checkpoint, prune_checkpoints, resolve_resume_path,
-                                  restore_rng_state, save_checkpoint, save_sharded_checkpoint, seed_everything)
+from sage_grpo.checkpoint import (ShardedTrainingObjects, capture_rng_state, gather_rng_states, load_checkpoint,
+                                  load_sharded_checkpoint, prune_checkpoints, restore_rng_state, save_checkpoint,
+                                  save_sharded_checkpoint, seed_everything)
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
+from sage_grpo.config.schema import config_to_yaml
 from sage_grpo.config.validation import ConfigError, group_layout, parse_reward_weights, parse_size, rollout_size
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
@@ -66,11 +67,19 @@ from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip
                                                parallelize_models, read_model_geometry, reference_on_device)
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_group_rewards, gather_step_rewards,
                                                 run_on_main, share_rewards, share_rollout)
+from sage_grpo.faults import fault_point
+from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.optim import LRSchedule, build_optimizer, optimizer_parts
-from sage_grpo.tracking import MetricsLogger, prepare_run_dir, prune_rollout_media, truncate_metrics
-from sage_grpo.trainer_setup import ModelBundle, build_models, build_reward
+from sage_grpo.resume import CONFIG_CHANGES_FILE, check_resume, record_config_changes
+from sage_grpo.safe_io import CheckpointError
+from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
+                                truncate_metrics)
+from sage_grpo.trainer_setup import ModelBundle, RewardFailure, build_models, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
 
+# Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
+# one line instead of a traceback.
+USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure)
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
 
 
@@ -105,20 +114,27 @@ def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, List[str]]:
 
 
 class GRPOTrainer:
+    """Everything a start can check is checked before any model loads (configuration, prompt CSVs, the reward
+    configuration and its plug-ins, the resume target and its compatibility, the run directory); the run directory
+    is touched (an earlier run deleted under ``--overwrite_output_dir``, ``run_config.yaml`` written) only once the
+    models and the reward have loaded, so a failed start leaves an earlier run as it was."""
+
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.dims, self.notes = start_processes(cfg)
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
-        self.items = read_prompt_csvs(cfg.train_video_csv)
+        self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()
         self.reward_weights = parse_reward_weights(cfg.reward_weights)
-        self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
-        self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval)
-        for note in self.notes:
-            self.logger.info(f"note: {note}")
-        if self.dims.is_distributed:
-            self.logger.info(f"{self.dims.world_size} processes: dp {self.dp_size} x sp {self.dims.sp_size}, "
-                             f"FSDP {'on' if cfg.enable_fsdp else 'off'}")
+        check_reward_config(cfg)
+        check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
+        self.resume_check = (check_resume(cfg, distributed=self.dims.is_distributed)
+                             if cfg.resume_from_checkpoint is not None else None)
+        if self.resume_check is not None:
+            self.notes += self.resume_check.notes
+        check_run_dir(cfg.output_dir, resuming=self.resume_check is not None, overwrite=cfg.overwrite_output_dir)
+        self.sampler = GroupedPromptSampler(len(self.items), cfg.batch_size, cfg.num_generations, self.dp_size,
+                                            self.dp_rank, cfg.seed)
 
         self.dims.build_meshes()
         seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
@@ -135,8 +151,6 @@ class GRPOTrainer:
                               if self.models.reference is not None else None)
         self.anchor = rl.MovingAnchorSchedule(cfg.use_moving_KL and self.models.reference is not None,
                                               cfg.update_ref_model_step)
-        self.sampler = GroupedPromptSampler(len(self.items), cfg.batch_size, cfg.num_generations, self.dp_size,
-                                            self.dp_rank, cfg.seed)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
         self.sigmas = sde.shifted_sigmas(cfg.grpo_sampling_steps, cfg.infer_flow_shift_video)
         self.eq_scales = (sde.grad_balance_scales(cfg.sde_type, self.sigmas, cfg.eta)
@@ -144,20 +158,36 @@ class GRPOTrainer:
         self.num_train_steps = max(int(cfg.grpo_sampling_steps * cfg.timestep_fraction), 1)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
+        self.failed_reward_steps = 0  # consecutive steps whose reward failed on every sample
+
+        # Models and reward are loaded: only now does the run directory change.
+        self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
+        self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval)
+        for note in self.notes:
+            self.logger.info(f"note: {note}")
+        if self.dims.is_distributed:
+            self.logger.info(f"{self.dims.world_size} processes: dp {self.dp_size} x sp {self.dims.sp_size}, "
+                             f"FSDP {'on' if cfg.enable_fsdp else 'off'}")
 
     def _prepare_run_dir(self) -> Path:
-        cfg = self.cfg
-        run_dir = prepare_run_dir(cfg.output_dir, resuming=cfg.resume_from_checkpoint is not None,
-                                  overwrite=cfg.overwrite_output_dir)
-        if cfg.resume_from_checkpoint is None:
-            save_yaml(cfg, run_dir / "run_config.yaml")
+        """The run directory, after the earlier run is cleared (``--overwrite_output_dir``); it always ends up with
+        the run's current ``run_config.yaml``, and a resume with allowed setting changes records them."""
+        cfg, check = self.cfg, self.resume_check
+        run_dir = prepare_run_dir(cfg.output_dir, resuming=check is not None, overwrite=cfg.overwrite_output_dir)
+        if check is not None and check.differences:
+            record_config_changes(run_dir, check)
+            changes = ", ".join(f"--{k} {old!r} -> {new!r}" for k, (old, new) in check.differences.items())
+            self.notes.append(f"--allow_config_change: continuing {check.path} with changed settings: {changes} "
+                              f"(recorded in {run_dir / CONFIG_CHANGES_FILE})")
+        if check is None or check.differences or not (run_dir / RUN_MARKER).exists():
+            save_yaml(cfg, run_dir / RUN_MARKER)
         return run_dir
 
     # ------------------------------------------------------------------ outer loop
     def train(self) -> None:
         cfg = self.cfg
-        if cfg.resume_from_checkpoint is not None:
-            self.resume(resolve_resume_path(cfg.resume_from_checkpoint, self.run_dir))
+        if self.resume_check is not None:
+            self.resume(self.resume_check.path)
         elif cfg.validate_at_step0:
             self.validate(0)
         progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.is_main,
@@ -167,6 +197,7 @@ class GRPOTrainer:
             metrics = self.train_step()
             self.global_step += 1
             self.logger.log_step(self.global_step, metrics)
+            self._count_failed_rewards(metrics)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['gathered_avg_reward_mean']:.4f}",
                                  kl=f"{metrics.get('kl_loss', 0.0):.2e}")
@@ -177,6 +208,21 @@ class GRPOTrainer:
         progress.close()
         self.logger.info(f"training finished at step {self.global_step}; outputs in {self.run_dir}")
         self.logger.close()
+
+    def _count_failed_rewards(self, metrics: Dict[str, float]) -> None:
+        """A step whose reward failed on every sample trains on nothing (all advantages 0); stop after
+        ``--max_failed_reward_steps`` such steps in a row."""
+        all_failed = metrics["failed_reward_count"] >= self.cfg.batch_size * self.dp_size
+        self.failed_reward_steps = self.failed_reward_steps + 1 if all_failed else 0
+        if all_failed:
+            self.logger.info(f"warning: the reward failed on every sample of step {self.global_step} "
+                             f"({self.failed_reward_steps} step(s) in a row); its advantages are 0")
+        limit = self.cfg.max_failed_reward_steps
+        if limit > 0 and self.failed_reward_steps >= limit:
+            raise RewardFailure(f"the reward failed on every sample for {self.failed_reward_steps} consecutive steps "
+                                f"(steps {self.global_step - self.failed_reward_steps + 1}-{self.global_step}); the "
+                                "warnings above name each failure. Fix the reward (its model files, plug-in or "
+                                "server), or raise --max_failed_reward_steps (0: never stop)")
 
     def train_step(self) -> Dict[str, float]:
         cfg, step = self.cfg, self.global_step
@@ -195,6 +241,7 @@ class GRPOTrainer:
                                       height=self.height, width=self.width)
         share_rollout(rollout, self.dims)
         timings["rollout_time"] = time.perf_counter() - start
+        fault_point("rollout", step + 1)
 
         start = time.perf_counter()
         rewards, group_rewards = self.score(rollout.videos, prompts)
@@ -299,6 +346,7 @@ class GRPOTrainer:
                 # FSDP reduces the gradients once per optimizer update, on the window's last backward
                 with gradient_sync(self.models.policy, enabled=closes_window and backward_done == num_backward):
                     (loss / backward_per_update).backward()
+                fault_point("update", self.global_step + 1)
                 for name, value in metrics.items():
                     history.setdefault(name, []).append(float(value))
         self.micro_steps += 1
@@ -437,8 +485,7 @@ class GRPOTrainer:
 
     def save(self) -> Path:
         """Write ``checkpoint-{global_step}``: called by every rank (one process: the single-file format)."""
-        config_file = self.run_dir / "run_config.yaml"
-        config_yaml = config_file.read_text() if self.is_main and config_file.exists() else None
+        config_yaml = config_to_yaml(self.cfg) if self.is_main else None  # what resume compares against
         if self.dims.is_distributed:
             path = save_sharded_checkpoint(self.run_dir, self.global_step, self._sharded_objects(),
                                            training_state=self.training_state(),
@@ -459,31 +506,30 @@ class GRPOTrainer:
         return path
 
     def resume(self, path: Path) -> None:
-        """Restore from a checkpoint: a sharded one on any number of processes, a one-process one on one process."""
-        if is_sharded_checkpoint(path):
-            training = load_sharded_checkpoint(path, self._sharded_objects())
-        elif self.dims.is_distributed:
-            raise ConfigError(f"{path} was written by a single process (no transformer_dcp/); resume it with one "
-                              "process, or start a new run from its weights")
+        """Restore from the checkpoint :func:`~sage_grpo.resume.check_resume` accepted: a sharded one on any number
+        of processes, a one-process one on one process."""
+        training = self.resume_check.training_state
+        if self.resume_check.sharded:
+            load_sharded_checkpoint(path, self._sharded_objects())
         else:
-            training = self._load_single_process_checkpoint(path)
+            self._load_single_process_checkpoint(path)
         self.global_step, self.update_steps = training["global_step"], training["update_steps"]
         self.micro_steps = training["micro_steps"]
         if self.kl_controller is not None and training["kl_controller"] is not None:
             self.kl_controller.load_state_dict(training["kl_controller"])
-        self.anchor.load_state_dict(training["anchor_schedule"])
+        if self.models.reference is not None:  # a run resumed without the KL has no anchor to schedule
+            self.anchor.load_state_dict(training["anchor_schedule"])
         self._restore_rng(training)
         if self.is_main:
             truncate_metrics(self.run_dir, self.global_step)
         self.logger.info(f"resumed from {path} at step {self.global_step} (update {self.update_steps})")
 
-    def _load_single_process_checkpoint(self, path: Path) -> dict:
+    def _load_single_process_checkpoint(self, path: Path) -> None:
         state = load_checkpoint(path)
         self.models.load_trainable_state_dict(state["model_state"])
         self.optimizer.load_state_dict(state["optimizer_state"])
-        if state["anchor_state"] is not None:
+        if state["anchor_state"] is not None and self.models.reference is not None:
             self.models.load_reference_state(state["anchor_state"])
-        return state["training_state"]
 
     def _restore_rng(self, training: dict) -> None:
         """This rank's RNG states; after a change of world size the ranks keep their fresh ``seed + dp_rank`` seeding

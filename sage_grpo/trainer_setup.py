@@ -28,7 +28,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from sage_grpo.config import TrainConfig
-from sage_grpo.config.validation import parse_reward_weights
+from sage_grpo.config.validation import ConfigError, parse_reward_weights
 from sage_grpo.lora import CHECKPOINT_LORA_DIR, LoraTraining, check_lora_settings
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
@@ -203,6 +203,22 @@ def build_models(cfg: TrainConfig) -> ModelBundle:
     encoder = PromptEncoder.from_components(components, settings, cache=True)
     autocast_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
     return ModelBundle(cfg, device, policy, reference, components.vae, encoder, autocast_dtype, lora)
+
+
+class RewardFailure(RuntimeError):
+    """The reward failed on every sample of too many consecutive steps (``--max_failed_reward_steps``)."""
+
+
+def check_reward_config(cfg: TrainConfig) -> None:
+    """Validate the reward configuration and resolve its names (plug-ins imported under the plug-in rule of
+    :mod:`sage_grpo.rewards.registry`) without building any reward model."""
+    from sage_grpo.rewards import plan_reward_models
+
+    try:
+        plan_reward_models(cfg.reward_model, parse_reward_weights(cfg.reward_weights), cfg.reward_kwargs,
+                           batch_size=cfg.reward_batch_size)
+    except (ValueError, ImportError, TypeError) as err:
+        raise ConfigError(f"--reward_model {cfg.reward_model}: {err}") from None
 
 
 def build_reward(cfg: TrainConfig, device: torch.device) -> Callable:

@@ -39,3 +39,16 @@ def tiny_components(tiny_root):
 @pytest.fixture(scope="module")
 def tiny_encoder(tiny_components):
     return PromptEncoder.from_components(tiny_components, TINY_TEXT)
+
+
+def tiny_args(root, out_dir, *extra) -> list:
+    """post_train.py flags of a tiny CPU run (2 samples of 5 frames at 16x16, 3 SDE steps, a KL reference)."""
+    return [
+        "--pretrained_model_root", str(root), "--output_dir", str(out_dir), "--dtype", "fp32", "--device", "cpu",
+        "--sp_size", "1", "--batch_size", "2", "--num_generations", "2", "--grpo_sampling_steps", "3",
+        "--sample_n_frames", "5", "--rollout_height", "16", "--rollout_width", "16", "--text_max_length", "16",
+        "--byt5_max_length", "8", "--vision_num_semantic_tokens", "4", "--reward_model", "target_color",
+        "--reward_weights", '{"target_color": 1.0}', "--learning_rate", "1e-3", "--validation_interval", "0",
+        "--save_interval", "1000", "--save_rollout_videos", "false", "--enable_gradient_checkpointing", "false",
+        "--kl_weight", "1e-3", "--kl_coef", "1e-4", "--update_ref_model_step", "2", *extra,
+    ]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from model_fixtures import tiny_root  # noqa: F401
+from model_fixtures import tiny_args, tiny_root  # noqa: F401
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
@@ -17,18 +17,6 @@ pytestmark = pytest.mark.e2e
 
 # Timings differ run to run; everything else must be bit-identical between a straight run and a resumed one.
 TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
-
-
-def tiny_args(root, out_dir, *extra):
-    return [
-        "--pretrained_model_root", str(root), "--output_dir", str(out_dir), "--dtype", "fp32", "--device", "cpu",
-        "--sp_size", "1", "--batch_size", "2", "--num_generations", "2", "--grpo_sampling_steps", "3",
-        "--sample_n_frames", "5", "--rollout_height", "16", "--rollout_width", "16", "--text_max_length", "16",
-        "--byt5_max_length", "8", "--vision_num_semantic_tokens", "4", "--reward_model", "target_color",
-        "--reward_weights", '{"target_color": 1.0}', "--learning_rate", "1e-3", "--validation_interval", "0",
-        "--save_interval", "1000", "--save_rollout_videos", "false", "--enable_gradient_checkpointing", "false",
-        "--kl_weight", "1e-3", "--kl_coef", "1e-4", "--update_ref_model_step", "2", *extra,
-    ]
 
 
 def make_trainer(root, out_dir, *extra) -> GRPOTrainer:

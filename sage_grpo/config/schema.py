@@ -76,7 +76,12 @@ def _scalar_converter(tp: Any):
             if _tp is int and isinstance(value, float) and not value.is_integer():
                 raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}")
             if _tp is int and isinstance(value, str):
-                return int(float(value)) if "e" in value.lower() else int(value)
+                if "e" not in value.lower():
+                    return int(value)
+                number = float(value)  # 1e4 is an integer; 2.5e0 is not
+                if not number.is_integer():
+                    raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}")
+                return int(number)
             return _tp(value)
         return convert
     if tp is dict or typing.get_origin(tp) is dict:
@@ -206,6 +211,11 @@ def to_dict(config: Any) -> Dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def config_to_yaml(config: Any) -> str:
+    """The resolved config as YAML text (what ``--config`` reads back)."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
 def save_yaml(config: Any, path: Path) -> None:
     """Write the resolved config; the file can be passed back with ``--config``."""
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    Path(path).write_text(config_to_yaml(config))

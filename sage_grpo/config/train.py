@@ -145,5 +145,12 @@ class TrainConfig:
     keep_rollout_steps: int = config_field(
         20, "Keep rollout media of only the newest N steps (<= 0 keeps all, as the reference)")
     keep_checkpoints: int = config_field(0, "Keep only the newest N checkpoints (<= 0 keeps all)")
-    overwrite_output_dir: bool = config_field(False, "Start over in a directory that holds another run, deleting that run's logs, media and checkpoints")
+    overwrite_output_dir: bool = config_field(
+        False, "Start over in a directory that holds another run, deleting that run's logs, media and checkpoints "
+        "(only once the new run's configuration, models and reward have loaded)")
+    allow_config_change: bool = config_field(
+        False, "Resume even when run-defining settings (sampler, KL, optimizer, LoRA, reward, ...) differ from the "
+        "checkpoint's; the differences are logged and recorded in config_changes.yaml")
+    max_failed_reward_steps: int = config_field(
+        3, "Stop after this many consecutive steps in which the reward failed on every sample (0: never stop)")
     device: Optional[str] = config_field(None, "Device (default: cuda:LOCAL_RANK when available, else cpu)")

@@ -4,7 +4,9 @@ Every failure raises ``ConfigError`` (a ``ValueError``) whose message names the 
 alternative, so that a mistyped launch line fails in a second instead of after minutes of model loading.
 """
 
+import dataclasses
 import json
+import math
 from typing import Dict, List, Optional, Tuple
 
 from sage_grpo.config.train import TrainConfig
@@ -91,6 +93,11 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
                           num_attention_heads: Optional[int] = None) -> List[str]:
     """Check every rule that needs no model; returns human-readable notes (empty when nothing to say)."""
     notes: List[str] = []
+    for field in dataclasses.fields(cfg):  # nan passes every comparison below; inf is no valid setting either
+        value = getattr(cfg, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            _fail(f"{field.name}-finite", f"--{field.name} {value} is not a finite number",
+                  f"give a number; the default is {field.default!r}")
     if cfg.post_train_type != "grpo":
         _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
               "'standard' path crashes)", "use --post_train_type grpo")
@@ -115,6 +122,15 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
                  "reward_batch_size", "validation_num_inference_steps"):
         if getattr(cfg, name) < 1:
             _fail(f"{name}-positive", f"--{name} {getattr(cfg, name)} must be >= 1", "see --help for the default")
+    for name in ("weight_decay", "warmup_steps", "dual_kl_moving_weight", "dual_kl_step_weight",
+                 "max_failed_reward_steps", "validation_interval"):
+        if getattr(cfg, name) < 0:
+            _fail(f"{name}-nonnegative", f"--{name} {getattr(cfg, name)} must be >= 0", "see --help for the default")
+    if not 0.0 <= cfg.lora_dropout < 1.0:
+        _fail("lora-dropout", f"--lora_dropout {cfg.lora_dropout} must be in [0, 1)", "use 0.0")
+    if cfg.use_moving_KL and cfg.update_ref_model_step < 1:
+        _fail("anchor-interval", f"--update_ref_model_step {cfg.update_ref_model_step} must be >= 1 with the moving "
+              "anchor", "use 10 (the reference's value), or --use_moving_KL false")
     if cfg.dp_replicate < 1 or (world_size % cfg.dp_replicate):
         _fail("dp-replicate-divides-world", f"--dp_replicate {cfg.dp_replicate} must divide the world size "
               f"{world_size}", "use --dp_replicate 1")

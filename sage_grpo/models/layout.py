@@ -149,3 +149,33 @@ def required_layouts(transformer_versions: Sequence[str] = (DEFAULT_TRANSFORMER_
     layouts += [SCHEDULER]
     layouts += [VIDEO_REWARD] if reward else []
     return layouts
+
+
+def unreadable_weight_files(root: Path, layouts: Sequence[ComponentLayout]) -> List[str]:
+    """``path: reason`` for every ``*.safetensors`` file of ``layouts`` whose header cannot be read (truncated or
+    not safetensors). Reads only the headers."""
+    from safetensors import safe_open
+
+    bad = []
+    for component in layouts:
+        for file in sorted((Path(root) / component.subdir).glob("*.safetensors")):
+            try:
+                with safe_open(str(file), framework="pt") as handle:
+                    handle.keys()
+            except Exception as err:  # SafetensorError, OSError
+                bad.append(f"{file}: {err}")
+    return bad
+
+
+def check_model_root(root: Path, transformer_version: str, *, text_encoders: bool = True) -> None:
+    """Before any model loads: the transformer version exists, no file of the layout is missing (one
+    :class:`MissingCheckpointError` lists them all) and every weight file's header is readable."""
+    from sage_grpo.safe_io import CheckpointError
+
+    check_transformer_version(root, transformer_version)
+    layouts = required_layouts((transformer_version,), text_encoders=text_encoders)
+    check_layout(root, layouts)
+    bad = unreadable_weight_files(root, layouts)
+    if bad:
+        raise CheckpointError("unreadable weight file(s), truncated or not safetensors (download or copy them "
+                              "again):\n" + "\n".join(f"  - {line}" for line in bad))

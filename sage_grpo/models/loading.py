@@ -16,6 +16,7 @@ from typing import Dict, Optional, Union
 import torch
 
 from sage_grpo.models import layout
+from sage_grpo.safe_io import CheckpointError
 
 PathLike = Union[str, Path]
 # Where the single-process trainer saves full weights inside ``checkpoint-N/``.
@@ -130,15 +131,23 @@ def resolve_transformer_weights(path: PathLike) -> Path:
 
 
 def _read_safetensors(path: Path) -> Dict[str, torch.Tensor]:
+    """The tensors of a safetensors file or sharded index; an unreadable file is named (CheckpointError)."""
     from safetensors.torch import load_file
+
+    def read(file: Path) -> Dict[str, torch.Tensor]:
+        try:
+            return load_file(file)
+        except Exception as err:  # SafetensorError, OSError
+            raise CheckpointError(f"cannot read transformer weights {file}: {err} (truncated or not a safetensors "
+                                  "file; download or copy it again)") from None
 
     if path.name.endswith(".index.json"):
         shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
         state: Dict[str, torch.Tensor] = {}
         for shard in shards:
-            state.update(load_file(path.parent / shard))
+            state.update(read(path.parent / shard))
         return state
-    return load_file(path)
+    return read(path)
 
 
 def load_transformer_weights(transformer: torch.nn.Module, path: PathLike) -> torch.nn.Module:

@@ -1,0 +1,160 @@
+"""What a resume may continue, decided before any model loads.
+
+:func:`check_resume` finds the checkpoint (``--resume_from_checkpoint DIR`` or ``latest``), checks that every part
+the run needs is there and readable (weights, optimizer state, training state, the moving anchor once it has moved),
+loads the training state (plain data only, :mod:`sage_grpo.safe_io`), and compares the settings that define the run
+with the checkpoint's ``config.yaml``. A change of any of them is refused with the list of differences, unless
+``--allow_config_change true``: then the differences are returned for the trainer to log and record in
+``config_changes.yaml``.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from sage_grpo.checkpoint import DCP_DIR, is_sharded_checkpoint, resolve_resume_path
+from sage_grpo.config import TrainConfig, to_dict
+from sage_grpo.config.validation import ConfigError
+from sage_grpo.safe_io import CheckpointError, load_plain, read_dcp_metadata
+
+# Settings whose change makes the continued run a different experiment (the optimizer state, the anchor schedule, the
+# KL controller, the advantages or the sampled trajectories would no longer mean what they meant). Everything else
+# (max_steps, intervals, logging, validation, offloading, the parallel layout within the rules) may change freely.
+RUN_DEFINING: Tuple[str, ...] = (
+    # model and precision
+    "pretrained_transformer_version", "dtype", "master_weight_type",
+    # optimizer and schedule
+    "use_muon", "learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "gradient_accumulation_steps",
+    "max_grad_norm",
+    # data and groups
+    "batch_size", "num_generations", "seed", "use_same_noise",
+    # sampler
+    "sde_type", "eta", "grpo_sampling_steps", "infer_flow_shift_video", "cfg_scale", "neg_prompt", "sample_n_frames",
+    "video_bucket_hw_base_size", "rollout_height", "rollout_width",
+    # GRPO objective
+    "timestep_fraction", "clip_range", "adv_clip_max", "use_grad_balancing", "enable_timestep_permutation",
+    "mini_batch_size_per_update",
+    # trust region
+    "kl_weight", "kl_coef", "kl_min_coef", "use_moving_KL", "update_ref_model_step", "use_dual_kl",
+    "dual_kl_moving_weight", "dual_kl_step_weight",
+    # reward
+    "reward_model", "reward_weights", "reward_kwargs", "reward_checkpoint_mode",
+    # LoRA
+    "use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+)
+CONFIG_CHANGES_FILE = "config_changes.yaml"
+
+
+@dataclass
+class ResumeCheck:
+    """The outcome of :func:`check_resume`."""
+
+    path: Path
+    sharded: bool
+    training_state: dict
+    differences: Dict[str, Tuple[Any, Any]] = field(default_factory=dict)  # setting -> (checkpoint, now)
+    notes: List[str] = field(default_factory=list)
+
+
+def check_safetensors(path: Path, what: str) -> None:
+    """Open ``path``'s header (cheap: no tensor is read), naming the file when it is missing or truncated."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise CheckpointError(f"{what} {path} is missing")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except Exception as err:  # SafetensorError and OSError
+        raise CheckpointError(f"cannot read {what} {path}: {err} (truncated or not a safetensors file; an "
+                              "interrupted copy leaves such files)") from None
+
+
+def config_differences(saved: Dict[str, Any], cfg: TrainConfig) -> Dict[str, Tuple[Any, Any]]:
+    """The run-defining settings whose values differ between a checkpoint's config and ``cfg``."""
+    now = to_dict(cfg)
+    return {key: (saved.get(key), now[key]) for key in RUN_DEFINING if key in saved and saved[key] != now[key]}
+
+
+def _read_saved_config(path: Path) -> Optional[Dict[str, Any]]:
+    file = path / "config.yaml"
+    if not file.is_file():
+        return None
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise CheckpointError(f"cannot read {file}: {err}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} is not a mapping of option names to values")
+    return data
+
+
+def _check_parts(path: Path, sharded: bool) -> List[str]:
+    """The names of the parts a checkpoint's tensors live in; raises naming the first missing or unreadable one."""
+    if sharded:
+        stored = set(read_dcp_metadata(path / DCP_DIR).state_dict_metadata)
+        if not any(key.startswith("model.") for key in stored):
+            raise CheckpointError(f"{path / DCP_DIR} holds no model weights")
+        return sorted(stored)
+    check_safetensors(path / "transformer" / "model.safetensors", "trainable weights")
+    if not (path / "optimizer.pt").is_file():
+        raise CheckpointError(f"optimizer state {path / 'optimizer.pt'} is missing; the optimizer cannot continue "
+                              "where it stopped. Resume from another checkpoint, or start a new run from "
+                              f"{path / 'transformer' / 'model.safetensors'}")
+    anchor = path / "anchor" / "model.safetensors"
+    if anchor.exists():
+        check_safetensors(anchor, "moving-anchor weights")
+    return []
+
+
+def check_resume(cfg: TrainConfig, *, distributed: bool) -> ResumeCheck:
+    """Everything about ``--resume_from_checkpoint`` that can be checked without a model (see module docstring)."""
+    path = resolve_resume_path(cfg.resume_from_checkpoint, Path(cfg.output_dir))
+    sharded = is_sharded_checkpoint(path)
+    if distributed and not sharded:
+        raise ConfigError(f"{path} was written by a single process (no {DCP_DIR}/); resume it with one process, or "
+                          "start a new run from its weights")
+    stored = _check_parts(path, sharded)
+    training = load_plain(path / "training_state.pt", "training state")
+    if not isinstance(training, dict) or "global_step" not in training:
+        raise CheckpointError(f"{path / 'training_state.pt'} is not a sage-grpo training state")
+    check = ResumeCheck(path, sharded, training)
+
+    anchor_moved = (training.get("anchor_schedule") or {}).get("last_refreshed_at") is not None
+    has_anchor = (any(key.startswith("anchor.") for key in stored) if sharded
+                  else (path / "anchor" / "model.safetensors").is_file())
+    wants_reference = cfg.kl_weight > 0
+    if anchor_moved and wants_reference and not has_anchor:
+        where = f"anchor.* in {path / DCP_DIR}" if sharded else str(path / "anchor" / "model.safetensors")
+        raise CheckpointError(f"{path} lacks the moving anchor ({where}) although the anchor moved at update "
+                              f"{training['anchor_schedule']['last_refreshed_at']}: resuming would take the base "
+                              "model as the KL reference. Resume from an intact checkpoint")
+    if has_anchor and not wants_reference:
+        check.notes.append(f"{path} holds a moving anchor, but --kl_weight {cfg.kl_weight} runs without a KL "
+                           "reference: the anchor is not used")
+
+    saved = _read_saved_config(path)
+    if saved is None:
+        check.notes.append(f"{path} has no config.yaml (written by an earlier version): the run's settings cannot be "
+                           "compared with the checkpoint's")
+    else:
+        check.differences = config_differences(saved, cfg)
+    if check.differences and not cfg.allow_config_change:
+        lines = "; ".join(f"--{key} {old!r} -> {new!r}" for key, (old, new) in check.differences.items())
+        raise ConfigError(f"resuming {path} with settings that define a different run: {lines}. Use the "
+                          f"checkpoint's values (its config.yaml), or pass --allow_config_change true to continue "
+                          f"anyway (the changes are logged and recorded in {CONFIG_CHANGES_FILE})")
+    return check
+
+
+def record_config_changes(run_dir: Path, check: ResumeCheck) -> None:
+    """Append this resume's setting changes to ``config_changes.yaml`` in the run directory."""
+    file = Path(run_dir) / CONFIG_CHANGES_FILE
+    history = yaml.safe_load(file.read_text()) if file.is_file() else None
+    history = history if isinstance(history, list) else []
+    history.append({"resumed_from": str(check.path), "at_step": int(check.training_state["global_step"]),
+                    "changes": {key: {"checkpoint": old, "now": new} for key, (old, new) in
+                                check.differences.items()}})
+    file.write_text(yaml.safe_dump(history, sort_keys=False))
