@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from procs import run_group
 
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.distributed import (ParallelDims, all_gather_in_group, apply_sequence_parallel,
@@ -115,7 +116,7 @@ def _run_torchrun(script: str, nproc: int, tmp_path_factory, timeout: int = 150)
         env["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo on the loopback interface
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(SCRIPTS / script), str(report)]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_group(cmd, cwd=REPO_ROOT, env=env, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(report.read_text())
 
@@ -211,8 +212,7 @@ def _launch(script: str, *args: str, **env_vars: str) -> subprocess.CompletedPro
                    "RESUME", "TORCHRUN", "DRY_RUN", "PDSH_FANOUT")
     env = {k: v for k, v in os.environ.items() if k not in launch_vars}
     env.update(env_vars)
-    return subprocess.run(["bash", str(REPO_ROOT / script), *args], env=env, capture_output=True, text=True,
-                          timeout=30)
+    return run_group(["bash", str(REPO_ROOT / script), *args], env=env, timeout=30)
 
 
 def test_run_post_train_dry_run():
