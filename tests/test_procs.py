@@ -99,7 +99,8 @@ def test_a_bad_scale_is_refused(monkeypatch, value):
 
 
 def test_the_normal_path_is_subprocess_run(tmp_path):
-    code = "import os, sys; print('out', os.getcwd(), os.environ['PROCS_TEST']); print('err', file=sys.stderr); sys.exit(3)"
+    code = ("import os, sys; print('out', os.getcwd(), os.environ['PROCS_TEST']); print('err', file=sys.stderr); "
+            "sys.exit(3)")
     result = run_group([sys.executable, "-c", code], timeout=30, cwd=tmp_path, env={**os.environ, "PROCS_TEST": "x"})
     assert isinstance(result, subprocess.CompletedProcess)
     assert result.args == [sys.executable, "-c", code]
