@@ -8,17 +8,22 @@ Timeouts scale with the machine: ``scaled(seconds)`` multiplies a timeout tuned 
 ``SAGE_GRPO_TEST_TIMEOUT_SCALE`` (default 1; raise it on a slower or loaded machine).
 """
 
+import math
 import os
 import signal
 import subprocess
-from typing import List, Sequence
+from collections.abc import Sequence
 
 
 def scaled(seconds: float) -> float:
     """A timeout tuned on the 2-core CI machine, scaled by ``SAGE_GRPO_TEST_TIMEOUT_SCALE``."""
-    factor = float(os.environ.get("SAGE_GRPO_TEST_TIMEOUT_SCALE", "1"))
-    if not factor > 0:
-        raise ValueError(f"SAGE_GRPO_TEST_TIMEOUT_SCALE must be a positive number, got {factor}")
+    text = os.environ.get("SAGE_GRPO_TEST_TIMEOUT_SCALE", "1")
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = math.nan
+    if not (factor > 0 and math.isfinite(factor)):  # inf would crash communicate() with an OverflowError
+        raise ValueError(f"SAGE_GRPO_TEST_TIMEOUT_SCALE must be a positive finite number, got {text!r}")
     return seconds * factor
 
 
@@ -64,4 +69,4 @@ def start_group(cmd: Sequence[str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(list(cmd), start_new_session=True, **kwargs)
 
 
-__all__: List[str] = ["scaled", "kill_group", "run_group", "start_group"]
+__all__: list[str] = ["kill_group", "run_group", "scaled", "start_group"]

@@ -1,10 +1,10 @@
 """The configuration surface: reference flag names, types, effective defaults, YAML layering and validity rules."""
 
-import subprocess
 import sys
 import warnings
 
 import pytest
+from procs import run_group
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, save_yaml, validate_train_config
 from sage_grpo.config.schema import load_yaml, str_to_bool
@@ -56,8 +56,9 @@ def test_defaults_match_reference_table():
 
 
 def test_help_lists_every_reference_flag():
-    out = subprocess.run([sys.executable, "post_train.py", "--help"], cwd=REPO_ROOT, capture_output=True, text=True,
-                         check=True).stdout
+    result = run_group([sys.executable, "post_train.py", "--help"], cwd=REPO_ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
     for name in REFERENCE_DEFAULTS:
         assert f"--{name}" in out, name
     for alias in ("--validation_video_length", "--video_length", "--config"):

@@ -7,6 +7,7 @@ writes the worst error over ranks to a JSON report that the tests below read.
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from procs import run_group
 
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.distributed import (ParallelDims, all_gather_in_group, apply_sequence_parallel,
@@ -115,7 +117,7 @@ def _run_torchrun(script: str, nproc: int, tmp_path_factory, timeout: int = 150)
         env["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo on the loopback interface
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(SCRIPTS / script), str(report)]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_group(cmd, cwd=REPO_ROOT, env=env, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(report.read_text())
 
@@ -206,13 +208,14 @@ def test_fsdp_with_sp_matches_single_process(four_ranks):
 
 # ---------------------------------------------------------------- launch scripts (DRY_RUN=1: print, do not run)
 
+LAUNCH_VARS = ("NODE_LIST", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "OUTPUT_DIR",
+               "RESUME", "TORCHRUN", "DRY_RUN", "PDSH_FANOUT", "PDSH_SECRETS_DIR", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
 def _launch(script: str, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
-    launch_vars = ("NODE_LIST", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "OUTPUT_DIR",
-                   "RESUME", "TORCHRUN", "DRY_RUN", "PDSH_FANOUT")
-    env = {k: v for k, v in os.environ.items() if k not in launch_vars}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(env_vars)
-    return subprocess.run(["bash", str(REPO_ROOT / script), *args], env=env, capture_output=True, text=True,
-                          timeout=30)
+    return run_group(["bash", str(REPO_ROOT / script), *args], env=env, timeout=30)
 
 
 def test_run_post_train_dry_run():
@@ -246,6 +249,91 @@ def test_multinode_dry_run_uses_pdsh_on_every_node():
     assert line.startswith("pdsh -w node-a,node-b -f 2 ")
     assert f"cd {REPO_ROOT}" in line and "RESUME=latest" in line and "NODE_RANK" not in line
     assert line.rstrip("'").endswith("bash scripts/post_train/train_grpo.sh --max_steps 5")
+
+
+def test_pdsh_dry_run_shows_no_secret(tmp_path):
+    secrets_dir = tmp_path / "secrets"
+    proc = _launch("run_post_train_multinode.sh", DRY_RUN="1", NODE_LIST="node-a,node-b", HF_TOKEN="secret123",
+                   PDSH_SECRETS_DIR=str(secrets_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert "secret123" not in proc.stdout + proc.stderr
+    assert f". {secrets_dir}/env.XXXXXXXX && env " in proc.stdout and "HF_TOKEN" not in proc.stdout
+    assert "HF_TOKEN: sourced from" in proc.stderr
+    assert not secrets_dir.exists()  # a dry run writes no secrets file
+    default = _launch("run_post_train_multinode.sh", DRY_RUN="1", NODE_LIST="node-a", HF_TOKEN="secret123")
+    assert f". {REPO_ROOT}/.pdsh_env/env.XXXXXXXX && env " in default.stdout and "secret123" not in default.stdout
+
+
+FAKE_PDSH = r"""#!/usr/bin/env bash
+# fake `pdsh -w HOSTS -f N REMOTE`: records its argv, then runs REMOTE once per host as ssh would, in a fresh login
+# environment (nothing inherited from the launching shell)
+printf '%s\0' "$@" > "$FAKE_PDSH_ARGV"
+while getopts w:f: opt; do [ "$opt" = w ] && hosts=$OPTARG; done
+shift $((OPTIND - 1))
+IFS=, read -r -a list <<< "$hosts"
+status=0
+for host in "${list[@]}"; do
+  env -i PATH="$PATH" HOME="$HOME" bash -c "$1" || status=$?
+done
+exit $status
+"""
+
+# the script pdsh_train.sh runs on each "node": what it was given, and every command line of the machine meanwhile
+NODE_PROBE = r"""#!/usr/bin/env bash
+{
+  printf 'HF_TOKEN=%s\n' "${HF_TOKEN-unset}"
+  printf 'HUGGING_FACE_HUB_TOKEN=%s\n' "${HUGGING_FACE_HUB_TOKEN-unset}"
+  printf 'HF_HUB_OFFLINE=%s\n' "${HF_HUB_OFFLINE-unset}"
+  printf 'args=%s\n' "$*"
+  printf 'secrets_files=%s\n' "$(stat -c '%a' "$PROBE_SECRETS_DIR"/env.* | tr '\n' ' ')"
+  printf 'secrets_dir=%s\n' "$(stat -c '%a' "$PROBE_SECRETS_DIR")"
+} >> "$PROBE_OUT"
+cat /proc/[0-9]*/cmdline 2> /dev/null | tr '\0' ' ' >> "$PROBE_CMDLINES"
+exit 7
+"""
+
+
+def test_pdsh_secrets_reach_the_node_through_its_environment_only(tmp_path):
+    """With a fake pdsh that emulates ssh (a fresh environment), the remote script sees HF_TOKEN in its environment;
+    no command line on the machine (pdsh's argv, the remote shell's, env's) holds it; the file is gone afterwards."""
+    token = f"secret123-{os.getpid()} 'quoted' $HOME"  # a unique value that quoting must carry intact
+    secrets_dir, out, cmdlines, argv_log = (tmp_path / name for name in ("secrets", "out", "cmdlines", "argv"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pdsh").write_text(FAKE_PDSH)
+    (bin_dir / "pdsh").chmod(0o755)
+    probe = tmp_path / "probe.sh"
+    # where the probe writes is part of its text: nothing else crosses the fake ssh
+    probe.write_text(f"PROBE_OUT={shlex.quote(str(out))}\nPROBE_CMDLINES={shlex.quote(str(cmdlines))}\n"
+                     f"PROBE_SECRETS_DIR={shlex.quote(str(secrets_dir))}\n" + NODE_PROBE)
+    inherited = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("HF_")}
+    proc = run_group(["bash", str(REPO_ROOT / "scripts/post_train/pdsh_train.sh"), str(probe), "--flag", "a b"],
+                     env={**inherited, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NODE_LIST": "node-a,node-b",
+                          "HF_TOKEN": token, "HUGGING_FACE_HUB_TOKEN": token + "-2", "HF_HUB_OFFLINE": "1",
+                          "PDSH_SECRETS_DIR": str(secrets_dir), "FAKE_PDSH_ARGV": str(argv_log)}, timeout=30)
+    assert proc.returncode == 7, proc.stderr  # pdsh's exit status comes back
+    seen = out.read_text().splitlines()
+    assert seen == [f"HF_TOKEN={token}", f"HUGGING_FACE_HUB_TOKEN={token}-2", "HF_HUB_OFFLINE=1", "args=--flag a b",
+                    "secrets_files=600 ", "secrets_dir=700"] * 2  # both nodes
+    argv = argv_log.read_text().split("\0")[:-1]
+    assert argv[:4] == ["-w", "node-a,node-b", "-f", "2"] and f". {secrets_dir}/env." in argv[4]
+    assert "HF_HUB_OFFLINE=1" in argv[4]  # a variable that is no secret stays on the command line
+    assert "secret123" not in "".join(argv) and "secret123" not in proc.stdout + proc.stderr
+    listing = cmdlines.read_text()
+    assert f". {secrets_dir}/env." in listing and "secret123" not in listing  # it saw pdsh's argv, but no secret
+    assert list(secrets_dir.iterdir()) == []  # deleted when pdsh exited
+
+
+def test_pdsh_secrets_file_is_deleted_when_the_launch_fails(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pdsh").write_text("#!/usr/bin/env bash\nexit 255\n")  # ssh refused on every node
+    (bin_dir / "pdsh").chmod(0o755)
+    proc = run_group(["bash", str(REPO_ROOT / "scripts/post_train/pdsh_train.sh"), "scripts/post_train/train_grpo.sh"],
+                     env={**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS},
+                          "PATH": f"{bin_dir}:{os.environ['PATH']}", "NODE_LIST": "node-a",
+                          "HF_TOKEN": "secret123", "PDSH_SECRETS_DIR": str(tmp_path / "secrets")}, timeout=30)
+    assert proc.returncode == 255 and list((tmp_path / "secrets").iterdir()) == []
 
 
 @pytest.mark.parametrize("script, env_vars, message", [

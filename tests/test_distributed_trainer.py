@@ -1,6 +1,7 @@
 """The GRPO trainer on several processes (torchrun, gloo on 127.0.0.1, CPU) against one process, on the tiny checkpoint.
 
-Runs (each a torchrun subprocess with a timeout, one intra-op thread per process):
+Runs (each a torchrun subprocess in its own process group, killed whole on timeout (tests/procs.py), one intra-op
+thread per process):
 
 - baseline: one process, batch 4 = one prompt group of G = 4, 3 steps, AdamW, constant KL beta, anchor refreshed
   before step 3;
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 from model_fixtures import tiny_checkpoint
+from procs import run_group
 from safetensors.torch import load_file
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
@@ -72,7 +74,7 @@ def torchrun(nproc: int, *args: str, timeout: int = 150) -> subprocess.Completed
         env["GLOO_SOCKET_IFNAME"] = "lo"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
            "127.0.0.1", "--master_port", str(_free_port()), *args]
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_group(cmd, cwd=REPO_ROOT, env=env, timeout=timeout)
 
 
 def run_ok(nproc: int, *args: str) -> subprocess.CompletedProcess:

@@ -5,13 +5,13 @@ import http.server
 import os
 import shutil
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from model_fixtures import tiny_root  # noqa: F401
+from procs import run_group
 
 pytestmark = pytest.mark.e2e
 
@@ -37,8 +37,7 @@ for pattern in "${includes[@]}"; do c=${pattern%/*}; mkdir -p "$dir/$c"; cp -r "
 def run_script(*args, env=None, timeout=120):
     base = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     base.update(env or {})
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, env=base, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_group(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, env=base, timeout=timeout)
 
 
 def test_help_documents_the_layout():

@@ -2,7 +2,6 @@
 file and sharded DCP), the speed flags, e2e."""
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +10,7 @@ import imageio
 import pytest
 import torch
 from model_fixtures import tiny_root  # noqa: F401
+from procs import run_group
 from safetensors.torch import save_file
 
 import generate
@@ -21,6 +21,7 @@ from sage_grpo.pipeline.generation import Acceleration, VideoGenerator, parse_bl
 from sage_grpo.video_io import sanitize_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 180  # per subprocess, scaled by SAGE_GRPO_TEST_TIMEOUT_SCALE; the two of the e2e test take 14 s on 2 cores
 TINY_ARGS = ["--fixed_size", "16x32", "--video_length", "5", "--num_inference_steps", "3", "--dtype", "fp32",
              "--device", "cpu"]
 
@@ -138,12 +139,12 @@ def test_generate_with_trained_weights(tiny_root, tmp_path):
 def test_make_tiny_checkpoint_and_generate_end_to_end(tmp_path):
     """The two real entry points as subprocesses (timed by scripts/benchmark_tiny_generate.sh, not here)."""
     ckpts, video = tmp_path / "ckpts", tmp_path / "cat.mp4"
-    subprocess.run([sys.executable, "scripts/make_tiny_checkpoint.py", "--output", str(ckpts), "--no_reward"],
-                   cwd=REPO_ROOT, check=True, capture_output=True)
-    result = subprocess.run([sys.executable, "generate.py", "--model_path", str(ckpts), "--prompt", "A cat walks",
-                             "--fixed_size", "32x48", "--video_length", "9", "--num_inference_steps", "4",
-                             "--dtype", "fp32", "--output_path", str(video)],
-                            cwd=REPO_ROOT, capture_output=True, text=True)
+    made = run_group([sys.executable, "scripts/make_tiny_checkpoint.py", "--output", str(ckpts), "--no_reward"],
+                     cwd=REPO_ROOT, timeout=TIMEOUT)
+    assert made.returncode == 0, made.stderr[-2000:]
+    result = run_group([sys.executable, "generate.py", "--model_path", str(ckpts), "--prompt", "A cat walks",
+                        "--fixed_size", "32x48", "--video_length", "9", "--num_inference_steps", "4",
+                        "--dtype", "fp32", "--output_path", str(video)], cwd=REPO_ROOT, timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_video(video) == (9, (32, 48, 3)) and (tmp_path / "cat_config.json").is_file()
 

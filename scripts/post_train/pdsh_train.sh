@@ -8,10 +8,19 @@
 #   NODE_LIST        required: comma-separated hosts (names or IPs), the first one is the rendezvous master
 #   PDSH_FANOUT      how many nodes pdsh contacts at once (default: all of them)
 #   PDSH_RCMD_TYPE   pdsh remote command module (default ssh; needs password-less ssh between nodes)
+#   PDSH_SECRETS_DIR where the secrets file is written (default: .pdsh_env/ in this repository, ignored by git); it
+#                    must be a directory at the same path on every node (a shared file system)
 #   DRY_RUN          1: print the pdsh command instead of running it (DRY_RUN is also forwarded to the nodes)
 # Forwarded to every node when set here: NODE_LIST NNODES MASTER_ADDR MASTER_PORT NPROC_PER_NODE OUTPUT_DIR RESUME
-# TORCHRUN DRY_RUN PYTHONPATH CUDA_VISIBLE_DEVICES and every NCCL_*, GLOO_*, TORCH_*, HF_* variable. NODE_RANK is
-# not forwarded: each node derives its own from its position in NODE_LIST.
+# TORCHRUN DRY_RUN PYTHONPATH CUDA_VISIBLE_DEVICES HUGGING_FACE_HUB_TOKEN and every NCCL_*, GLOO_*, TORCH_*, HF_*
+# variable. NODE_RANK is not forwarded: each node derives its own from its position in NODE_LIST.
+#
+# Secrets never travel on a command line (where ps shows them on every host): a forwarded variable whose name
+# contains TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, ...) is written as an
+# `export NAME=value` line to a file of mode 0600 in PDSH_SECRETS_DIR, which the remote shell sources (`. FILE`) before
+# running the script, so the value reaches the script through its environment. The file is deleted when pdsh exits
+# (or this script is killed); DRY_RUN=1 prints the command with the file's name pattern and writes no file. Other
+# variables are passed as `env NAME=value` on the remote command line.
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -26,27 +35,73 @@ script=$1
 shift
 repo_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 IFS=, read -r -a nodes <<< "$NODE_LIST"
+dry_run=0
+[[ "${DRY_RUN:-0}" == 1 ]] && dry_run=1
+if [[ $dry_run == 0 ]] && ! command -v pdsh > /dev/null; then
+  echo "error: pdsh is not installed (apt-get install pdsh), or run scripts/post_train/train_grpo.sh on each node" >&2
+  exit 2
+fi
+
+is_secret() {
+  case ${1^^} in
+    *TOKEN* | *KEY* | *SECRET* | *PASSWORD* | *CREDENTIAL*) return 0 ;;
+    *) return 1 ;;
+  esac
+}
 
 forwarded=()
+secrets=()
 for name in NODE_LIST NNODES MASTER_ADDR MASTER_PORT NPROC_PER_NODE OUTPUT_DIR RESUME TORCHRUN DRY_RUN PYTHONPATH \
-            CUDA_VISIBLE_DEVICES $(compgen -e | grep -E '^(NCCL|GLOO|TORCH|HF)_' || true); do
+            CUDA_VISIBLE_DEVICES HUGGING_FACE_HUB_TOKEN $(compgen -e | grep -E '^(NCCL|GLOO|TORCH|HF)_' || true); do
   if [[ -n "${!name+x}" ]]; then
-    forwarded+=("$name=$(printf '%q' "${!name}")")
+    if is_secret "$name"; then
+      secrets+=("$name")
+    else
+      forwarded+=("$name=$(printf '%q' "${!name}")")
+    fi
   fi
 done
-remote="cd $(printf '%q' "$repo_dir") && env ${forwarded[*]} bash $(printf '%q' "$script")"
+
+remote="cd $(printf '%q' "$repo_dir")"
+secrets_file=
+if [[ ${#secrets[@]} -gt 0 ]]; then
+  secrets_dir=${PDSH_SECRETS_DIR:-$repo_dir/.pdsh_env}
+  if [[ $dry_run == 1 ]]; then
+    [[ "$secrets_dir" == /* ]] || secrets_dir=$PWD/$secrets_dir
+    secrets_file=$secrets_dir/env.XXXXXXXX  # the name pattern: a dry run writes no file
+  else
+    if ! (umask 077 && mkdir -p "$secrets_dir") || [[ ! -w "$secrets_dir" ]]; then
+      echo "error: cannot write the secrets file to $secrets_dir; set PDSH_SECRETS_DIR to a writable directory" \
+           "at the same path on every node" >&2
+      exit 2
+    fi
+    secrets_dir=$(cd "$secrets_dir" && pwd)
+    secrets_file=$(umask 077 && mktemp "$secrets_dir/env.XXXXXXXX")
+    trap 'rm -f "$secrets_file"' EXIT
+    (
+      umask 077
+      for name in "${secrets[@]}"; do
+        printf 'export %s=%q\n' "$name" "${!name}"
+      done > "$secrets_file"
+    )
+  fi
+  remote+=" && . $(printf '%q' "$secrets_file")"
+fi
+remote+=" && env ${forwarded[*]} bash $(printf '%q' "$script")"
 for arg in "$@"; do
   remote+=" $(printf '%q' "$arg")"
 done
 
 export PDSH_RCMD_TYPE=${PDSH_RCMD_TYPE:-ssh}
 cmd=(pdsh -w "$NODE_LIST" -f "${PDSH_FANOUT:-${#nodes[@]}}" "$remote")
-if [[ "${DRY_RUN:-0}" == 1 ]]; then
+if [[ $dry_run == 1 ]]; then
   echo "${cmd[*]:0:5} ${remote@Q}"
+  if [[ -n "$secrets_file" ]]; then
+    echo "# ${secrets[*]}: sourced from $secrets_file (mode 0600, created at launch, deleted when pdsh exits)" >&2
+  fi
   exit 0
 fi
-if ! command -v pdsh > /dev/null; then
-  echo "error: pdsh is not installed (apt-get install pdsh), or run scripts/post_train/train_grpo.sh on each node" >&2
-  exit 2
-fi
-exec "${cmd[@]}"
+# pdsh runs as a child (not exec) so that the EXIT trap deletes the secrets file once every node has finished
+status=0
+"${cmd[@]}" || status=$?
+exit $status
