@@ -28,8 +28,8 @@ RUN_DEFINING: Tuple[str, ...] = (
     # optimizer and schedule
     "use_muon", "learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "gradient_accumulation_steps",
     "max_grad_norm",
-    # data and groups
-    "batch_size", "num_generations", "seed", "use_same_noise",
+    # data and groups (the videos per step, batch_size x dp, are compared through the checkpoint's layout record)
+    "num_generations", "seed", "use_same_noise",
     # sampler
     "sde_type", "eta", "grpo_sampling_steps", "infer_flow_shift_video", "cfg_scale", "neg_prompt", "sample_n_frames",
     "video_bucket_hw_base_size", "rollout_height", "rollout_width",
@@ -109,7 +109,18 @@ def _check_parts(path: Path, sharded: bool) -> List[str]:
     return []
 
 
-def check_resume(cfg: TrainConfig, *, distributed: bool) -> ResumeCheck:
+def layout_record(cfg: TrainConfig, world_size: int, dp_size: int, sp_size: int) -> dict:
+    """What a checkpoint records of the parallel layout. Only the videos per step matter to the run (DCP reshards
+    the weights to any layout, and every sample's randomness depends on its index in the step's global batch)."""
+    return {"world_size": world_size, "dp_size": dp_size, "sp_size": sp_size,
+            "videos_per_step": cfg.batch_size * dp_size}
+
+
+def describe_setting(key: str) -> str:
+    return key if " " in key else f"--{key}"
+
+
+def check_resume(cfg: TrainConfig, *, distributed: bool, dp_size: int = 1) -> ResumeCheck:
     """Everything about ``--resume_from_checkpoint`` that can be checked without a model (see module docstring)."""
     path = resolve_resume_path(cfg.resume_from_checkpoint, Path(cfg.output_dir))
     sharded = is_sharded_checkpoint(path)
@@ -141,8 +152,12 @@ def check_resume(cfg: TrainConfig, *, distributed: bool) -> ResumeCheck:
                            "compared with the checkpoint's")
     else:
         check.differences = config_differences(saved, cfg)
+    layout = training.get("layout")
+    if layout is not None and layout["videos_per_step"] != cfg.batch_size * dp_size:
+        check.differences["videos per step (batch_size x dp)"] = (layout["videos_per_step"], cfg.batch_size * dp_size)
     if check.differences and not cfg.allow_config_change:
-        lines = "; ".join(f"--{key} {old!r} -> {new!r}" for key, (old, new) in check.differences.items())
+        lines = "; ".join(f"{describe_setting(key)} {old!r} -> {new!r}"
+                          for key, (old, new) in check.differences.items())
         raise ConfigError(f"resuming {path} with settings that define a different run: {lines}. Use the "
                           f"checkpoint's values (its config.yaml), or pass --allow_config_change true to continue "
                           f"anyway (the changes are logged and recorded in {CONFIG_CHANGES_FILE})")

@@ -70,7 +70,8 @@ from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_g
 from sage_grpo.faults import fault_point
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.optim import LRSchedule, build_optimizer, optimizer_parts
-from sage_grpo.resume import CONFIG_CHANGES_FILE, check_resume, record_config_changes
+from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
+                              record_config_changes)
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
@@ -128,7 +129,7 @@ class GRPOTrainer:
         self.reward_weights = parse_reward_weights(cfg.reward_weights)
         check_reward_config(cfg)
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
-        self.resume_check = (check_resume(cfg, distributed=self.dims.is_distributed)
+        self.resume_check = (check_resume(cfg, distributed=self.dims.is_distributed, dp_size=self.dp_size)
                              if cfg.resume_from_checkpoint is not None else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
@@ -176,7 +177,8 @@ class GRPOTrainer:
         run_dir = prepare_run_dir(cfg.output_dir, resuming=check is not None, overwrite=cfg.overwrite_output_dir)
         if check is not None and check.differences:
             record_config_changes(run_dir, check)
-            changes = ", ".join(f"--{k} {old!r} -> {new!r}" for k, (old, new) in check.differences.items())
+            changes = ", ".join(f"{describe_setting(k)} {old!r} -> {new!r}" for k, (old, new) in
+                                check.differences.items())
             self.notes.append(f"--allow_config_change: continuing {check.path} with changed settings: {changes} "
                               f"(recorded in {run_dir / CONFIG_CHANGES_FILE})")
         if check is None or check.differences or not (run_dir / RUN_MARKER).exists():
@@ -469,6 +471,7 @@ class GRPOTrainer:
             "global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller is not None else None,
             "anchor_schedule": self.anchor.state_dict(), "data": {"step": self.global_step, "seed": self.cfg.seed},
+            "layout": layout_record(self.cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
         }
         if self.dims.is_distributed:
             state.update(rng_per_rank=gather_rng_states(), optimizer_parts=sorted(optimizer_parts(self.optimizer)))

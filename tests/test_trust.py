@@ -232,7 +232,8 @@ def _resume_checkpoint(tmp_path, cfg_args, *, anchor: bool, anchor_moved: bool) 
     """A checkpoint as the trainer writes it (small stand-in tensors), with the config of ``cfg_args``."""
     cfg = parse_cli(TrainConfig, cfg_args)
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
-             "anchor_schedule": {"last_refreshed_at": 2 if anchor_moved else None}}
+             "anchor_schedule": {"last_refreshed_at": 2 if anchor_moved else None},
+             "layout": {"world_size": 1, "dp_size": 1, "sp_size": 1, "videos_per_step": cfg.batch_size}}
     return save_checkpoint(tmp_path / "run", 2, model_state={"w": torch.ones(2)}, optimizer_state={"state": {}},
                            training_state=state, anchor_state={"w": torch.ones(2)} if anchor else None,
                            config_yaml=yaml.safe_dump(to_dict(cfg)))
@@ -250,6 +251,8 @@ def test_resume_refusals(tiny_root, tmp_path, no_models):
         GRPOTrainer(parse_cli(TrainConfig, args + resume + ["--sde_type", "flow_grpo", "--learning_rate", "2e-3"]))
     with pytest.raises(pytest.fail.Exception, match="models loaded"):  # allowed: the preflight passes
         GRPOTrainer(parse_cli(TrainConfig, args + resume + ["--sde_type", "flow_grpo", "--allow_config_change"]))
+    with pytest.raises(ConfigError, match=r"videos per step \(batch_size x dp\) 2 -> 4"):
+        GRPOTrainer(parse_cli(TrainConfig, args + resume + ["--batch_size", "4"]))
     # changing what does not define the run is fine
     with pytest.raises(pytest.fail.Exception, match="models loaded"):
         GRPOTrainer(parse_cli(TrainConfig, args + resume + ["--max_steps", "99", "--log_interval", "5"]))
