@@ -14,7 +14,9 @@ import sys
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import parse_cli
+from sage_grpo.models.layout import MissingCheckpointError
 from sage_grpo.pipeline.generation import plan_generation, run_generation
+from sage_grpo.safe_io import CheckpointError
 
 
 def main(argv=None) -> int:
@@ -24,7 +26,11 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    run_generation(config)
+    try:
+        run_generation(config)
+    except (CheckpointError, MissingCheckpointError) as err:  # an unreadable, unsafe or missing weight file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
