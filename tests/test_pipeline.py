@@ -1,4 +1,4 @@
-"""Rollout and replay on the tiny checkpoint: shapes, seeding, exact replay, ODE parity with diffusers,
+"""Rollout and replay on the tiny checkpoint: shapes, seeding, exact replay, ODE parity with diffusers, the CFG switch,
 fp32 timesteps for every precision and an exact zero KL to a freshly refreshed anchor."""
 
 import pytest
@@ -113,6 +113,29 @@ def test_cfg_velocity_formula(tiny_components, embeds):
 def _record_calls(transformer, calls):
     """Forward pre-hook appending each call's keyword arguments (the velocity passes them all by keyword)."""
     return transformer.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs), with_kwargs=True)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_no_guidance_at_scales_up_to_one(tiny_components, embeds, scale):
+    """As the reference's denoise_step: guidance only for s > 1; s <= 1 runs the positive branch alone (v = v_c)."""
+    transformer, conditioning = tiny_components.transformer, embeds.select([1])
+    latents = torch.randn(1, *LATENT, generator=torch.Generator().manual_seed(0))
+    timesteps = step_timesteps(sde.shifted_sigmas(NUM_STEPS), 1, 1)
+    calls = []
+    handle = _record_calls(transformer, calls)
+    try:
+        with torch.no_grad():
+            velocity = cfg_velocity(transformer, latents, timesteps, conditioning, scale,
+                                    num_image_tokens=TINY_IMAGE_TOKENS)
+            cfg_velocity(transformer, latents, timesteps, conditioning, 1.5, num_image_tokens=TINY_IMAGE_TOKENS)
+    finally:
+        handle.remove()
+    assert [call["hidden_states"].shape[0] for call in calls] == [1, 2]  # s > 1: one call on [negative; positive]
+    assert torch.equal(calls[0]["encoder_hidden_states"], conditioning.embeds)
+    swapped = type(conditioning)(*conditioning.negative(), *conditioning.positive())
+    with torch.no_grad():
+        v_uncond = cfg_velocity(transformer, latents, timesteps, swapped, 1.0, num_image_tokens=TINY_IMAGE_TOKENS)
+    assert not torch.allclose(velocity, v_uncond)  # what v_u + s*(v_c - v_u) would have mixed in
 
 
 def test_policy_and_bf16_reference_see_the_same_fp32_timesteps(tiny_root, tiny_components, embeds, sage_rollout):

@@ -50,7 +50,8 @@ class GenerateConfig:
     video_length: int = config_field(121, "Frames per video (1 + a multiple of the VAE's temporal ratio, 4)")
     aspect_ratio: str = config_field("16:9", "Width:height of the video when --fixed_size is not given")
     fixed_size: Optional[str] = config_field(None, "HEIGHTxWIDTH override of the size, e.g. 480x864")
-    guidance_scale: float = config_field(6.0, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u)")
+    guidance_scale: float = config_field(
+        6.0, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u); s <= 1: no guidance (v = v_c)")
     flow_shift: float = config_field(5.0, "Time shift of the sigma schedule, sigma = s*u / (1 + (s-1)*u)")
     text_max_length: Optional[int] = config_field(
         None, "MLLM text token length (default: the pipeline's 1000; use the value the weights were trained with)")

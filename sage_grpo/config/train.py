@@ -117,7 +117,8 @@ class TrainConfig:
     grpo_sampling_steps: int = config_field(20, "Rollout denoising steps; every one is an SDE step and a trained step")
     sample_n_frames: int = config_field(81, "Frames per rollout video")
     eta: float = config_field(0.5, "SDE noise level eta")
-    cfg_scale: float = config_field(6.0, "Classifier-free guidance scale in rollouts and training")
+    cfg_scale: float = config_field(
+        6.0, "Classifier-free guidance scale s in rollouts and training; s <= 1: no guidance (conditional velocity)")
     neg_prompt: str = config_field("", "Negative prompt for CFG")
     infer_flow_shift_video: float = config_field(5.0, "Flow shift of the rollout sigma schedule")
     video_bucket_hw_base_size: int = config_field(

@@ -8,7 +8,8 @@
    adapter folder; LoRA adapters are merged into the weights, see :mod:`sage_grpo.export`), applies the speed
    settings and renders each item with the Euler ODE sampler: our rollout with every step deterministic, CFG
    ``--guidance_scale`` and shift ``--flow_shift``. It equals diffusers' ``HunyuanVideo15Pipeline`` given the same
-   transformer and initial latents (tested to 1e-5 in fp32).
+   transformer and initial latents (tested to 1e-5 in fp32), except at guidance scales below 1, where diffusers still
+   mixes in the unconditional branch and we, as the reference, use the conditional velocity alone.
 3. Each video is written with imageio (libx264, 24 fps) plus ``<name>_config.json`` of the settings.
 
 Inference-speed flags (reference §1.4) mapped onto diffusers:

@@ -6,10 +6,11 @@ Text-to-video input, exactly as diffusers' ``HunyuanVideo15Pipeline`` builds it:
     image_embeds  = zeros(B, num_image_tokens, image_embed_dim)   # all-zero => the transformer masks them out (t2v)
     timestep      = 1000·σ_k per sample, fp32
 
-CFG (spec §2.12): ``v = v_u + s·(v_c − v_u)`` with s = ``guidance_scale``, computed in fp32. Both branches run in
-ONE transformer call on the doubled batch ``[negative; positive]`` (the reference's ``denoise_step`` layout; diffusers
-instead makes two calls). Gradients flow through both branches when grad is enabled. With ``s == 1`` only the
-positive branch runs (diffusers' guider does the same), since v = v_c exactly.
+CFG (spec §2.12, §6): ``v = v_u + s·(v_c − v_u)`` with s = ``guidance_scale``, computed in fp32, applied only when
+s > 1 as in the reference's ``denoise_step``; with s <= 1 only the positive branch runs and v = v_c (diffusers' guider
+instead switches guidance off only at s = 1). Both branches run in ONE transformer call on the doubled batch
+``[negative; positive]`` (the reference's layout; diffusers makes two calls). Gradients flow through both branches
+when grad is enabled.
 
 Precision. The latent and the text embeddings are cast to the transformer's parameter dtype, as diffusers does. The
 timestep is not: it stays fp32 for every model and precision, as in the reference (its scheduler's fp32 timesteps go
@@ -69,7 +70,7 @@ def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: Prompt
     model_input = t2v_model_input(latents, dtype)
     timestep = timesteps.to(device=latents.device, dtype=torch.float32)  # never rounded to the weights' dtype
     streams = embeds.positive()
-    use_cfg = guidance_scale != 1.0
+    use_cfg = guidance_scale > 1.0
     if use_cfg:
         model_input = torch.cat([model_input, model_input])
         timestep = torch.cat([timestep, timestep])
