@@ -93,7 +93,8 @@ class TrainConfig:
         None, "Validation prompts, used when --valid_video_csv gives none", nargs="+")
     valid_video_csv: Optional[List[str]] = config_field(
         None, "Validation CSV file(s) with 'prompt' and optional 'seed'", nargs="+")
-    validation_timestep_shift: float = config_field(5.0, "Flow shift of the validation (ODE) sampler")
+    validation_timestep_shift: Optional[float] = config_field(
+        None, "Flow shift of the validation (ODE) sampler; default: the model version's (480p_t2v 5.0, 720p_t2v 9.0)")
     validation_fixed_size: str = config_field("480x864", "Validation HxW ('HxW' or 'H*W'; 'none': rollout size)")
     validate_video_length: int = config_field(
         81, "Validation frame count", aliases=("validation_video_length", "video_length"))
