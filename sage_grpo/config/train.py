@@ -66,8 +66,9 @@ class TrainConfig:
         None, "Server URL of a remote reward", no_effect="the reference's remote rewards are stubs")
     # ---------------------------------------------------------------- KL / trust region
     kl_weight: float = config_field(1e-5, "KL switch (>0 loads a reference model) and the controller's target/max beta")
-    kl_coef: float = config_field(1e-7, "Initial adaptive KL coefficient beta")
-    kl_min_coef: float = config_field(1e-7, "Lower bound of the adaptive KL coefficient")
+    kl_coef: float = config_field(
+        1e-7, "Adaptive KL coefficient beta of the first inner iteration (the warm-up then starts from --kl_min_coef)")
+    kl_min_coef: float = config_field(1e-7, "Lower bound of the adaptive KL coefficient and start of its warm-up")
     use_moving_KL: bool = config_field(True, "Moving anchor: copy the policy into the reference periodically")
     update_ref_model_step: int = config_field(10, "Anchor refresh interval, in optimizer updates")
     use_dual_kl: bool = config_field(True, "Add the step-wise (rollout vs current log-prob) KL term")
