@@ -16,9 +16,9 @@ Precision. The latent and the text embeddings are cast to the transformer's para
 timestep is not: it stays fp32 for every model and precision, as in the reference (its scheduler's fp32 timesteps go
 to the transformer under autocast). Rounded to bf16 it would become e.g. 988 instead of 989.58, so a bf16 reference
 model would be evaluated at other times than an fp32 policy, and μ_θ − μ_ref would not vanish right after an anchor
-refresh. diffusers' time embedding feeds its fp32 sinusoid to the embedding's linear layers in the *timestep's*
-dtype, which fails against bf16 weights without autocast; so a transformer whose weights are not fp32 always runs
-under autocast, at ``autocast_dtype`` or else at its own dtype. An fp32 transformer runs under ``autocast_dtype``
+refresh. diffusers' time embedding (0.42.1) casts its sinusoid to the *timestep's* dtype before its linear layers,
+which fails against bf16 weights without autocast; so a transformer whose weights are not fp32 always runs under
+autocast, at ``autocast_dtype`` or else at its own dtype. An fp32 transformer runs under ``autocast_dtype``
 when one is given (fp32 master weights, bf16 compute) and plainly otherwise.
 """
 
