@@ -59,7 +59,8 @@ from sage_grpo.checkpoint import (ShardedTrainingObjects, capture_rng_state, gat
                                   save_sharded_checkpoint, seed_everything)
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
 from sage_grpo.config.schema import config_to_yaml
-from sage_grpo.config.validation import ConfigError, group_layout, parse_reward_weights, parse_size, rollout_size
+from sage_grpo.config.validation import (ConfigError, group_layout, parse_reward_weights, parse_size, rollout_size,
+                                        validation_flow_shift)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
                                    mean_over_world)
@@ -452,7 +453,7 @@ class GRPOTrainer:
         if self.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
         self.models.policy.eval()
-        sigmas = sde.shifted_sigmas(cfg.validation_num_inference_steps, cfg.validation_timestep_shift)
+        sigmas = sde.shifted_sigmas(cfg.validation_num_inference_steps, validation_flow_shift(cfg))
         for number, item in enumerate(self.validation_items):
             embeds = self.models.encode([item.prompt])
             video = self.models.rollout(embeds, seeds=[item.seed], sigmas=sigmas, sde_generators=None,

@@ -8,7 +8,7 @@ from procs import run_group
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, save_yaml, validate_train_config
 from sage_grpo.config.schema import load_yaml, str_to_bool
-from sage_grpo.config.validation import group_layout, parse_size
+from sage_grpo.config.validation import group_layout, parse_size, validation_flow_shift
 from tests.conftest import REPO_ROOT
 
 # Every flag of reference_spec §1.1 with the reference's *effective* default (argparse wins over the dataclass).
@@ -26,7 +26,8 @@ REFERENCE_DEFAULTS = {
     "seed": 42, "validation_global_seed": 930, "i2v_prob": 0.3, "use_muon": True, "enable_fsdp": True,
     "enable_gradient_checkpointing": True, "sp_size": 8, "dp_replicate": 1, "validation_interval": 100,
     "validate_at_step0": False, "validation_prompts": None, "valid_video_csv": None,
-    "validation_timestep_shift": 5.0, "validation_fixed_size": "480x864", "validate_video_length": 81,
+    # validation shift: the reference ignores its flag (argparse default 5.0) and validates at the version's shift
+    "validation_timestep_shift": None, "validation_fixed_size": "480x864", "validate_video_length": 81,
     "reference_mode_offload": False, "resume_from_checkpoint": None, "use_lora": False, "lora_r": 8,
     "lora_alpha": 16, "lora_dropout": 0.0, "lora_target_modules": None, "pretrained_lora_path": None,
 }
@@ -165,6 +166,22 @@ def test_validity_rules(overrides, world, rule):
         return
     with pytest.raises(ConfigError, match=rf"\[{rule}\].*Fix:"):
         validate_train_config(cfg, world_size=world)
+
+
+def test_validation_shift_follows_the_model_version_unless_set():
+    assert validation_flow_shift(_cfg()) == 5.0  # 480p_t2v
+    assert validation_flow_shift(_cfg(pretrained_transformer_version="720p_t2v")) == 9.0
+    assert validation_flow_shift(_cfg(pretrained_transformer_version="720p_t2v", validation_timestep_shift=5.0)) == 5.0
+    assert parse_cli(TrainConfig, ["--validation_timestep_shift", "7"]).validation_timestep_shift == 7.0
+    assert validation_flow_shift(parse_cli(TrainConfig, RUN_POST_TRAIN_FLAGS)) == 5.0  # the launch scripts pin 5.0
+    custom = dict(pretrained_transformer_version="480p_t2v_distilled", batch_size=4, num_generations=4)
+    with pytest.raises(ConfigError, match=r"\[flow-shift-default\].*480p_t2v_distilled.*Fix: pass "
+                                          r"--validation_timestep_shift"):
+        validate_train_config(_cfg(**custom))
+    validate_train_config(_cfg(**custom, validation_interval=0))  # no validation: no shift needed
+    validate_train_config(_cfg(**custom, validation_timestep_shift=5.0))
+    with pytest.raises(ConfigError, match="validation-shift-positive"):
+        validate_train_config(_cfg(batch_size=4, num_generations=4, validation_timestep_shift=0.0))
 
 
 def test_heads_must_divide_by_sp():

@@ -73,11 +73,15 @@ def test_bad_inputs_fail_before_loading(tmp_path, capsys):
 def test_reference_defaults_and_sizes(tmp_path):
     config = parse_cli(GenerateConfig, ["--prompt", "A cat", "--model_path", str(tmp_path)])
     assert (config.num_inference_steps, config.video_length, config.seed, config.negative_prompt) == (50, 121, 930, "")
-    assert (config.guidance_scale, config.flow_shift, config.dtype, config.aspect_ratio) == (6.0, 5.0, "bf16", "16:9")
+    assert (config.guidance_scale, config.flow_shift, config.dtype, config.aspect_ratio) == (6.0, None, "bf16", "16:9")
     plan = plan_generation(config)
-    assert (plan.height, plan.width, plan.transformer_version) == (480, 864, "480p_t2v")
+    assert (plan.height, plan.width, plan.transformer_version, plan.flow_shift) == (480, 864, "480p_t2v", 5.0)
     plan = plan_generation(GenerateConfig(prompt="A cat", resolution="720p", model_path=str(tmp_path)))
-    assert (plan.height, plan.width, plan.transformer_version) == (720, 1280, "720p_t2v")
+    assert (plan.height, plan.width, plan.transformer_version, plan.flow_shift) == (720, 1280, "720p_t2v", 9.0)
+    plan = plan_generation(GenerateConfig(prompt="A cat", resolution="720p", flow_shift=5.0, model_path=str(tmp_path)))
+    assert plan.flow_shift == 5.0  # an explicit --flow_shift wins
+    with pytest.raises(ValueError, match="--flow_shift must be > 0"):
+        plan_generation(GenerateConfig(prompt="A cat", flow_shift=0.0, model_path=str(tmp_path)))
     with pytest.warns(UserWarning, match="--sr is accepted for compatibility"):
         parse_cli(GenerateConfig, ["--prompt", "A cat", "--sr", "false"])
 
@@ -112,7 +116,7 @@ def test_generate_writes_videos_and_configs(tiny_root, tmp_path):
         assert read_video(video) == (5, (16, 32, 3))
         settings = json.loads(video.with_name(f"{video.stem}_config.json").read_text())
         assert settings["transformer_version"] == "480p_t2v" and settings["num_inference_steps"] == 3
-        assert (settings["height"], settings["width"]) == (16, 32)
+        assert (settings["height"], settings["width"], settings["flow_shift"]) == (16, 32, 5.0)  # resolved
     assert json.loads((tmp_path / "samples" / "sample_001_seed_4_A sign that says open_config.json").read_text())[
         "seed"] == 4
     assert imageio.get_reader(videos[0]).get_meta_data()["fps"] == 24

@@ -1,11 +1,15 @@
-"""Rollout and replay on the tiny checkpoint: shapes, seeding, exact replay, ODE parity with diffusers."""
+"""Rollout and replay on the tiny checkpoint: shapes, seeding, exact replay, ODE parity with diffusers, the CFG switch,
+fp32 timesteps for every precision and an exact zero KL to a freshly refreshed anchor."""
 
 import pytest
 import torch
 from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, TINY_VIDEO
 from model_fixtures import tiny_components, tiny_encoder, tiny_root  # noqa: F401
 
-from sage_grpo import sde
+from sage_grpo import rl, sde
+from sage_grpo.config import TrainConfig
+from sage_grpo.distributed.parallelize import reference_on_device
+from sage_grpo.models.loading import load_transformer
 from sage_grpo.pipeline import (bucket_hw, cfg_velocity, decode_latents, latent_shape, parse_size, replay_step,
                                 resolution_hw, rollout, step_timesteps)
 
@@ -104,6 +108,97 @@ def test_cfg_velocity_formula(tiny_components, embeds):
         v_uncond = cfg_velocity(transformer, latents, timesteps, swapped, 1.0, num_image_tokens=TINY_IMAGE_TOKENS)
         guided = cfg_velocity(transformer, latents, timesteps, conditioning, 6.0, num_image_tokens=TINY_IMAGE_TOKENS)
     torch.testing.assert_close(guided, v_uncond + 6.0 * (v_cond - v_uncond), rtol=1e-5, atol=1e-5)
+
+
+def _record_calls(transformer, calls):
+    """Forward pre-hook appending each call's keyword arguments (the velocity passes them all by keyword)."""
+    return transformer.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs), with_kwargs=True)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_no_guidance_at_scales_up_to_one(tiny_components, embeds, scale):
+    """As the reference's denoise_step: guidance only for s > 1; s <= 1 runs the positive branch alone (v = v_c)."""
+    transformer, conditioning = tiny_components.transformer, embeds.select([1])
+    latents = torch.randn(1, *LATENT, generator=torch.Generator().manual_seed(0))
+    timesteps = step_timesteps(sde.shifted_sigmas(NUM_STEPS), 1, 1)
+    calls = []
+    handle = _record_calls(transformer, calls)
+    try:
+        with torch.no_grad():
+            velocity = cfg_velocity(transformer, latents, timesteps, conditioning, scale,
+                                    num_image_tokens=TINY_IMAGE_TOKENS)
+            cfg_velocity(transformer, latents, timesteps, conditioning, 1.5, num_image_tokens=TINY_IMAGE_TOKENS)
+    finally:
+        handle.remove()
+    assert [call["hidden_states"].shape[0] for call in calls] == [1, 2]  # s > 1: one call on [negative; positive]
+    assert torch.equal(calls[0]["encoder_hidden_states"], conditioning.embeds)
+    swapped = type(conditioning)(*conditioning.negative(), *conditioning.positive())
+    with torch.no_grad():
+        v_uncond = cfg_velocity(transformer, latents, timesteps, swapped, 1.0, num_image_tokens=TINY_IMAGE_TOKENS)
+    assert not torch.allclose(velocity, v_uncond)  # what v_u + s*(v_c - v_u) would have mixed in
+
+
+def test_policy_and_bf16_reference_see_the_same_fp32_timesteps(tiny_root, tiny_components, embeds, sage_rollout):
+    """The trainer's --dtype bf16 models: an fp32 policy and a bf16 reference under bf16 autocast, and a bf16 model
+    with no autocast requested (generate.py --dtype bf16). All get t = 1000*sigma_k in fp32; rounded to the bf16
+    weights' dtype, 1000*sigma_1 = 989.58 would be 988."""
+    policy, reference = tiny_components.transformer, load_transformer(tiny_root, dtype=torch.bfloat16)
+    seen = {"policy": [], "reference": [], "reference, no autocast": []}
+    runs = [("policy", policy, torch.bfloat16), ("reference", reference, torch.bfloat16),
+            ("reference, no autocast", reference, None)]
+    for name, model, autocast_dtype in runs:
+        handle = _record_calls(model, seen[name])
+        try:
+            with torch.no_grad():
+                for k in range(NUM_STEPS):
+                    replay_step(model, sage_rollout.latents[:1, k], sage_rollout.latents[:1, k + 1],
+                                sage_rollout.sigmas, k, embeds.select([0]), sde_type="sage_grpo", eta=0.5,
+                                autocast_dtype=autocast_dtype, num_image_tokens=TINY_IMAGE_TOKENS)
+        finally:
+            handle.remove()
+    expected = [step_timesteps(sage_rollout.sigmas, k, 2) for k in range(NUM_STEPS)]  # (2,): CFG doubles the batch
+    assert 1000 * sage_rollout.sigmas[1] != (1000 * sage_rollout.sigmas[1]).bfloat16().float()  # bf16 would move it
+    for name, calls in seen.items():
+        timesteps = [call["timestep"] for call in calls]
+        assert all(t.dtype == torch.float32 for t in timesteps), name
+        assert all(torch.equal(t, e) for t, e in zip(timesteps, expected)) and len(timesteps) == NUM_STEPS, name
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
+    """The trainer's reference means and dual KL (trainer.reference_means / policy_update) on a policy that has moved
+    away from the base: KL_pos > 0 against the base, exactly 0 once the anchor is refreshed from the policy, when
+    policy and reference run at the same precision (bf16: bf16 weights under bf16 autocast)."""
+    from sage_grpo.trainer_setup import build_models
+
+    cfg = TrainConfig(pretrained_model_root=str(tiny_root), dtype=precision, master_weight_type=precision,
+                      device="cpu", kl_weight=1e-5, enable_gradient_checkpointing=False,
+                      vision_num_semantic_tokens=TINY_IMAGE_TOKENS,
+                      text_max_length=TINY_TEXT.max_length, byt5_max_length=TINY_TEXT.max_length_2)
+    bundle = build_models(cfg)
+    noise = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # stands in for some optimizer updates
+        for param in bundle.policy.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=noise).to(param.dtype))
+    embeds = bundle.encode(PROMPTS[:1])
+    sigmas = sde.shifted_sigmas(NUM_STEPS)
+    rollout_out = bundle.rollout(embeds, seeds=SEEDS[:1], sigmas=sigmas, sde_generators=None, **TINY_VIDEO)
+
+    def kl_parts():
+        parts = []
+        for k in range(NUM_STEPS):
+            x, x_next = rollout_out.latents[:, k], rollout_out.latents[:, k + 1]
+            with torch.no_grad(), reference_on_device(bundle) as reference:
+                ref_mean = bundle.replay(reference, x, x_next, k, embeds, sigmas=sigmas).mean
+            out = bundle.replay(bundle.policy, x, x_next, torch.tensor([k]), embeds, sigmas=sigmas)
+            parts.append(rl.dual_kl(out.mean, ref_mean, out.std, rollout_out.log_probs[:, k], out.log_prob,
+                                    use_dual_kl=True)[1])
+        return parts
+
+    assert all(part["kl_moving"] > 0 for part in kl_parts())  # the base model as the anchor
+    bundle.copy_policy_to_reference()
+    refreshed = kl_parts()
+    assert all(part["kl_moving"] == 0.0 and part["kl_stepwise"] == 0.0 for part in refreshed), refreshed
 
 
 def test_ode_rollout_matches_diffusers_pipeline(tiny_components, tiny_encoder, embeds):

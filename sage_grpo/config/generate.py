@@ -2,8 +2,9 @@
 
 Core reference flags keep their names and defaults (``--num_inference_steps 50``, ``--video_length 121``,
 ``--seed 930``, ``--aspect_ratio 16:9``, ``--dtype bf16``, ``--offloading true``, ...); ``--guidance_scale``,
-``--flow_shift`` and ``--device`` are new (the reference takes CFG and shift from its pipeline config), as are the
-text-stream lengths, which must match what the weights were trained with (the trainer has the same three flags).
+``--flow_shift`` and ``--device`` are new (the reference takes CFG and shift from its pipeline config; their defaults
+are that config's: CFG 6.0, shift 5.0 at 480p and 9.0 at 720p), as are the text-stream lengths, which must match what
+the weights were trained with (the trainer has the same three flags).
 
 Inference-speed flags map onto diffusers (sage_grpo/pipeline/generation.py): ``--offloading`` moves each model to
 CUDA only for its stage, ``--group_offloading`` is diffusers' block-level ``apply_group_offloading`` on the
@@ -50,8 +51,11 @@ class GenerateConfig:
     video_length: int = config_field(121, "Frames per video (1 + a multiple of the VAE's temporal ratio, 4)")
     aspect_ratio: str = config_field("16:9", "Width:height of the video when --fixed_size is not given")
     fixed_size: Optional[str] = config_field(None, "HEIGHTxWIDTH override of the size, e.g. 480x864")
-    guidance_scale: float = config_field(6.0, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u)")
-    flow_shift: float = config_field(5.0, "Time shift of the sigma schedule, sigma = s*u / (1 + (s-1)*u)")
+    guidance_scale: float = config_field(
+        6.0, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u); s <= 1: no guidance (v = v_c)")
+    flow_shift: Optional[float] = config_field(
+        None, "Time shift s of the sigma schedule, sigma = s*u / (1 + (s-1)*u); default: the reference's for "
+        "--resolution (480p 5.0, 720p 9.0)")
     text_max_length: Optional[int] = config_field(
         None, "MLLM text token length (default: the pipeline's 1000; use the value the weights were trained with)")
     byt5_max_length: int = config_field(256, "byT5 glyph-stream token length")

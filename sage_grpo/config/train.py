@@ -66,8 +66,9 @@ class TrainConfig:
         None, "Server URL of a remote reward", no_effect="the reference's remote rewards are stubs")
     # ---------------------------------------------------------------- KL / trust region
     kl_weight: float = config_field(1e-5, "KL switch (>0 loads a reference model) and the controller's target/max beta")
-    kl_coef: float = config_field(1e-7, "Initial adaptive KL coefficient beta")
-    kl_min_coef: float = config_field(1e-7, "Lower bound of the adaptive KL coefficient")
+    kl_coef: float = config_field(
+        1e-7, "Adaptive KL coefficient beta of the first inner iteration (the warm-up then starts from --kl_min_coef)")
+    kl_min_coef: float = config_field(1e-7, "Lower bound of the adaptive KL coefficient and start of its warm-up")
     use_moving_KL: bool = config_field(True, "Moving anchor: copy the policy into the reference periodically")
     update_ref_model_step: int = config_field(10, "Anchor refresh interval, in optimizer updates")
     use_dual_kl: bool = config_field(True, "Add the step-wise (rollout vs current log-prob) KL term")
@@ -93,7 +94,8 @@ class TrainConfig:
         None, "Validation prompts, used when --valid_video_csv gives none", nargs="+")
     valid_video_csv: Optional[List[str]] = config_field(
         None, "Validation CSV file(s) with 'prompt' and optional 'seed'", nargs="+")
-    validation_timestep_shift: float = config_field(5.0, "Flow shift of the validation (ODE) sampler")
+    validation_timestep_shift: Optional[float] = config_field(
+        None, "Flow shift of the validation (ODE) sampler; default: the model version's (480p_t2v 5.0, 720p_t2v 9.0)")
     validation_fixed_size: str = config_field("480x864", "Validation HxW ('HxW' or 'H*W'; 'none': rollout size)")
     validate_video_length: int = config_field(
         81, "Validation frame count", aliases=("validation_video_length", "video_length"))
@@ -117,7 +119,8 @@ class TrainConfig:
     grpo_sampling_steps: int = config_field(20, "Rollout denoising steps; every one is an SDE step and a trained step")
     sample_n_frames: int = config_field(81, "Frames per rollout video")
     eta: float = config_field(0.5, "SDE noise level eta")
-    cfg_scale: float = config_field(6.0, "Classifier-free guidance scale in rollouts and training")
+    cfg_scale: float = config_field(
+        6.0, "Classifier-free guidance scale s in rollouts and training; s <= 1: no guidance (conditional velocity)")
     neg_prompt: str = config_field("", "Negative prompt for CFG")
     infer_flow_shift_video: float = config_field(5.0, "Flow shift of the rollout sigma schedule")
     video_bucket_hw_base_size: int = config_field(

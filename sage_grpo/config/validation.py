@@ -12,6 +12,11 @@ from typing import Dict, List, Optional, Tuple
 from sage_grpo.config.train import TrainConfig
 
 
+# HunyuanVideo-1.5's sampling flow shift per transformer version (its pipeline configs): the reference's validation
+# and generate.py sample 480p_t2v with shift 5.0 and 720p_t2v with 9.0.
+FLOW_SHIFT_BY_VERSION: Dict[str, float] = {"480p_t2v": 5.0, "720p_t2v": 9.0}
+
+
 class ConfigError(ValueError):
     """An invalid combination of options."""
 
@@ -42,6 +47,22 @@ def parse_size(text: Optional[str], option: str) -> Optional[Tuple[int, int]]:
             if len(parts) == 2 and all(p.strip().isdigit() and int(p) > 0 for p in parts):
                 return int(parts[0]), int(parts[1])
     raise ConfigError(f"{option} {text!r} is not a size; use HEIGHTxWIDTH such as 480x864, or none")
+
+
+def default_flow_shift(transformer_version: str, option: str) -> float:
+    """HunyuanVideo-1.5's sampling shift for ``transformer_version``; ``option`` names the flag that overrides it."""
+    if transformer_version not in FLOW_SHIFT_BY_VERSION:
+        known = ", ".join(f"{v}: {s}" for v, s in FLOW_SHIFT_BY_VERSION.items())
+        _fail("flow-shift-default", f"{option} has no default for transformer version {transformer_version!r} "
+              f"(known: {known})", f"pass {option} explicitly")
+    return FLOW_SHIFT_BY_VERSION[transformer_version]
+
+
+def validation_flow_shift(cfg: TrainConfig) -> float:
+    """``--validation_timestep_shift``, or when unset the shift of ``--pretrained_transformer_version``."""
+    if cfg.validation_timestep_shift is not None:
+        return cfg.validation_timestep_shift
+    return default_flow_shift(cfg.pretrained_transformer_version, "--validation_timestep_shift")
 
 
 def group_layout(batch_size: int, num_generations: int) -> Tuple[int, int]:
@@ -139,6 +160,10 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
               "pass both, or neither to use --video_bucket_hw_base_size")
     parse_reward_weights(cfg.reward_weights)
     parse_size(cfg.validation_fixed_size, "--validation_fixed_size")
+    if cfg.validation_interval > 0 or cfg.validate_at_step0:
+        if validation_flow_shift(cfg) <= 0:
+            _fail("validation-shift-positive", f"--validation_timestep_shift {cfg.validation_timestep_shift} must be "
+                  "> 0", "leave it unset for the model version's shift (480p_t2v: 5.0, 720p_t2v: 9.0)")
     if cfg.pretrained_lora_path and not cfg.use_lora:
         _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
     if cfg.kl_weight > 0 and cfg.kl_min_coef > cfg.kl_weight:

@@ -7,8 +7,10 @@
    (``--checkpoint_path``: full, LoRA or sharded-DCP training checkpoints and exported folders; ``--lora_path``: an
    adapter folder; LoRA adapters are merged into the weights, see :mod:`sage_grpo.export`), applies the speed
    settings and renders each item with the Euler ODE sampler: our rollout with every step deterministic, CFG
-   ``--guidance_scale`` and shift ``--flow_shift``. It equals diffusers' ``HunyuanVideo15Pipeline`` given the same
-   transformer and initial latents (tested to 1e-5 in fp32).
+   ``--guidance_scale`` and shift ``--flow_shift`` (default: the reference's for the version, 480p_t2v 5.0 and
+   720p_t2v 9.0). It equals diffusers' ``HunyuanVideo15Pipeline`` given the same transformer and initial latents
+   (tested to 1e-5 in fp32), except at guidance scales below 1, where diffusers still mixes in the unconditional
+   branch and we, as the reference, use the conditional velocity alone.
 3. Each video is written with imageio (libx264, 24 fps) plus ``<name>_config.json`` of the settings.
 
 Inference-speed flags (reference §1.4) mapped onto diffusers:
@@ -51,6 +53,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from sage_grpo.config.generate import GenerateConfig
+from sage_grpo.config.validation import default_flow_shift
 from sage_grpo.models import layout
 from sage_grpo.pipeline.resolution import parse_size, resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
@@ -86,6 +89,7 @@ class GenerationPlan:
     height: int
     width: int
     transformer_version: str
+    flow_shift: float  # --flow_shift, or the reference's shift for the transformer version
     device: torch.device = torch.device("cpu")
     acceleration: Acceleration = Acceleration()
     notes: List[str] = field(default_factory=list)
@@ -231,15 +235,19 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     acceleration, notes = plan_acceleration(config, device)
     version = f"{config.resolution}_t2v"
-    return GenerationPlan(items, output_paths(config, items, version), height, width, version, device, acceleration,
-                          notes)
+    shift = config.flow_shift if config.flow_shift is not None else default_flow_shift(version, "--flow_shift")
+    if shift <= 0:
+        raise ValueError(f"--flow_shift must be > 0, got {shift}")
+    return GenerationPlan(items, output_paths(config, items, version), height, width, version, shift, device,
+                          acceleration, notes)
 
 
 def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPlan, item: GenerationItem) -> None:
     settings = {
         **asdict(config), "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "task": "t2v",
         "transformer_version": plan.transformer_version, "output_path": str(video_path),
-        "height": plan.height, "width": plan.width, "prompt": item.prompt, "seed": item.seed,  # this video's own
+        "height": plan.height, "width": plan.width, "flow_shift": plan.flow_shift,
+        "prompt": item.prompt, "seed": item.seed,  # this video's own
     }
     video_path.with_name(f"{video_path.stem}_config.json").write_text(json.dumps(settings, indent=2))
 
@@ -323,7 +331,7 @@ class VideoGenerator:
         cache = self.transformer.cache_context("generate") if plan.acceleration.cache else contextlib.nullcontext()
         with self._stage(transformer_stage), cache:
             result = rollout(self.transformer, c.vae, embeds, [item.seed], num_steps=config.num_inference_steps,
-                             shift=config.flow_shift, guidance_scale=config.guidance_scale,
+                             shift=plan.flow_shift, guidance_scale=config.guidance_scale,
                              num_frames=config.video_length, height=plan.height, width=plan.width,
                              deterministic=True, decode=False, num_image_tokens=config.vision_num_semantic_tokens,
                              progress=progress)

@@ -4,15 +4,22 @@ Text-to-video input, exactly as diffusers' ``HunyuanVideo15Pipeline`` builds it:
 
     hidden_states = cat([x_t, zeros (C ch: no image condition), zeros (1 ch: condition mask)], dim=1)   # 2C+1 ch
     image_embeds  = zeros(B, num_image_tokens, image_embed_dim)   # all-zero => the transformer masks them out (t2v)
-    timestep      = 1000·σ_k per sample
+    timestep      = 1000·σ_k per sample, fp32
 
-CFG (spec §2.12): ``v = v_u + s·(v_c − v_u)`` with s = ``guidance_scale``, computed in fp32. Both branches run in
-ONE transformer call on the doubled batch ``[negative; positive]`` (the reference's ``denoise_step`` layout; diffusers
-instead makes two calls). Gradients flow through both branches when grad is enabled. With ``s == 1`` only the
-positive branch runs (diffusers' guider does the same), since v = v_c exactly.
+CFG (spec §2.12, §6): ``v = v_u + s·(v_c − v_u)`` with s = ``guidance_scale``, computed in fp32, applied only when
+s > 1 as in the reference's ``denoise_step``; with s <= 1 only the positive branch runs and v = v_c (diffusers' guider
+instead switches guidance off only at s = 1). Both branches run in ONE transformer call on the doubled batch
+``[negative; positive]`` (the reference's layout; diffusers makes two calls). Gradients flow through both branches
+when grad is enabled.
 
-Float inputs are cast to the transformer's parameter dtype, as diffusers does (with bf16 weights the timestep is thus
-rounded to bf16 too); under ``autocast_dtype`` (fp32 master weights, bf16 compute) they stay fp32 and autocast casts.
+Precision. The latent and the text embeddings are cast to the transformer's parameter dtype, as diffusers does. The
+timestep is not: it stays fp32 for every model and precision, as in the reference (its scheduler's fp32 timesteps go
+to the transformer under autocast). Rounded to bf16 it would become e.g. 988 instead of 989.58, so a bf16 reference
+model would be evaluated at other times than an fp32 policy, and μ_θ − μ_ref would not vanish right after an anchor
+refresh. diffusers' time embedding (0.42.1) casts its sinusoid to the *timestep's* dtype before its linear layers,
+which fails against bf16 weights without autocast; so a transformer whose weights are not fp32 always runs under
+autocast, at ``autocast_dtype`` or else at its own dtype. An fp32 transformer runs under ``autocast_dtype``
+when one is given (fp32 master weights, bf16 compute) and plainly otherwise.
 """
 
 import contextlib
@@ -39,6 +46,14 @@ def _autocast(device: torch.device, dtype: Optional[torch.dtype]):
     return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+def _compute_dtype(weights_dtype: torch.dtype, autocast_dtype: Optional[torch.dtype]) -> Optional[torch.dtype]:
+    """The autocast dtype of a transformer call: ``autocast_dtype``, else the weights' dtype when it is not fp32
+    (the fp32 timestep meets low-precision weights only under autocast), else None (no autocast)."""
+    if autocast_dtype is not None:
+        return autocast_dtype
+    return weights_dtype if weights_dtype != torch.float32 else None
+
+
 def t2v_model_input(latents: Tensor, dtype: torch.dtype) -> Tensor:
     """(B, 2C+1, T, h, w): the latent, a zero image condition and a zero condition mask."""
     x = latents.to(dtype)
@@ -53,9 +68,9 @@ def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: Prompt
     """Guided velocity, fp32 (B, C, T, h, w), for latents (B, C, T, h, w) at (B,) timesteps."""
     dtype = transformer.dtype
     model_input = t2v_model_input(latents, dtype)
-    timestep = timesteps.to(device=latents.device, dtype=dtype)
+    timestep = timesteps.to(device=latents.device, dtype=torch.float32)  # never rounded to the weights' dtype
     streams = embeds.positive()
-    use_cfg = guidance_scale != 1.0
+    use_cfg = guidance_scale > 1.0
     if use_cfg:
         model_input = torch.cat([model_input, model_input])
         timestep = torch.cat([timestep, timestep])
@@ -63,7 +78,7 @@ def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: Prompt
     text, text_mask, glyph, glyph_mask = streams
     image_embeds = torch.zeros(model_input.shape[0], num_image_tokens, transformer.config.image_embed_dim,
                                dtype=dtype, device=latents.device)
-    with _autocast(latents.device, autocast_dtype):
+    with _autocast(latents.device, _compute_dtype(dtype, autocast_dtype)):
         prediction = transformer(
             hidden_states=model_input, timestep=timestep,
             encoder_hidden_states=text.to(dtype), encoder_attention_mask=text_mask,

@@ -25,6 +25,7 @@ import torch
 from sage_grpo import sde
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.schema import from_dict, load_yaml
+from sage_grpo.config.validation import validation_flow_shift
 from sage_grpo.models.loading import load_transformer
 from sage_grpo.pipeline.replay import replay_step
 from sage_grpo.pipeline.rollout import rollout
@@ -96,7 +97,7 @@ def evaluate_policy(trainer, pretrained, prompts: Sequence[str]) -> Dict[str, fl
     cfg, bundle = trainer.cfg, trainer.models
     eval_prompts = [p for p in prompts for _ in EVAL_SEEDS]
     seeds = [s for _ in prompts for s in EVAL_SEEDS]
-    sigmas = sde.shifted_sigmas(cfg.validation_num_inference_steps, cfg.validation_timestep_shift)
+    sigmas = sde.shifted_sigmas(cfg.validation_num_inference_steps, validation_flow_shift(cfg))
     videos = bundle.rollout(bundle.encode(eval_prompts), seeds=seeds, sigmas=sigmas, sde_generators=None,
                             height=cfg.rollout_height, width=cfg.rollout_width, deterministic=True).videos
     rewards = trainer.reward_fn(videos, eval_prompts)
