@@ -316,7 +316,7 @@ class GRPOTrainer:
         backward_per_update = cfg.gradient_accumulation_steps * num_backward
         closes_window = (self.micro_steps + 1) % cfg.gradient_accumulation_steps == 0
         backward_done = 0
-        history: Dict[str, List[float]] = {}
+        history: Dict[str, List[torch.Tensor]] = {}  # per-backward metrics, kept on the device until the end
         self.models.policy.train()
         for start in range(0, batch, micro):
             rows = shuffle[start:start + micro]
@@ -351,11 +351,13 @@ class GRPOTrainer:
                     (loss / backward_per_update).backward()
                 fault_point("update", self.global_step + 1)
                 for name, value in metrics.items():
-                    history.setdefault(name, []).append(float(value))
+                    history.setdefault(name, []).append(torch.as_tensor(value, dtype=torch.float64,
+                                                                        device=self.device).detach())
         self.micro_steps += 1
-        result = {name: sum(values) / len(values) for name, values in history.items()}
-        if "KL_weight" in history:
-            result["KL_weight"] = history["KL_weight"][-1]
+        # one device-to-host copy per step for every metric of every backward (means; β: its last value)
+        summary = torch.stack([values[-1] if name == "KL_weight" else torch.stack(values).mean()
+                               for name, values in history.items()])
+        result = dict(zip(history, summary.tolist()))
         if self.micro_steps % cfg.gradient_accumulation_steps == 0:
             result.update(self.optimizer_step())
         return result
