@@ -65,10 +65,11 @@ from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, s
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
                                    mean_over_world)
 from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, is_sharded,
-                                               parallelize_models, read_model_geometry, reference_on_device)
+                                               parallelize_models, reference_on_device)
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_group_rewards, gather_step_rewards,
                                                 run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
+from sage_grpo.models.geometry import read_model_geometry
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.optim import LRSchedule, build_optimizer, optimizer_parts
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
