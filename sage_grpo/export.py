@@ -34,6 +34,7 @@ from typing import Dict, Optional, Union
 import torch
 
 from sage_grpo import lora
+from sage_grpo.dtypes import DTYPES
 from sage_grpo.models.loading import _read_safetensors, resolve_transformer_weights
 
 PathLike = Union[str, Path]
@@ -44,7 +45,6 @@ LORA_DIR = lora.CHECKPOINT_LORA_DIR
 RUN_CONFIG = "config.yaml"
 DCP_NESTING = "model."  # {"model": state_dict, ...} is stored flattened as model.<key>
 EXPORT_FORMATS = ("transformer", "lora")
-EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -189,8 +189,8 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
 
     if export_format not in EXPORT_FORMATS:
         raise ValueError(f"--format must be one of {EXPORT_FORMATS}, got {export_format!r}")
-    if dtype not in EXPORT_DTYPES:
-        raise ValueError(f"--dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     checkpoint, output = Path(checkpoint), Path(output)
     if output.exists() and any(output.iterdir()):
         raise FileExistsError(f"--output {output} exists and is not empty; choose a new folder")
@@ -198,12 +198,12 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
     if export_format == "lora":
         if not weights.is_lora:
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter; use --format transformer")
-        state = {k: v.to(EXPORT_DTYPES[dtype]) for k, v in weights.state.items()}
+        state = {k: v.to(DTYPES[dtype]) for k, v in weights.state.items()}
         return lora.write_adapter_folder(output, weights.lora_config, state)
     version = transformer_version or _run_transformer_version(checkpoint) or DEFAULT_TRANSFORMER_VERSION
     transformer = load_transformer(model_root, version, dtype=torch.float32, device="cpu")
     apply_trained_weights(transformer, weights)  # merged in fp32, then cast once
-    if EXPORT_DTYPES[dtype] != torch.float32:
-        transformer.to(EXPORT_DTYPES[dtype])
+    if DTYPES[dtype] != torch.float32:
+        transformer.to(DTYPES[dtype])
     transformer.save_pretrained(str(output), safe_serialization=True)
     return output

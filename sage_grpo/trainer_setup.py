@@ -29,13 +29,12 @@ import torch
 
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import ConfigError, parse_reward_weights
+from sage_grpo.dtypes import DTYPES
 from sage_grpo.lora import CHECKPOINT_LORA_DIR, LoraTraining, check_lora_settings
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.pipeline.replay import replay_step
 from sage_grpo.pipeline.rollout import RolloutOutput, rollout
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:

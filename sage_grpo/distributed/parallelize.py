@@ -44,8 +44,7 @@ from sage_grpo.distributed.collectives import average_gradients
 from sage_grpo.distributed.fsdp import apply_fsdp
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.distributed.sequence_parallel import apply_sequence_parallel
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+from sage_grpo.dtypes import DTYPES
 
 
 # ---------------------------------------------------------------- wrapping

@@ -54,12 +54,12 @@ import torch
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.validation import default_flow_shift
+from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
 from sage_grpo.pipeline.resolution import parse_size, resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
 
 VIDEO_FPS = 24
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 GROUP_OFFLOAD_BELOW_BYTES = 60 * 1024 ** 3  # reference: group offloading on when the GPU has less than 60 GB
 SAGE_BACKEND = "sage_varlen"
 CACHE_ORDERS = {"deepcache": 0, "taylorcache": 1}
