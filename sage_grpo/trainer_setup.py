@@ -27,10 +27,11 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from sage_grpo.checkpoint_layout import LORA_DIR
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import ConfigError, parse_reward_weights
 from sage_grpo.dtypes import DTYPES
-from sage_grpo.lora import CHECKPOINT_LORA_DIR, LoraTraining, check_lora_settings
+from sage_grpo.lora import LoraTraining, check_lora_settings
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.pipeline.replay import replay_step
@@ -160,7 +161,7 @@ class ModelBundle:
         exports and generates (the config then comes from its config.yaml).
         """
         if self.lora is not None:
-            self.lora.save_folder(Path(checkpoint_dir) / CHECKPOINT_LORA_DIR)
+            self.lora.save_folder(Path(checkpoint_dir) / LORA_DIR)
 
 
 def _build_lora(cfg: TrainConfig, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
