@@ -19,6 +19,7 @@ from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, D
                                          TRAINING_STATE_FILE, TRANSFORMER_FILE)
 from sage_grpo.config import TrainConfig, to_dict
 from sage_grpo.config.validation import ConfigError
+from sage_grpo.rl import KLMode
 from sage_grpo.safe_io import CheckpointError, load_plain, read_dcp_metadata
 
 # Settings whose change makes the continued run a different experiment (the optimizer state, the anchor schedule, the
@@ -122,8 +123,9 @@ def describe_setting(key: str) -> str:
     return key if " " in key else f"--{key}"
 
 
-def check_resume(cfg: TrainConfig, *, distributed: bool, dp_size: int = 1) -> ResumeCheck:
-    """Everything about ``--resume_from_checkpoint`` that can be checked without a model (see module docstring)."""
+def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_size: int = 1) -> ResumeCheck:
+    """Everything about ``--resume_from_checkpoint`` that can be checked without a model (see module docstring);
+    ``kl_mode`` says whether this run has a KL reference for a saved moving anchor."""
     path = resolve_resume_path(cfg.resume_from_checkpoint, Path(cfg.output_dir))
     sharded = is_sharded_checkpoint(path)
     if distributed and not sharded:
@@ -138,7 +140,7 @@ def check_resume(cfg: TrainConfig, *, distributed: bool, dp_size: int = 1) -> Re
     anchor_moved = (training.get("anchor_schedule") or {}).get("last_refreshed_at") is not None
     has_anchor = (any(key.startswith(f"{DCP_ANCHOR}.") for key in stored) if sharded
                   else (path / ANCHOR_FILE).is_file())
-    wants_reference = cfg.kl_weight > 0
+    wants_reference = kl_mode.uses_reference
     if anchor_moved and wants_reference and not has_anchor:
         where = f"{DCP_ANCHOR}.* in {path / DCP_DIR}" if sharded else str(path / ANCHOR_FILE)
         raise CheckpointError(f"{path} lacks the moving anchor ({where}) although the anchor moved at update "

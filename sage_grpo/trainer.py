@@ -77,7 +77,8 @@ from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_settin
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
-from sage_grpo.trainer_setup import ModelBundle, RewardFailure, build_models, build_reward, check_reward_config
+from sage_grpo.trainer_setup import (ModelBundle, RewardFailure, build_models, build_reward, check_reward_config,
+                                    kl_mode_of)
 from sage_grpo.video_io import sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
@@ -129,10 +130,11 @@ class GRPOTrainer:
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()
         self.reward_weights = parse_reward_weights(cfg.reward_weights)
+        self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         check_reward_config(cfg)
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
-        self.resume_check = (check_resume(cfg, distributed=self.dims.is_distributed, dp_size=self.dp_size)
-                             if cfg.resume_from_checkpoint is not None else None)
+        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed,
+                                          dp_size=self.dp_size) if cfg.resume_from_checkpoint is not None else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
         check_run_dir(cfg.output_dir, resuming=self.resume_check is not None, overwrite=cfg.overwrite_output_dir)
@@ -141,7 +143,7 @@ class GRPOTrainer:
 
         self.dims.build_meshes()
         seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
-        self.models: ModelBundle = build_models(cfg)
+        self.models: ModelBundle = build_models(cfg, self.kl_mode)
         parallelize_models(self.models, self.dims, cfg)
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
@@ -149,11 +151,9 @@ class GRPOTrainer:
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps)
-        self.kl_mode = rl.kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
         self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef)
-                              if self.models.reference is not None else None)
-        self.anchor = rl.MovingAnchorSchedule(cfg.use_moving_KL and self.models.reference is not None,
-                                              cfg.update_ref_model_step)
+                              if self.kl_mode.uses_reference else None)
+        self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
         self.sigmas = sde.shifted_sigmas(cfg.grpo_sampling_steps, cfg.infer_flow_shift_video)
         self.eq_scales = (sde.grad_balance_scales(cfg.sde_type, self.sigmas, cfg.eta)
@@ -337,7 +337,7 @@ class GRPOTrainer:
                     beta = self.kl_controller.kl_coef
                     ref_mean = ref_means[rows, steps].to(self.device)
                     effective_kl, parts = rl.dual_kl(out.mean, ref_mean, out.std, old_lp, out.log_prob,
-                                                     cfg.use_dual_kl, cfg.dual_kl_moving_weight,
+                                                     self.kl_mode.dual, cfg.dual_kl_moving_weight,
                                                      cfg.dual_kl_step_weight)
                     # the world mean, so that every rank's controller follows the same beta
                     self.kl_controller.update(mean_over_world({"kl": float(effective_kl.detach())},

@@ -169,13 +169,13 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
     """The trainer's reference means and dual KL (trainer.reference_means / policy_update) on a policy that has moved
     away from the base: KL_pos > 0 against the base, exactly 0 once the anchor is refreshed from the policy, when
     policy and reference run at the same precision (bf16: bf16 weights under bf16 autocast)."""
-    from sage_grpo.trainer_setup import build_models
+    from sage_grpo.trainer_setup import build_models, kl_mode_of
 
     cfg = TrainConfig(pretrained_model_root=str(tiny_root), dtype=precision, master_weight_type=precision,
                       device="cpu", kl_weight=1e-5, enable_gradient_checkpointing=False,
                       vision_num_semantic_tokens=TINY_IMAGE_TOKENS,
                       text_max_length=TINY_TEXT.max_length, byt5_max_length=TINY_TEXT.max_length_2)
-    bundle = build_models(cfg)
+    bundle = build_models(cfg, kl_mode_of(cfg))
     noise = torch.Generator().manual_seed(5)
     with torch.no_grad():  # stands in for some optimizer updates
         for param in bundle.policy.parameters():
