@@ -59,8 +59,7 @@ from sage_grpo.checkpoint import (ShardedTrainingObjects, capture_rng_state, gat
                                   save_sharded_checkpoint, seed_everything)
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
 from sage_grpo.config.schema import config_to_yaml
-from sage_grpo.config.validation import (ConfigError, group_layout, parse_reward_weights, parse_size, rollout_size,
-                                        validation_flow_shift)
+from sage_grpo.config.validation import ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
                                    mean_over_world)
@@ -74,6 +73,7 @@ from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.optim import LRSchedule, build_optimizer, optimizer_parts
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
+from sage_grpo.rewards import parse_reward_weights
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
@@ -129,9 +129,9 @@ class GRPOTrainer:
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()
-        self.reward_weights = parse_reward_weights(cfg.reward_weights)
+        self.reward_weights = parse_reward_weights(cfg.reward_weights)  # parsed once: the reward plan and build take it
         self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
-        check_reward_config(cfg)
+        check_reward_config(cfg, self.reward_weights)
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
         self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed,
                                           dp_size=self.dp_size) if cfg.resume_from_checkpoint is not None else None)
@@ -147,7 +147,7 @@ class GRPOTrainer:
         parallelize_models(self.models, self.dims, cfg)
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
-        self.reward_fn = build_reward(cfg, self.device) if self.dims.is_sp_leader else None
+        self.reward_fn = build_reward(cfg, self.reward_weights, self.device) if self.dims.is_sp_leader else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps)

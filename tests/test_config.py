@@ -184,6 +184,17 @@ def test_validation_shift_follows_the_model_version_unless_set():
         validate_train_config(_cfg(batch_size=4, num_generations=4, validation_timestep_shift=0.0))
 
 
+def test_empty_reward_weights_select_the_fallback_weights():
+    """One parser of --reward_weights with the reference's rule: "" is the empty dict, i.e. the reward's fallback
+    sub-reward weights (VideoAlign: VQ = MQ = TA = 1), in validation as in the reward plan."""
+    from sage_grpo.rewards import parse_reward_weights, plan_reward_models
+
+    validate_train_config(_cfg(batch_size=4, num_generations=4, reward_weights=""))
+    assert parse_reward_weights("") == parse_reward_weights("{}") == {}
+    plan = plan_reward_models("videoalign_local", parse_reward_weights(""))
+    assert plan["videoalign_local"]["sub_reward"] == {"VQ": 1.0, "MQ": 1.0, "TA": 1.0}
+
+
 def test_heads_must_divide_by_sp():
     with pytest.raises(ConfigError, match="heads-divisible-by-sp"):
         validate_train_config(_cfg(sp_size=3, batch_size=4, num_generations=4), world_size=3, num_attention_heads=16)

@@ -57,7 +57,9 @@ class TrainConfig:
     reward_model: str = config_field(
         "videoalign_local", "Reward model: videoalign_local, a built-in toy reward, or a dotted path "
         "'package.module:callable'")
-    reward_weights: str = config_field(DEFAULT_REWARD_WEIGHTS, "JSON weights of the sub-rewards; avg = sum w_m * m")
+    reward_weights: str = config_field(
+        DEFAULT_REWARD_WEIGHTS, "JSON weights of the sub-rewards, avg = sum w_m * m; '' or '{}': the reward's fallback "
+        "weights (VideoAlign: VQ = MQ = TA = 1, as the reference)")
     reward_kwargs: str = config_field(
         "{}", "JSON constructor arguments of the reward model, e.g. '{\"target_rgb\": [0, 0, 1]}' for target_color")
     reward_checkpoint_mode: str = config_field(

@@ -5,7 +5,6 @@ alternative, so that a mistyped launch line fails in a second instead of after m
 """
 
 import dataclasses
-import json
 import math
 from typing import Dict, List, Optional, Tuple
 
@@ -23,18 +22,6 @@ class ConfigError(ValueError):
 
 def _fail(rule: str, message: str, fix: str) -> None:
     raise ConfigError(f"[{rule}] {message}. Fix: {fix}.")
-
-
-def parse_reward_weights(text: str) -> Dict[str, float]:
-    """``--reward_weights`` JSON -> {sub_reward: weight}."""
-    try:
-        weights = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--reward_weights is not valid JSON ({err}); example: '{{\"VQ\":0.5,\"MQ\":0.5,\"TA\":1.0}}'")
-    if not isinstance(weights, dict) or not all(isinstance(v, (int, float)) for v in weights.values()):
-        raise ConfigError(f"--reward_weights must be a JSON object of numbers, got {text!r}; "
-                          "example: '{\"VQ\":0.5,\"MQ\":0.5,\"TA\":1.0}'")
-    return {str(k): float(v) for k, v in weights.items()}
 
 
 def parse_size(text: Optional[str], option: str) -> Optional[Tuple[int, int]]:
@@ -158,7 +145,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
     if (cfg.rollout_height is None) != (cfg.rollout_width is None):
         _fail("rollout-size-pair", "--rollout_height and --rollout_width must be given together",
               "pass both, or neither to use --video_bucket_hw_base_size")
-    parse_reward_weights(cfg.reward_weights)
+    _check_reward_weights(cfg.reward_weights)
     parse_size(cfg.validation_fixed_size, "--validation_fixed_size")
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
         if validation_flow_shift(cfg) <= 0:
@@ -170,6 +157,17 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
         notes.append(f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
                      f"{cfg.kl_weight} (as the reference does)")
     return notes
+
+
+def _check_reward_weights(text: str) -> None:
+    """``--reward_weights`` through the reward registry's parser, the one that also builds the reward (imported here
+    because the registry imports torch and this package must not)."""
+    from sage_grpo.rewards.registry import parse_reward_weights
+
+    try:
+        parse_reward_weights(text)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None  # its messages name reward_weights and give an example
 
 
 def rollout_size(cfg: TrainConfig) -> Tuple[int, int]:
