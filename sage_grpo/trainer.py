@@ -59,7 +59,8 @@ from sage_grpo.checkpoint import (ShardedTrainingObjects, capture_rng_state, gat
                                   save_sharded_checkpoint, seed_everything)
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
 from sage_grpo.config.schema import config_to_yaml
-from sage_grpo.config.validation import ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift
+from sage_grpo.config.validation import (ConfigError, group_layout, rollout_size, validation_flow_shift,
+                                        validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
                                    mean_over_world)
@@ -449,7 +450,7 @@ class GRPOTrainer:
 
         Every rank samples (the policy's FSDP and SP collectives need them all); rank 0 writes."""
         cfg = self.cfg
-        size = parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or (self.height, self.width)
+        size = validation_size(cfg)
         out_dir = self.run_dir / "samples" / f"step_{step:06d}"
         if self.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)

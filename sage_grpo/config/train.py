@@ -12,7 +12,8 @@ from typing import List, Optional
 from sage_grpo.config.schema import config_field
 
 SDE_TYPE_CHOICES = ("dance_grpo", "sage_grpo", "flow_grpo", "cps")
-# Reference rollout resolution buckets (spec §2.4): bucket_hw_base_size -> (height, width).
+# The reference's 16:9 resolution buckets (spec §2.4): bucket base size -> (height, width). The one bucket table:
+# rollouts (--video_bucket_hw_base_size) and generate.py's --resolution both read it.
 RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (544, 960), 960: (720, 1280),
                       1440: (1080, 1920)}
 DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from sage_grpo.config import TrainConfig
-from sage_grpo.config.validation import parse_size, rollout_size
+from sage_grpo.config.validation import rollout_size, validation_size
 from sage_grpo.models import layout
 
 
@@ -46,6 +46,5 @@ def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
     height, width = rollout_size(cfg)
     tokens = {"rollout": video_tokens(vae, transformer, cfg.sample_n_frames, height, width)}
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
-        size = parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or (height, width)
-        tokens["validation"] = video_tokens(vae, transformer, cfg.validate_video_length, *size)
+        tokens["validation"] = video_tokens(vae, transformer, cfg.validate_video_length, *validation_size(cfg))
     return ModelGeometry(transformer["num_attention_heads"], tokens)

@@ -53,10 +53,10 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from sage_grpo.config.generate import GenerateConfig
-from sage_grpo.config.validation import default_flow_shift
+from sage_grpo.config.validation import default_flow_shift, parse_size
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
-from sage_grpo.pipeline.resolution import parse_size, resolution_hw
+from sage_grpo.pipeline.resolution import resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
 
 VIDEO_FPS = 24
@@ -224,8 +224,7 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
         raise ValueError(f"--num_inference_steps must be >= 1, got {config.num_inference_steps}")
     ratios = _vae_ratios(config.model_path)
     temporal, spatial = ratios if ratios is not None else (4, 16)
-    height, width = parse_size(config.fixed_size) if config.fixed_size else \
-        resolution_hw(config.resolution, config.aspect_ratio, spatial)
+    height, width = parse_size(config.fixed_size) or resolution_hw(config.resolution, config.aspect_ratio, spatial)
     if height % spatial or width % spatial:
         raise ValueError(f"video size {height}x{width} must be a multiple of the VAE's spatial ratio {spatial}")
     if config.video_length < 1 or (config.video_length - 1) % temporal:
