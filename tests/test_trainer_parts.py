@@ -25,6 +25,15 @@ def test_csv_reading_defaults_and_concatenation(tmp_path):
     assert [(i.index, i.prompt, i.seed) for i in items] == [(0, "first", 7), (1, "second", 42), (10, "third", 42)]
 
 
+def test_csv_reader_rules_shared_with_generate(tmp_path):
+    """generate.py reads its CSVs with this reader too: its --seed for rows without one, column names with spaces,
+    and every file must hold prompts (not only the first)."""
+    a = _csv(tmp_path, "prompt, seed\nfirst, 7\nsecond,\n", "a.csv")
+    assert [(i.prompt, i.seed) for i in read_prompt_csvs([a], default_seed=930)] == [("first", 7), ("second", 930)]
+    with pytest.raises(ConfigError, match="empty.csv' holds no prompts"):
+        read_prompt_csvs([a, _csv(tmp_path, "prompt,seed\n", "empty.csv")])
+
+
 @pytest.mark.parametrize("text,match", [
     ("text,seed\nhello,1\n", "no 'prompt' column"),
     ("prompt,seed\n", "holds no prompts"),
