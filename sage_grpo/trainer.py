@@ -437,10 +437,8 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ validation
     def _validation_items(self) -> List[PromptItem]:
         cfg = self.cfg
-        if cfg.valid_video_csv:
-            items = read_prompt_csvs(cfg.valid_video_csv)
-            return [PromptItem(i.index, i.prompt, i.seed if i.seed is not None else cfg.validation_global_seed)
-                    for i in items]
+        if cfg.valid_video_csv:  # a row without a seed: --validation_global_seed (spec §4.4)
+            return read_prompt_csvs(cfg.valid_video_csv, default_seed=cfg.validation_global_seed)
         prompts = cfg.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
         return [PromptItem(i, p, cfg.validation_global_seed) for i, p in enumerate(prompts)]
 
