@@ -5,7 +5,8 @@
     transformer/model.safetensors   trainable weights (all weights, or the LoRA adapter weights with --use_lora)
     anchor/model.safetensors        moving-anchor (reference) weights, once the anchor has moved
     optimizer.pt                    optimizer state
-    training_state.pt               counters, LR schedule, KL controller, anchor schedule, data position, RNG states
+    training_state.pt               counters (the step fixes the data position and the LR), KL controller, anchor
+                                    schedule, parallel layout, RNG states
     config.yaml                     the run's resolved configuration
 
 A checkpoint is first written to ``.checkpoint-{step}.tmp`` and renamed into place when complete, so a crash mid-save
@@ -20,8 +21,7 @@ Several processes (:func:`save_sharded_checkpoint`) write instead::
                                                  module, or the LoRA anchor adapter), once the anchor has moved
     transformer/model.safetensors   full trainable weights gathered to rank 0, the same file a one-process run
                                     writes (what generate.py reads); always written, see below
-    training_state.pt               rank 0: counters, LR schedule, KL controller, anchor schedule, data position, and
-                                    the RNG states of every rank
+    training_state.pt               rank 0: as above, with the RNG states of every rank and the optimizer parts
     config.yaml
 
 All ranks write into the temporary directory, meet at a barrier, then rank 0 renames it and everybody meets again, so

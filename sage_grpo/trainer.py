@@ -471,7 +471,7 @@ class GRPOTrainer:
         state = {
             "global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller is not None else None,
-            "anchor_schedule": self.anchor.state_dict(), "data": {"step": self.global_step, "seed": self.cfg.seed},
+            "anchor_schedule": self.anchor.state_dict(),
             "layout": layout_record(self.cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
         }
         if self.dims.is_distributed:
