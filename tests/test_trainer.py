@@ -5,13 +5,13 @@ import json
 
 import pytest
 import torch
+from launch_flags import RUN_POST_TRAIN_FLAGS
 from model_fixtures import tiny_args, tiny_root  # noqa: F401
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.tracking import read_metrics
 from sage_grpo.trainer import GRPOTrainer
-from tests.test_config import RUN_POST_TRAIN_FLAGS
 
 pytestmark = pytest.mark.e2e
 
