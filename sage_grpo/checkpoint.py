@@ -5,7 +5,8 @@
     transformer/model.safetensors   trainable weights (all weights, or the LoRA adapter weights with --use_lora)
     anchor/model.safetensors        moving-anchor (reference) weights, once the anchor has moved
     optimizer.pt                    optimizer state
-    training_state.pt               counters, LR schedule, KL controller, anchor schedule, data position, RNG states
+    training_state.pt               counters (the step fixes the data position and the LR), KL controller, anchor
+                                    schedule, parallel layout, RNG states
     config.yaml                     the run's resolved configuration
 
 A checkpoint is first written to ``.checkpoint-{step}.tmp`` and renamed into place when complete, so a crash mid-save
@@ -20,8 +21,7 @@ Several processes (:func:`save_sharded_checkpoint`) write instead::
                                                  module, or the LoRA anchor adapter), once the anchor has moved
     transformer/model.safetensors   full trainable weights gathered to rank 0, the same file a one-process run
                                     writes (what generate.py reads); always written, see below
-    training_state.pt               rank 0: counters, LR schedule, KL controller, anchor schedule, data position, and
-                                    the RNG states of every rank
+    training_state.pt               rank 0: as above, with the RNG states of every rank and the optimizer parts
     config.yaml
 
 All ranks write into the temporary directory, meet at a barrier, then rank 0 renames it and everybody meets again, so
@@ -43,12 +43,13 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_MODEL, DCP_OPTIMIZER,
+                                         OPTIMIZER_FILE, TRAINING_STATE_FILE, TRANSFORMER_FILE)
 from sage_grpo.distributed.collectives import barrier
 from sage_grpo.faults import fault_point
 from sage_grpo.safe_io import CheckpointError, dcp_load, load_plain, read_dcp_metadata
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-DCP_DIR = "transformer_dcp"
 StateDict = Dict[str, torch.Tensor]
 
 
@@ -90,15 +91,15 @@ def save_checkpoint(run_dir: Path, step: int, *, model_state: Dict[str, torch.Te
     final = Path(run_dir) / f"checkpoint-{step}"
     tmp = Path(run_dir) / f".checkpoint-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "transformer").mkdir(parents=True)
-    save_file(_contiguous_cpu(model_state), str(tmp / "transformer" / "model.safetensors"))
+    (tmp / TRANSFORMER_FILE).parent.mkdir(parents=True)
+    save_file(_contiguous_cpu(model_state), str(tmp / TRANSFORMER_FILE))
     if anchor_state is not None:
-        (tmp / "anchor").mkdir()
-        save_file(_contiguous_cpu(anchor_state), str(tmp / "anchor" / "model.safetensors"))
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save(training_state, tmp / "training_state.pt")
+        (tmp / ANCHOR_FILE).parent.mkdir()
+        save_file(_contiguous_cpu(anchor_state), str(tmp / ANCHOR_FILE))
+    torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
+    torch.save(training_state, tmp / TRAINING_STATE_FILE)
     if config_yaml is not None:
-        (tmp / "config.yaml").write_text(config_yaml)
+        (tmp / CONFIG_FILE).write_text(config_yaml)
     fault_point("checkpoint", step)
     if final.exists():
         shutil.rmtree(final)
@@ -110,15 +111,15 @@ def load_checkpoint(path: Path) -> dict:
     """Read a checkpoint written by :func:`save_checkpoint` into a dict of its parts (plain data only, see
     :mod:`sage_grpo.safe_io`); a missing or unreadable part is named with its path."""
     path = Path(path)
-    model_file = path / "transformer" / "model.safetensors"
+    model_file = path / TRANSFORMER_FILE
     if not model_file.is_file():
         raise CheckpointError(f"{path} is not a complete sage-grpo checkpoint: {model_file} is missing")
-    anchor_file = path / "anchor" / "model.safetensors"
+    anchor_file = path / ANCHOR_FILE
     return {
         "model_state": _load_safetensors(model_file),
         "anchor_state": _load_safetensors(anchor_file) if anchor_file.exists() else None,
-        "optimizer_state": load_plain(path / "optimizer.pt", "optimizer state"),
-        "training_state": load_plain(path / "training_state.pt", "training state"),
+        "optimizer_state": load_plain(path / OPTIMIZER_FILE, "optimizer state"),
+        "training_state": load_plain(path / TRAINING_STATE_FILE, "training state"),
     }
 
 
@@ -148,11 +149,11 @@ def resolve_resume_path(value: str, run_dir: Path) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"--resume_from_checkpoint {value}: no such directory; pass a checkpoint-N folder "
                                 "or 'latest'")
-    if not (path / "training_state.pt").is_file():
+    if not (path / TRAINING_STATE_FILE).is_file():
         found = list(list_checkpoints(path))
         hint = f" (it holds checkpoint-{found[-1]}; pass that folder, or 'latest')" if found else ""
         raise FileNotFoundError(f"--resume_from_checkpoint {value}: not a sage-grpo checkpoint, "
-                                f"{path / 'training_state.pt'} is missing{hint}")
+                                f"{path / TRAINING_STATE_FILE} is missing{hint}")
     return path
 
 
@@ -193,11 +194,11 @@ def _dcp_state(objects: ShardedTrainingObjects, with_anchor: bool) -> dict:
     """The nested state DCP saves or loads into (a collective: it initialises empty optimizer states)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    state = {"model": dict(objects.trainable_state()),
-             "optimizer": {name: get_optimizer_state_dict(objects.model, opt)
-                           for name, opt in objects.optimizers.items()}}
+    state = {DCP_MODEL: dict(objects.trainable_state()),
+             DCP_OPTIMIZER: {name: get_optimizer_state_dict(objects.model, opt)
+                             for name, opt in objects.optimizers.items()}}
     if with_anchor:
-        state["anchor"] = dict(objects.anchor_state())
+        state[DCP_ANCHOR] = dict(objects.anchor_state())
     return state
 
 
@@ -236,11 +237,11 @@ def save_sharded_checkpoint(run_dir: Path, step: int, objects: ShardedTrainingOb
     dcp.save(_dcp_state(objects, save_anchor), checkpoint_id=str(tmp / DCP_DIR))
     full = gather_to_main(objects.trainable_state(), is_main)
     if is_main:
-        (tmp / "transformer").mkdir()
-        save_file(full, str(tmp / "transformer" / "model.safetensors"))
-        torch.save(training_state, tmp / "training_state.pt")
+        (tmp / TRANSFORMER_FILE).parent.mkdir()
+        save_file(full, str(tmp / TRANSFORMER_FILE))
+        torch.save(training_state, tmp / TRAINING_STATE_FILE)
         if config_yaml is not None:
-            (tmp / "config.yaml").write_text(config_yaml)
+            (tmp / CONFIG_FILE).write_text(config_yaml)
     del full
     fault_point("checkpoint", step)
     barrier(device)
@@ -259,15 +260,15 @@ def load_sharded_checkpoint(path: Path, objects: ShardedTrainingObjects) -> dict
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     path = Path(path)
-    training = load_plain(path / "training_state.pt", "training state")
+    training = load_plain(path / TRAINING_STATE_FILE, "training state")
     saved_parts = training.get("optimizer_parts")
     if saved_parts is not None and sorted(saved_parts) != sorted(objects.optimizers):
         raise ValueError(f"{path} holds optimizer states {sorted(saved_parts)} but this run builds "
                          f"{sorted(objects.optimizers)}; resume with the same --use_muon / --use_lora")
     stored = set(read_dcp_metadata(path / DCP_DIR).state_dict_metadata)
-    with_anchor = objects.anchor_state is not None and any(key.startswith("anchor.") for key in stored)
+    with_anchor = objects.anchor_state is not None and any(key.startswith(f"{DCP_ANCHOR}.") for key in stored)
     state = _dcp_state(objects, with_anchor)
-    expected = [f"model.{n}" for n in state["model"]] + [f"anchor.{n}" for n in state.get("anchor", {})]
+    expected = [f"{part}.{n}" for part in (DCP_MODEL, DCP_ANCHOR) for n in state.get(part, {})]
     missing = sorted(k for k in expected if k not in stored)
     if missing:
         raise KeyError(f"{path / DCP_DIR} lacks {len(missing)} weights of this model, e.g. {missing[:5]}")
@@ -275,9 +276,9 @@ def load_sharded_checkpoint(path: Path, objects: ShardedTrainingObjects) -> dict
     # keep their freshly initialised values; every weight was checked above.
     dcp_load(state, path / DCP_DIR, allow_partial_load=True)
     # The weights were loaded in place; the bundle's loaders also check the keys (and mark a LoRA anchor ready).
-    objects.load_trainable_state(state["model"])
+    objects.load_trainable_state(state[DCP_MODEL])
     for name, optimizer in objects.optimizers.items():
-        set_optimizer_state_dict(objects.model, optimizer, state["optimizer"][name])
+        set_optimizer_state_dict(objects.model, optimizer, state[DCP_OPTIMIZER][name])
     if with_anchor:
-        objects.load_anchor_state(state["anchor"])
+        objects.load_anchor_state(state[DCP_ANCHOR])
     return training

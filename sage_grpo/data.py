@@ -1,4 +1,5 @@
-"""Prompt data for GRPO: CSV reading, the group-repeating distributed sampler, and per-sample seeds.
+"""Prompt data: the one prompt-CSV reader (training, validation and generate.py), the group-repeating distributed
+sampler, and per-sample seeds.
 
 Layout (reference_spec §2.2, §2.4). With ``B`` prompts per data-parallel rank, ``dp`` ranks and group size ``G``,
 one step uses ``U = B*dp/G`` unique prompts. Each epoch permutes the prompt indices (generator seeded ``seed + epoch``),
@@ -51,28 +52,28 @@ def _check_image(path: str, where: str) -> None:
 MAX_PROMPT_BYTES = 16 * 1024  # far above any text encoder's context (the reference crops at 1000 tokens)
 
 
-def read_prompt_csvs(paths: Optional[Sequence[str]], *, require_seed: bool = False,
-                     notes: Optional[List[str]] = None) -> List[PromptItem]:
-    """Read and concatenate prompt CSVs (``prompt`` required; ``index``, ``seed``, ``ref_image_path`` optional).
+def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFAULT_CSV_SEED,
+                     require_seed: bool = False, notes: Optional[List[str]] = None) -> List[PromptItem]:
+    """Read and concatenate prompt CSVs (``prompt`` required; ``index``, ``seed``, ``ref_image_path`` optional;
+    column names may carry spaces). A row without a seed gets ``default_seed``.
 
-    Every error names the file (and the row); rows with an empty prompt are skipped and reported in ``notes``
-    (a list the caller logs), or as a warning when no list is given."""
+    Every error names the file (and the row), and a file without prompts is one; rows with an empty prompt are
+    skipped and reported in ``notes`` (a list the caller logs), or as a warning when no list is given."""
     items: List[PromptItem] = []
     for path in paths or [DEFAULT_TRAIN_CSV]:
         file = Path(path)
         if not file.is_file():
-            raise ConfigError(f"prompt CSV {path!r} does not exist. Pass an existing file, e.g. "
-                              f"--train_video_csv {DEFAULT_TRAIN_CSV}")
+            raise ConfigError(f"prompt CSV {path!r} does not exist. Pass an existing file, e.g. {DEFAULT_TRAIN_CSV}")
         try:
             text = file.read_text(encoding="utf-8-sig")
         except UnicodeDecodeError as err:
             line = file.read_bytes()[:err.start].count(b"\n") + 1
             raise ConfigError(f"prompt CSV {path!r}, line {line}: not UTF-8 text ({err.reason} at byte {err.start}). "
                               "Save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-        skipped = []
+        skipped, first = [], len(items)
         try:
             reader = csv.DictReader(io.StringIO(text, newline=""))
-            columns = reader.fieldnames or []
+            reader.fieldnames = columns = [name.strip() for name in reader.fieldnames or []]
             if "prompt" not in columns:
                 raise ConfigError(f"prompt CSV {path!r} has no 'prompt' column (columns: {columns}). The first line "
                                   "must be a header such as: prompt,seed")
@@ -89,7 +90,7 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, require_seed: bool = Fal
                                       f"{MAX_PROMPT_BYTES}-byte limit (is a column separator missing?). Shorten it")
                 try:
                     index = int(row["index"]) if row.get("index") not in (None, "") else len(items)
-                    seed = int(row["seed"]) if row.get("seed") not in (None, "") else DEFAULT_CSV_SEED
+                    seed = int(row["seed"]) if row.get("seed") not in (None, "") else default_seed
                 except ValueError as err:
                     raise ConfigError(f"{where}: index and seed must be integers ({err})") from None
                 image = (row.get("ref_image_path") or "").strip()
@@ -105,7 +106,7 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, require_seed: bool = Fal
                 notes.append(message)
             else:
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
-        if not items:
+        if len(items) == first:
             raise ConfigError(f"prompt CSV {path!r} holds no prompts. Add rows under the 'prompt' header.")
     return items
 

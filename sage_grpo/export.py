@@ -34,17 +34,14 @@ from typing import Dict, Optional, Union
 import torch
 
 from sage_grpo import lora
+from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, DCP_MODEL, LORA_DIR, TRANSFORMER_FILE
+from sage_grpo.dtypes import DTYPES
 from sage_grpo.models.loading import _read_safetensors, resolve_transformer_weights
 
 PathLike = Union[str, Path]
-CHECKPOINT_FILE = Path("transformer") / "model.safetensors"
-DCP_DIR = "transformer_dcp"  # the sharded trainer's folder (sage_grpo/checkpoint.py)
 DCP_METADATA = ".metadata"
-LORA_DIR = lora.CHECKPOINT_LORA_DIR
-RUN_CONFIG = "config.yaml"
-DCP_NESTING = "model."  # {"model": state_dict, ...} is stored flattened as model.<key>
+DCP_NESTING = f"{DCP_MODEL}."  # {"model": state_dict, ...} is stored flattened as model.<key>
 EXPORT_FORMATS = ("transformer", "lora")
-EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -93,7 +90,7 @@ def read_dcp_state_dict(folder: PathLike) -> Dict[str, torch.Tensor]:
 def _checkpoint_dir_of(path: Path) -> Optional[Path]:
     """The ``checkpoint-N`` directory a weights location belongs to (for its lora/ folder and config.yaml)."""
     for candidate in (path, path.parent, path.parent.parent):
-        if (candidate / RUN_CONFIG).is_file() or (candidate / LORA_DIR).is_dir():
+        if (candidate / CONFIG_FILE).is_file() or (candidate / LORA_DIR).is_dir():
             return candidate
     return None
 
@@ -102,7 +99,7 @@ def _locate(path: Path) -> Path:
     """The file, DCP folder or adapter folder holding the weights at ``path``."""
     if path.is_dir() and (lora.is_adapter_folder(path) or is_dcp_folder(path)):
         return path
-    if path.is_dir() and is_dcp_folder(path / DCP_DIR) and not (path / CHECKPOINT_FILE).is_file():
+    if path.is_dir() and is_dcp_folder(path / DCP_DIR) and not (path / TRANSFORMER_FILE).is_file():
         return path / DCP_DIR
     try:
         return resolve_transformer_weights(path)
@@ -132,13 +129,13 @@ def lora_config_of_checkpoint(checkpoint: Optional[Path], state: Dict[str, torch
     """The LoraConfig of a LoRA training checkpoint: its lora/ folder, else its run config plus the tensors."""
     if checkpoint is not None and lora.is_adapter_folder(checkpoint / LORA_DIR):
         return lora.read_adapter_folder(checkpoint / LORA_DIR)[0]
-    if checkpoint is None or not (checkpoint / RUN_CONFIG).is_file():
+    if checkpoint is None or not (checkpoint / CONFIG_FILE).is_file():
         raise FileNotFoundError("LoRA weights without their config: expected the checkpoint's lora/ folder or "
                                 "config.yaml next to transformer/model.safetensors")
     from sage_grpo.config import TrainConfig
     from sage_grpo.config.schema import from_dict, load_yaml
 
-    run = from_dict(TrainConfig, load_yaml(str(checkpoint / RUN_CONFIG)), source=str(checkpoint / RUN_CONFIG))
+    run = from_dict(TrainConfig, load_yaml(str(checkpoint / CONFIG_FILE)), source=str(checkpoint / CONFIG_FILE))
     if run.pretrained_lora_path and lora.is_adapter_folder(Path(run.pretrained_lora_path)):
         return lora.read_adapter_folder(Path(run.pretrained_lora_path))[0]
     modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
@@ -173,7 +170,7 @@ def apply_trained_weights(transformer: torch.nn.Module, weights: TrainedWeights)
 
 # ---------------------------------------------------------------------------------------------------- export
 def _run_transformer_version(checkpoint: Path) -> Optional[str]:
-    run_config = checkpoint / RUN_CONFIG
+    run_config = checkpoint / CONFIG_FILE
     if not run_config.is_file():
         return None
     from sage_grpo.config.schema import load_yaml
@@ -189,8 +186,8 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
 
     if export_format not in EXPORT_FORMATS:
         raise ValueError(f"--format must be one of {EXPORT_FORMATS}, got {export_format!r}")
-    if dtype not in EXPORT_DTYPES:
-        raise ValueError(f"--dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     checkpoint, output = Path(checkpoint), Path(output)
     if output.exists() and any(output.iterdir()):
         raise FileExistsError(f"--output {output} exists and is not empty; choose a new folder")
@@ -198,12 +195,12 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
     if export_format == "lora":
         if not weights.is_lora:
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter; use --format transformer")
-        state = {k: v.to(EXPORT_DTYPES[dtype]) for k, v in weights.state.items()}
+        state = {k: v.to(DTYPES[dtype]) for k, v in weights.state.items()}
         return lora.write_adapter_folder(output, weights.lora_config, state)
     version = transformer_version or _run_transformer_version(checkpoint) or DEFAULT_TRANSFORMER_VERSION
     transformer = load_transformer(model_root, version, dtype=torch.float32, device="cpu")
     apply_trained_weights(transformer, weights)  # merged in fp32, then cast once
-    if EXPORT_DTYPES[dtype] != torch.float32:
-        transformer.to(EXPORT_DTYPES[dtype])
+    if DTYPES[dtype] != torch.float32:
+        transformer.to(DTYPES[dtype])
     transformer.save_pretrained(str(output), safe_serialization=True)
     return output

@@ -52,7 +52,6 @@ POLICY_ADAPTER = "default"
 ANCHOR_ADAPTER = "anchor"
 PEFT_PREFIX = "base_model.model."
 DIFFUSERS_PIPELINE_PREFIX = "transformer."
-CHECKPOINT_LORA_DIR = "lora"  # checkpoint-N/lora/: the adapter folder of a LoRA training checkpoint
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 DIFFUSERS_METADATA_KEY = "lora_adapter_metadata"  # diffusers.loaders.lora_base.LORA_ADAPTER_METADATA_KEY

@@ -14,9 +14,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from sage_grpo.checkpoint import DCP_DIR, is_sharded_checkpoint, resolve_resume_path
+from sage_grpo.checkpoint import is_sharded_checkpoint, resolve_resume_path
+from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_MODEL, OPTIMIZER_FILE,
+                                         TRAINING_STATE_FILE, TRANSFORMER_FILE)
 from sage_grpo.config import TrainConfig, to_dict
 from sage_grpo.config.validation import ConfigError
+from sage_grpo.rl import KLMode
 from sage_grpo.safe_io import CheckpointError, load_plain, read_dcp_metadata
 
 # Settings whose change makes the continued run a different experiment (the optimizer state, the anchor schedule, the
@@ -79,7 +82,7 @@ def config_differences(saved: Dict[str, Any], cfg: TrainConfig) -> Dict[str, Tup
 
 
 def _read_saved_config(path: Path) -> Optional[Dict[str, Any]]:
-    file = path / "config.yaml"
+    file = path / CONFIG_FILE
     if not file.is_file():
         return None
     try:
@@ -95,15 +98,15 @@ def _check_parts(path: Path, sharded: bool) -> List[str]:
     """The names of the parts a checkpoint's tensors live in; raises naming the first missing or unreadable one."""
     if sharded:
         stored = set(read_dcp_metadata(path / DCP_DIR).state_dict_metadata)
-        if not any(key.startswith("model.") for key in stored):
+        if not any(key.startswith(f"{DCP_MODEL}.") for key in stored):
             raise CheckpointError(f"{path / DCP_DIR} holds no model weights")
         return sorted(stored)
-    check_safetensors(path / "transformer" / "model.safetensors", "trainable weights")
-    if not (path / "optimizer.pt").is_file():
-        raise CheckpointError(f"optimizer state {path / 'optimizer.pt'} is missing; the optimizer cannot continue "
+    check_safetensors(path / TRANSFORMER_FILE, "trainable weights")
+    if not (path / OPTIMIZER_FILE).is_file():
+        raise CheckpointError(f"optimizer state {path / OPTIMIZER_FILE} is missing; the optimizer cannot continue "
                               "where it stopped. Resume from another checkpoint, or start a new run from "
-                              f"{path / 'transformer' / 'model.safetensors'}")
-    anchor = path / "anchor" / "model.safetensors"
+                              f"{path / TRANSFORMER_FILE}")
+    anchor = path / ANCHOR_FILE
     if anchor.exists():
         check_safetensors(anchor, "moving-anchor weights")
     return []
@@ -120,25 +123,26 @@ def describe_setting(key: str) -> str:
     return key if " " in key else f"--{key}"
 
 
-def check_resume(cfg: TrainConfig, *, distributed: bool, dp_size: int = 1) -> ResumeCheck:
-    """Everything about ``--resume_from_checkpoint`` that can be checked without a model (see module docstring)."""
+def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_size: int = 1) -> ResumeCheck:
+    """Everything about ``--resume_from_checkpoint`` that can be checked without a model (see module docstring);
+    ``kl_mode`` says whether this run has a KL reference for a saved moving anchor."""
     path = resolve_resume_path(cfg.resume_from_checkpoint, Path(cfg.output_dir))
     sharded = is_sharded_checkpoint(path)
     if distributed and not sharded:
         raise ConfigError(f"{path} was written by a single process (no {DCP_DIR}/); resume it with one process, or "
                           "start a new run from its weights")
     stored = _check_parts(path, sharded)
-    training = load_plain(path / "training_state.pt", "training state")
+    training = load_plain(path / TRAINING_STATE_FILE, "training state")
     if not isinstance(training, dict) or "global_step" not in training:
-        raise CheckpointError(f"{path / 'training_state.pt'} is not a sage-grpo training state")
+        raise CheckpointError(f"{path / TRAINING_STATE_FILE} is not a sage-grpo training state")
     check = ResumeCheck(path, sharded, training)
 
     anchor_moved = (training.get("anchor_schedule") or {}).get("last_refreshed_at") is not None
-    has_anchor = (any(key.startswith("anchor.") for key in stored) if sharded
-                  else (path / "anchor" / "model.safetensors").is_file())
-    wants_reference = cfg.kl_weight > 0
+    has_anchor = (any(key.startswith(f"{DCP_ANCHOR}.") for key in stored) if sharded
+                  else (path / ANCHOR_FILE).is_file())
+    wants_reference = kl_mode.uses_reference
     if anchor_moved and wants_reference and not has_anchor:
-        where = f"anchor.* in {path / DCP_DIR}" if sharded else str(path / "anchor" / "model.safetensors")
+        where = f"{DCP_ANCHOR}.* in {path / DCP_DIR}" if sharded else str(path / ANCHOR_FILE)
         raise CheckpointError(f"{path} lacks the moving anchor ({where}) although the anchor moved at update "
                               f"{training['anchor_schedule']['last_refreshed_at']}: resuming would take the base "
                               "model as the KL reference. Resume from an intact checkpoint")
@@ -148,8 +152,8 @@ def check_resume(cfg: TrainConfig, *, distributed: bool, dp_size: int = 1) -> Re
 
     saved = _read_saved_config(path)
     if saved is None:
-        check.notes.append(f"{path} has no config.yaml (written by an earlier version): the run's settings cannot be "
-                           "compared with the checkpoint's")
+        check.notes.append(f"{path} has no {CONFIG_FILE} (written by an earlier version): the run's settings cannot "
+                           "be compared with the checkpoint's")
     else:
         check.differences = config_differences(saved, cfg)
     layout = training.get("layout")

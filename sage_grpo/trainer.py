@@ -59,24 +59,27 @@ from sage_grpo.checkpoint import (ShardedTrainingObjects, capture_rng_state, gat
                                   save_sharded_checkpoint, seed_everything)
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
 from sage_grpo.config.schema import config_to_yaml
-from sage_grpo.config.validation import (ConfigError, group_layout, parse_reward_weights, parse_size, rollout_size,
-                                        validation_flow_shift)
+from sage_grpo.config.validation import (ConfigError, group_layout, rollout_size, validation_flow_shift,
+                                        validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
                                    mean_over_world)
 from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, is_sharded,
-                                               parallelize_models, read_model_geometry, reference_on_device)
+                                               parallelize_models, reference_on_device)
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_group_rewards, gather_step_rewards,
                                                 run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
+from sage_grpo.models.geometry import read_model_geometry
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.optim import LRSchedule, build_optimizer, optimizer_parts
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
+from sage_grpo.rewards import parse_reward_weights
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
-from sage_grpo.trainer_setup import ModelBundle, RewardFailure, build_models, build_reward, check_reward_config
+from sage_grpo.trainer_setup import (ModelBundle, RewardFailure, build_models, build_reward, check_reward_config,
+                                    kl_mode_of)
 from sage_grpo.video_io import sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
@@ -127,11 +130,12 @@ class GRPOTrainer:
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()
-        self.reward_weights = parse_reward_weights(cfg.reward_weights)
-        check_reward_config(cfg)
+        self.reward_weights = parse_reward_weights(cfg.reward_weights)  # parsed once: the reward plan and build take it
+        self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
+        check_reward_config(cfg, self.reward_weights)
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
-        self.resume_check = (check_resume(cfg, distributed=self.dims.is_distributed, dp_size=self.dp_size)
-                             if cfg.resume_from_checkpoint is not None else None)
+        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed,
+                                          dp_size=self.dp_size) if cfg.resume_from_checkpoint is not None else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
         check_run_dir(cfg.output_dir, resuming=self.resume_check is not None, overwrite=cfg.overwrite_output_dir)
@@ -140,19 +144,17 @@ class GRPOTrainer:
 
         self.dims.build_meshes()
         seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
-        self.models: ModelBundle = build_models(cfg)
+        self.models: ModelBundle = build_models(cfg, self.kl_mode)
         parallelize_models(self.models, self.dims, cfg)
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
-        self.reward_fn = build_reward(cfg, self.device) if self.dims.is_sp_leader else None
+        self.reward_fn = build_reward(cfg, self.reward_weights, self.device) if self.dims.is_sp_leader else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps)
-        self.kl_mode = rl.kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
         self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef)
-                              if self.models.reference is not None else None)
-        self.anchor = rl.MovingAnchorSchedule(cfg.use_moving_KL and self.models.reference is not None,
-                                              cfg.update_ref_model_step)
+                              if self.kl_mode.uses_reference else None)
+        self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
         self.sigmas = sde.shifted_sigmas(cfg.grpo_sampling_steps, cfg.infer_flow_shift_video)
         self.eq_scales = (sde.grad_balance_scales(cfg.sde_type, self.sigmas, cfg.eta)
@@ -336,7 +338,7 @@ class GRPOTrainer:
                     beta = self.kl_controller.kl_coef
                     ref_mean = ref_means[rows, steps].to(self.device)
                     effective_kl, parts = rl.dual_kl(out.mean, ref_mean, out.std, old_lp, out.log_prob,
-                                                     cfg.use_dual_kl, cfg.dual_kl_moving_weight,
+                                                     self.kl_mode.dual, cfg.dual_kl_moving_weight,
                                                      cfg.dual_kl_step_weight)
                     # the world mean, so that every rank's controller follows the same beta
                     self.kl_controller.update(mean_over_world({"kl": float(effective_kl.detach())},
@@ -437,10 +439,8 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ validation
     def _validation_items(self) -> List[PromptItem]:
         cfg = self.cfg
-        if cfg.valid_video_csv:
-            items = read_prompt_csvs(cfg.valid_video_csv)
-            return [PromptItem(i.index, i.prompt, i.seed if i.seed is not None else cfg.validation_global_seed)
-                    for i in items]
+        if cfg.valid_video_csv:  # a row without a seed: --validation_global_seed (spec §4.4)
+            return read_prompt_csvs(cfg.valid_video_csv, default_seed=cfg.validation_global_seed)
         prompts = cfg.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
         return [PromptItem(i, p, cfg.validation_global_seed) for i, p in enumerate(prompts)]
 
@@ -450,7 +450,7 @@ class GRPOTrainer:
 
         Every rank samples (the policy's FSDP and SP collectives need them all); rank 0 writes."""
         cfg = self.cfg
-        size = parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or (self.height, self.width)
+        size = validation_size(cfg)
         out_dir = self.run_dir / "samples" / f"step_{step:06d}"
         if self.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -473,7 +473,7 @@ class GRPOTrainer:
         state = {
             "global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller is not None else None,
-            "anchor_schedule": self.anchor.state_dict(), "data": {"step": self.global_step, "seed": self.cfg.seed},
+            "anchor_schedule": self.anchor.state_dict(),
             "layout": layout_record(self.cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
         }
         if self.dims.is_distributed:

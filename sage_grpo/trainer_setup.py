@@ -27,15 +27,22 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from sage_grpo.checkpoint_layout import LORA_DIR
 from sage_grpo.config import TrainConfig
-from sage_grpo.config.validation import ConfigError, parse_reward_weights
-from sage_grpo.lora import CHECKPOINT_LORA_DIR, LoraTraining, check_lora_settings
+from sage_grpo.config.validation import ConfigError
+from sage_grpo.dtypes import DTYPES
+from sage_grpo.lora import LoraTraining, check_lora_settings
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.pipeline.replay import replay_step
 from sage_grpo.pipeline.rollout import RolloutOutput, rollout
+from sage_grpo.rl import KLMode, resolve_kl_mode
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+def kl_mode_of(cfg: TrainConfig) -> KLMode:
+    """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: the trainer decides it once
+    and hands it to everything that depends on it (model building, resume checks, the update)."""
+    return resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:
@@ -161,17 +168,17 @@ class ModelBundle:
         exports and generates (the config then comes from its config.yaml).
         """
         if self.lora is not None:
-            self.lora.save_folder(Path(checkpoint_dir) / CHECKPOINT_LORA_DIR)
+            self.lora.save_folder(Path(checkpoint_dir) / LORA_DIR)
 
 
-def _build_lora(cfg: TrainConfig, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
+def _build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
     return LoraTraining.create(
         policy, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, target_modules=cfg.lora_target_modules,
-        pretrained_path=cfg.pretrained_lora_path, with_anchor=cfg.kl_weight > 0 and cfg.use_moving_KL, seed=cfg.seed,
-        dtype=master_dtype)
+        pretrained_path=cfg.pretrained_lora_path, with_anchor=kl_mode.moving_anchor, seed=cfg.seed, dtype=master_dtype)
 
 
-def build_models(cfg: TrainConfig) -> ModelBundle:
+def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
+    """The policy, the reference when ``kl_mode`` uses one (see the module docstring), the VAE and the encoder."""
     if cfg.use_lora:  # a bad adapter path or target regex fails before the weights load
         check_lora_settings(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules,
                             cfg.pretrained_lora_path)
@@ -182,14 +189,14 @@ def build_models(cfg: TrainConfig) -> ModelBundle:
     policy = components.transformer
     lora = None
     if cfg.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
-        lora = _build_lora(cfg, policy, master_dtype)
-        reference = policy if cfg.kl_weight > 0 else None
+        lora = _build_lora(cfg, kl_mode, policy, master_dtype)
+        reference = policy if kl_mode.uses_reference else None
     else:
         if policy.dtype != master_dtype:
             policy.to(master_dtype)
         policy.requires_grad_(True)
         reference = None
-        if cfg.kl_weight > 0:
+        if kl_mode.uses_reference:
             reference_device = "cpu" if cfg.reference_mode_offload else device
             reference = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, load_dtype,
                                          reference_device)
@@ -209,22 +216,22 @@ class RewardFailure(RuntimeError):
     """The reward failed on every sample of too many consecutive steps (``--max_failed_reward_steps``)."""
 
 
-def check_reward_config(cfg: TrainConfig) -> None:
+def check_reward_config(cfg: TrainConfig, reward_weights: Optional[Dict[str, float]]) -> None:
     """Validate the reward configuration and resolve its names (plug-ins imported under the plug-in rule of
-    :mod:`sage_grpo.rewards.registry`) without building any reward model."""
+    :mod:`sage_grpo.rewards.registry`) without building any reward model. ``reward_weights``: ``--reward_weights``
+    parsed by :func:`sage_grpo.rewards.parse_reward_weights`."""
     from sage_grpo.rewards import plan_reward_models
 
     try:
-        plan_reward_models(cfg.reward_model, parse_reward_weights(cfg.reward_weights), cfg.reward_kwargs,
-                           batch_size=cfg.reward_batch_size)
+        plan_reward_models(cfg.reward_model, reward_weights, cfg.reward_kwargs, batch_size=cfg.reward_batch_size)
     except (ValueError, ImportError, TypeError) as err:
         raise ConfigError(f"--reward_model {cfg.reward_model}: {err}") from None
 
 
-def build_reward(cfg: TrainConfig, device: torch.device) -> Callable:
+def build_reward(cfg: TrainConfig, reward_weights: Optional[Dict[str, float]], device: torch.device) -> Callable:
     from sage_grpo.rewards import build_reward_fn
 
-    return build_reward_fn(cfg.reward_model, parse_reward_weights(cfg.reward_weights),
+    return build_reward_fn(cfg.reward_model, reward_weights,
                            model_root=cfg.pretrained_model_root, checkpoint_mode=cfg.reward_checkpoint_mode,
                            device=device, dtype=DTYPES[cfg.dtype], video_fps=cfg.video_fps,
                            batch_size=cfg.reward_batch_size, reward_kwargs=cfg.reward_kwargs,

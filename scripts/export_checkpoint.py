@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sage_grpo.export import EXPORT_DTYPES, EXPORT_FORMATS, export_checkpoint  # noqa: E402
+from sage_grpo.dtypes import DTYPES  # noqa: E402
+from sage_grpo.export import EXPORT_FORMATS, export_checkpoint  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -26,7 +27,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model_root", default="./ckpts", help="base checkpoint root (for --format transformer)")
     parser.add_argument("--output", required=True, help="folder to create (must be new or empty)")
     parser.add_argument("--format", default="transformer", choices=EXPORT_FORMATS, dest="export_format")
-    parser.add_argument("--dtype", default="fp32", choices=sorted(EXPORT_DTYPES), help="dtype of the saved tensors")
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="dtype of the saved tensors")
     parser.add_argument("--transformer_version", default=None,
                         help="base transformer version (default: the run's --pretrained_transformer_version)")
     args = parser.parse_args(argv)

@@ -2,14 +2,17 @@
 
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
+from launch_flags import RUN_POST_TRAIN_FLAGS
 from procs import run_group
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, save_yaml, validate_train_config
 from sage_grpo.config.schema import load_yaml, str_to_bool
 from sage_grpo.config.validation import group_layout, parse_size, validation_flow_shift
-from tests.conftest import REPO_ROOT
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Every flag of reference_spec §1.1 with the reference's *effective* default (argparse wins over the dataclass).
 REFERENCE_DEFAULTS = {
@@ -38,16 +41,6 @@ REFERENCE_INTERNAL_DEFAULTS = {
     "clip_range": 1e-4, "adv_clip_max": 5.0, "timestep_fraction": 1.0, "use_same_noise": False, "video_fps": 24,
     "validation_num_inference_steps": 40,
 }
-
-# The flags of the reference's run_post_train.sh (spec §1.3), verbatim.
-RUN_POST_TRAIN_FLAGS = (
-    "--pretrained_model_root ./ckpts --learning_rate 1e-5 --batch_size 2 --num_generations 4 --max_steps 10000 "
-    "--output_dir ./outputs --enable_fsdp --enable_gradient_checkpointing --sp_size 2 --reward_checkpoint_mode v3 "
-    "--validate_at_step0 False --validate_video_length 121 --validation_timestep_shift 5.0 "
-    "--use_grad_balancing True --enable_timestep_permutation True --sde_type sage_grpo --kl_weight 1e-5 "
-    "--kl_coef 1e-7 --use_moving_KL True --update_ref_model_step 10 --use_dual_kl True "
-    "--dual_kl_moving_weight 1.0 --dual_kl_step_weight 0.1 --reference_mode_offload True"
-).split()
 
 
 def test_defaults_match_reference_table():
@@ -182,6 +175,17 @@ def test_validation_shift_follows_the_model_version_unless_set():
     validate_train_config(_cfg(**custom, validation_timestep_shift=5.0))
     with pytest.raises(ConfigError, match="validation-shift-positive"):
         validate_train_config(_cfg(batch_size=4, num_generations=4, validation_timestep_shift=0.0))
+
+
+def test_empty_reward_weights_select_the_fallback_weights():
+    """One parser of --reward_weights with the reference's rule: "" is the empty dict, i.e. the reward's fallback
+    sub-reward weights (VideoAlign: VQ = MQ = TA = 1), in validation as in the reward plan."""
+    from sage_grpo.rewards import parse_reward_weights, plan_reward_models
+
+    validate_train_config(_cfg(batch_size=4, num_generations=4, reward_weights=""))
+    assert parse_reward_weights("") == parse_reward_weights("{}") == {}
+    plan = plan_reward_models("videoalign_local", parse_reward_weights(""))
+    assert plan["videoalign_local"]["sub_reward"] == {"VQ": 1.0, "MQ": 1.0, "TA": 1.0}
 
 
 def test_heads_must_divide_by_sp():

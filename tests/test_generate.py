@@ -41,8 +41,8 @@ def read_video(path: Path):
 
 @pytest.mark.parametrize("csv_text, message", [
     ("text,seed\nA cat,1\n", "no 'prompt' column"),
-    ("prompt,seed\n", "has no prompts"),
-    ("prompt,seed\nA cat,one\n", "line 2: seed 'one' is not an integer"),
+    ("prompt,seed\n", "p.csv' holds no prompts"),
+    ("prompt,seed\nA cat,one\n", "p.csv, row 2: index and seed must be integers"),
 ])
 def test_bad_csv_is_rejected(tmp_path, csv_text, message):
     config = GenerateConfig(valid_video_csv=[write_csv(tmp_path / "p.csv", csv_text)], model_path=str(tmp_path))
@@ -54,7 +54,7 @@ def test_bad_inputs_fail_before_loading(tmp_path, capsys):
     absent = str(tmp_path / "no_such_ckpts")  # a model load would raise MissingCheckpointError instead
     with pytest.raises(ValueError, match="no prompt to render"):
         plan_generation(GenerateConfig(model_path=absent))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(ValueError, match="missing.csv' does not exist"):
         plan_generation(GenerateConfig(valid_video_csv=[str(tmp_path / "missing.csv")], model_path=absent))
     with pytest.raises(ValueError, match="HEIGHTxWIDTH"):
         plan_generation(GenerateConfig(prompt="A cat", fixed_size="480by864", model_path=absent))
@@ -92,6 +92,7 @@ def test_prompts_seeds_and_output_names(tmp_path):
                             output_path=str(tmp_path / "out" / "videos.mp4"), model_path=str(tmp_path))
     plan = plan_generation(config)
     assert [(i.prompt, i.seed) for i in plan.items] == [('A cat: "Hi!"  walks', 5), ("A dog", 42)]
+    assert plan.notes[0] == f"prompt CSV {csv_path}: 1 row(s) with an empty prompt skipped (line 3)"
     assert plan.output_paths == [tmp_path / "out" / "videos" / "sample_000_seed_5_A cat Hi walks.mp4",
                                  tmp_path / "out" / "videos" / "sample_001_seed_42_A dog.mp4"]
     single = plan_generation(GenerateConfig(prompt="A cat", output_path=str(tmp_path / "one.mp4"),

@@ -23,7 +23,7 @@ from sage_grpo.models import load_components, load_transformer
 from sage_grpo.pipeline.generation import GenerationItem, VideoGenerator, plan_generation
 from sage_grpo.pipeline.rollout import draw_initial_noise, latent_shape, rollout, sample_generators
 from sage_grpo.tracking import read_metrics
-from sage_grpo.trainer_setup import build_models
+from sage_grpo.trainer_setup import build_models, kl_mode_of
 
 pytestmark = pytest.mark.e2e
 
@@ -166,7 +166,8 @@ def test_lora_references_need_no_second_model(runs, tiny_root, tmp_path):
     adapter = export_checkpoint(runs / "lora" / "checkpoint-2", tiny_root, tmp_path / "adapter", export_format="lora")
     values = load_yaml(str(runs / "lora" / "run_config.yaml"))
     values.update(pretrained_lora_path=str(adapter), output_dir=str(tmp_path / "unused"))
-    bundle = build_models(from_dict(TrainConfig, values))
+    cfg = from_dict(TrainConfig, values)
+    bundle = build_models(cfg, kl_mode_of(cfg))
     assert bundle.reference is bundle.policy and bundle.lora is not None and not bundle.lora.anchor_ready
     trained = load_file(str(runs / "lora" / "checkpoint-2" / "transformer" / "model.safetensors"))
     assert all(torch.equal(bundle.trainable_state_dict()[k], v) for k, v in trained.items())  # pretrained_lora_path

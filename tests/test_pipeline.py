@@ -8,9 +8,10 @@ from model_fixtures import tiny_components, tiny_encoder, tiny_root  # noqa: F40
 
 from sage_grpo import rl, sde
 from sage_grpo.config import TrainConfig
+from sage_grpo.config.validation import parse_size
 from sage_grpo.distributed.parallelize import reference_on_device
 from sage_grpo.models.loading import load_transformer
-from sage_grpo.pipeline import (bucket_hw, cfg_velocity, decode_latents, latent_shape, parse_size, replay_step,
+from sage_grpo.pipeline import (bucket_hw, cfg_velocity, decode_latents, latent_shape, replay_step,
                                 resolution_hw, rollout, step_timesteps)
 
 PROMPTS = ["A cat walks on the grass", 'A girl holding a paper with words "Hello, world!"', "A dog runs on a beach"]
@@ -169,13 +170,13 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
     """The trainer's reference means and dual KL (trainer.reference_means / policy_update) on a policy that has moved
     away from the base: KL_pos > 0 against the base, exactly 0 once the anchor is refreshed from the policy, when
     policy and reference run at the same precision (bf16: bf16 weights under bf16 autocast)."""
-    from sage_grpo.trainer_setup import build_models
+    from sage_grpo.trainer_setup import build_models, kl_mode_of
 
     cfg = TrainConfig(pretrained_model_root=str(tiny_root), dtype=precision, master_weight_type=precision,
                       device="cpu", kl_weight=1e-5, enable_gradient_checkpointing=False,
                       vision_num_semantic_tokens=TINY_IMAGE_TOKENS,
                       text_max_length=TINY_TEXT.max_length, byt5_max_length=TINY_TEXT.max_length_2)
-    bundle = build_models(cfg)
+    bundle = build_models(cfg, kl_mode_of(cfg))
     noise = torch.Generator().manual_seed(5)
     with torch.no_grad():  # stands in for some optimizer updates
         for param in bundle.policy.parameters():
@@ -257,7 +258,8 @@ def test_sizes_and_resolution_table(tiny_components):
     assert resolution_hw("480p") == (480, 864) and resolution_hw("720p", "16:9") == (720, 1280)
     assert resolution_hw("480p", "9:16") == (848, 480)  # diffusers' closest-ratio bucket for base 640
     assert parse_size("480x864") == (480, 864)
-    for bad in ("480", "480x", "0x16", "axb", ""):
+    assert parse_size("") is None  # no size given: the caller's default (the one rule of every size flag)
+    for bad in ("480", "480x", "0x16", "axb"):
         with pytest.raises(ValueError, match="HEIGHTxWIDTH"):
             parse_size(bad)
     with pytest.raises(ValueError, match="unknown bucket base size 500"):

@@ -1,15 +1,18 @@
 """Trainer building blocks that need no model: prompt data, seeds, optimizer, LR schedule, run dir, checkpoints."""
 
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sage_grpo.checkpoint import (capture_rng_state, list_checkpoints, load_checkpoint, prune_checkpoints,
                                   resolve_resume_path, restore_rng_state, save_checkpoint)
+from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.data import GroupedPromptSampler, read_prompt_csvs, sample_seeds
 from sage_grpo.optim import LRSchedule, MuonWithAdamW, build_optimizer
 from sage_grpo.tracking import MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics, tensorboard_tag
+from sage_grpo.trainer import GRPOTrainer
 
 
 def _csv(tmp_path, text, name="p.csv"):
@@ -23,6 +26,21 @@ def test_csv_reading_defaults_and_concatenation(tmp_path):
     b = _csv(tmp_path, "index,prompt\n10,third\n", "b.csv")
     items = read_prompt_csvs([a, b])
     assert [(i.index, i.prompt, i.seed) for i in items] == [(0, "first", 7), (1, "second", 42), (10, "third", 42)]
+
+
+def test_csv_reader_rules_shared_with_generate(tmp_path):
+    """generate.py reads its CSVs with this reader too: its --seed for rows without one, column names with spaces,
+    and every file must hold prompts (not only the first)."""
+    a = _csv(tmp_path, "prompt, seed\nfirst, 7\nsecond,\n", "a.csv")
+    assert [(i.prompt, i.seed) for i in read_prompt_csvs([a], default_seed=930)] == [("first", 7), ("second", 930)]
+    with pytest.raises(ConfigError, match="empty.csv' holds no prompts"):
+        read_prompt_csvs([a, _csv(tmp_path, "prompt,seed\n", "empty.csv")])
+
+
+def test_validation_rows_without_a_seed_get_the_validation_seed(tmp_path):
+    cfg = TrainConfig(valid_video_csv=[_csv(tmp_path, "prompt,seed\nfirst,5\nsecond,\n")], validation_global_seed=930)
+    items = GRPOTrainer._validation_items(SimpleNamespace(cfg=cfg))  # reads only the configuration
+    assert [(i.prompt, i.seed) for i in items] == [("first", 5), ("second", 930)]
 
 
 @pytest.mark.parametrize("text,match", [

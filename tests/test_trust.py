@@ -153,7 +153,7 @@ def test_plugins_need_the_reward_plugin_mark(tmp_path, monkeypatch, marker):
 
 
 def test_a_config_naming_popen_is_refused_before_models_load(tmp_path, monkeypatch, marker):
-    monkeypatch.setattr(trainer_module, "build_models", lambda cfg: pytest.fail("models loaded"))
+    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode: pytest.fail("models loaded"))
     config = tmp_path / "evil.yaml"
     config.write_text(yaml.safe_dump({"reward_model": "subprocess:Popen", "reward_weights": "{}",
                                       "reward_kwargs": f'{{"args": "touch {marker}", "shell": true}}'}))
@@ -169,7 +169,7 @@ def test_a_config_naming_popen_is_refused_before_models_load(tmp_path, monkeypat
 @pytest.fixture
 def no_models(monkeypatch):
     monkeypatch.setattr(trainer_module, "build_models",
-                        lambda cfg: pytest.fail("models loaded although the input is invalid"))
+                        lambda cfg, kl_mode: pytest.fail("models loaded although the input is invalid"))
 
 
 def _csv(tmp_path, text: bytes) -> str:

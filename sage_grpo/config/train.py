@@ -12,7 +12,8 @@ from typing import List, Optional
 from sage_grpo.config.schema import config_field
 
 SDE_TYPE_CHOICES = ("dance_grpo", "sage_grpo", "flow_grpo", "cps")
-# Reference rollout resolution buckets (spec §2.4): bucket_hw_base_size -> (height, width).
+# The reference's 16:9 resolution buckets (spec §2.4): bucket base size -> (height, width). The one bucket table:
+# rollouts (--video_bucket_hw_base_size) and generate.py's --resolution both read it.
 RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (544, 960), 960: (720, 1280),
                       1440: (1080, 1920)}
 DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'
@@ -57,7 +58,9 @@ class TrainConfig:
     reward_model: str = config_field(
         "videoalign_local", "Reward model: videoalign_local, a built-in toy reward, or a dotted path "
         "'package.module:callable'")
-    reward_weights: str = config_field(DEFAULT_REWARD_WEIGHTS, "JSON weights of the sub-rewards; avg = sum w_m * m")
+    reward_weights: str = config_field(
+        DEFAULT_REWARD_WEIGHTS, "JSON weights of the sub-rewards, avg = sum w_m * m; '' or '{}': the reward's fallback "
+        "weights (VideoAlign: VQ = MQ = TA = 1, as the reference)")
     reward_kwargs: str = config_field(
         "{}", "JSON constructor arguments of the reward model, e.g. '{\"target_rgb\": [0, 0, 1]}' for target_color")
     reward_checkpoint_mode: str = config_field(

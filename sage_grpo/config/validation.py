@@ -5,11 +5,11 @@ alternative, so that a mistyped launch line fails in a second instead of after m
 """
 
 import dataclasses
-import json
 import math
+import re
 from typing import Dict, List, Optional, Tuple
 
-from sage_grpo.config.train import TrainConfig
+from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
 
 
 # HunyuanVideo-1.5's sampling flow shift per transformer version (its pipeline configs): the reference's validation
@@ -25,28 +25,16 @@ def _fail(rule: str, message: str, fix: str) -> None:
     raise ConfigError(f"[{rule}] {message}. Fix: {fix}.")
 
 
-def parse_reward_weights(text: str) -> Dict[str, float]:
-    """``--reward_weights`` JSON -> {sub_reward: weight}."""
-    try:
-        weights = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--reward_weights is not valid JSON ({err}); example: '{{\"VQ\":0.5,\"MQ\":0.5,\"TA\":1.0}}'")
-    if not isinstance(weights, dict) or not all(isinstance(v, (int, float)) for v in weights.values()):
-        raise ConfigError(f"--reward_weights must be a JSON object of numbers, got {text!r}; "
-                          "example: '{\"VQ\":0.5,\"MQ\":0.5,\"TA\":1.0}'")
-    return {str(k): float(v) for k, v in weights.items()}
-
-
-def parse_size(text: Optional[str], option: str) -> Optional[Tuple[int, int]]:
-    """'480x864' or '480*864' -> (480, 864); 'none'/None -> None."""
+def parse_size(text: Optional[str], option: str = "size") -> Optional[Tuple[int, int]]:
+    """A size flag: ``"480x864"`` or ``"480*864"`` -> (480, 864), height x width in positive integers; None, ``""``
+    or ``"none"`` -> None (no size given: the caller's default). The one parser of sizes (trainer and generate.py)."""
     if text is None or str(text).strip().lower() in ("", "none"):
         return None
-    for sep in ("x", "X", "*"):
-        if sep in text:
-            parts = text.split(sep)
-            if len(parts) == 2 and all(p.strip().isdigit() and int(p) > 0 for p in parts):
-                return int(parts[0]), int(parts[1])
-    raise ConfigError(f"{option} {text!r} is not a size; use HEIGHTxWIDTH such as 480x864, or none")
+    match = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", text)
+    if not match or int(match.group(1)) <= 0 or int(match.group(2)) <= 0:
+        raise ConfigError(f"{option} must look like HEIGHTxWIDTH with positive integers (e.g. 480x864), or none; "
+                          f"got {text!r}")
+    return int(match.group(1)), int(match.group(2))
 
 
 def default_flow_shift(transformer_version: str, option: str) -> float:
@@ -158,7 +146,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
     if (cfg.rollout_height is None) != (cfg.rollout_width is None):
         _fail("rollout-size-pair", "--rollout_height and --rollout_width must be given together",
               "pass both, or neither to use --video_bucket_hw_base_size")
-    parse_reward_weights(cfg.reward_weights)
+    _check_reward_weights(cfg.reward_weights)
     parse_size(cfg.validation_fixed_size, "--validation_fixed_size")
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
         if validation_flow_shift(cfg) <= 0:
@@ -172,10 +160,24 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
     return notes
 
 
+def _check_reward_weights(text: str) -> None:
+    """``--reward_weights`` through the reward registry's parser, the one that also builds the reward (imported here
+    because the registry imports torch and this package must not)."""
+    from sage_grpo.rewards.registry import parse_reward_weights
+
+    try:
+        parse_reward_weights(text)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None  # its messages name reward_weights and give an example
+
+
 def rollout_size(cfg: TrainConfig) -> Tuple[int, int]:
     """(height, width) of rollout videos: the explicit override, else the reference bucket table."""
-    from sage_grpo.config.train import RESOLUTION_BUCKETS
-
     if cfg.rollout_height is not None:
         return cfg.rollout_height, cfg.rollout_width
     return RESOLUTION_BUCKETS[cfg.video_bucket_hw_base_size]
+
+
+def validation_size(cfg: TrainConfig) -> Tuple[int, int]:
+    """(height, width) of validation videos: ``--validation_fixed_size``, or the rollout size when it is none."""
+    return parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or rollout_size(cfg)

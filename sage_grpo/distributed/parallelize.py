@@ -32,10 +32,7 @@ the global norm, gathering the norm of DTensor gradients (the only communication
 """
 
 import contextlib
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -43,53 +40,11 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from sage_grpo.config import TrainConfig
-from sage_grpo.config.validation import parse_size, rollout_size
 from sage_grpo.distributed.collectives import average_gradients
 from sage_grpo.distributed.fsdp import apply_fsdp
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.distributed.sequence_parallel import apply_sequence_parallel
-from sage_grpo.models import layout
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-# ---------------------------------------------------------------- checks before any model loads
-
-def _read_config(path: Path) -> Optional[dict]:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def video_tokens(vae_config: dict, transformer_config: dict, num_frames: int, height: int, width: int) -> int:
-    """Image tokens of one video in the transformer: the VAE's latent (T, h, w) divided by the patch sizes."""
-    latent_frames = (num_frames - 1) // vae_config["temporal_compression_ratio"] + 1
-    spatial = vae_config["spatial_compression_ratio"]
-    patch, patch_t = transformer_config.get("patch_size", 1), transformer_config.get("patch_size_t", 1)
-    return (latent_frames // patch_t) * (height // spatial // patch) * (width // spatial // patch)
-
-
-@dataclass(frozen=True)
-class ModelGeometry:
-    """What the parallel layout rules need from the model, read from its config files (no weights loaded)."""
-
-    num_attention_heads: int
-    video_tokens: Dict[str, int]  # "rollout" (and "validation" when validation runs) -> image tokens per video
-
-
-def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
-    """The geometry of the configured checkpoint; None when a config file is missing (the loader then reports every
-    missing file of the checkpoint at once)."""
-    root = Path(cfg.pretrained_model_root)
-    transformer = _read_config(root / layout.transformer_layout(cfg.pretrained_transformer_version).subdir
-                               / "config.json")
-    vae = _read_config(root / layout.VAE.subdir / "config.json")
-    if transformer is None or vae is None:
-        return None
-    height, width = rollout_size(cfg)
-    tokens = {"rollout": video_tokens(vae, transformer, cfg.sample_n_frames, height, width)}
-    if cfg.validation_interval > 0 or cfg.validate_at_step0:
-        size = parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or (height, width)
-        tokens["validation"] = video_tokens(vae, transformer, cfg.validate_video_length, *size)
-    return ModelGeometry(transformer["num_attention_heads"], tokens)
+from sage_grpo.dtypes import DTYPES
 
 
 # ---------------------------------------------------------------- wrapping

@@ -1,4 +1,5 @@
-"""HunyuanVideo-1.5 components: the checkpoint layout, loading, prompt encoding and the tiny test checkpoint.
+"""HunyuanVideo-1.5 components: the checkpoint layout and geometry, loading, prompt encoding and the tiny test
+checkpoint.
 
 Heavy libraries (diffusers, transformers) are imported inside the functions that need them.
 """

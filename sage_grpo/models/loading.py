@@ -15,12 +15,11 @@ from typing import Dict, Optional, Union
 
 import torch
 
+from sage_grpo.checkpoint_layout import TRANSFORMER_FILE
 from sage_grpo.models import layout
 from sage_grpo.safe_io import CheckpointError
 
 PathLike = Union[str, Path]
-# Where the single-process trainer saves full weights inside ``checkpoint-N/``.
-CHECKPOINT_TRANSFORMER_FILE = Path("transformer") / "model.safetensors"
 
 
 @dataclass
@@ -115,8 +114,8 @@ def resolve_transformer_weights(path: PathLike) -> Path:
             return path
         raise ValueError(f"{path}: expected a .safetensors file (or a folder), got {path.suffix or 'no suffix'}")
     candidates = [
-        path / CHECKPOINT_TRANSFORMER_FILE,
-        path / "model.safetensors",
+        path / TRANSFORMER_FILE,
+        path / TRANSFORMER_FILE.name,
         path / "diffusion_pytorch_model.safetensors",
         path / "diffusion_pytorch_model.safetensors.index.json",
     ]
@@ -125,8 +124,8 @@ def resolve_transformer_weights(path: PathLike) -> Path:
             return candidate
     raise FileNotFoundError(
         f"No transformer weights at {str(path)!r}. Expected one of: a .safetensors file; a training checkpoint dir "
-        f"holding {CHECKPOINT_TRANSFORMER_FILE}; its transformer/ subdir holding model.safetensors; or a diffusers "
-        f"transformer folder holding diffusion_pytorch_model.safetensors(.index.json)."
+        f"holding {TRANSFORMER_FILE}; its {TRANSFORMER_FILE.parent}/ subdir holding {TRANSFORMER_FILE.name}; or a "
+        f"diffusers transformer folder holding diffusion_pytorch_model.safetensors(.index.json)."
     )
 
 

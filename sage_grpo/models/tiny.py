@@ -17,13 +17,13 @@ Weights are drawn under a forked RNG seeded by ``seed`` (so a seed gives byte-id
 RNG is untouched) and saved in bf16, like the released checkpoint. Each transformer version gets its own seed offset.
 """
 
-import json
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 import torch
 
 from sage_grpo.models import layout
+from sage_grpo.tiny_tokenizer import build_tiny_qwen_tokenizer
 
 TINY_TRANSFORMER_CONFIG: Dict = dict(
     in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2, num_refiner_layers=1,
@@ -36,21 +36,6 @@ TINY_VAE_CONFIG: Dict = dict(
 )
 TINY_FLOW_SHIFT = 5.0
 
-QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                       "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>")
-QWEN_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'video' or 'video' in content %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
-    "{% elif content['type'] == 'image' or 'image' in content %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 _TOKENIZER_CORPUS = (
     "You are a helpful assistant. Describe the video by detailing the following aspects: 1. The main content and "
     "theme of the video. 2. The color, shape, size, texture, quantity, text, and spatial relationships of the "
@@ -59,27 +44,6 @@ _TOKENIZER_CORPUS = (
     "the video. A cat walks on the grass, realistic. The video shows a dog running on a beach at sunset. "
     'A girl holding a paper with words "Hello, world!" in a sunny park.'
 )
-
-
-def build_tiny_qwen_tokenizer(vocab_size: int = 400, corpus: str = ""):
-    """A byte-level BPE ``Qwen2Tokenizer`` trained on a fixed corpus (plus ``corpus``), with Qwen's specials and chat
-    template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(QWEN_SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator([_TOKENIZER_CORPUS + corpus] * 20, trainer=trainer)
-    # Qwen2Tokenizer wants merges as tuples (lists raise "failed to extract enum PyMerges").
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" "))
-              for m in json.loads(bpe.to_str())["model"]["merges"]]
-    tokenizer = Qwen2Tokenizer(vocab=bpe.get_vocab(), merges=merges)  # pad = eos = unk = <|endoftext|>
-    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
-    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
-    return tokenizer
 
 
 def _tiny_text_encoder(tokenizer):
@@ -143,7 +107,7 @@ def write_tiny_hunyuan(root, *, seed: int = 0, versions: Sequence[str] = (layout
         _save(transformer, root / layout.transformer_layout(version).subdir, dtype)
     _save(_seeded(lambda: AutoencoderKLHunyuanVideo15(**vae_config), seed + 1), root / layout.VAE.subdir, dtype)
 
-    tokenizer = build_tiny_qwen_tokenizer(corpus=tokenizer_corpus)
+    tokenizer = build_tiny_qwen_tokenizer([_TOKENIZER_CORPUS + tokenizer_corpus] * 20, vocab_size=400)
     tokenizer.save_pretrained(root / layout.TOKENIZER.subdir)
     _save(_seeded(lambda: _tiny_text_encoder(tokenizer), seed + 2), root / layout.TEXT_ENCODER.subdir, dtype)
     ByT5Tokenizer().save_pretrained(root / layout.TOKENIZER_2.subdir)

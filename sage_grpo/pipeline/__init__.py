@@ -5,19 +5,17 @@
 """
 
 from sage_grpo.pipeline.replay import replay_step
-from sage_grpo.pipeline.resolution import BUCKET_HW_16_9, bucket_hw, parse_size, resolution_hw
+from sage_grpo.pipeline.resolution import bucket_hw, resolution_hw
 from sage_grpo.pipeline.rollout import RolloutOutput, decode_latents, latent_shape, rollout
 from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS, cfg_velocity, step_timesteps
 
 __all__ = [
-    "BUCKET_HW_16_9",
     "T2V_IMAGE_TOKENS",
     "RolloutOutput",
     "bucket_hw",
     "cfg_velocity",
     "decode_latents",
     "latent_shape",
-    "parse_size",
     "replay_step",
     "resolution_hw",
     "rollout",

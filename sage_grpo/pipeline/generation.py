@@ -42,7 +42,6 @@ are what gets compiled and offloaded).
 """
 
 import contextlib
-import csv
 import importlib.util
 import json
 import time
@@ -53,13 +52,14 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from sage_grpo.config.generate import GenerateConfig
-from sage_grpo.config.validation import default_flow_shift
+from sage_grpo.config.validation import default_flow_shift, parse_size
+from sage_grpo.data import read_prompt_csvs
+from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
-from sage_grpo.pipeline.resolution import parse_size, resolution_hw
+from sage_grpo.pipeline.resolution import resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
 
 VIDEO_FPS = 24
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 GROUP_OFFLOAD_BELOW_BYTES = 60 * 1024 ** 3  # reference: group offloading on when the GPU has less than 60 GB
 SAGE_BACKEND = "sage_varlen"
 CACHE_ORDERS = {"deepcache": 0, "taylorcache": 1}
@@ -95,43 +95,15 @@ class GenerationPlan:
     notes: List[str] = field(default_factory=list)
 
 
-def read_prompt_csv(path: Path, default_seed: int) -> List[GenerationItem]:
-    """Rows of a CSV with a ``prompt`` column and an optional ``seed`` column (blank cells -> ``default_seed``)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"--valid_video_csv: {str(path)!r} does not exist")
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        columns = [c.strip() for c in reader.fieldnames or []]
-        if "prompt" not in columns:
-            raise ValueError(f"--valid_video_csv {path}: no 'prompt' column (columns: {columns})")
-        items = []
-        for line, row in enumerate(reader, start=2):
-            row = {k.strip(): (v or "").strip() for k, v in row.items() if k is not None}
-            if not row["prompt"]:
-                continue
-            seed_text = row.get("seed", "")
-            try:
-                seed = int(float(seed_text)) if seed_text else default_seed
-            except ValueError:
-                message = f"--valid_video_csv {path}, line {line}: seed {seed_text!r} is not an integer"
-                raise ValueError(message) from None
-            items.append(GenerationItem(row["prompt"], seed))
-    return items
-
-
-def read_items(config: GenerateConfig) -> List[GenerationItem]:
-    """CSV prompts (all files, in order); if there are none, ``--prompt`` with ``--seed``."""
-    items: List[GenerationItem] = []
-    for csv_path in config.valid_video_csv or []:
-        found = read_prompt_csv(Path(csv_path), config.seed)
-        if not found:
-            raise ValueError(f"--valid_video_csv {csv_path}: the file has no prompts")
-        items += found
-    if not items and config.prompt and config.prompt.strip():
-        items = [GenerationItem(config.prompt.strip(), config.seed)]
-    if not items:
-        raise ValueError("no prompt to render: pass --prompt TEXT or --valid_video_csv FILE.csv")
-    return items
+def read_items(config: GenerateConfig, notes: List[str]) -> List[GenerationItem]:
+    """The prompts of every ``--valid_video_csv`` file in order (the trainer's reader, :func:`read_prompt_csvs`; a row
+    without a seed gets ``--seed``; skipped empty rows go to ``notes``); without CSVs, ``--prompt`` with ``--seed``."""
+    if config.valid_video_csv:
+        return [GenerationItem(item.prompt, item.seed)
+                for item in read_prompt_csvs(config.valid_video_csv, default_seed=config.seed, notes=notes)]
+    if config.prompt and config.prompt.strip():
+        return [GenerationItem(config.prompt.strip(), config.seed)]
+    raise ValueError("no prompt to render: pass --prompt TEXT or --valid_video_csv FILE.csv")
 
 
 def output_paths(config: GenerateConfig, items: List[GenerationItem], version: str) -> List[Path]:
@@ -224,14 +196,14 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
         raise ValueError(f"--num_inference_steps must be >= 1, got {config.num_inference_steps}")
     ratios = _vae_ratios(config.model_path)
     temporal, spatial = ratios if ratios is not None else (4, 16)
-    height, width = parse_size(config.fixed_size) if config.fixed_size else \
-        resolution_hw(config.resolution, config.aspect_ratio, spatial)
+    height, width = parse_size(config.fixed_size) or resolution_hw(config.resolution, config.aspect_ratio, spatial)
     if height % spatial or width % spatial:
         raise ValueError(f"video size {height}x{width} must be a multiple of the VAE's spatial ratio {spatial}")
     if config.video_length < 1 or (config.video_length - 1) % temporal:
         raise ValueError(f"--video_length must be 1 + a multiple of {temporal} (e.g. 121), got {config.video_length}")
     _check_weight_paths(config)
-    items = read_items(config)
+    csv_notes: List[str] = []
+    items = read_items(config, csv_notes)
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     acceleration, notes = plan_acceleration(config, device)
     version = f"{config.resolution}_t2v"
@@ -239,7 +211,7 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
     if shift <= 0:
         raise ValueError(f"--flow_shift must be > 0, got {shift}")
     return GenerationPlan(items, output_paths(config, items, version), height, width, version, shift, device,
-                          acceleration, notes)
+                          acceleration, csv_notes + notes)
 
 
 def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPlan, item: GenerationItem) -> None:

@@ -1,4 +1,5 @@
-"""Video sizes: the reference's 16:9 bucket table (spec §2.4), other aspect ratios, and ``HxW`` parsing.
+"""Video sizes: the reference's 16:9 buckets (spec §2.4; the table is ``sage_grpo.config.train.RESOLUTION_BUCKETS``)
+and other aspect ratios. ``HxW`` flags are parsed by ``sage_grpo.config.validation.parse_size``.
 
 Rollouts use ``bucket_hw(480)`` = 352x624 (81 frames). ``generate.py`` maps ``--resolution`` to a bucket base size
 (480p -> 640 -> 480x864, the size ``run_inference.sh`` fixes; 720p -> 960 -> 720x1280) and, for aspect ratios other
@@ -10,32 +11,17 @@ Departure: an unknown bucket base raises ValueError (the reference silently fall
 import re
 from typing import Dict, Tuple
 
-# bucket base size -> (height, width) for 16:9 video, as in the reference's rollout table.
-BUCKET_HW_16_9: Dict[int, Tuple[int, int]] = {
-    256: (192, 336),
-    480: (352, 624),
-    640: (480, 864),
-    720: (544, 960),
-    960: (720, 1280),
-    1440: (1080, 1920),
-}
+from sage_grpo.config.train import RESOLUTION_BUCKETS
+
 DEFAULT_BUCKET_BASE = 480
 RESOLUTION_BUCKET_BASE: Dict[str, int] = {"480p": 640, "720p": 960}
 
 
 def bucket_hw(base_size: int = DEFAULT_BUCKET_BASE) -> Tuple[int, int]:
     """(H, W) of the 16:9 bucket for ``base_size`` (480 -> 352x624)."""
-    if base_size not in BUCKET_HW_16_9:
-        raise ValueError(f"unknown bucket base size {base_size}; choose one of {sorted(BUCKET_HW_16_9)}")
-    return BUCKET_HW_16_9[base_size]
-
-
-def parse_size(text: str) -> Tuple[int, int]:
-    """``"480x864"`` -> (480, 864) (height x width, positive integers)."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", text or "")
-    if not match or int(match.group(1)) <= 0 or int(match.group(2)) <= 0:
-        raise ValueError(f"size must look like HEIGHTxWIDTH with positive integers (e.g. 480x864), got {text!r}")
-    return int(match.group(1)), int(match.group(2))
+    if base_size not in RESOLUTION_BUCKETS:
+        raise ValueError(f"unknown bucket base size {base_size}; choose one of {sorted(RESOLUTION_BUCKETS)}")
+    return RESOLUTION_BUCKETS[base_size]
 
 
 def parse_aspect_ratio(text: str) -> Tuple[int, int]:

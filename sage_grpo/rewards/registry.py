@@ -276,7 +276,11 @@ def _json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
 
 
 def parse_reward_weights(value: Mapping | str | None) -> dict[str, float] | None:
-    """``--reward_weights`` as a dict of metric -> weight (JSON strings are parsed); None stays None."""
+    """``--reward_weights`` as a dict of metric -> weight (JSON strings are parsed); None stays None.
+
+    The one parser of the flag (config validation calls it too). An empty string is the empty dict, which selects
+    the model's fallback weights (the reference's rule, see :func:`build_reward_fn`); None its default weights.
+    """
     if value is None:
         return None
     return _number_dict(_json_dict(value, "reward_weights", '{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}'), "reward_weights")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.tiny import QWEN_CHAT_TEMPLATE
+from ..tiny_tokenizer import QWEN_SPECIAL_TOKENS, build_tiny_qwen_tokenizer
 from .prompt_templates import DETAILED_SPECIAL_TEMPLATE
 from .video_preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
@@ -36,39 +36,12 @@ FULL_STEP = 2
 RELEASED_NORM_STATS = {
     "VQ_mean": 3.6757, "VQ_std": 2.2476, "MQ_mean": 1.1646, "MQ_std": 1.3811, "TA_mean": 2.8105, "TA_std": 2.5121,
 }
-QWEN_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>",
-)
-# Renders like Qwen2-VL-Instruct's template for a single user turn with text and one video or image.
-QWEN2_VL_CHAT_TEMPLATE = QWEN_CHAT_TEMPLATE
 _CORPUS = (
     DETAILED_SPECIAL_TEMPLATE,
     "system\nYou are a helpful assistant.\nuser\nassistant\n",
     "A cat walks on the grass, realistic. A red ball bounces on a wooden floor. The camera pans over a city at "
     "night. A dog runs along the beach at sunset.",
 )
-
-
-def build_tiny_tokenizer(vocab_size: int = 1200):
-    """Offline byte-level BPE ``Qwen2Tokenizer`` with Qwen's special tokens (trained on the reward prompt)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(QWEN_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    bpe.train_from_iterator(list(_CORPUS) * 4, trainer=trainer)
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" "))
-              for m in json.loads(bpe.to_str())["model"]["merges"]]
-    tokenizer = Qwen2Tokenizer(vocab=bpe.get_vocab(), merges=merges)  # unk/bos/eos/pad = <|endoftext|>
-    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
-    tokenizer.chat_template = QWEN2_VL_CHAT_TEMPLATE
-    return tokenizer
 
 
 def tiny_qwen2_vl_config(tokenizer):
@@ -136,7 +109,7 @@ def to_key_layout(state_dict: dict[str, torch.Tensor], layout: str) -> dict[str,
 def _write_base(base_dir: Path, seed: int):
     from transformers import Qwen2VLForConditionalGeneration
 
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_qwen_tokenizer(list(_CORPUS) * 4, vocab_size=1200)
     tokenizer.save_pretrained(base_dir)
     torch.manual_seed(seed)
     Qwen2VLForConditionalGeneration(tiny_qwen2_vl_config(tokenizer)).save_pretrained(base_dir)

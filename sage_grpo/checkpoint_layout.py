@@ -1,0 +1,16 @@
+"""The names inside a training checkpoint ``checkpoint-{step}/``, spelled in this one place.
+
+What each part holds and how it is written: :mod:`sage_grpo.checkpoint`. Plain strings and paths, importable without
+torch, so the writer, the resume checks, the weights loader and the export all read the same names.
+"""
+
+from pathlib import Path
+
+TRANSFORMER_FILE = Path("transformer") / "model.safetensors"  # trainable weights (all, or the LoRA adapter)
+ANCHOR_FILE = Path("anchor") / "model.safetensors"  # moving-anchor weights, once the anchor has moved
+DCP_DIR = "transformer_dcp"  # several processes: the torch.distributed.checkpoint shards of these parts,
+DCP_MODEL, DCP_OPTIMIZER, DCP_ANCHOR = "model", "optimizer", "anchor"  # part p's tensor n stored as "p.n"
+OPTIMIZER_FILE = "optimizer.pt"
+TRAINING_STATE_FILE = "training_state.pt"
+CONFIG_FILE = "config.yaml"  # the run's resolved configuration, what a resume compares against
+LORA_DIR = "lora"  # LoRA runs: the peft adapter folder

@@ -1,0 +1,50 @@
+"""What the parallel layout rules need to know of a checkpoint, read from its config files without loading weights.
+
+``sage_grpo/distributed/`` decides how to split the models; this module, which knows the checkpoint's layout, tells
+it the number of attention heads (Ulysses splits them) and the image tokens of one video (Ulysses splits those too).
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+from sage_grpo.config import TrainConfig
+from sage_grpo.config.validation import rollout_size, validation_size
+from sage_grpo.models import layout
+
+
+def _read_config(path: Path) -> Optional[dict]:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def video_tokens(vae_config: dict, transformer_config: dict, num_frames: int, height: int, width: int) -> int:
+    """Image tokens of one video in the transformer: the VAE's latent (T, h, w) divided by the patch sizes."""
+    latent_frames = (num_frames - 1) // vae_config["temporal_compression_ratio"] + 1
+    spatial = vae_config["spatial_compression_ratio"]
+    patch, patch_t = transformer_config.get("patch_size", 1), transformer_config.get("patch_size_t", 1)
+    return (latent_frames // patch_t) * (height // spatial // patch) * (width // spatial // patch)
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """What the parallel layout rules need from the model, read from its config files (no weights loaded)."""
+
+    num_attention_heads: int
+    video_tokens: Dict[str, int]  # "rollout" (and "validation" when validation runs) -> image tokens per video
+
+
+def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
+    """The geometry of the configured checkpoint; None when a config file is missing (the loader then reports every
+    missing file of the checkpoint at once)."""
+    root = Path(cfg.pretrained_model_root)
+    transformer = _read_config(root / layout.transformer_layout(cfg.pretrained_transformer_version).subdir
+                               / "config.json")
+    vae = _read_config(root / layout.VAE.subdir / "config.json")
+    if transformer is None or vae is None:
+        return None
+    height, width = rollout_size(cfg)
+    tokens = {"rollout": video_tokens(vae, transformer, cfg.sample_n_frames, height, width)}
+    if cfg.validation_interval > 0 or cfg.validate_at_step0:
+        tokens["validation"] = video_tokens(vae, transformer, cfg.validate_video_length, *validation_size(cfg))
+    return ModelGeometry(transformer["num_attention_heads"], tokens)
