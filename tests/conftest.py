@@ -34,3 +34,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not any(item.get_closest_marker(name) for name in ("e2e", "distributed")):
             item.add_marker(pytest.mark.unit)
+
+
+# ---------------------------------------------------------------- the tiny checkpoint, shared by every test module
+import pytest  # noqa: E402
+
+from model_fixtures import TINY_TEXT, tiny_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tiny_components(tiny_root):
+    from sage_grpo.models import load_components
+
+    return load_components(tiny_root, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tiny_components):
+    from sage_grpo.models import PromptEncoder
+
+    return PromptEncoder.from_components(tiny_components, TINY_TEXT)

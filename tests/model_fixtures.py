@@ -1,15 +1,12 @@
-"""Shared fixtures for the model / pipeline / generate tests: one tiny checkpoint per test session.
-
-Import the fixtures into a test module by name (``from model_fixtures import tiny_root, tiny_components``).
-The checkpoint is written once into the session's base temp dir, whichever module asks first.
+"""Shared constants and helpers of the tests that use the tiny checkpoint (the fixtures ``tiny_root``,
+``tiny_components`` and ``tiny_encoder`` live in ``conftest.py``). The checkpoint is written once into the session's
+base temp dir, whichever test asks first.
 """
 
 from pathlib import Path
 
-import pytest
-import torch
 
-from sage_grpo.models import PromptEncoder, TextEncoderSettings, load_components, write_tiny_hunyuan
+from sage_grpo.models import TextEncoderSettings, write_tiny_hunyuan
 
 TINY_SEED = 0
 # Short text streams and few image tokens keep every transformer call in the milliseconds.
@@ -24,21 +21,6 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     if not (root / "scheduler" / "scheduler_config.json").is_file():
         write_tiny_hunyuan(root, seed=TINY_SEED)
     return root
-
-
-@pytest.fixture(scope="session")
-def tiny_root(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def tiny_components(tiny_root):
-    return load_components(tiny_root, dtype=torch.float32)
-
-
-@pytest.fixture(scope="module")
-def tiny_encoder(tiny_components):
-    return PromptEncoder.from_components(tiny_components, TINY_TEXT)
 
 
 def tiny_args(root, out_dir, *extra) -> list:

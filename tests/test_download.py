@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from model_fixtures import tiny_root  # noqa: F401
 from procs import run_group
 
 pytestmark = pytest.mark.e2e

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_fixtures import tiny_args, tiny_root  # noqa: F401
+from model_fixtures import tiny_args
 from procs import run_group
 from safetensors.torch import load_file
 

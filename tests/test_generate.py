@@ -9,7 +9,6 @@ from pathlib import Path
 import imageio
 import pytest
 import torch
-from model_fixtures import tiny_root  # noqa: F401
 from procs import run_group
 from safetensors.torch import save_file
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_fixtures import tiny_args, tiny_root  # noqa: F401
+from model_fixtures import tiny_args
 
 from sage_grpo.config import TrainConfig, parse_cli
 from sage_grpo.tracking import PHASE_TIMES, read_metrics

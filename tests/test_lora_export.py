@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, tiny_root  # noqa: F401
+from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT
 from safetensors.torch import load_file
 
 import post_train

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from model_fixtures import TINY_TEXT, tiny_components, tiny_encoder, tiny_root  # noqa: F401
+from model_fixtures import TINY_TEXT
 from safetensors.torch import save_file
 
 from sage_grpo.models import (MissingCheckpointError, PromptEmbeds, PromptEncoder, TextEncoderSettings, check_layout,

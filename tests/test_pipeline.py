@@ -4,7 +4,6 @@ fp32 timesteps for every precision and an exact zero KL to a freshly refreshed a
 import pytest
 import torch
 from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, TINY_VIDEO
-from model_fixtures import tiny_components, tiny_encoder, tiny_root  # noqa: F401
 
 from sage_grpo import rl, sde
 from sage_grpo.config import TrainConfig

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 from launch_flags import RUN_POST_TRAIN_FLAGS
-from model_fixtures import tiny_args, tiny_root  # noqa: F401
+from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli

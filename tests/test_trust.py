@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from model_fixtures import tiny_args, tiny_root  # noqa: F401
-from safetensors.torch import save_file
+from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.checkpoint import load_checkpoint, save_checkpoint
