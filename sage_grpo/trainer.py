@@ -65,7 +65,7 @@ from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, s
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
                                    mean_over_world)
 from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, is_sharded,
-                                               parallelize_models, reference_on_device)
+                                               parallelize_models)
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_group_rewards, gather_step_rewards,
                                                 run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
@@ -78,8 +78,8 @@ from sage_grpo.rewards import parse_reward_weights
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
-from sage_grpo.trainer_setup import (ModelBundle, RewardFailure, build_models, build_reward, check_reward_config,
-                                    kl_mode_of)
+from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of
+from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
@@ -273,7 +273,13 @@ class GRPOTrainer:
     def score(self, videos: torch.Tensor, prompts: List[str]) -> Tuple[Dict[str, torch.Tensor], ...]:
         """This rank's (B,) rewards, scored on the SP leader, and those of its prompt group: the same, or the whole
         (G,) group when it spans several DP ranks."""
-        local = self.models.score(self.reward_fn, videos, prompts) if self.dims.is_sp_leader else None
+        local = None
+        if self.dims.is_sp_leader:
+            with torch.no_grad():
+                scored = self.reward_fn(videos, list(prompts))
+            if "avg" not in scored:
+                raise KeyError(f"the reward function returned {sorted(scored)} without the 'avg' key GRPO trains on")
+            local = {name: value.detach().float().cpu() for name, value in scored.items()}
         rewards = share_rewards(local, self.dims)
         return rewards, gather_group_rewards(rewards, self.dims, self.ranks_per_group)
 
@@ -283,7 +289,7 @@ class GRPOTrainer:
         if self.models.reference is None or self.kl_controller is None:
             return None
         latents = rollout.latents
-        with reference_on_device(self.models) as reference:
+        with self.models.reference_on_device() as reference:
             means = []
             for i in range(latents.shape[0]):
                 per_step = []

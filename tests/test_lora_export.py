@@ -23,7 +23,7 @@ from sage_grpo.models import load_components, load_transformer
 from sage_grpo.pipeline.generation import GenerationItem, VideoGenerator, plan_generation
 from sage_grpo.pipeline.rollout import draw_initial_noise, latent_shape, rollout, sample_generators
 from sage_grpo.tracking import read_metrics
-from sage_grpo.trainer_setup import build_models, kl_mode_of
+from sage_grpo.models.bundle import build_models, kl_mode_of
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,6 @@ from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, TINY_VIDEO
 from sage_grpo import rl, sde
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import parse_size
-from sage_grpo.distributed.parallelize import reference_on_device
 from sage_grpo.models.loading import load_transformer
 from sage_grpo.pipeline import (bucket_hw, cfg_velocity, decode_latents, latent_shape, replay_step,
                                 resolution_hw, rollout, step_timesteps)
@@ -169,7 +168,7 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
     """The trainer's reference means and dual KL (trainer.reference_means / policy_update) on a policy that has moved
     away from the base: KL_pos > 0 against the base, exactly 0 once the anchor is refreshed from the policy, when
     policy and reference run at the same precision (bf16: bf16 weights under bf16 autocast)."""
-    from sage_grpo.trainer_setup import build_models, kl_mode_of
+    from sage_grpo.models.bundle import build_models, kl_mode_of
 
     cfg = TrainConfig(pretrained_model_root=str(tiny_root), dtype=precision, master_weight_type=precision,
                       device="cpu", kl_weight=1e-5, enable_gradient_checkpointing=False,
@@ -188,7 +187,7 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
         parts = []
         for k in range(NUM_STEPS):
             x, x_next = rollout_out.latents[:, k], rollout_out.latents[:, k + 1]
-            with torch.no_grad(), reference_on_device(bundle) as reference:
+            with torch.no_grad(), bundle.reference_on_device() as reference:
                 ref_mean = bundle.replay(reference, x, x_next, k, embeds, sigmas=sigmas).mean
             out = bundle.replay(bundle.policy, x, x_next, torch.tensor([k]), embeds, sigmas=sigmas)
             parts.append(rl.dual_kl(out.mean, ref_mean, out.std, rollout_out.log_probs[:, k], out.log_prob,

@@ -31,8 +31,7 @@ does that mean explicitly (one all-reduce per parameter, once per optimizer upda
 the global norm, gathering the norm of DTensor gradients (the only communication is one scalar).
 """
 
-import contextlib
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -89,18 +88,6 @@ def parallelize_models(bundle, dims: ParallelDims, cfg: TrainConfig) -> None:
                activation_checkpointing=cfg.enable_gradient_checkpointing)
     if reference is not None:
         shard_frozen(reference, dims.fsdp_mesh, offload=cfg.reference_mode_offload)
-
-
-@contextlib.contextmanager
-def reference_on_device(bundle) -> Iterator[torch.nn.Module]:
-    """The reference ready for its passes: FSDP moves a sharded (and possibly offloaded) reference module by itself;
-    otherwise ``ModelBundle.reference_on_device`` (whole-model moves with ``--reference_mode_offload``, or the policy
-    switched to its reference adapters with LoRA)."""
-    if is_sharded(bundle.separate_reference):
-        yield bundle.separate_reference
-    else:
-        with bundle.reference_on_device() as reference:
-            yield reference
 
 
 # ---------------------------------------------------------------- gradients

@@ -1,0 +1,212 @@
+"""``ModelBundle``: the trainer's one handle on its models (the policy, the KL reference or anchor, the VAE and the
+prompt encoder), built by :func:`build_models`, so the loop itself never touches loading, dtypes, devices, adapters or
+where the reference lives.
+
+Precision: the transformer is loaded in ``--dtype``; the trained parameters are kept in ``--master_weight_type``
+(fp32 by default) and the forward runs under ``--dtype`` autocast when that is bf16 (on one process the reference
+leaves the parameters in bf16; we honour ``--master_weight_type`` everywhere). The reference model stays in
+``--dtype`` and is frozen.
+
+Full fine-tune: ``policy`` is trained whole, ``reference`` is a second, frozen copy of the base transformer (the
+moving anchor overwrites it with the policy's weights).
+
+LoRA (``--use_lora``, :mod:`sage_grpo.lora`): the base weights stay frozen in ``--dtype`` and only the adapter
+(``--master_weight_type``) trains. There is no second transformer: ``reference`` is the policy module itself and
+:meth:`ModelBundle.reference_on_device` yields it switched to the reference (adapters disabled = the base model, or
+the ``anchor`` adapter once the moving anchor has been refreshed). The trainable state dict and the anchor state hold
+only adapter tensors, keyed as peft saves them (``<module>.lora_A.weight``); :meth:`ModelBundle.save_extras` adds the
+peft adapter folder ``lora/`` to a checkpoint. ``--reference_mode_offload`` has no second model to move with LoRA.
+Parallelism wrappers go on ``policy`` and on :attr:`ModelBundle.separate_reference`, never on ``reference`` itself.
+"""
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch.distributed.fsdp import FSDPModule
+
+from sage_grpo.checkpoint_layout import LORA_DIR
+from sage_grpo.config import TrainConfig
+from sage_grpo.dtypes import DTYPES
+from sage_grpo.lora import LoraTraining, check_lora_settings
+from sage_grpo.models.loading import load_components, load_transformer
+from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
+from sage_grpo.pipeline.replay import replay_step
+from sage_grpo.pipeline.rollout import RolloutOutput, rollout
+from sage_grpo.rl import KLMode, resolve_kl_mode
+
+
+def kl_mode_of(cfg: TrainConfig) -> KLMode:
+    """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: the trainer decides it once
+    and hands it to everything that depends on it (model building, resume checks, the update)."""
+    return resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
+
+
+def resolve_device(cfg: TrainConfig) -> torch.device:
+    if cfg.device:
+        return torch.device(cfg.device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+@dataclass
+class ModelBundle:
+    cfg: TrainConfig
+    device: torch.device
+    policy: torch.nn.Module
+    reference: Optional[torch.nn.Module]  # None without KL; with LoRA the policy module itself (see module doc)
+    vae: torch.nn.Module
+    encoder: PromptEncoder
+    autocast_dtype: Optional[torch.dtype]
+    lora: Optional[LoraTraining] = None
+
+    # ------------------------------------------------------------------ sampling
+    def encode(self, prompts: Sequence[str]) -> PromptEmbeds:
+        return self.encoder.encode(list(prompts), negative_prompt=self.cfg.neg_prompt).to(self.device)
+
+    def rollout(self, embeds: PromptEmbeds, *, seeds: Sequence[int], sigmas: torch.Tensor,
+                sde_generators: Optional[Sequence[torch.Generator]], height: int, width: int,
+                num_frames: Optional[int] = None, deterministic: bool = False) -> RolloutOutput:
+        cfg = self.cfg
+        return rollout(self.policy, self.vae, embeds, seeds, sde_type=cfg.sde_type, eta=cfg.eta,
+                       guidance_scale=cfg.cfg_scale, num_frames=num_frames or cfg.sample_n_frames, height=height,
+                       width=width, deterministic=deterministic, sigmas=sigmas, sde_generators=sde_generators,
+                       micro_batch_size=cfg.mini_batch_size_per_update, autocast_dtype=self.autocast_dtype,
+                       num_image_tokens=cfg.vision_num_semantic_tokens)
+
+    def replay(self, transformer: torch.nn.Module, latents: torch.Tensor, next_latents: torch.Tensor, index,
+               embeds: PromptEmbeds, *, sigmas: torch.Tensor):
+        return replay_step(transformer, latents, next_latents, sigmas, index, embeds, sde_type=self.cfg.sde_type,
+                           eta=self.cfg.eta, guidance_scale=self.cfg.cfg_scale, autocast_dtype=self.autocast_dtype,
+                           num_image_tokens=self.cfg.vision_num_semantic_tokens)
+
+    # ------------------------------------------------------------------ reference / anchor
+    @property
+    def separate_reference(self) -> Optional[torch.nn.Module]:
+        """The reference transformer when it is a module of its own (full fine-tune with KL), else None.
+
+        Wrappers (FSDP, offloading) apply to this one; with LoRA ``reference`` is the policy and is never wrapped
+        twice.
+        """
+        return self.reference if self.lora is None else None
+
+    @contextlib.contextmanager
+    def reference_on_device(self) -> Iterator[torch.nn.Module]:
+        """The reference model ready for its passes, for the duration of the block. The one place that knows where
+        the reference lives:
+
+        * FSDP-sharded (several processes): the module itself; FSDP gathers each block's shards (from CPU memory
+          with ``--reference_mode_offload``) for its forward;
+        * a plain module: moved whole to the compute device and back with ``--reference_mode_offload``;
+        * LoRA: the policy module switched to the reference (the base model, or the anchor adapter once the moving
+          anchor has been refreshed), back to the trained policy when the block exits.
+        """
+        if self.lora is not None:
+            with self.lora.reference_mode() as reference:
+                yield reference
+            return
+        if isinstance(self.reference, FSDPModule):
+            yield self.reference
+            return
+        offload = self.cfg.reference_mode_offload and self.device.type != "cpu"
+        if offload:
+            self.reference.to(self.device)
+        try:
+            yield self.reference
+        finally:
+            if offload:
+                self.reference.to("cpu")
+
+    @torch.no_grad()
+    def copy_policy_to_reference(self) -> None:
+        """Moving anchor: overwrite the reference weights with the policy's (LoRA: the anchor adapter's)."""
+        if self.lora is not None:
+            self.lora.refresh_anchor()
+            return
+        self.reference.load_state_dict(self.policy.state_dict(), strict=True)
+
+    def reference_state(self) -> Dict[str, torch.Tensor]:
+        return self.lora.anchor_state() if self.lora is not None else self.reference.state_dict()
+
+    def load_reference_state(self, state: Dict[str, torch.Tensor]) -> None:
+        if self.lora is not None:
+            self.lora.load_anchor_state(state)
+        else:
+            self.reference.load_state_dict(state, strict=True)
+
+    # ------------------------------------------------------------------ trainable weights
+    def trainable_named_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
+
+    def trainable_state_dict(self) -> Dict[str, torch.Tensor]:
+        if self.lora is not None:
+            return self.lora.policy_state()
+        return {n: p.detach() for n, p in self.trainable_named_parameters()}
+
+    @torch.no_grad()
+    def load_trainable_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
+        if self.lora is not None:
+            self.lora.load_policy_state(state)
+            return
+        params = dict(self.trainable_named_parameters())
+        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise KeyError(f"checkpoint weights do not match the model: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+        for name, param in params.items():
+            param.copy_(state[name])
+
+    def save_extras(self, checkpoint_dir: Path) -> None:
+        """What a checkpoint holds beyond the trainable weights: with LoRA the peft adapter folder ``lora/``.
+
+        Call on the main process once the checkpoint directory exists. The folder repeats
+        ``transformer/model.safetensors`` in peft's format with its exact config; a checkpoint without it still
+        exports and generates (the config then comes from its config.yaml).
+        """
+        if self.lora is not None:
+            self.lora.save_folder(Path(checkpoint_dir) / LORA_DIR)
+
+
+def _build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
+    return LoraTraining.create(
+        policy, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, target_modules=cfg.lora_target_modules,
+        pretrained_path=cfg.pretrained_lora_path, with_anchor=kl_mode.moving_anchor, seed=cfg.seed, dtype=master_dtype)
+
+
+def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
+    """The policy, the reference when ``kl_mode`` uses one (see the module docstring), the VAE and the encoder."""
+    if cfg.use_lora:  # a bad adapter path or target regex fails before the weights load
+        check_lora_settings(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules,
+                            cfg.pretrained_lora_path)
+    device = resolve_device(cfg)
+    load_dtype, master_dtype = DTYPES[cfg.dtype], DTYPES[cfg.master_weight_type]
+    components = load_components(cfg.pretrained_model_root, cfg.pretrained_transformer_version, dtype=load_dtype,
+                                 device=device)
+    policy = components.transformer
+    lora = None
+    if cfg.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
+        lora = _build_lora(cfg, kl_mode, policy, master_dtype)
+        reference = policy if kl_mode.uses_reference else None
+    else:
+        if policy.dtype != master_dtype:
+            policy.to(master_dtype)
+        policy.requires_grad_(True)
+        reference = None
+        if kl_mode.uses_reference:
+            reference_device = "cpu" if cfg.reference_mode_offload else device
+            reference = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, load_dtype,
+                                         reference_device)
+            reference.requires_grad_(False)
+            reference.eval()
+    policy.train()
+    if cfg.enable_gradient_checkpointing:
+        policy.enable_gradient_checkpointing()
+    settings = TextEncoderSettings(max_length=cfg.text_max_length or TextEncoderSettings.max_length,
+                                   max_length_2=cfg.byt5_max_length)
+    encoder = PromptEncoder.from_components(components, settings, cache=True)
+    autocast_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
+    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, autocast_dtype, lora)
