@@ -26,9 +26,10 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
 * Data: the sampler deals prompt groups over the DP ranks; a group spans ``G / B`` DP ranks when ``B < G``. Every rank
   of an SP group derives its prompts, seeds, SDE noise and permutations from its ``dp_rank`` and so sees the same
   samples (asserted each step); the stored rollout is broadcast from the SP leader.
-* Rewards: scored once per SP group on its leader and broadcast; a group spread over DP ranks is gathered so its
-  advantages are normalized over the whole group, each rank keeping its slice. Reward statistics are over all
-  ``B x dp`` samples of the step; loss, KL and timing metrics are averaged over the world.
+* Rewards: the final latents are decoded (VAE) and scored once per SP group, on its leader, and broadcast; a group
+  spread over DP ranks is gathered so its advantages are normalized over the whole group, each rank keeping its
+  slice. Reward statistics are over all ``B x dp`` samples of the step; loss, KL and timing metrics are averaged over
+  the world.
 * Gradients: FSDP reduces (mean over every rank: DP mean and SP correction) only on the last backward of an
   accumulation window (``gradient_sync``): one reduce-scatter per optimizer update instead of the reference's one per
   backward (spec §10.20), at the price of holding the unsharded fp32 gradients between backwards. Without FSDP the
@@ -243,17 +244,19 @@ class GRPOTrainer:
         first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
         noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
         rollout = self.models.rollout(embeds, seeds=seeds, sigmas=self.sigmas, sde_generators=noise_generators,
-                                      height=self.height, width=self.width)
+                                      height=self.height, width=self.width, decode=False)
         share_rollout(rollout, self.dims)
+        # decoded only where videos are used: the SP leader scores them and writes the rollout media
+        videos = self.models.decode(rollout.latents[:, -1]) if self.dims.is_sp_leader else None
         timings["rollout_time"] = time.perf_counter() - start
         fault_point("rollout", step + 1)
 
         start = time.perf_counter()
-        rewards, group_rewards = self.score(rollout.videos, prompts)
+        rewards, group_rewards = self.score(videos, prompts)
         timings["reward_time"] = time.perf_counter() - start
         advantages = rl.local_advantages(group_rewards["avg"], cfg.num_generations, self.ranks_per_group,
                                          self.dp_rank % self.ranks_per_group, cfg.batch_size)
-        self._write_rollout_media(items, seeds, rollout.videos, rewards, advantages)
+        self._write_rollout_media(items, seeds, videos, rewards, advantages)
 
         start = time.perf_counter()
         ref_means = self.reference_means(rollout, embeds)
@@ -464,10 +467,12 @@ class GRPOTrainer:
         sigmas = sde.shifted_sigmas(cfg.validation_num_inference_steps, validation_flow_shift(cfg))
         for number, item in enumerate(self.validation_items):
             embeds = self.models.encode([item.prompt])
-            video = self.models.rollout(embeds, seeds=[item.seed], sigmas=sigmas, sde_generators=None,
-                                        height=size[0], width=size[1], num_frames=cfg.validate_video_length,
-                                        deterministic=True).videos[0]
+            # every rank samples (the policy's collectives need them all); only rank 0 decodes and writes
+            videos = self.models.rollout(embeds, seeds=[item.seed], sigmas=sigmas, sde_generators=None,
+                                         height=size[0], width=size[1], num_frames=cfg.validate_video_length,
+                                         deterministic=True, decode=self.is_main).videos
             if self.is_main:
+                video = videos[0]
                 name = f"sample_{number:03d}_seed_{item.seed}_{sanitize_name(item.prompt)}.mp4"
                 write_video(out_dir / name, video, cfg.video_fps)
         self.models.policy.train()

@@ -35,7 +35,7 @@ from sage_grpo.lora import LoraTraining, check_lora_settings
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.pipeline.replay import replay_step
-from sage_grpo.pipeline.rollout import RolloutOutput, rollout
+from sage_grpo.pipeline.rollout import RolloutOutput, decode_latents, rollout
 from sage_grpo.rl import KLMode, resolve_kl_mode
 
 
@@ -70,13 +70,20 @@ class ModelBundle:
 
     def rollout(self, embeds: PromptEmbeds, *, seeds: Sequence[int], sigmas: torch.Tensor,
                 sde_generators: Optional[Sequence[torch.Generator]], height: int, width: int,
-                num_frames: Optional[int] = None, deterministic: bool = False) -> RolloutOutput:
+                num_frames: Optional[int] = None, deterministic: bool = False, decode: bool = True) -> RolloutOutput:
+        """Sample with the policy; ``decode=False`` leaves ``videos`` None (decode later with :meth:`decode`, only
+        where a video is used)."""
         cfg = self.cfg
         return rollout(self.policy, self.vae, embeds, seeds, sde_type=cfg.sde_type, eta=cfg.eta,
                        guidance_scale=cfg.cfg_scale, num_frames=num_frames or cfg.sample_n_frames, height=height,
                        width=width, deterministic=deterministic, sigmas=sigmas, sde_generators=sde_generators,
                        micro_batch_size=cfg.mini_batch_size_per_update, autocast_dtype=self.autocast_dtype,
-                       num_image_tokens=cfg.vision_num_semantic_tokens)
+                       num_image_tokens=cfg.vision_num_semantic_tokens, decode=decode)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """(B, C, T, h, w) final latents -> (B, 3, F, H, W) videos in [0, 1] on the CPU."""
+        return decode_latents(self.vae, latents)
 
     def replay(self, transformer: torch.nn.Module, latents: torch.Tensor, next_latents: torch.Tensor, index,
                embeds: PromptEmbeds, *, sigmas: torch.Tensor):
