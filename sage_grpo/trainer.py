@@ -2,7 +2,7 @@
 
     rollout  ->  reward  ->  group advantages  ->  reference means  ->  policy update  ->  (anchor refresh)
 
-* Rollout: every prompt of this rank's batch is sampled with the SDE sampler (``--sde_type``) at all
+* Rollout: every prompt of this rank's batch is sampled with the SDE sampler (``Sampler``, built once) at all
   ``grpo_sampling_steps`` steps, storing the latents x_0..x_N and the per-step log-probs log pi_old(x_{k+1} | x_k).
 * Reward: the reward stack scores the decoded videos; ``avg`` is the GRPO reward. Failed rewards are NaN.
 * Advantages: per-group population z-score with a 1e-6 floor (NaN rewards excluded, advantage 0).
@@ -54,7 +54,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
-from sage_grpo import rl, sde
+from sage_grpo import rl
 from sage_grpo.checkpoint import (ShardedTrainingObjects, capture_rng_state, gather_rng_states, load_checkpoint,
                                   load_sharded_checkpoint, prune_checkpoints, restore_rng_state, save_checkpoint,
                                   save_sharded_checkpoint, seed_everything)
@@ -79,7 +79,7 @@ from sage_grpo.rewards import parse_reward_weights
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
-from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of
+from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, sampler_of
 from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
 
@@ -140,7 +140,14 @@ class GRPOTrainer:
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
         check_run_dir(cfg.output_dir, resuming=self.resume_check is not None, overwrite=cfg.overwrite_output_dir)
-        self.sampler = GroupedPromptSampler(len(self.items), cfg.batch_size, cfg.num_generations, self.dp_size,
+        try:  # rollout, replay, reference means and validation all sample through these two
+            self.sampler = sampler_of(cfg)
+        except ValueError as err:
+            raise ConfigError(f"--sde_type {cfg.sde_type} --eta {cfg.eta}: {err}") from None
+        self.validation_sampler = (self.sampler.with_schedule(cfg.validation_num_inference_steps,
+                                                              validation_flow_shift(cfg))
+                                   if cfg.validation_interval > 0 or cfg.validate_at_step0 else None)
+        self.prompt_sampler = GroupedPromptSampler(len(self.items), cfg.batch_size, cfg.num_generations, self.dp_size,
                                             self.dp_rank, cfg.seed)
 
         self.dims.build_meshes()
@@ -157,8 +164,7 @@ class GRPOTrainer:
                               if self.kl_mode.uses_reference else None)
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
-        self.sigmas = sde.shifted_sigmas(cfg.grpo_sampling_steps, cfg.infer_flow_shift_video)
-        self.eq_scales = (sde.grad_balance_scales(cfg.sde_type, self.sigmas, cfg.eta)
+        self.eq_scales = (self.sampler.grad_balance_scales()
                           if cfg.use_grad_balancing else None)
         self.num_train_steps = max(int(cfg.grpo_sampling_steps * cfg.timestep_fraction), 1)
         self.height, self.width = rollout_size(cfg)
@@ -232,7 +238,7 @@ class GRPOTrainer:
 
     def train_step(self) -> Dict[str, float]:
         cfg, step = self.cfg, self.global_step
-        items = [self.items[i] for i in self.sampler.indices(step)]
+        items = [self.items[i] for i in self.prompt_sampler.indices(step)]
         prompts = [item.prompt for item in items]
         seeds = sample_seeds([item.seed for item in items], cfg.num_generations, self.dp_rank, cfg.batch_size,
                              cfg.use_same_noise)
@@ -243,8 +249,9 @@ class GRPOTrainer:
         embeds = self.models.encode(prompts)
         first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
         noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
-        rollout = self.models.rollout(embeds, seeds=seeds, sigmas=self.sigmas, sde_generators=noise_generators,
-                                      height=self.height, width=self.width, decode=False)
+        rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
+                                       num_frames=cfg.sample_n_frames, height=self.height, width=self.width,
+                                       sde_generators=noise_generators, decode=False)
         share_rollout(rollout, self.dims)
         # decoded only where videos are used: the SP leader scores them and writes the rollout media
         videos = self.models.decode(rollout.latents[:, -1]) if self.dims.is_sp_leader else None
@@ -297,8 +304,8 @@ class GRPOTrainer:
             for i in range(latents.shape[0]):
                 per_step = []
                 for k in range(self.cfg.grpo_sampling_steps):
-                    out = self.models.replay(reference, latents[i:i + 1, k], latents[i:i + 1, k + 1], k,
-                                             embeds.select([i]), sigmas=self.sigmas)
+                    out = self.sampler.replay(reference, latents[i:i + 1, k], latents[i:i + 1, k + 1], k,
+                                              embeds.select([i]))
                     per_step.append(out.mean.cpu())
                 means.append(torch.cat(per_step, 0))
         return torch.stack(means, 0)
@@ -337,7 +344,7 @@ class GRPOTrainer:
                 index = steps.to(self.device)
                 x = rollout.latents[rows, steps].to(self.device)             # only the rows this pass uses
                 x_next = rollout.latents[rows, steps + 1].to(self.device)
-                out = self.models.replay(self.models.policy, x, x_next, index, sub_embeds, sigmas=self.sigmas)
+                out = self.sampler.replay(self.models.policy, x, x_next, index, sub_embeds)
                 old_lp = rollout.log_probs[rows, steps].to(self.device)
                 scale = self.eq_scales[steps].to(self.device) if self.eq_scales is not None else None
                 policy_loss, metrics = rl.ppo_clipped_loss(out.log_prob, old_lp, advantages[rows].to(self.device),
@@ -464,13 +471,14 @@ class GRPOTrainer:
         if self.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
         self.models.policy.eval()
-        sigmas = sde.shifted_sigmas(cfg.validation_num_inference_steps, validation_flow_shift(cfg))
+        sampler = self.validation_sampler or self.sampler.with_schedule(cfg.validation_num_inference_steps,
+                                                                        validation_flow_shift(cfg))
         for number, item in enumerate(self.validation_items):
             embeds = self.models.encode([item.prompt])
             # every rank samples (the policy's collectives need them all); only rank 0 decodes and writes
-            videos = self.models.rollout(embeds, seeds=[item.seed], sigmas=sigmas, sde_generators=None,
-                                         height=size[0], width=size[1], num_frames=cfg.validate_video_length,
-                                         deterministic=True, decode=self.is_main).videos
+            videos = sampler.rollout(self.models.policy, self.models.vae, embeds, [item.seed],
+                                     num_frames=cfg.validate_video_length, height=size[0], width=size[1],
+                                     deterministic=True, decode=self.is_main).videos
             if self.is_main:
                 video = videos[0]
                 name = f"sample_{number:03d}_seed_{item.seed}_{sanitize_name(item.prompt)}.mp4"

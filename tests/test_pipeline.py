@@ -1,6 +1,8 @@
 """Rollout and replay on the tiny checkpoint: shapes, seeding, exact replay, ODE parity with diffusers, the CFG switch,
 fp32 timesteps for every precision and an exact zero KL to a freshly refreshed anchor."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, TINY_VIDEO
@@ -168,7 +170,7 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
     """The trainer's reference means and dual KL (trainer.reference_means / policy_update) on a policy that has moved
     away from the base: KL_pos > 0 against the base, exactly 0 once the anchor is refreshed from the policy, when
     policy and reference run at the same precision (bf16: bf16 weights under bf16 autocast)."""
-    from sage_grpo.models.bundle import build_models, kl_mode_of
+    from sage_grpo.models.bundle import build_models, kl_mode_of, sampler_of
 
     cfg = TrainConfig(pretrained_model_root=str(tiny_root), dtype=precision, master_weight_type=precision,
                       device="cpu", kl_weight=1e-5, enable_gradient_checkpointing=False,
@@ -180,16 +182,16 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
         for param in bundle.policy.parameters():
             param.add_(0.05 * torch.randn(param.shape, generator=noise).to(param.dtype))
     embeds = bundle.encode(PROMPTS[:1])
-    sigmas = sde.shifted_sigmas(NUM_STEPS)
-    rollout_out = bundle.rollout(embeds, seeds=SEEDS[:1], sigmas=sigmas, sde_generators=None, **TINY_VIDEO)
+    sampler = replace(sampler_of(cfg), sigmas=sde.shifted_sigmas(NUM_STEPS))
+    rollout_out = sampler.rollout(bundle.policy, bundle.vae, embeds, SEEDS[:1], **TINY_VIDEO)
 
     def kl_parts():
         parts = []
         for k in range(NUM_STEPS):
             x, x_next = rollout_out.latents[:, k], rollout_out.latents[:, k + 1]
             with torch.no_grad(), bundle.reference_on_device() as reference:
-                ref_mean = bundle.replay(reference, x, x_next, k, embeds, sigmas=sigmas).mean
-            out = bundle.replay(bundle.policy, x, x_next, torch.tensor([k]), embeds, sigmas=sigmas)
+                ref_mean = sampler.replay(reference, x, x_next, k, embeds).mean
+            out = sampler.replay(bundle.policy, x, x_next, torch.tensor([k]), embeds)
             parts.append(rl.dual_kl(out.mean, ref_mean, out.std, rollout_out.log_probs[:, k], out.log_prob,
                                     use_dual_kl=True)[1])
         return parts
@@ -267,3 +269,20 @@ def test_sizes_and_resolution_table(tiny_components):
         latent_shape(tiny_components.vae.config, 80, 16, 16)
     with pytest.raises(ValueError, match="multiples of 8"):
         latent_shape(tiny_components.vae.config, 5, 20, 16)
+
+
+def test_the_sampler_is_decided_once():
+    from sage_grpo.models.bundle import sampler_of
+    from sage_grpo.pipeline.sampler import Sampler
+
+    cfg = TrainConfig(sde_type="cps", eta=0.7, grpo_sampling_steps=6, infer_flow_shift_video=3.0, cfg_scale=4.0,
+                      dtype="bf16", vision_num_semantic_tokens=4, mini_batch_size_per_update=1)
+    sampler = sampler_of(cfg)
+    assert (sampler.sde_type, sampler.eta, sampler.num_steps, sampler.guidance_scale) == ("cps", 0.7, 6, 4.0)
+    assert sampler.autocast_dtype == torch.bfloat16 and sampler.num_image_tokens == 4
+    assert torch.equal(sampler.sigmas, sde.shifted_sigmas(6, 3.0))
+    validation = sampler.with_schedule(10, 5.0)
+    assert validation.num_steps == 10 and validation.sde_type == "cps" and validation.guidance_scale == 4.0
+    assert torch.equal(sampler.grad_balance_scales(), sde.grad_balance_scales("cps", sampler.sigmas, 0.7))
+    with pytest.raises(ValueError):
+        Sampler.build("flow_grpo", 0.0, 6, 3.0, 4.0)  # no noise: no log-probability

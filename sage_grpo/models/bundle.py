@@ -34,8 +34,8 @@ from sage_grpo.dtypes import DTYPES
 from sage_grpo.lora import LoraTraining, check_lora_settings
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
-from sage_grpo.pipeline.replay import replay_step
-from sage_grpo.pipeline.rollout import RolloutOutput, decode_latents, rollout
+from sage_grpo.pipeline.rollout import decode_latents
+from sage_grpo.pipeline.sampler import Sampler
 from sage_grpo.rl import KLMode, resolve_kl_mode
 
 
@@ -43,6 +43,20 @@ def kl_mode_of(cfg: TrainConfig) -> KLMode:
     """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: the trainer decides it once
     and hands it to everything that depends on it (model building, resume checks, the update)."""
     return resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
+
+
+def autocast_dtype_of(cfg: TrainConfig) -> Optional[torch.dtype]:
+    """The transformer's compute dtype under autocast: bf16 with ``--dtype bf16`` (fp32 master weights), else none."""
+    return torch.bfloat16 if cfg.dtype == "bf16" else None
+
+
+def sampler_of(cfg: TrainConfig) -> Sampler:
+    """The rollout sampler of the run: ``--sde_type``, ``--eta``, ``--grpo_sampling_steps`` on the
+    ``--infer_flow_shift_video`` schedule, ``--cfg_scale``; built once, before any model loads (a schedule the SDE
+    cannot use is refused here)."""
+    return Sampler.build(cfg.sde_type, cfg.eta, cfg.grpo_sampling_steps, cfg.infer_flow_shift_video, cfg.cfg_scale,
+                         autocast_dtype=autocast_dtype_of(cfg), num_image_tokens=cfg.vision_num_semantic_tokens,
+                         micro_batch_size=cfg.mini_batch_size_per_update)
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:
@@ -61,35 +75,17 @@ class ModelBundle:
     reference: Optional[torch.nn.Module]  # None without KL; with LoRA the policy module itself (see module doc)
     vae: torch.nn.Module
     encoder: PromptEncoder
-    autocast_dtype: Optional[torch.dtype]
     lora: Optional[LoraTraining] = None
 
     # ------------------------------------------------------------------ sampling
     def encode(self, prompts: Sequence[str]) -> PromptEmbeds:
         return self.encoder.encode(list(prompts), negative_prompt=self.cfg.neg_prompt).to(self.device)
 
-    def rollout(self, embeds: PromptEmbeds, *, seeds: Sequence[int], sigmas: torch.Tensor,
-                sde_generators: Optional[Sequence[torch.Generator]], height: int, width: int,
-                num_frames: Optional[int] = None, deterministic: bool = False, decode: bool = True) -> RolloutOutput:
-        """Sample with the policy; ``decode=False`` leaves ``videos`` None (decode later with :meth:`decode`, only
-        where a video is used)."""
-        cfg = self.cfg
-        return rollout(self.policy, self.vae, embeds, seeds, sde_type=cfg.sde_type, eta=cfg.eta,
-                       guidance_scale=cfg.cfg_scale, num_frames=num_frames or cfg.sample_n_frames, height=height,
-                       width=width, deterministic=deterministic, sigmas=sigmas, sde_generators=sde_generators,
-                       micro_batch_size=cfg.mini_batch_size_per_update, autocast_dtype=self.autocast_dtype,
-                       num_image_tokens=cfg.vision_num_semantic_tokens, decode=decode)
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """(B, C, T, h, w) final latents -> (B, 3, F, H, W) videos in [0, 1] on the CPU."""
+        """(B, C, T, h, w) final latents -> (B, 3, F, H, W) videos in [0, 1] on the CPU (sampling itself is the
+        :class:`~sage_grpo.pipeline.sampler.Sampler`'s, on ``policy`` and ``vae``)."""
         return decode_latents(self.vae, latents)
-
-    def replay(self, transformer: torch.nn.Module, latents: torch.Tensor, next_latents: torch.Tensor, index,
-               embeds: PromptEmbeds, *, sigmas: torch.Tensor):
-        return replay_step(transformer, latents, next_latents, sigmas, index, embeds, sde_type=self.cfg.sde_type,
-                           eta=self.cfg.eta, guidance_scale=self.cfg.cfg_scale, autocast_dtype=self.autocast_dtype,
-                           num_image_tokens=self.cfg.vision_num_semantic_tokens)
 
     # ------------------------------------------------------------------ reference / anchor
     @property
@@ -215,5 +211,4 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
     settings = TextEncoderSettings(max_length=cfg.text_max_length or TextEncoderSettings.max_length,
                                    max_length_2=cfg.byt5_max_length)
     encoder = PromptEncoder.from_components(components, settings, cache=True)
-    autocast_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
-    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, autocast_dtype, lora)
+    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, lora)

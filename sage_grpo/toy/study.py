@@ -97,9 +97,10 @@ def evaluate_policy(trainer, pretrained, prompts: Sequence[str]) -> Dict[str, fl
     cfg, bundle = trainer.cfg, trainer.models
     eval_prompts = [p for p in prompts for _ in EVAL_SEEDS]
     seeds = [s for _ in prompts for s in EVAL_SEEDS]
-    sigmas = sde.shifted_sigmas(cfg.validation_num_inference_steps, validation_flow_shift(cfg))
-    videos = bundle.rollout(bundle.encode(eval_prompts), seeds=seeds, sigmas=sigmas, sde_generators=None,
-                            height=cfg.rollout_height, width=cfg.rollout_width, deterministic=True).videos
+    sampler = trainer.sampler.with_schedule(cfg.validation_num_inference_steps, validation_flow_shift(cfg))
+    videos = sampler.rollout(bundle.policy, bundle.vae, bundle.encode(eval_prompts), seeds,
+                             num_frames=cfg.sample_n_frames, height=cfg.rollout_height, width=cfg.rollout_width,
+                             deterministic=True).videos
     rewards = trainer.reward_fn(videos, eval_prompts)
     fit = fit_manifold(videos)
     return {"eval_reward": float(rewards["avg"].mean()), "eval_manifold_error": float(fit.error.mean()),
