@@ -64,7 +64,7 @@ from sage_grpo.config.validation import (ConfigError, group_layout, rollout_size
                                         validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
-                                   mean_over_world)
+                                   mean_over_world, mean_tensor_over_world)
 from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, is_sharded,
                                                parallelize_models)
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_group_rewards, gather_step_rewards,
@@ -356,10 +356,11 @@ class GRPOTrainer:
                     effective_kl, parts = rl.dual_kl(out.mean, ref_mean, out.std, old_lp, out.log_prob,
                                                      self.kl_mode.dual, cfg.dual_kl_moving_weight,
                                                      cfg.dual_kl_step_weight)
-                    # the world mean, so that every rank's controller follows the same beta
-                    self.kl_controller.update(mean_over_world({"kl": float(effective_kl.detach())},
-                                                              self.device)["kl"])
-                    if beta > 0:
+                    # the world mean, so that every rank's controller follows the same beta; kept on the device
+                    self.kl_controller.update(mean_tensor_over_world(effective_kl.detach().to(torch.float64)))
+                    if isinstance(beta, torch.Tensor):  # after the warm-up: a device tensor, >= --kl_min_coef
+                        loss = policy_loss + beta.to(effective_kl.dtype) * effective_kl
+                    elif beta > 0:
                         loss = policy_loss + beta * effective_kl
                     metrics.update(kl_loss=effective_kl.detach(), KL_weight=beta, **parts)
                 metrics["total_loss"] = loss.detach()

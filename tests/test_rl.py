@@ -206,6 +206,28 @@ def test_controller_trajectory_by_hand():
     assert c.state_dict()["history"] == [0.0, 0.0, 0.0, 5.0]  # the last `horizon` values
 
 
+def test_controller_on_tensors_matches_floats_bit_for_bit():
+    """The trainer feeds device tensors (no host copy per iteration): same β trajectory, same checkpoint state, and
+    a resume from that state (floats) continues identically."""
+    kls = [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 0.3, 1.7]
+
+    def controller():
+        return AdaptiveKLController.from_flags(kl_weight=1.0, kl_coef=0.5, kl_min_coef=0.2, horizon=4, window=2)
+
+    on_floats, on_tensors = controller(), controller()
+    expected = [on_floats.update(kl) for kl in kls]
+    for i, kl in enumerate(kls):
+        beta = on_tensors.update(torch.tensor(kl, dtype=torch.float64))
+        assert isinstance(beta, torch.Tensor) == (i + 1 >= 4)  # a device tensor once the warm-up is over
+        assert float(beta) == expected[i]
+        if i == 7:
+            state = on_tensors.state_dict()
+    assert on_tensors.state_dict() == on_floats.state_dict()
+    resumed = controller()
+    resumed.load_state_dict(state)
+    assert [float(resumed.update(torch.tensor(kl, dtype=torch.float64))) for kl in kls[8:]] == expected[8:]
+
+
 def test_controller_default_ramp():
     # 1e-7 + (1e-5 − 1e-7)·n/100: n=1 → 1.99e-7, n=99 → 9.901e-6; n=100 at KL = target → unchanged;
     # n=101 at KL 1e-3: mean(9 × 1e-5, 1e-3) = 1.09e-4 > 1.5e-5 → ×0.9 = 8.9109e-6

@@ -68,6 +68,15 @@ def mean_over_world(metrics: Mapping[str, float], device: torch.device) -> Dict[
     return dict(zip(names, values.tolist()))
 
 
+def mean_tensor_over_world(value: torch.Tensor) -> torch.Tensor:
+    """The mean of a tensor over all ranks, computed on the device (no host copy); the tensor itself on one process."""
+    if not _active(dist.group.WORLD if dist.is_initialized() else None):
+        return value
+    total = value.clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total / dist.get_world_size()
+
+
 def average_gradients(parameters: Iterable[torch.nn.Parameter], group: Optional[dist.ProcessGroup]) -> None:
     """Replace plain (non-FSDP) gradients by their mean over ``group``.
 

@@ -13,12 +13,19 @@ update); ``update(kl)`` is then called once per inner iteration with that iterat
 
 The history keeps the last ``horizon`` values. This is a proportional bang-bang rule, not a PID controller.
 
+``update`` takes a Python float or a 0-d tensor. Given tensors (the trainer passes the world-mean KL as an fp64 device
+tensor) β becomes a device tensor after the warm-up and nothing is copied to the host: the training loop keeps running
+ahead of the GPU. The arithmetic is the same fp64 arithmetic either way; ``state_dict`` returns plain floats.
+
 Departures from the reference (TVRL ``grpo_commons.py``; the SAGE copy is not public):
 - the warm-up length is ``horizon`` (the reference hard-codes 100, its default horizon) and the averaging
   window is a parameter (hard-coded 10 there); with the defaults the behaviour is identical;
 - ``state_dict``/``load_state_dict`` make it resumable; the reference does not checkpoint it (spec §10.29).
 """
 from dataclasses import dataclass, field
+from typing import Union
+
+import torch
 
 
 @dataclass
@@ -31,9 +38,9 @@ class AdaptiveKLController:
     init_coef: float
     horizon: int = 100
     window: int = 10
-    _coef: float = field(init=False)
+    _coef: Union[float, torch.Tensor] = field(init=False)
     _num_updates: int = field(init=False, default=0)
-    _history: list[float] = field(init=False, default_factory=list, repr=False)
+    _history: list = field(init=False, default_factory=list, repr=False)  # floats or 0-d fp64 tensors
 
     def __post_init__(self) -> None:
         if not 1 <= self.window <= self.horizon:
@@ -54,20 +61,24 @@ class AdaptiveKLController:
         return cls(kl_weight, min_coef, kl_weight, init_coef, horizon, window)
 
     @property
-    def kl_coef(self) -> float:
-        """β to use for the current iteration."""
+    def kl_coef(self) -> Union[float, torch.Tensor]:
+        """β to use for the current iteration (a 0-d device tensor once tensors have moved it)."""
         return self._coef
 
-    def update(self, kl: float) -> float:
+    def update(self, kl: Union[float, torch.Tensor]) -> Union[float, torch.Tensor]:
         """Record this iteration's KL and move β (warm-up ramp, then ×0.9 / ×1.1); returns the new β."""
         self._num_updates += 1
-        self._history.append(float(kl))
+        self._history.append(kl.detach().to(torch.float64) if isinstance(kl, torch.Tensor) else float(kl))
         del self._history[: -self.horizon]
         if self._num_updates < self.horizon:
             progress = self._num_updates / self.horizon
             self._coef = self.min_coef + (self.target_kl - self.min_coef) * progress
         elif len(self._history) >= self.window:
-            self._coef = self._adjusted(sum(self._history[-self.window :]) / self.window)
+            recent = self._history[-self.window :]
+            if any(isinstance(value, torch.Tensor) for value in recent):
+                self._coef = self._adjusted_on_device(recent)
+            else:
+                self._coef = self._adjusted(sum(recent) / self.window)
         return self._coef
 
     def _adjusted(self, recent_kl: float) -> float:
@@ -80,8 +91,21 @@ class AdaptiveKLController:
             coef *= 1.1
         return max(self.min_coef, min(self.max_coef, coef))
 
+    def _adjusted_on_device(self, recent: list) -> torch.Tensor:
+        """:meth:`_adjusted` in tensor operations (the same fp64 sums, left to right), without a host copy."""
+        device = next(value.device for value in recent if isinstance(value, torch.Tensor))
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for value in recent:
+            total = total + value
+        error = total / self.window - self.target_kl
+        coef = torch.as_tensor(self._coef, dtype=torch.float64, device=device)
+        coef = torch.where(error > 0.5 * self.target_kl, coef * 0.9,
+                           torch.where(error < -0.5 * self.target_kl, coef * 1.1, coef))
+        return coef.clamp(self.min_coef, self.max_coef)
+
     def state_dict(self) -> dict:
-        return {"kl_coef": self._coef, "num_updates": self._num_updates, "history": list(self._history)}
+        return {"kl_coef": float(self._coef), "num_updates": self._num_updates,
+                "history": [float(value) for value in self._history]}
 
     def load_state_dict(self, state: dict) -> None:
         self._coef = float(state["kl_coef"])
