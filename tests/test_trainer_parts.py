@@ -13,7 +13,7 @@ from sage_grpo.data import GroupedPromptSampler, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import ParallelDims
 from sage_grpo.optim import LRSchedule, MuonWithAdamW, build_optimizer
 from sage_grpo.rl import AdaptiveKLController, MovingAnchorSchedule
-from sage_grpo.safe_io import load_plain
+from sage_grpo.safe_io import UnsafeFileError, load_plain
 from sage_grpo.tracking import MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics, tensorboard_tag
 from sage_grpo.trainer import GRPOTrainer
 
@@ -256,6 +256,29 @@ def test_checkpoint_manager_roundtrip_atomic_and_latest(tmp_path):
     assert loaded.kl_controller.state_dict() == saved.kl_controller.state_dict()
     assert loaded.anchor_schedule.last_refreshed_at == 4
     assert torch.equal(torch.rand(3), next_draw) and loaded.notes == []
+
+
+def test_checkpoint_manager_resume_edge_cases(tmp_path):
+    saved = _manager(tmp_path, StandInModels(seed=0))
+    _train_to(saved, 2)
+    path = saved.save(2)
+    training = load_plain(path / "training_state.pt", "training state")
+
+    # a run without a KL reference ignores the saved anchor and its schedule
+    no_kl = _manager(tmp_path, StandInModels(seed=1, with_reference=False))
+    no_kl.load(path, training)
+    assert no_kl.counters.update_steps == 2 and no_kl.anchor_schedule.last_refreshed_at is None
+
+    # written by another number of processes: the global RNG states are left as they are, with a note
+    rng_elsewhere = {k: v for k, v in training.items() if k != "rng"}
+    rng_elsewhere["rng_per_rank"] = [training["rng"], training["rng"]]
+    other_world = _manager(tmp_path, StandInModels(seed=1))
+    other_world.load(path, rng_elsewhere)
+    assert other_world.notes == ["note: the checkpoint was written by 2 processes; global RNG states are not restored"]
+
+    torch.save({"payload": SimpleNamespace()}, path / "optimizer.pt")  # not plain data
+    with pytest.raises(UnsafeFileError, match="optimizer.pt"):
+        _manager(tmp_path, StandInModels(seed=1)).load(path, training)
 
 
 def test_rng_state_roundtrip():
