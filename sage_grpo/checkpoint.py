@@ -1,52 +1,67 @@
-"""Training checkpoints that resume exactly, written atomically.
+"""Training checkpoints that resume exactly, written atomically by one :class:`CheckpointManager`.
+
+The trainer builds the manager once with the stateful objects it owns: the model bundle (its trainable and anchor
+state dicts, LoRA's extra folder), the optimizer, the KL controller, the moving-anchor schedule, its counters, and the
+parallel layout. ``save(step)`` writes ``checkpoint-{step}``; ``load(path, training_state)`` restores all of them in
+place, the small ones through their ``state_dict()``/``load_state_dict()`` (as torchtitan's checkpoint manager does).
+The training loop only says when.
 
 ``checkpoint-{step}/`` holds::
 
     transformer/model.safetensors   trainable weights (all weights, or the LoRA adapter weights with --use_lora)
-    anchor/model.safetensors        moving-anchor (reference) weights, once the anchor has moved
-    optimizer.pt                    optimizer state
     training_state.pt               counters (the step fixes the data position and the LR), KL controller, anchor
                                     schedule, parallel layout, RNG states
     config.yaml                     the run's resolved configuration
+    lora/                           LoRA runs not sharded by FSDP: the peft adapter folder
 
-A checkpoint is first written to ``.checkpoint-{step}.tmp`` and renamed into place when complete, so a crash mid-save
-never leaves a directory that looks like a finished checkpoint (rename is atomic on POSIX file systems).
+and, written by one process::
 
-Several processes (:func:`save_sharded_checkpoint`) write instead::
+    anchor/model.safetensors        moving-anchor (reference) weights, once the anchor has moved
+    optimizer.pt                    optimizer state
+
+or, written by several processes::
 
     transformer_dcp/                torch.distributed.checkpoint: every rank writes its shards of
                                       model      trainable weights (the keys of transformer/model.safetensors)
                                       optimizer  {part: get_optimizer_state_dict(...)} per torch optimizer (muon, adamw)
-                                      anchor     moving-anchor weights (ModelBundle.reference_state: the reference
+                                      anchor     moving-anchor weights (the bundle's reference_state: the reference
                                                  module, or the LoRA anchor adapter), once the anchor has moved
-    transformer/model.safetensors   full trainable weights gathered to rank 0, the same file a one-process run
-                                    writes (what generate.py reads); always written, see below
-    training_state.pt               rank 0: as above, with the RNG states of every rank and the optimizer parts
-    config.yaml
 
-All ranks write into the temporary directory, meet at a barrier, then rank 0 renames it and everybody meets again, so
-the atomicity above holds for the job as a whole. DCP stores each tensor with its global shape and reshards on load,
-so a checkpoint resumes on any number of processes (and on one, through :func:`load_sharded_checkpoint`). The full
-export costs one all-gather of the trainable weights per checkpoint and rank 0 CPU memory for one copy of them (33 GB
-in fp32 for the 8.3B model); it is what makes every checkpoint directly usable by ``generate.py``.
+Several processes record the RNG states of every rank (``rng_per_rank``) and the optimizer parts in the training
+state, one process its own RNG states (``rng``). ``transformer/model.safetensors`` is in both formats (gathered to
+rank 0 from several processes): it is what ``generate.py`` and the export read. The full gather costs one
+all-gather of the trainable weights per checkpoint and rank 0 CPU memory for one copy of them (33 GB in fp32 for the
+8.3B model). DCP stores each tensor with its global shape and reshards on load, so a sharded checkpoint resumes on
+any number of processes, one included; a one-process checkpoint resumes on one process.
+
+Only where the optimizer state and the anchor live differs; the rest is one code path for one and many processes:
+the training state, the full trainable weights, the config, the LoRA folder, the pruning and the atomic write. Every
+rank writes into ``.checkpoint-{step}.tmp``; once every file is there (the fault-injection point ``checkpoint``) all
+meet at a barrier, rank 0 renames it into place and all meet again, so a crash mid-save never leaves a directory that
+looks like a finished checkpoint (rename is atomic on POSIX file systems). On several processes ``save`` and
+``load`` are collectives: every rank enters each of their collectives, in the same order.
 """
 
 import random
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.stateful import Stateful
 
 from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_MODEL, DCP_OPTIMIZER,
                                          OPTIMIZER_FILE, TRAINING_STATE_FILE, TRANSFORMER_FILE)
 from sage_grpo.distributed.collectives import barrier
+from sage_grpo.distributed.parallel_dims import ParallelDims
+from sage_grpo.distributed.parallelize import is_sharded
 from sage_grpo.faults import fault_point
+from sage_grpo.optim import optimizer_parts
+from sage_grpo.rl.anchor import MovingAnchorSchedule
 from sage_grpo.safe_io import CheckpointError, dcp_load, load_plain, read_dcp_metadata
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
@@ -80,54 +95,62 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _contiguous_cpu(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def gather_rng_states() -> List[dict]:
+    """Every rank's RNG states, in rank order, on every rank (one object all-gather)."""
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, capture_rng_state())
+    return states
+
+
+def gather_to_main(state: StateDict, is_main: bool) -> StateDict:
+    """Full CPU copies of ``state`` on the main rank, one tensor at a time (every rank joins each all-gather; on one
+    process: plain CPU copies)."""
+    from torch.distributed.tensor import DTensor
+
+    gathered = {}
+    for name, tensor in state.items():
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if is_main:
+            gathered[name] = full.detach().to("cpu").contiguous()
+        del full
+    return gathered
+
+
+# ---------------------------------------------------------------- files and directories
+
+def _contiguous_cpu(tensors: StateDict) -> StateDict:
     return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
 
 
-def save_checkpoint(run_dir: Path, step: int, *, model_state: Dict[str, torch.Tensor], optimizer_state: dict,
-                    training_state: dict, anchor_state: Optional[Dict[str, torch.Tensor]] = None,
-                    config_yaml: Optional[str] = None) -> Path:
-    """Write ``checkpoint-{step}`` atomically and return its path."""
-    final = Path(run_dir) / f"checkpoint-{step}"
-    tmp = Path(run_dir) / f".checkpoint-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / TRANSFORMER_FILE).parent.mkdir(parents=True)
-    save_file(_contiguous_cpu(model_state), str(tmp / TRANSFORMER_FILE))
+def write_checkpoint_files(directory: Path, *, model_state: StateDict, training_state: dict,
+                           config_yaml: Optional[str] = None, optimizer_state: Optional[dict] = None,
+                           anchor_state: Optional[StateDict] = None) -> None:
+    """The single files of a checkpoint, into ``directory`` (made if needed): the full trainable weights, the training
+    state and the config; the optimizer state and the anchor weights when given (one process; several processes keep
+    them in the DCP shards)."""
+    directory = Path(directory)
+    (directory / TRANSFORMER_FILE).parent.mkdir(parents=True, exist_ok=True)
+    save_file(_contiguous_cpu(model_state), str(directory / TRANSFORMER_FILE))
     if anchor_state is not None:
-        (tmp / ANCHOR_FILE).parent.mkdir()
-        save_file(_contiguous_cpu(anchor_state), str(tmp / ANCHOR_FILE))
-    torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
-    torch.save(training_state, tmp / TRAINING_STATE_FILE)
+        (directory / ANCHOR_FILE).parent.mkdir(exist_ok=True)
+        save_file(_contiguous_cpu(anchor_state), str(directory / ANCHOR_FILE))
+    if optimizer_state is not None:
+        torch.save(optimizer_state, directory / OPTIMIZER_FILE)
+    torch.save(training_state, directory / TRAINING_STATE_FILE)
     if config_yaml is not None:
-        (tmp / CONFIG_FILE).write_text(config_yaml)
-    fault_point("checkpoint", step)
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    return final
-
-
-def load_checkpoint(path: Path) -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint` into a dict of its parts (plain data only, see
-    :mod:`sage_grpo.safe_io`); a missing or unreadable part is named with its path."""
-    path = Path(path)
-    model_file = path / TRANSFORMER_FILE
-    if not model_file.is_file():
-        raise CheckpointError(f"{path} is not a complete sage-grpo checkpoint: {model_file} is missing")
-    anchor_file = path / ANCHOR_FILE
-    return {
-        "model_state": _load_safetensors(model_file),
-        "anchor_state": _load_safetensors(anchor_file) if anchor_file.exists() else None,
-        "optimizer_state": load_plain(path / OPTIMIZER_FILE, "optimizer state"),
-        "training_state": load_plain(path / TRAINING_STATE_FILE, "training state"),
-    }
+        (directory / CONFIG_FILE).write_text(config_yaml)
 
 
 def _load_safetensors(path: Path) -> StateDict:
+    """A safetensors file, naming ``path`` when it is missing or unreadable."""
     try:
         return load_file(str(path))
     except Exception as err:  # SafetensorError, OSError
         raise CheckpointError(f"cannot read {path}: {err} (truncated or not a safetensors file)") from None
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    return (Path(path) / DCP_DIR).is_dir()
 
 
 def list_checkpoints(run_dir: Path) -> Dict[int, Path]:
@@ -165,120 +188,170 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-# ---------------------------------------------------------------- several processes (FSDP2 shards, DCP)
+# ---------------------------------------------------------------- the manager
 
-@dataclass
-class ShardedTrainingObjects:
-    """What a sharded checkpoint saves from, and restores into, in place (every rank holds its own shards).
+class CheckpointedModels(Protocol):
+    """What the manager uses of the model bundle (``ModelBundle``).
 
-    Weights are reached through the model bundle's state-dict callables (``ModelBundle.trainable_state_dict`` /
-    ``load_trainable_state_dict``, ``reference_state`` / ``load_reference_state``), so that keys are those of a
-    one-process checkpoint and LoRA (adapter tensors under peft keys, the anchor an adapter inside the policy) needs
-    nothing special here. The ``*_state`` callables must return tensors that share storage with the model (under FSDP
-    its DTensor shards): DCP loads into them in place.
+    State dicts are keyed as in a one-process checkpoint (with LoRA: adapter tensors under peft keys, the anchor an
+    adapter inside the policy), and their tensors share storage with the model (under FSDP its DTensor shards): DCP
+    loads into them in place. ``reference`` is None without a KL reference."""
+
+    policy: torch.nn.Module
+    reference: Optional[torch.nn.Module]
+
+    def trainable_state_dict(self) -> StateDict: ...
+
+    def load_trainable_state_dict(self, state: StateDict) -> None: ...
+
+    def reference_state(self) -> StateDict: ...
+
+    def load_reference_state(self, state: StateDict) -> None: ...
+
+    def save_extras(self, checkpoint_dir: Path) -> None: ...
+
+
+class CheckpointManager:
+    """Saves and restores everything a run needs to continue exactly (module docstring). Every rank builds one and
+    calls :meth:`save` and :meth:`load` at the same points.
+
+    ``counters``' state dict holds the training state's ``global_step``, ``update_steps`` and ``micro_steps``;
+    ``layout`` is the parallel-layout record a resume checks (``sage_grpo.resume.layout_record``); ``config_yaml``
+    gives the run's resolved configuration when a checkpoint is written (what a resume compares against); ``log``
+    reports what a resume could not restore.
     """
 
-    model: torch.nn.Module  # the policy: the optimizer states are keyed by its parameter names
-    optimizers: Dict[str, torch.optim.Optimizer]  # named torch optimizers (see sage_grpo.optim.optimizer_parts)
-    trainable_state: Callable[[], StateDict]
-    load_trainable_state: Callable[[StateDict], None]
-    anchor_state: Optional[Callable[[], StateDict]] = None  # None: no KL reference
-    load_anchor_state: Optional[Callable[[StateDict], None]] = None
+    def __init__(self, *, models: CheckpointedModels, optimizer, kl_controller: Optional[Stateful],
+                 anchor_schedule: MovingAnchorSchedule, counters: Stateful, dims: ParallelDims, run_dir: Path,
+                 keep_checkpoints: int, layout: dict, config_yaml: Callable[[], str], log: Callable[[str], None]):
+        self.models, self.optimizer = models, optimizer
+        self.optimizer_parts = optimizer_parts(optimizer)  # the torch optimizers by name: one DCP entry each
+        self.kl_controller, self.anchor_schedule, self.counters = kl_controller, anchor_schedule, counters
+        self.dims, self.run_dir, self.keep_checkpoints = dims, Path(run_dir), keep_checkpoints
+        self.layout, self.config_yaml, self.log = layout, config_yaml, log
 
+    # ------------------------------------------------------------------ save
+    def save(self, step: int) -> Path:
+        """Write ``checkpoint-{step}`` atomically, prune old ones (``keep_checkpoints``) and return its path."""
+        import torch.distributed.checkpoint as dcp
 
-def is_sharded_checkpoint(path: Path) -> bool:
-    return (Path(path) / DCP_DIR).is_dir()
-
-
-def _dcp_state(objects: ShardedTrainingObjects, with_anchor: bool) -> dict:
-    """The nested state DCP saves or loads into (a collective: it initialises empty optimizer states)."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    state = {DCP_MODEL: dict(objects.trainable_state()),
-             DCP_OPTIMIZER: {name: get_optimizer_state_dict(objects.model, opt)
-                             for name, opt in objects.optimizers.items()}}
-    if with_anchor:
-        state[DCP_ANCHOR] = dict(objects.anchor_state())
-    return state
-
-
-def gather_rng_states() -> List[dict]:
-    """Every rank's RNG states, in rank order, on every rank (one object all-gather)."""
-    states = [None] * dist.get_world_size()
-    dist.all_gather_object(states, capture_rng_state())
-    return states
-
-
-def gather_to_main(state: StateDict, is_main: bool) -> StateDict:
-    """Full CPU copies of ``state`` on the main rank, one tensor at a time (every rank joins each all-gather)."""
-    from torch.distributed.tensor import DTensor
-
-    gathered = {}
-    for name, tensor in state.items():
-        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        is_main, device = self.dims.is_main, self.dims.device
+        final, tmp = self.run_dir / f"checkpoint-{step}", self.run_dir / f".checkpoint-{step}.tmp"
+        training_state = self.training_state()
         if is_main:
-            gathered[name] = full.detach().to("cpu").contiguous()
-        del full
-    return gathered
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        barrier(device)
+        with_anchor = self.anchor_schedule.last_refreshed_at is not None  # until it moves, the anchor is the base
+        if self.dims.is_distributed:
+            dcp.save(self._dcp_state(with_anchor), checkpoint_id=str(tmp / DCP_DIR))
+        model_state = gather_to_main(self.models.trainable_state_dict(), is_main)
+        if is_main:
+            self._write_main_files(tmp, model_state, training_state, with_anchor)
+        del model_state
+        fault_point("checkpoint", step)
+        barrier(device)
+        if is_main:
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+        barrier(device)
+        if is_main:
+            prune_checkpoints(self.run_dir, self.keep_checkpoints)
+        return final
 
+    def training_state(self) -> dict:
+        """Counters, small stateful objects, layout and RNG states (on several processes a collective: it gathers
+        every rank's RNG states)."""
+        state = {**self.counters.state_dict(),
+                 "kl_controller": self.kl_controller.state_dict() if self.kl_controller is not None else None,
+                 "anchor_schedule": self.anchor_schedule.state_dict(), "layout": self.layout}
+        if self.dims.is_distributed:
+            state.update(rng_per_rank=gather_rng_states(), optimizer_parts=sorted(self.optimizer_parts))
+        else:
+            state["rng"] = capture_rng_state()
+        return state
 
-def save_sharded_checkpoint(run_dir: Path, step: int, objects: ShardedTrainingObjects, *, training_state: dict,
-                            save_anchor: bool, is_main: bool, device: torch.device,
-                            config_yaml: Optional[str] = None) -> Path:
-    """Write ``checkpoint-{step}`` from every rank (a collective) and return its path."""
-    import torch.distributed.checkpoint as dcp
+    def _write_main_files(self, directory: Path, model_state: StateDict, training_state: dict,
+                          with_anchor: bool) -> None:
+        """Rank 0's files; on one process also the optimizer state and the anchor (several: in the DCP shards)."""
+        one_process = not self.dims.is_distributed
+        write_checkpoint_files(directory, model_state=model_state, training_state=training_state,
+                               config_yaml=self.config_yaml(),
+                               optimizer_state=self.optimizer.state_dict() if one_process else None,
+                               anchor_state=self.models.reference_state() if one_process and with_anchor else None)
+        if not is_sharded(self.models.policy):
+            # LoRA: the peft adapter folder lora/. It reads the adapter tensors whole, so FSDP-sharded runs skip it
+            # (export_checkpoint then takes the adapter config from config.yaml).
+            self.models.save_extras(directory)
 
-    final = Path(run_dir) / f"checkpoint-{step}"
-    tmp = Path(run_dir) / f".checkpoint-{step}.tmp"
-    if is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier(device)
-    dcp.save(_dcp_state(objects, save_anchor), checkpoint_id=str(tmp / DCP_DIR))
-    full = gather_to_main(objects.trainable_state(), is_main)
-    if is_main:
-        (tmp / TRANSFORMER_FILE).parent.mkdir()
-        save_file(full, str(tmp / TRANSFORMER_FILE))
-        torch.save(training_state, tmp / TRAINING_STATE_FILE)
-        if config_yaml is not None:
-            (tmp / CONFIG_FILE).write_text(config_yaml)
-    del full
-    fault_point("checkpoint", step)
-    barrier(device)
-    if is_main:
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    barrier(device)
-    return final
+    def _dcp_state(self, with_anchor: bool) -> dict:
+        """The nested state DCP saves or loads into (a collective: it initialises empty optimizer states)."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+        state = {DCP_MODEL: dict(self.models.trainable_state_dict()),
+                 DCP_OPTIMIZER: {name: get_optimizer_state_dict(self.models.policy, optimizer)
+                                 for name, optimizer in self.optimizer_parts.items()}}
+        if with_anchor:
+            state[DCP_ANCHOR] = dict(self.models.reference_state())
+        return state
 
-def load_sharded_checkpoint(path: Path, objects: ShardedTrainingObjects) -> dict:
-    """Restore weights, optimizer states and (when the checkpoint holds one and the run has a KL reference) the
-    moving anchor from ``path``, in place on every rank (a collective), on any number of processes. Returns the
-    training state."""
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    # ------------------------------------------------------------------ load
+    def load(self, path: Path, training_state: dict) -> None:
+        """Restore every object from ``path``, whose training state :func:`~sage_grpo.resume.check_resume` has read
+        and checked. A run without a KL reference ignores a saved anchor."""
+        path = Path(path)
+        has_reference = self.models.reference is not None
+        if is_sharded_checkpoint(path):
+            self._load_dcp(path, training_state, has_reference)
+        else:
+            self._load_files(path, has_reference)
+        self.counters.load_state_dict({key: training_state[key] for key in self.counters.state_dict()})
+        if self.kl_controller is not None and training_state["kl_controller"] is not None:
+            self.kl_controller.load_state_dict(training_state["kl_controller"])
+        if has_reference:  # a run resumed without the KL has no anchor to schedule
+            self.anchor_schedule.load_state_dict(training_state["anchor_schedule"])
+        self._restore_rng(training_state)
 
-    path = Path(path)
-    training = load_plain(path / TRAINING_STATE_FILE, "training state")
-    saved_parts = training.get("optimizer_parts")
-    if saved_parts is not None and sorted(saved_parts) != sorted(objects.optimizers):
-        raise ValueError(f"{path} holds optimizer states {sorted(saved_parts)} but this run builds "
-                         f"{sorted(objects.optimizers)}; resume with the same --use_muon / --use_lora")
-    stored = set(read_dcp_metadata(path / DCP_DIR).state_dict_metadata)
-    with_anchor = objects.anchor_state is not None and any(key.startswith(f"{DCP_ANCHOR}.") for key in stored)
-    state = _dcp_state(objects, with_anchor)
-    expected = [f"{part}.{n}" for part in (DCP_MODEL, DCP_ANCHOR) for n in state.get(part, {})]
-    missing = sorted(k for k in expected if k not in stored)
-    if missing:
-        raise KeyError(f"{path / DCP_DIR} lacks {len(missing)} weights of this model, e.g. {missing[:5]}")
-    # Partial load: optimizer entries of parameters that never had a gradient are absent from the checkpoint and
-    # keep their freshly initialised values; every weight was checked above.
-    dcp_load(state, path / DCP_DIR, allow_partial_load=True)
-    # The weights were loaded in place; the bundle's loaders also check the keys (and mark a LoRA anchor ready).
-    objects.load_trainable_state(state[DCP_MODEL])
-    for name, optimizer in objects.optimizers.items():
-        set_optimizer_state_dict(objects.model, optimizer, state[DCP_OPTIMIZER][name])
-    if with_anchor:
-        objects.load_anchor_state(state[DCP_ANCHOR])
-    return training
+    def _load_files(self, path: Path, has_reference: bool) -> None:
+        """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`)."""
+        self.models.load_trainable_state_dict(_load_safetensors(path / TRANSFORMER_FILE))
+        self.optimizer.load_state_dict(load_plain(path / OPTIMIZER_FILE, "optimizer state"))
+        if has_reference and (path / ANCHOR_FILE).exists():
+            self.models.load_reference_state(_load_safetensors(path / ANCHOR_FILE))
+
+    def _load_dcp(self, path: Path, training_state: dict, has_reference: bool) -> None:
+        """A sharded checkpoint, in place on every rank and resharded to this layout (a collective)."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        saved_parts = training_state.get("optimizer_parts")
+        if saved_parts is not None and sorted(saved_parts) != sorted(self.optimizer_parts):
+            raise ValueError(f"{path} holds optimizer states {sorted(saved_parts)} but this run builds "
+                             f"{sorted(self.optimizer_parts)}; resume with the same --use_muon / --use_lora")
+        stored = set(read_dcp_metadata(path / DCP_DIR).state_dict_metadata)
+        with_anchor = has_reference and any(key.startswith(f"{DCP_ANCHOR}.") for key in stored)
+        state = self._dcp_state(with_anchor)
+        expected = [f"{part}.{n}" for part in (DCP_MODEL, DCP_ANCHOR) for n in state.get(part, {})]
+        missing = sorted(k for k in expected if k not in stored)
+        if missing:
+            raise KeyError(f"{path / DCP_DIR} lacks {len(missing)} weights of this model, e.g. {missing[:5]}")
+        # Partial load: optimizer entries of parameters that never had a gradient are absent from the checkpoint and
+        # keep their freshly initialised values; every weight was checked above.
+        dcp_load(state, path / DCP_DIR, allow_partial_load=True)
+        # The weights were loaded in place; the bundle's loaders also check the keys (and mark a LoRA anchor ready).
+        self.models.load_trainable_state_dict(state[DCP_MODEL])
+        for name, optimizer in self.optimizer_parts.items():
+            set_optimizer_state_dict(self.models.policy, optimizer, state[DCP_OPTIMIZER][name])
+        if with_anchor:
+            self.models.load_reference_state(state[DCP_ANCHOR])
+
+    def _restore_rng(self, training_state: dict) -> None:
+        """This rank's global RNG states. After a change of world size the ranks keep their fresh ``seed + dp_rank``
+        seeding (the trainer's own randomness comes from explicitly seeded generators and does not depend on it)."""
+        if "rng" in training_state:
+            restore_rng_state(training_state["rng"])
+        elif len(training_state["rng_per_rank"]) == self.dims.world_size:
+            restore_rng_state(training_state["rng_per_rank"][self.dims.rank])
+        else:
+            self.log(f"note: the checkpoint was written by {len(training_state['rng_per_rank'])} processes; global "
+                     "RNG states are not restored")

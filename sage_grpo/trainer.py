@@ -19,6 +19,10 @@ Randomness is derived from (seed, step, sample) so that resuming needs only the 
 sample uses its CSV-derived seed (reference), its SDE noise a generator seeded from (seed, global step, the sample's
 index in the step's global batch), and the shuffles a generator seeded from (seed, dp rank, global step).
 
+Checkpoints: a :class:`~sage_grpo.checkpoint.CheckpointManager`, built once with what the trainer owns (the model
+bundle, the optimizer, the KL controller, the anchor schedule, and the trainer itself for its counters through
+``state_dict``/``load_state_dict``), saves and restores all of it; the loop only says when.
+
 Several processes (``torchrun``; reference_spec §3). ``world = dp x sp`` with contiguous SP groups
 (``ParallelDims``); the layout rules are checked before any model loads. The policy and the reference get Ulysses SP
 and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; the optimizer is built afterwards.
@@ -37,9 +41,9 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
 * KL controller: fed the world-mean KL of each inner iteration, so every rank has the same beta (the reference keeps
   unsynchronized per-rank controllers, spec §10.12) and rank 0's checkpoint describes every rank.
 * Files: the run directory, console, metrics, TensorBoard and validation videos are written by rank 0; rollout media
-  by each SP leader (names carry the dp rank and the global rank); checkpoints by every rank together (sharded,
-  ``checkpoint.py``). Every collective, the end-of-training checkpoint included, is entered by every rank (the
-  reference's rank-0-only final save deadlocks, spec §10.5).
+  by each SP leader (names carry the dp rank and the global rank); checkpoints by every rank together (DCP shards,
+  ``CheckpointManager.save``). Every collective, the end-of-training checkpoint included, is entered by every rank
+  (the reference's rank-0-only final save deadlocks, spec §10.5).
 * Seeds: the models are built under ``--seed`` on every rank (identical replicas, e.g. a random LoRA init), then the
   global RNGs are seeded ``seed + dp_rank`` as in the reference.
 """
@@ -47,6 +51,7 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
 import json
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -55,9 +60,7 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl
-from sage_grpo.checkpoint import (ShardedTrainingObjects, capture_rng_state, gather_rng_states, load_checkpoint,
-                                  load_sharded_checkpoint, prune_checkpoints, restore_rng_state, save_checkpoint,
-                                  save_sharded_checkpoint, seed_everything)
+from sage_grpo.checkpoint import CheckpointManager, seed_everything
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
 from sage_grpo.config.schema import config_to_yaml
 from sage_grpo.config.validation import (ConfigError, group_layout, rollout_size, validation_flow_shift,
@@ -65,14 +68,13 @@ from sage_grpo.config.validation import (ConfigError, group_layout, rollout_size
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
                                    mean_over_world, mean_tensor_over_world)
-from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, is_sharded,
-                                               parallelize_models)
+from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, parallelize_models
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_group_rewards, gather_step_rewards,
                                                 run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
 from sage_grpo.models.geometry import read_model_geometry
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
-from sage_grpo.optim import LRSchedule, build_optimizer, optimizer_parts
+from sage_grpo.optim import LRSchedule, build_optimizer
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
 from sage_grpo.rewards import parse_reward_weights
@@ -174,6 +176,12 @@ class GRPOTrainer:
         # Models and reward are loaded: only now does the run directory change.
         self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval)
+        self.checkpoints = CheckpointManager(
+            models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
+            anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
+            keep_checkpoints=cfg.keep_checkpoints,
+            layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
+            config_yaml=partial(config_to_yaml, cfg), log=self.logger.info)
         for note in self.notes:
             self.logger.info(f"note: {note}")
         if self.dims.is_distributed:
@@ -488,85 +496,27 @@ class GRPOTrainer:
         self.logger.info(f"validation videos written to {out_dir}")
 
     # ------------------------------------------------------------------ checkpoints
-    def training_state(self) -> dict:
-        """Counters and small stateful objects (a collective on several processes: it gathers every rank's RNG)."""
-        state = {
-            "global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
-            "kl_controller": self.kl_controller.state_dict() if self.kl_controller is not None else None,
-            "anchor_schedule": self.anchor.state_dict(),
-            "layout": layout_record(self.cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
-        }
-        if self.dims.is_distributed:
-            state.update(rng_per_rank=gather_rng_states(), optimizer_parts=sorted(optimizer_parts(self.optimizer)))
-        else:
-            state["rng"] = capture_rng_state()
-        return state
+    def state_dict(self) -> dict:
+        """The counters, as the training state holds them (saved and restored by the checkpoint manager)."""
+        return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps}
 
-    def _sharded_objects(self) -> ShardedTrainingObjects:
-        models, has_reference = self.models, self.models.reference is not None
-        return ShardedTrainingObjects(models.policy, optimizer_parts(self.optimizer), models.trainable_state_dict,
-                                      models.load_trainable_state_dict,
-                                      models.reference_state if has_reference else None,
-                                      models.load_reference_state if has_reference else None)
+    def load_state_dict(self, state: dict) -> None:
+        self.global_step, self.update_steps = state["global_step"], state["update_steps"]
+        self.micro_steps = state["micro_steps"]
 
     def save(self) -> Path:
-        """Write ``checkpoint-{global_step}``: called by every rank (one process: the single-file format)."""
-        config_yaml = config_to_yaml(self.cfg) if self.is_main else None  # what resume compares against
-        if self.dims.is_distributed:
-            path = save_sharded_checkpoint(self.run_dir, self.global_step, self._sharded_objects(),
-                                           training_state=self.training_state(),
-                                           save_anchor=self.anchor.last_refreshed_at is not None,
-                                           is_main=self.is_main, device=self.device, config_yaml=config_yaml)
-        else:
-            anchor_state = self.models.reference_state() if self.anchor.last_refreshed_at is not None else None
-            path = save_checkpoint(self.run_dir, self.global_step, model_state=self.models.trainable_state_dict(),
-                                   optimizer_state=self.optimizer.state_dict(), training_state=self.training_state(),
-                                   anchor_state=anchor_state, config_yaml=config_yaml)
-        if self.is_main and not is_sharded(self.models.policy):
-            # LoRA: the peft adapter folder lora/. It reads the adapter tensors whole, so FSDP-sharded runs skip it
-            # (export_checkpoint then takes the adapter config from config.yaml).
-            self.models.save_extras(path)
-        if self.is_main:
-            prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
+        """Write ``checkpoint-{global_step}``: called by every rank."""
+        path = self.checkpoints.save(self.global_step)
         self.logger.info(f"checkpoint saved to {path}")
         return path
 
     def resume(self, path: Path) -> None:
         """Restore from the checkpoint :func:`~sage_grpo.resume.check_resume` accepted: a sharded one on any number
         of processes, a one-process one on one process."""
-        training = self.resume_check.training_state
-        if self.resume_check.sharded:
-            load_sharded_checkpoint(path, self._sharded_objects())
-        else:
-            self._load_single_process_checkpoint(path)
-        self.global_step, self.update_steps = training["global_step"], training["update_steps"]
-        self.micro_steps = training["micro_steps"]
-        if self.kl_controller is not None and training["kl_controller"] is not None:
-            self.kl_controller.load_state_dict(training["kl_controller"])
-        if self.models.reference is not None:  # a run resumed without the KL has no anchor to schedule
-            self.anchor.load_state_dict(training["anchor_schedule"])
-        self._restore_rng(training)
+        self.checkpoints.load(path, self.resume_check.training_state)
         if self.is_main:
             truncate_metrics(self.run_dir, self.global_step)
         self.logger.info(f"resumed from {path} at step {self.global_step} (update {self.update_steps})")
-
-    def _load_single_process_checkpoint(self, path: Path) -> None:
-        state = load_checkpoint(path)
-        self.models.load_trainable_state_dict(state["model_state"])
-        self.optimizer.load_state_dict(state["optimizer_state"])
-        if state["anchor_state"] is not None and self.models.reference is not None:
-            self.models.load_reference_state(state["anchor_state"])
-
-    def _restore_rng(self, training: dict) -> None:
-        """This rank's RNG states; after a change of world size the ranks keep their fresh ``seed + dp_rank`` seeding
-        (the trainer's own randomness comes from explicitly seeded generators and does not depend on it)."""
-        if "rng" in training:
-            restore_rng_state(training["rng"])
-        elif len(training["rng_per_rank"]) == self.dims.world_size:
-            restore_rng_state(training["rng_per_rank"][self.dims.rank])
-        else:
-            self.logger.info(f"note: the checkpoint was written by {len(training['rng_per_rank'])} processes; global "
-                             "RNG states are not restored")
 
 
 def run_training(cfg: TrainConfig) -> GRPOTrainer:

@@ -134,11 +134,12 @@ def test_lora_checkpoint_holds_adapter_weights_and_a_peft_folder(runs, tiny_root
 
 
 def test_trainer_checkpoint_has_the_peft_adapter_folder(runs):
-    """checkpoint-N/lora/ is written by ModelBundle.save_extras, which GRPOTrainer.save calls after saving."""
+    """checkpoint-N/lora/ is written by ModelBundle.save_extras, which CheckpointManager.save calls before the
+    checkpoint is renamed into place."""
     checkpoint = runs / "lora" / "checkpoint-2"
     state = load_file(str(checkpoint / "transformer" / "model.safetensors"))
     folder = checkpoint / "lora"
-    assert lora.is_adapter_folder(folder), "GRPOTrainer.save must call self.models.save_extras(path)"
+    assert lora.is_adapter_folder(folder), "CheckpointManager.save must call models.save_extras"
     config = json.loads((folder / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8, "LORA")
     adapter = load_file(str(folder / "adapter_model.safetensors"))

@@ -5,12 +5,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sage_grpo.checkpoint import (capture_rng_state, list_checkpoints, load_checkpoint, prune_checkpoints,
-                                  resolve_resume_path, restore_rng_state, save_checkpoint)
+from sage_grpo.checkpoint import (CheckpointManager, capture_rng_state, list_checkpoints, resolve_resume_path,
+                                  restore_rng_state, write_checkpoint_files)
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.data import GroupedPromptSampler, read_prompt_csvs, sample_seeds
+from sage_grpo.distributed import ParallelDims
 from sage_grpo.optim import LRSchedule, MuonWithAdamW, build_optimizer
+from sage_grpo.rl import AdaptiveKLController, MovingAnchorSchedule
+from sage_grpo.safe_io import UnsafeFileError, load_plain
 from sage_grpo.tracking import MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics, tensorboard_tag
 from sage_grpo.trainer import GRPOTrainer
 
@@ -139,7 +142,7 @@ def test_overwrite_starts_over_in_place(tmp_path):
     run = prepare_run_dir(str(tmp_path / "run"), resuming=False, overwrite=False)
     (run / "run_config.yaml").write_text("x: 1\n")
     MetricsLogger(run).log_step(1, {"loss": 1.0})
-    save_checkpoint(run, 1, model_state={"w": torch.ones(1)}, optimizer_state={}, training_state={})
+    write_checkpoint_files(run / "checkpoint-1", model_state={"w": torch.ones(1)}, training_state={})
     (run / "notes.txt").write_text("mine")
     prepare_run_dir(str(run), resuming=False, overwrite=True)
     assert read_metrics(run) == [] and not list_checkpoints(run) and not (run / "tb").exists()
@@ -161,19 +164,121 @@ def test_rollout_media_retention(tmp_path):
     assert sorted(p.name for p in (tmp_path / "rl_samples").iterdir()) == ["0000003", "0000004"]
 
 
-def test_checkpoint_roundtrip_atomic_and_latest(tmp_path):
-    weights = {"w": torch.arange(6.0).reshape(2, 3)}
-    for step in (2, 4):
-        save_checkpoint(tmp_path, step, model_state=weights, optimizer_state={"s": step},
-                        training_state={"global_step": step}, anchor_state={"w": torch.ones(1)})
+class StandInModels:
+    """What CheckpointManager uses of the model bundle: a (2, 3) linear policy, a frozen copy as the KL reference."""
+
+    def __init__(self, seed: int, with_reference: bool = True):
+        torch.manual_seed(seed)
+        self.policy = torch.nn.Linear(3, 2)
+        self.reference = torch.nn.Linear(3, 2).requires_grad_(False) if with_reference else None
+        self.extras_written_into = []
+
+    def trainable_state_dict(self):
+        return {n: p.detach() for n, p in self.policy.named_parameters()}
+
+    @torch.no_grad()
+    def load_trainable_state_dict(self, state):
+        for name, param in self.policy.named_parameters():
+            param.copy_(state[name])
+
+    def reference_state(self):
+        return self.reference.state_dict()
+
+    def load_reference_state(self, state):
+        self.reference.load_state_dict(state, strict=True)
+
+    def save_extras(self, checkpoint_dir):
+        self.extras_written_into.append(checkpoint_dir.name)
+
+
+class Counters:
+    def __init__(self):
+        self.global_step = self.update_steps = self.micro_steps = 0
+
+    def state_dict(self):
+        return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps}
+
+    def load_state_dict(self, state):
+        self.global_step, self.update_steps, self.micro_steps = (state["global_step"], state["update_steps"],
+                                                                 state["micro_steps"])
+
+
+def _manager(run_dir, models, keep_checkpoints=0):
+    """A one-process manager over ``models``, AdamW, a KL controller and a moving anchor (both only with a
+    reference, as the trainer builds them); ``manager.notes`` collects what it logs."""
+    notes = []
+    manager = CheckpointManager(
+        models=models, optimizer=torch.optim.AdamW(models.policy.parameters(), lr=0.1),
+        kl_controller=AdaptiveKLController.from_flags(0.1, 0.01, 0.001) if models.reference is not None else None,
+        anchor_schedule=MovingAnchorSchedule(models.reference is not None, 2), counters=Counters(),
+        dims=ParallelDims(world_size=1), run_dir=run_dir, keep_checkpoints=keep_checkpoints,
+        layout={"world_size": 1, "dp_size": 1, "sp_size": 1, "videos_per_step": 2}, config_yaml=lambda: "seed: 1\n",
+        log=notes.append)
+    manager.notes = notes
+    return manager
+
+
+def _train_to(manager, update):
+    """One AdamW step and the counters, KL controller and anchor as a run at ``update`` has them."""
+    manager.models.policy(torch.ones(1, 3)).sum().backward()
+    manager.optimizer.step()
+    manager.optimizer.zero_grad()
+    manager.counters.global_step = manager.counters.update_steps = manager.counters.micro_steps = update
+    manager.kl_controller.update(0.5)
+    manager.models.reference.load_state_dict(manager.models.policy.state_dict())
+    manager.anchor_schedule.mark_refreshed(update)
+
+
+def test_checkpoint_manager_roundtrip_atomic_and_latest(tmp_path):
+    saved = _manager(tmp_path, StandInModels(seed=0), keep_checkpoints=1)
+    for update in (2, 4):
+        _train_to(saved, update)
+        saved.save(update)
+    assert saved.models.extras_written_into == [".checkpoint-2.tmp", ".checkpoint-4.tmp"]  # inside the atomic write
     (tmp_path / ".checkpoint-6.tmp").mkdir()   # an interrupted save is never picked up
-    assert list(list_checkpoints(tmp_path)) == [2, 4]
+    assert list(list_checkpoints(tmp_path)) == [4]  # keep_checkpoints 1 pruned checkpoint-2
     latest = resolve_resume_path("latest", tmp_path)
-    loaded = load_checkpoint(latest)
-    assert torch.equal(loaded["model_state"]["w"], weights["w"])
-    assert loaded["training_state"]["global_step"] == 4 and loaded["optimizer_state"] == {"s": 4}
-    prune_checkpoints(tmp_path, keep=1)
-    assert list(list_checkpoints(tmp_path)) == [4]
+    assert sorted(p.name for p in latest.iterdir()) == ["anchor", "config.yaml", "optimizer.pt", "training_state.pt",
+                                                        "transformer"]
+    training = load_plain(latest / "training_state.pt", "training state")
+    assert list(training) == ["global_step", "update_steps", "micro_steps", "kl_controller", "anchor_schedule",
+                              "layout", "rng"]
+    next_draw = torch.rand(3)  # the global RNG continues from the state saved in checkpoint-4
+
+    loaded = _manager(tmp_path, StandInModels(seed=1))
+    loaded.load(latest, training)
+    for name, value in saved.models.policy.state_dict().items():
+        assert torch.equal(loaded.models.policy.state_dict()[name], value), name
+        assert torch.equal(loaded.models.reference.state_dict()[name], value), name
+    assert torch.equal(loaded.optimizer.state_dict()["state"][0]["exp_avg"],
+                       saved.optimizer.state_dict()["state"][0]["exp_avg"])
+    assert loaded.counters.state_dict() == {"global_step": 4, "update_steps": 4, "micro_steps": 4}
+    assert loaded.kl_controller.state_dict() == saved.kl_controller.state_dict()
+    assert loaded.anchor_schedule.last_refreshed_at == 4
+    assert torch.equal(torch.rand(3), next_draw) and loaded.notes == []
+
+
+def test_checkpoint_manager_resume_edge_cases(tmp_path):
+    saved = _manager(tmp_path, StandInModels(seed=0))
+    _train_to(saved, 2)
+    path = saved.save(2)
+    training = load_plain(path / "training_state.pt", "training state")
+
+    # a run without a KL reference ignores the saved anchor and its schedule
+    no_kl = _manager(tmp_path, StandInModels(seed=1, with_reference=False))
+    no_kl.load(path, training)
+    assert no_kl.counters.update_steps == 2 and no_kl.anchor_schedule.last_refreshed_at is None
+
+    # written by another number of processes: the global RNG states are left as they are, with a note
+    rng_elsewhere = {k: v for k, v in training.items() if k != "rng"}
+    rng_elsewhere["rng_per_rank"] = [training["rng"], training["rng"]]
+    other_world = _manager(tmp_path, StandInModels(seed=1))
+    other_world.load(path, rng_elsewhere)
+    assert other_world.notes == ["note: the checkpoint was written by 2 processes; global RNG states are not restored"]
+
+    torch.save({"payload": SimpleNamespace()}, path / "optimizer.pt")  # not plain data
+    with pytest.raises(UnsafeFileError, match="optimizer.pt"):
+        _manager(tmp_path, StandInModels(seed=1)).load(path, training)
 
 
 def test_rng_state_roundtrip():

@@ -13,7 +13,7 @@ import yaml
 from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
-from sage_grpo.checkpoint import load_checkpoint, save_checkpoint
+from sage_grpo.checkpoint import write_checkpoint_files
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, to_dict
 from sage_grpo.config.schema import from_dict
 from sage_grpo.data import read_prompt_csvs
@@ -46,31 +46,35 @@ def marker(tmp_path):
 def _checkpoint(root: Path, step: int = 2, **training) -> Path:
     state = {"global_step": step, "update_steps": step, "micro_steps": step, "kl_controller": None,
              "anchor_schedule": {"last_refreshed_at": None}, **training}
-    return save_checkpoint(root, step, model_state={"w": torch.ones(2)}, optimizer_state={"state": {}},
+    path = root / f"checkpoint-{step}"
+    write_checkpoint_files(path, model_state={"w": torch.ones(2)}, optimizer_state={"state": {}},
                            training_state=state)
+    return path
 
 
 @pytest.mark.parametrize("part", ["training_state.pt", "optimizer.pt"])
 def test_crafted_pickles_in_a_checkpoint_are_refused(tmp_path, marker, part):
+    """Both are read with load_plain: training_state.pt by check_resume, optimizer.pt by CheckpointManager.load
+    (test_trainer_parts: the manager refuses a crafted optimizer.pt)."""
     path = _checkpoint(tmp_path)
     torch.save({"payload": RunsCode(marker)}, path / part)
     with pytest.raises(UnsafeFileError, match=f"refusing to load .*{part}.*posix.system|refusing to load .*{part}"):
-        load_checkpoint(path)
+        load_plain(path / part, part)
 
 
 def test_plain_checkpoint_parts_load(tmp_path):
     import numpy as np
 
     path = _checkpoint(tmp_path, rng={"numpy": np.random.get_state()})  # earlier versions stored a NumPy array
-    state = load_checkpoint(path)
-    assert state["training_state"]["global_step"] == 2 and torch.equal(state["model_state"]["w"], torch.ones(2))
+    assert load_plain(path / "training_state.pt", "training state")["global_step"] == 2
+    assert load_plain(path / "optimizer.pt", "optimizer state") == {"state": {}}
 
 
 def test_truncated_and_missing_parts_are_named(tmp_path):
     path = _checkpoint(tmp_path)
     (path / "training_state.pt").write_bytes((path / "training_state.pt").read_bytes()[:40])
     with pytest.raises(CheckpointError, match="training_state.pt"):
-        load_checkpoint(path)
+        load_plain(path / "training_state.pt", "training state")
     (path / "optimizer.pt").unlink()
     with pytest.raises(CheckpointError, match="optimizer.pt is missing"):
         load_plain(path / "optimizer.pt", "optimizer state")
@@ -233,9 +237,11 @@ def _resume_checkpoint(tmp_path, cfg_args, *, anchor: bool, anchor_moved: bool) 
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
              "anchor_schedule": {"last_refreshed_at": 2 if anchor_moved else None},
              "layout": {"world_size": 1, "dp_size": 1, "sp_size": 1, "videos_per_step": cfg.batch_size}}
-    return save_checkpoint(tmp_path / "run", 2, model_state={"w": torch.ones(2)}, optimizer_state={"state": {}},
+    path = tmp_path / "run" / "checkpoint-2"
+    write_checkpoint_files(path, model_state={"w": torch.ones(2)}, optimizer_state={"state": {}},
                            training_state=state, anchor_state={"w": torch.ones(2)} if anchor else None,
                            config_yaml=yaml.safe_dump(to_dict(cfg)))
+    return path
 
 
 def test_resume_refusals(tiny_root, tmp_path, no_models):
