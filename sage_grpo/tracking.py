@@ -12,7 +12,6 @@ Run directory (``--output_dir``)::
 """
 
 import json
-import math
 import shutil
 import statistics
 import time
@@ -67,11 +66,22 @@ def tensorboard_tag(name: str) -> str:
     return f"Train/{name}"
 
 
-def format_value(value: float) -> str:
-    """8 decimals, or scientific notation below 1e-6 (as the reference's console line)."""
-    if isinstance(value, float) and value != 0.0 and math.isfinite(value) and abs(value) < 1e-6:
-        return f"{value:.3e}"
-    return f"{value:.8f}" if isinstance(value, float) else str(value)
+def console_line(step: int, metrics: Dict[str, float]) -> str:
+    """The few numbers a person watches: step, GRPO reward mean ± std, KL, β, loss, seconds per step (each only when
+    logged). Every metric goes to ``metrics.jsonl`` and TensorBoard."""
+    parts = [f"step {step}"]
+    if "gathered_avg_reward_mean" in metrics:
+        spread = metrics.get("gathered_avg_reward_std", 0.0)
+        parts.append(f"reward {metrics['gathered_avg_reward_mean']:.4f} ± {spread:.4f}")
+    for key, label in (("kl_loss", "kl"), ("KL_weight", "β"), ("total_loss", "loss")):
+        if key in metrics:
+            parts.append(f"{label} {metrics[key]:.3g}")
+    if "failed_reward_count" in metrics and metrics["failed_reward_count"] > 0:
+        parts.append(f"failed rewards {metrics['failed_reward_count']:.0f}")
+    seconds = sum(metrics.get(key, 0.0) for key in PHASE_TIMES)
+    if seconds > 0:
+        parts.append(f"{seconds:.1f} s/step")
+    return " | ".join(parts)
 
 
 class MetricsLogger:
@@ -110,8 +120,7 @@ class MetricsLogger:
             self._writer.add_scalar(tag, value, step)
         self._writer.flush()
         if console if console is not None else step % self.log_interval == 0:
-            shown = ", ".join(f"{k}={format_value(v)}" for k, v in clean.items())
-            self.info(f"step {step}: {shown}")
+            self.info(console_line(step, clean))
 
     def close(self) -> None:
         if self._writer is not None:

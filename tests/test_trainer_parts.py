@@ -151,10 +151,15 @@ def test_overwrite_starts_over_in_place(tmp_path):
 
 def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path):
     logger = MetricsLogger(tmp_path)
-    logger.log_step(1, {"loss": 0.5, "avg_reward_mean": 1.25})
+    metrics = {"gathered_avg_reward_mean": 0.6708, "gathered_avg_reward_std": 0.0027, "kl_loss": 1.07e-4,
+               "KL_weight": 5.0e-5, "total_loss": -8.5e-5, "rollout_time": 1.5, "grpo_loop_time": 4.25,
+               "failed_reward_count": 0.0, "clipfrac": 0.0}
+    logger.log_step(3, metrics)
     logger.close()
-    assert read_metrics(tmp_path) == [{"step": 1, "loss": 0.5, "avg_reward_mean": 1.25}]
-    assert any((tmp_path / "tb").iterdir()) and "loss=0.50000000" in (tmp_path / "train.log").read_text()
+    assert read_metrics(tmp_path) == [{"step": 3, **metrics}]  # every metric, in the file and in TensorBoard
+    assert any((tmp_path / "tb").iterdir())
+    line = (tmp_path / "train.log").read_text().strip().split("] ", 1)[1]
+    assert line == "step 3 | reward 0.6708 ± 0.0027 | kl 0.000107 | β 5e-05 | loss -8.5e-05 | 5.8 s/step"
 
 
 def test_rollout_media_retention(tmp_path):
