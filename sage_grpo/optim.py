@@ -22,7 +22,7 @@ Schedule: ``constant`` (the reference's; it ignores ``--warmup_steps``) or ``con
 from 0 over ``--warmup_steps`` optimizer updates, then constant).
 """
 
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -100,18 +100,37 @@ def build_optimizer(named_params: Iterable[Tuple[str, torch.nn.Parameter]], *, u
                              weight_decay=weight_decay)
 
 
-class LRSchedule:
-    """Learning rate as a pure function of the number of optimizer updates done so far."""
+LR_SCHEDULES = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial")
+DECAYING_SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial")  # depend on the run's length
 
-    def __init__(self, kind: str, base_lr: float, warmup_steps: int = 0):
-        if kind not in ("constant", "constant_with_warmup"):
-            raise ValueError(f"unknown lr schedule {kind!r}; use constant or constant_with_warmup")
+
+class LRSchedule:
+    """The learning rate of optimizer update ``n`` (0-based): ``base_lr`` times the multiplier that diffusers'
+    ``get_scheduler(kind, ...)`` gives at ``n``, i.e. what a ``LambdaLR`` stepped once after every update sets (so
+    ``constant_with_warmup`` trains its first update at lr 0, as in diffusers' and transformers' scripts).
+
+    A pure function of the number of updates done, applied to every parameter group of every sub-optimizer (Muon
+    and AdamW: one schedule each, the same shape): a resume restores it exactly from the update count alone.
+    ``total_updates`` (the run's optimizer updates) is needed by the decaying schedules, ``num_cycles`` by
+    ``cosine_with_restarts``, ``power`` by ``polynomial`` (which decays to diffusers' ``lr_end`` 1e-7).
+    """
+
+    def __init__(self, kind: str, base_lr: float, warmup_steps: int = 0, total_updates: Optional[int] = None,
+                 num_cycles: int = 1, power: float = 1.0):
+        from diffusers.optimization import get_scheduler
+
+        if kind not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr schedule {kind!r}; use one of {', '.join(LR_SCHEDULES)}")
+        if kind in DECAYING_SCHEDULES and not total_updates:
+            raise ValueError(f"lr schedule {kind!r} needs the run's number of optimizer updates")
+        probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base_lr)  # only for its lambda
+        scheduler = get_scheduler(kind, probe, num_warmup_steps=warmup_steps, num_training_steps=total_updates,
+                                  num_cycles=num_cycles, power=power)
         self.kind, self.base_lr, self.warmup_steps = kind, base_lr, warmup_steps
+        self._multiplier = scheduler.lr_lambdas[0]
 
     def lr_at(self, update_steps: int) -> float:
-        if self.kind == "constant_with_warmup" and self.warmup_steps > 0:
-            return self.base_lr * min(1.0, (update_steps + 1) / self.warmup_steps)
-        return self.base_lr
+        return self.base_lr * self._multiplier(update_steps)
 
     def apply(self, optimizer, update_steps: int) -> float:
         lr = self.lr_at(update_steps)

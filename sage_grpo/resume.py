@@ -29,7 +29,8 @@ RUN_DEFINING: Tuple[str, ...] = (
     # model and precision
     "pretrained_transformer_version", "dtype", "master_weight_type",
     # optimizer and schedule
-    "use_muon", "learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "gradient_accumulation_steps",
+    "use_muon", "learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "lr_num_cycles", "lr_power",
+    "gradient_accumulation_steps",
     "max_grad_norm",
     # data and groups (the videos per step, batch_size x dp, are compared through the checkpoint's layout record)
     "num_generations", "seed", "use_same_noise",
@@ -76,9 +77,13 @@ def check_safetensors(path: Path, what: str) -> None:
 
 
 def config_differences(saved: Dict[str, Any], cfg: TrainConfig) -> Dict[str, Tuple[Any, Any]]:
-    """The run-defining settings whose values differ between a checkpoint's config and ``cfg``."""
+    """The run-defining settings whose values differ between a checkpoint's config and ``cfg`` (``max_steps`` too
+    under a learning-rate schedule that decays over the run's length)."""
+    from sage_grpo.optim import DECAYING_SCHEDULES
+
     now = to_dict(cfg)
-    return {key: (saved.get(key), now[key]) for key in RUN_DEFINING if key in saved and saved[key] != now[key]}
+    keys = RUN_DEFINING + (("max_steps",) if cfg.lr_scheduler in DECAYING_SCHEDULES else ())
+    return {key: (saved.get(key), now[key]) for key in keys if key in saved and saved[key] != now[key]}
 
 
 def _read_saved_config(path: Path) -> Optional[Dict[str, Any]]:

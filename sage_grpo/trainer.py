@@ -161,7 +161,9 @@ class GRPOTrainer:
         self.reward_fn = build_reward(cfg, self.reward_weights, self.device) if self.dims.is_sp_leader else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps)
+        self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps,
+                                      total_updates=cfg.max_steps // cfg.gradient_accumulation_steps,
+                                      num_cycles=cfg.lr_num_cycles, power=cfg.lr_power)
         self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef)
                               if self.kl_mode.uses_reference else None)
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)

@@ -120,7 +120,28 @@ def test_adamw_when_muon_is_off():
 def test_lr_schedules():
     assert [LRSchedule("constant", 1e-5, 500).lr_at(s) for s in (0, 10)] == [1e-5, 1e-5]  # warm-up ignored
     warm = LRSchedule("constant_with_warmup", 1e-4, 4)
-    assert [warm.lr_at(s) for s in range(5)] == pytest.approx([2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4])
+    assert [warm.lr_at(s) for s in range(5)] == pytest.approx([0.0, 2.5e-5, 5e-5, 7.5e-5, 1e-4])  # diffusers' rule
+    linear = LRSchedule("linear", 1e-4, 2, total_updates=6)
+    assert [linear.lr_at(s) for s in range(7)] == pytest.approx([0.0, 5e-5, 1e-4, 7.5e-5, 5e-5, 2.5e-5, 0.0])
+
+
+@pytest.mark.parametrize("kind", ["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts",
+                                  "polynomial"])
+def test_lr_schedule_is_diffusers_get_scheduler_on_each_sub_optimizer(kind):
+    """Stepping diffusers' LambdaLR once per update on each of Muon's and AdamW's optimizers sets the learning rate
+    that LRSchedule computes from the update count alone (what makes a resume exact without scheduler state)."""
+    from diffusers.optimization import get_scheduler
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    optimizer = build_optimizer(model.named_parameters(), use_muon=True, lr=3e-4, weight_decay=0.0)
+    settings = dict(num_warmup_steps=3, num_training_steps=12, num_cycles=2, power=2.0)
+    schedulers = {name: get_scheduler(kind, opt, **settings) for name, opt in optimizer.optimizers.items()}
+    ours = LRSchedule(kind, 3e-4, 3, total_updates=12, num_cycles=2, power=2.0)
+    for update in range(12):
+        for name, opt in optimizer.optimizers.items():
+            assert all(group["lr"] == ours.lr_at(update) for group in opt.param_groups), (name, update)
+            opt.step()
+            schedulers[name].step()
 
 
 def test_tensorboard_tag_routing():

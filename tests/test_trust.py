@@ -330,3 +330,12 @@ def test_a_reward_failing_on_every_sample_is_counted_then_stops_the_run(tiny_roo
     rows = read_metrics(trainer.run_dir)
     assert [r["failed_reward_count"] for r in rows] == [2.0, 2.0]
     assert all(r["ratio_mean"] == 1.0 for r in rows)  # advantages 0: nothing to learn, no crash
+
+
+def test_max_steps_defines_the_run_only_under_a_decaying_lr_schedule():
+    from sage_grpo.resume import config_differences
+
+    for schedule, defines in (("constant", False), ("constant_with_warmup", False), ("cosine", True)):
+        saved = to_dict(TrainConfig(lr_scheduler=schedule, max_steps=100))
+        differences = config_differences(saved, TrainConfig(lr_scheduler=schedule, max_steps=200))
+        assert differences == ({"max_steps": (100, 200)} if defines else {}), schedule

@@ -36,8 +36,8 @@ class TrainConfig:
     weight_decay: float = config_field(0.01, "Decoupled weight decay (Muon and AdamW)")
     max_steps: int = config_field(10000, "Outer steps (rollout batches); one optimizer update each by default")
     warmup_steps: int = config_field(
-        500, "Linear warm-up steps, used only with --lr_scheduler constant_with_warmup (the reference's constant "
-        "schedule ignores it)")
+        500, "Linear warm-up updates of every --lr_scheduler but constant (the reference's constant schedule ignores "
+        "it)")
     gradient_accumulation_steps: int = config_field(
         1, "Rollout batches per optimizer update (the reference multiplies by steps x batch size internally)")
     max_grad_norm: float = config_field(1.0, "Gradient-norm clip at each update")
@@ -138,8 +138,12 @@ class TrainConfig:
     video_fps: int = config_field(24, "Frame rate of saved videos and of reward frame sampling")
     validation_num_inference_steps: int = config_field(40, "Validation denoising steps")
     lr_scheduler: str = config_field(
-        "constant", "Learning-rate schedule (constant as the reference; constant_with_warmup uses --warmup_steps)",
-        choices=("constant", "constant_with_warmup"))
+        "constant", "Learning-rate schedule, diffusers' get_scheduler (constant as the reference; the others use "
+        "--warmup_steps; linear, cosine, cosine_with_restarts and polynomial decay over the run's optimizer updates, "
+        "max_steps / gradient_accumulation_steps)",
+        choices=("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"))
+    lr_num_cycles: int = config_field(1, "Cycles of --lr_scheduler cosine_with_restarts")
+    lr_power: float = config_field(1.0, "Power of --lr_scheduler polynomial")
     text_max_length: Optional[int] = config_field(
         None, "Override of the MLLM text token length (default: the pipeline's 1000; tiny models use short lengths)")
     byt5_max_length: int = config_field(256, "byT5 glyph-stream token length")

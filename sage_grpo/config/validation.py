@@ -135,6 +135,13 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
                  "max_failed_reward_steps", "validation_interval"):
         if getattr(cfg, name) < 0:
             _fail(f"{name}-nonnegative", f"--{name} {getattr(cfg, name)} must be >= 0", "see --help for the default")
+    if cfg.lr_num_cycles < 1 or cfg.lr_power <= 0:
+        _fail("lr-schedule-shape", f"--lr_num_cycles {cfg.lr_num_cycles} must be >= 1 and --lr_power {cfg.lr_power} "
+              "> 0", "use --lr_num_cycles 1 --lr_power 1.0")
+    if cfg.lr_scheduler not in ("constant", "constant_with_warmup") and cfg.max_steps < cfg.gradient_accumulation_steps:
+        _fail("lr-schedule-length", f"--lr_scheduler {cfg.lr_scheduler} decays over the run's optimizer updates, but "
+              f"--max_steps {cfg.max_steps} < --gradient_accumulation_steps {cfg.gradient_accumulation_steps} "
+              "makes none", "raise --max_steps")
     if not 0.0 <= cfg.lora_dropout < 1.0:
         _fail("lora-dropout", f"--lora_dropout {cfg.lora_dropout} must be in [0, 1)", "use 0.0")
     if cfg.use_moving_KL and cfg.update_ref_model_step < 1:
