@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from einops import rearrange
 from torch.distributed import _functional_collectives as funcol
 from torch.utils.hooks import RemovableHandle
 
@@ -42,19 +43,18 @@ _STATE_ATTR = "_sage_sequence_parallel"
 
 
 def _seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, sp: int) -> torch.Tensor:
-    """(B, N/sp, H, D) sequence-sharded -> (B, N, H/sp, D) head-sharded."""
-    b, n_local, h, d = x.shape
-    send = x.reshape(b, n_local, sp, h // sp, d).permute(2, 0, 1, 3, 4).contiguous()  # (dest rank, B, N/sp, H/sp, D)
-    recv = funcol.all_to_all_single_autograd(send, None, None, group)  # (source rank = sequence chunk, ...)
-    return recv.permute(1, 0, 2, 3, 4).reshape(b, sp * n_local, h // sp, d)
+    """(B, N/sp, H, D) sequence-sharded -> (B, N, H/sp, D) head-sharded. The all-to-all's first dimension is the
+    rank: rank r is sent head group r of this sequence chunk and returns its own head group of chunk r."""
+    send = rearrange(x, "b n (r h) d -> r b n h d", r=sp).contiguous()
+    recv = funcol.all_to_all_single_autograd(send, None, None, group)  # r = the source rank's sequence chunk
+    return rearrange(recv, "r b n h d -> b (r n) h d")
 
 
 def _heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, sp: int) -> torch.Tensor:
-    """(B, N, H/sp, D) head-sharded -> (B, N/sp, H, D) sequence-sharded."""
-    b, n, h_local, d = x.shape
-    send = x.reshape(b, sp, n // sp, h_local, d).permute(1, 0, 2, 3, 4).contiguous()  # (dest = sequence chunk, ...)
-    recv = funcol.all_to_all_single_autograd(send, None, None, group)  # (source rank = head chunk, ...)
-    return recv.permute(1, 2, 0, 3, 4).reshape(b, n // sp, sp * h_local, d)
+    """(B, N, H/sp, D) head-sharded -> (B, N/sp, H, D) sequence-sharded (the inverse of :func:`_seq_to_heads`)."""
+    send = rearrange(x, "b (r n) h d -> r b n h d", r=sp).contiguous()
+    recv = funcol.all_to_all_single_autograd(send, None, None, group)  # r = the source rank's head group
+    return rearrange(recv, "r b n h d -> b n (r h) d")
 
 
 def _all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup, sp: int) -> torch.Tensor:
