@@ -149,8 +149,14 @@ class GRPOTrainer:
         self.validation_sampler = (self.sampler.with_schedule(cfg.validation_num_inference_steps,
                                                               validation_flow_shift(cfg))
                                    if cfg.validation_interval > 0 or cfg.validate_at_step0 else None)
-        self.prompt_sampler = GroupedPromptSampler(len(self.items), cfg.batch_size, cfg.num_generations, self.dp_size,
-                                            self.dp_rank, cfg.seed)
+        self.prompt_sampler = GroupedPromptSampler(len(self.items), cfg.batch_size, cfg.num_generations,
+                                                   self.dp_size, self.dp_rank, cfg.seed)
+        try:
+            self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps,
+                                          total_updates=cfg.max_steps // cfg.gradient_accumulation_steps,
+                                          num_cycles=cfg.lr_num_cycles, power=cfg.lr_power)
+        except ValueError as err:  # e.g. polynomial decay to diffusers' 1e-7 from a smaller learning rate
+            raise ConfigError(f"--lr_scheduler {cfg.lr_scheduler}: {err}") from None
 
         self.dims.build_meshes()
         seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
@@ -161,15 +167,11 @@ class GRPOTrainer:
         self.reward_fn = build_reward(cfg, self.reward_weights, self.device) if self.dims.is_sp_leader else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps,
-                                      total_updates=cfg.max_steps // cfg.gradient_accumulation_steps,
-                                      num_cycles=cfg.lr_num_cycles, power=cfg.lr_power)
         self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef)
                               if self.kl_mode.uses_reference else None)
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
-        self.eq_scales = (self.sampler.grad_balance_scales()
-                          if cfg.use_grad_balancing else None)
+        self.eq_scales = self.sampler.grad_balance_scales() if cfg.use_grad_balancing else None
         self.num_train_steps = max(int(cfg.grpo_sampling_steps * cfg.timestep_fraction), 1)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
