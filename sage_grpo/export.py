@@ -24,6 +24,8 @@ Export (``scripts/export_checkpoint.py``):
   cast to ``--dtype`` (default fp32, lossless for the trained fp32 master weights). Load it with
   ``HunyuanVideo15Transformer3DModel.from_pretrained(folder)`` and pass it to ``HunyuanVideo15Pipeline``.
 * ``--format lora`` (LoRA runs only): the peft adapter folder (see :mod:`sage_grpo.lora` for the loading calls).
+
+Both get a model card, ``README.md`` (:mod:`sage_grpo.model_card`): base, settings, the run's metrics.
 """
 
 import warnings
@@ -36,6 +38,7 @@ import torch
 from sage_grpo import lora
 from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, DCP_MODEL, LORA_DIR, TRANSFORMER_FILE
 from sage_grpo.dtypes import DTYPES
+from sage_grpo.model_card import write_model_card
 from sage_grpo.models.loading import _read_safetensors, resolve_transformer_weights
 
 PathLike = Union[str, Path]
@@ -196,11 +199,14 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
         if not weights.is_lora:
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter; use --format transformer")
         state = {k: v.to(DTYPES[dtype]) for k, v in weights.state.items()}
-        return lora.write_adapter_folder(output, weights.lora_config, state)
-    version = transformer_version or _run_transformer_version(checkpoint) or DEFAULT_TRANSFORMER_VERSION
-    transformer = load_transformer(model_root, version, dtype=torch.float32, device="cpu")
-    apply_trained_weights(transformer, weights)  # merged in fp32, then cast once
-    if DTYPES[dtype] != torch.float32:
-        transformer.to(DTYPES[dtype])
-    transformer.save_pretrained(str(output), safe_serialization=True)
+        lora.write_adapter_folder(output, weights.lora_config, state)
+    else:
+        version = transformer_version or _run_transformer_version(checkpoint) or DEFAULT_TRANSFORMER_VERSION
+        transformer = load_transformer(model_root, version, dtype=torch.float32, device="cpu")
+        apply_trained_weights(transformer, weights)  # merged in fp32, then cast once
+        if DTYPES[dtype] != torch.float32:
+            transformer.to(DTYPES[dtype])
+        transformer.save_pretrained(str(output), safe_serialization=True)
+    write_model_card(output, checkpoint, export_format=export_format, dtype=dtype,
+                     merged_lora=weights.is_lora and export_format == "transformer")
     return output

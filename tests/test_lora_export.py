@@ -295,3 +295,33 @@ def test_adapter_weights_are_read_from_every_saved_form(runs, tmp_path):
         assert all(torch.equal(weights.state[k], v) for k, v in expected.state.items())
         config = weights.lora_config
         assert (config.r, config.lora_alpha) == (4, 8) and len(config.target_modules) == len(expected.state) // 2
+
+
+def test_exports_carry_a_model_card_and_push_only_when_asked(runs, tiny_root, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("export_checkpoint", REPO_ROOT / "scripts" / "export_checkpoint.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for run, export_format, what in (("lora", "lora", "A LoRA adapter"), ("lora", "transformer", "LoRA adapter merged"),
+                                     ("full", "transformer", "fully fine-tuned")):
+        output = tmp_path / f"{run}-{export_format}"
+        assert script.main(["--checkpoint", str(runs / run / "checkpoint-2"), "--model_root", str(tiny_root),
+                            "--output", str(output), "--format", export_format]) == 0
+        card = (output / "README.md").read_text()
+        header = yaml.safe_load(card.split("---")[1])
+        assert header["base_model"] == "tencent/HunyuanVideo-1.5" and "sage-grpo" in header["tags"]
+        assert what in card and "exported from `checkpoint-2` (step 2)" in card
+        assert "| `--reward_model` | `target_color` |" in card and "| `--sde_type` | `sage_grpo` |" in card
+        assert "- steps logged: 2" in card  # the run's metrics.jsonl, up to the checkpoint's step
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    capsys.readouterr()
+    output = tmp_path / "pushed"
+    assert script.main(["--checkpoint", str(runs / "full" / "checkpoint-2"), "--model_root", str(tiny_root),
+                        "--output", str(output), "--push_to_hub", "--hub_model_id", "someone/model"]) == 2
+    err = capsys.readouterr().err
+    assert "offline mode is on (HF_HUB_OFFLINE=1), nothing was uploaded" in err and (output / "README.md").is_file()
+    with pytest.raises(SystemExit):
+        script.main(["--checkpoint", "x", "--output", str(tmp_path / "y"), "--push_to_hub"])  # no --hub_model_id
