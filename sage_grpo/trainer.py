@@ -307,20 +307,25 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def reference_means(self, rollout, embeds) -> Optional[torch.Tensor]:
-        """mu_ref of every stored transition, (B, N, C, T, h, w) on CPU; None without a KL reference."""
+        """mu_ref of every stored transition, (B, N, C, T, h, w) on CPU; None without a KL reference.
+
+        The B x N transitions are scored ``--mini_batch_size_per_update`` at a time (sample-major order), each
+        forward mixing samples and steps (the replay takes one step index per row)."""
         if self.models.reference is None or self.kl_controller is None:
             return None
         latents = rollout.latents
+        batch, num_steps = latents.shape[0], self.cfg.grpo_sampling_steps
+        pairs = [(i, k) for i in range(batch) for k in range(num_steps)]
+        micro = self.cfg.mini_batch_size_per_update
+        means = torch.empty((batch, num_steps, *latents.shape[2:]), dtype=torch.float32)
         with self.models.reference_on_device() as reference:
-            means = []
-            for i in range(latents.shape[0]):
-                per_step = []
-                for k in range(self.cfg.grpo_sampling_steps):
-                    out = self.sampler.replay(reference, latents[i:i + 1, k], latents[i:i + 1, k + 1], k,
-                                              embeds.select([i]))
-                    per_step.append(out.mean.cpu())
-                means.append(torch.cat(per_step, 0))
-        return torch.stack(means, 0)
+            for start in range(0, len(pairs), micro):
+                rows = torch.tensor([i for i, _ in pairs[start:start + micro]])
+                steps = torch.tensor([k for _, k in pairs[start:start + micro]])
+                out = self.sampler.replay(reference, latents[rows, steps], latents[rows, steps + 1],
+                                          steps.to(self.device), embeds.select(rows.tolist()))
+                means[rows, steps] = out.mean.float().cpu()
+        return means
 
     def _permutations(self, batch: int) -> tuple:
         """Sample shuffle (B,) and per-sample step order (B, N), from a generator seeded by (seed, rank, step)."""
@@ -377,8 +382,11 @@ class GRPOTrainer:
                     metrics.update(kl_loss=effective_kl.detach(), KL_weight=beta, **parts)
                 metrics["total_loss"] = loss.detach()
                 backward_done += 1
-                # FSDP reduces the gradients once per optimizer update, on the window's last backward
-                with gradient_sync(self.models.policy, enabled=closes_window and backward_done == num_backward):
+                # FSDP reduces the gradients after every backward (--gradient_reduction per_backward) or once per
+                # optimizer update, on the window's last backward (per_update)
+                reduce_now = (self.models.placement.reduce_per_backward
+                              or (closes_window and backward_done == num_backward))
+                with gradient_sync(self.models.policy, enabled=reduce_now):
                     (loss / backward_per_update).backward()
                 fault_point("update", self.global_step + 1)
                 for name, value in metrics.items():

@@ -115,6 +115,25 @@ class TrainConfig:
     sp_size: int = config_field(8, "Ulysses sequence-parallel degree")
     dp_replicate: int = config_field(1, "HSDP replicate degree of the FSDP mesh")
     reference_mode_offload: bool = config_field(False, "Keep the reference model on CPU between its passes")
+    # ---------------------------------------------------------------- memory placement (sage_grpo.plan decides "auto")
+    gradient_reduction: str = config_field(
+        "auto", "FSDP gradient reduction during accumulation: per_update (one reduce-scatter per optimizer update, "
+        "unsharded fp32 gradients held between backwards), per_backward (a reduce-scatter after every backward, "
+        "sharded gradients only, as the reference); auto: per_update when the memory plan fits with held gradients, "
+        "else per_backward", choices=("auto", "per_update", "per_backward"))
+    reference_placement: str = config_field(
+        "auto", "Where the frozen KL reference's FSDP shards live: device (GPU memory, no transfers), cpu (offloaded, "
+        "copied to the GPU for every pass); auto: cpu only with --reference_mode_offload when the memory plan says "
+        "the device shards do not fit", choices=("auto", "device", "cpu"))
+    offload_text_encoders: bool = config_field(
+        True, "Keep the text encoders on the CPU and move them to the GPU only to encode prompts not cached yet")
+    vae_tiling: str = config_field(
+        "auto", "Tiled VAE decoding: true, false, or auto (tiled when a decoded video exceeds 33x480x854 pixels)",
+        choices=("auto", "true", "false"))
+    gpu_memory_gb: Optional[float] = config_field(
+        None, "GPU memory per device for the memory plan (default: the device's own; 80 when no GPU is visible)")
+    ignore_memory_plan: bool = config_field(
+        False, "Start even when the memory plan (python -m sage_grpo.plan) says the launch does not fit")
     resume_from_checkpoint: Optional[str] = config_field(None, "checkpoint-N directory to resume from")
 
     # ================================================================ beyond the reference's flags

@@ -87,7 +87,7 @@ def parallelize_models(bundle, dims: ParallelDims, cfg: TrainConfig) -> None:
     apply_fsdp(bundle.policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
                activation_checkpointing=cfg.enable_gradient_checkpointing)
     if reference is not None:
-        shard_frozen(reference, dims.fsdp_mesh, offload=cfg.reference_mode_offload)
+        shard_frozen(reference, dims.fsdp_mesh, offload=bundle.placement.reference_on_cpu)
 
 
 # ---------------------------------------------------------------- gradients

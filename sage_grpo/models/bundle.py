@@ -17,6 +17,12 @@ the ``anchor`` adapter once the moving anchor has been refreshed). The trainable
 only adapter tensors, keyed as peft saves them (``<module>.lora_A.weight``); :meth:`ModelBundle.save_extras` adds the
 peft adapter folder ``lora/`` to a checkpoint. ``--reference_mode_offload`` has no second model to move with LoRA.
 Parallelism wrappers go on ``policy`` and on :attr:`ModelBundle.separate_reference`, never on ``reference`` itself.
+
+Placement (:class:`sage_grpo.plan.Placement`, from ``--reference_placement``, ``--gradient_reduction`` and
+``--vae_tiling``; ``auto`` decided by the memory plan): whether the reference lives on the CPU between its passes,
+and whether decodes are tiled. With ``--offload_text_encoders`` (default) the text encoders live on the CPU and visit
+the GPU only to encode prompts not cached yet (the cache keeps every prompt's embeddings, so after the first epoch
+they never move).
 """
 
 import contextlib
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from sage_grpo.checkpoint_layout import LORA_DIR
@@ -36,6 +43,7 @@ from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.pipeline.rollout import decode_latents
 from sage_grpo.pipeline.sampler import Sampler
+from sage_grpo.plan import Placement, resolve_placement
 from sage_grpo.rl import KLMode, resolve_kl_mode
 
 
@@ -67,6 +75,12 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:
+    """The run's memory placement; the policy is FSDP-sharded with ``--enable_fsdp`` on several processes."""
+    sharded = cfg.enable_fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return resolve_placement(cfg, sharded=sharded, device_type=device.type)
+
+
 @dataclass
 class ModelBundle:
     cfg: TrainConfig
@@ -76,6 +90,11 @@ class ModelBundle:
     vae: torch.nn.Module
     encoder: PromptEncoder
     lora: Optional[LoraTraining] = None
+    placement: Optional[Placement] = None
+
+    def __post_init__(self):
+        if self.placement is None:
+            self.placement = placement_of(self.cfg, self.device)
 
     # ------------------------------------------------------------------ sampling
     def encode(self, prompts: Sequence[str]) -> PromptEmbeds:
@@ -85,7 +104,11 @@ class ModelBundle:
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """(B, C, T, h, w) final latents -> (B, 3, F, H, W) videos in [0, 1] on the CPU (sampling itself is the
         :class:`~sage_grpo.pipeline.sampler.Sampler`'s, on ``policy`` and ``vae``)."""
-        return decode_latents(self.vae, latents)
+        config = self.vae.config
+        scale = config.spatial_compression_ratio
+        frames = (latents.shape[2] - 1) * config.temporal_compression_ratio + 1
+        tiling = self.placement.tile(frames, latents.shape[-2] * scale, latents.shape[-1] * scale)
+        return decode_latents(self.vae, latents, tiling=tiling)
 
     # ------------------------------------------------------------------ reference / anchor
     @property
@@ -115,7 +138,7 @@ class ModelBundle:
         if isinstance(self.reference, FSDPModule):
             yield self.reference
             return
-        offload = self.cfg.reference_mode_offload and self.device.type != "cpu"
+        offload = self.placement.reference_on_cpu
         if offload:
             self.reference.to(self.device)
         try:
@@ -186,9 +209,11 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
         check_lora_settings(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules,
                             cfg.pretrained_lora_path)
     device = resolve_device(cfg)
+    placement = placement_of(cfg, device)
     load_dtype, master_dtype = DTYPES[cfg.dtype], DTYPES[cfg.master_weight_type]
+    offload_encoders = cfg.offload_text_encoders and device.type != "cpu"
     components = load_components(cfg.pretrained_model_root, cfg.pretrained_transformer_version, dtype=load_dtype,
-                                 device=device)
+                                 device=device, text_encoder_device="cpu" if offload_encoders else None)
     policy = components.transformer
     lora = None
     if cfg.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
@@ -200,7 +225,7 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
         policy.requires_grad_(True)
         reference = None
         if kl_mode.uses_reference:
-            reference_device = "cpu" if cfg.reference_mode_offload else device
+            reference_device = "cpu" if placement.reference_on_cpu else device
             reference = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, load_dtype,
                                          reference_device)
             reference.requires_grad_(False)
@@ -210,5 +235,6 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
         policy.enable_gradient_checkpointing()
     settings = TextEncoderSettings(max_length=cfg.text_max_length or TextEncoderSettings.max_length,
                                    max_length_2=cfg.byt5_max_length)
-    encoder = PromptEncoder.from_components(components, settings, cache=True)
-    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, lora)
+    encoder = PromptEncoder.from_components(components, settings, cache=True,
+                                            compute_device=device if offload_encoders else None)
+    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, lora, placement)

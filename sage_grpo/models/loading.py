@@ -63,8 +63,10 @@ def _read_transformer(root: Path, version: str, dtype: torch.dtype, device: Unio
 def load_components(model_root: PathLike = "./ckpts", transformer_version: str = layout.DEFAULT_TRANSFORMER_VERSION,
                     *, dtype: torch.dtype = torch.bfloat16, device: Union[str, torch.device] = "cpu",
                     load_transformer: bool = True, load_vae: bool = True,
-                    load_text_encoders: bool = True) -> HunyuanComponents:
-    """Load the requested components of ``model_root``; the scheduler config is always read."""
+                    load_text_encoders: bool = True,
+                    text_encoder_device: Union[str, torch.device, None] = None) -> HunyuanComponents:
+    """Load the requested components of ``model_root``; the scheduler config is always read. The text encoders go to
+    ``text_encoder_device`` (default: ``device``)."""
     from diffusers import AutoencoderKLHunyuanVideo15
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, Qwen2Tokenizer, T5EncoderModel
 
@@ -96,8 +98,9 @@ def load_components(model_root: PathLike = "./ckpts", transformer_version: str =
                                                            local_files_only=True)
         text_encoder_2 = T5EncoderModel.from_pretrained(folder(layout.TEXT_ENCODER_2), dtype=dtype,
                                                         local_files_only=True)
-        components.text_encoder = _freeze(text_encoder.to(device))
-        components.text_encoder_2 = _freeze(text_encoder_2.to(device))
+        encoder_device = device if text_encoder_device is None else text_encoder_device
+        components.text_encoder = _freeze(text_encoder.to(encoder_device))
+        components.text_encoder_2 = _freeze(text_encoder_2.to(encoder_device))
     return components
 
 

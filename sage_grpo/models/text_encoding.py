@@ -18,12 +18,13 @@ also loads and saves them in a ``.pt`` file keyed by an encoder identity (config
 a cache written by other weights or other lengths is never reused.
 """
 
+import contextlib
 import hashlib
 import inspect
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -101,8 +102,12 @@ class PromptEncoder:
 
     def __init__(self, text_encoder, tokenizer, text_encoder_2, tokenizer_2,
                  settings: TextEncoderSettings = TextEncoderSettings(), *, cache: bool = False,
-                 cache_path: Optional[Union[str, Path]] = None):
+                 cache_path: Optional[Union[str, Path]] = None,
+                 compute_device: Optional[Union[str, torch.device]] = None):
+        """``compute_device``: where the encoders run when it is not where they live (offloaded encoders: kept on the
+        CPU, moved to the GPU only while they encode prompts not cached yet, then moved back)."""
         self.text_encoder, self.tokenizer = text_encoder, tokenizer
+        self.compute_device = torch.device(compute_device) if compute_device is not None else None
         self.text_encoder_2, self.tokenizer_2 = text_encoder_2, tokenizer_2
         self.settings = settings
         self.system_message = settings.system_message or default_system_message()
@@ -146,18 +151,41 @@ class PromptEncoder:
             self._identity = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return self._identity
 
+    @contextlib.contextmanager
+    def _on_compute_device(self) -> Iterator[torch.device]:
+        """The encoders on ``compute_device`` for the block (and back home after it); no move without one."""
+        home = self.device
+        if self.compute_device is None or self.compute_device == home:
+            yield home
+            return
+        encoders = (self.text_encoder, self.text_encoder_2)
+        try:
+            for encoder in encoders:
+                encoder.to(self.compute_device)
+            yield self.compute_device
+        finally:
+            for encoder in encoders:
+                encoder.to(home)
+
     @torch.no_grad()
     def encode_streams(self, prompts: Sequence[str]) -> Dict[str, Tensor]:
-        """Both streams of ``prompts`` (no cache): {"embeds", "masks", "embeds_2", "masks_2"}, batch first."""
+        """Both streams of ``prompts`` (no cache): {"embeds", "masks", "embeds_2", "masks_2"}, batch first, on the
+        device the encoders live on."""
+        home = self.device
+        with self._on_compute_device() as device:
+            streams = self._encode_streams(prompts, device)
+        return {name: value.to(home) for name, value in streams.items()}
+
+    def _encode_streams(self, prompts: Sequence[str], device: torch.device) -> Dict[str, Tensor]:
         pipeline_class = _diffusers_pipeline_class()
         embeds, masks = pipeline_class._get_mllm_prompt_embeds(
-            text_encoder=self.text_encoder, tokenizer=self.tokenizer, prompt=list(prompts), device=self.device,
+            text_encoder=self.text_encoder, tokenizer=self.tokenizer, prompt=list(prompts), device=device,
             tokenizer_max_length=self.settings.max_length,
             num_hidden_layers_to_skip=self.settings.num_hidden_layers_to_skip,
             system_message=self.system_message, crop_start=self.crop_start,
         )
         embeds_2, masks_2 = pipeline_class._get_byt5_prompt_embeds(
-            tokenizer=self.tokenizer_2, text_encoder=self.text_encoder_2, prompt=list(prompts), device=self.device,
+            tokenizer=self.tokenizer_2, text_encoder=self.text_encoder_2, prompt=list(prompts), device=device,
             tokenizer_max_length=self.settings.max_length_2,
         )
         return dict(embeds=embeds, masks=masks, embeds_2=embeds_2, masks_2=masks_2)
