@@ -52,5 +52,4 @@ def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str) -> P
         on_cpu = cfg.reference_mode_offload and not sharded
     else:
         on_cpu = cfg.reference_placement == "cpu"
-    on_cpu = on_cpu and device_type != "cpu"
     return Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling)

@@ -305,27 +305,13 @@ class GRPOTrainer:
         rewards = share_rewards(local, self.dims)
         return rewards, gather_group_rewards(rewards, self.dims, self.ranks_per_group)
 
-    @torch.no_grad()
     def reference_means(self, rollout, embeds) -> Optional[torch.Tensor]:
-        """mu_ref of every stored transition, (B, N, C, T, h, w) on CPU; None without a KL reference.
-
-        The B x N transitions are scored ``--mini_batch_size_per_update`` at a time (sample-major order), each
-        forward mixing samples and steps (the replay takes one step index per row)."""
+        """mu_ref of every stored transition, (B, N, C, T, h, w) on CPU, ``--mini_batch_size_per_update``
+        transitions per forward; None without a KL reference."""
         if self.models.reference is None or self.kl_controller is None:
             return None
-        latents = rollout.latents
-        batch, num_steps = latents.shape[0], self.cfg.grpo_sampling_steps
-        pairs = [(i, k) for i in range(batch) for k in range(num_steps)]
-        micro = self.cfg.mini_batch_size_per_update
-        means = torch.empty((batch, num_steps, *latents.shape[2:]), dtype=torch.float32)
         with self.models.reference_on_device() as reference:
-            for start in range(0, len(pairs), micro):
-                rows = torch.tensor([i for i, _ in pairs[start:start + micro]])
-                steps = torch.tensor([k for _, k in pairs[start:start + micro]])
-                out = self.sampler.replay(reference, latents[rows, steps], latents[rows, steps + 1],
-                                          steps.to(self.device), embeds.select(rows.tolist()))
-                means[rows, steps] = out.mean.float().cpu()
-        return means
+            return self.sampler.transition_means(reference, rollout.latents, embeds, self.device)
 
     def _permutations(self, batch: int) -> tuple:
         """Sample shuffle (B,) and per-sample step order (B, N), from a generator seeded by (seed, rank, step)."""

@@ -7,8 +7,9 @@ thread per process):
   before step 3;
 - ``post_train.py --config configs/tiny_cpu.yaml`` on 2 processes: dp 2 x batch 2, FSDP2 (the group spans both ranks);
 - 2 processes sp 2 (one replica, batch 4), FSDP off: Ulysses plus the explicit gradient mean;
-- 4 processes dp 2 x sp 2, FSDP2 with the reference sharded and CPU-offloaded, Muon, 2 steps and a checkpoint; then
-  2 processes (dp 2 x sp 1) and 1 process resume it;
+- the same on 2 processes with ``--gradient_reduction per_update`` (the default reduces after every backward);
+- 4 processes dp 2 x sp 2, FSDP2 with the reference sharded and CPU-offloaded, Muon, gradients reduced once per
+  update, 2 steps and a checkpoint; then 2 processes (dp 2 x sp 1) and 1 process resume it;
 - LoRA on 2 FSDP processes in bf16, with a resume; invalid layouts on 2 processes.
 
 The parallel runs see exactly the baseline's samples (same prompt, same initial-noise seeds s..s+3, SDE noise seeded by
@@ -133,8 +134,8 @@ def dp2_sp2(root, tmp_path_factory):
     """4 processes, 2 steps, Muon on shards and a sharded CPU-offloaded reference; anchor refreshed every update."""
     base = tmp_path_factory.mktemp("dp2sp2")
     flags = tiny_flags(root, base / "run", "--batch_size", "2", "--sp_size", "2", "--enable_fsdp", "true",
-                       "--use_muon", "true", "--reference_mode_offload", "true", "--update_ref_model_step", "1",
-                       "--grpo_sampling_steps", "2")
+                       "--use_muon", "true", "--reference_placement", "cpu", "--gradient_reduction", "per_update",
+                       "--update_ref_model_step", "1", "--grpo_sampling_steps", "2")
     report = run_script(4, base / "report", *flags, "--max_steps", "2")
     return base, flags, report
 
@@ -161,6 +162,17 @@ def test_two_fsdp_processes_match_one(dp2_post_train, baseline):
     assert sorted(r["seed"] for r in records) == [records[0]["seed"] + k for k in range(4)]
 
 
+def test_gradient_reduction_per_update_matches_one(root, baseline, tmp_path):
+    """--gradient_reduction per_update (unsharded gradients held, one reduce-scatter per update) gives the same run as
+    the default per-backward reduction above and as one process; it reduces once per unit per update."""
+    report = run_script(2, tmp_path / "report", *tiny_flags(root, tmp_path / "run", "--batch_size", "2",
+                                                            "--enable_fsdp", "true", "--gradient_reduction",
+                                                            "per_update"))
+    assert report["policy_sharded"] and report["update_steps"] == 3
+    assert report["synced_backward_passes"] == 3 and report["reductions_per_unit"] == [3]
+    assert_same_run(tmp_path / "run", baseline)
+
+
 def test_export_loads_into_the_transformer(dp2_post_train, root):
     from sage_grpo.models.loading import load_transformer, load_transformer_weights
 
@@ -181,7 +193,8 @@ def test_sequence_parallel_processes_match_one(root, baseline, tmp_path):
 
 
 def test_one_gradient_reduction_per_update(dp2_sp2):
-    """FSDP reduce-scatters once per unit per optimizer update, not once per backward pass (reference: 40 per update)."""
+    """With --gradient_reduction per_update FSDP reduce-scatters once per unit per optimizer update, not once per
+    backward pass (reference: 40 per update)."""
     _, _, report = dp2_sp2
     assert (report["world_size"], report["dp_size"], report["sp_size"]) == (4, 2, 2)
     assert report["policy_sharded"] and report["reference_sharded"]

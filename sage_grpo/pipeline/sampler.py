@@ -64,3 +64,21 @@ class Sampler:
         return replay_step(transformer, latents, next_latents, self.sigmas, index, embeds, sde_type=self.sde_type,
                            eta=self.eta, guidance_scale=self.guidance_scale, autocast_dtype=self.autocast_dtype,
                            num_image_tokens=self.num_image_tokens)
+
+    @torch.no_grad()
+    def transition_means(self, transformer, latents: Tensor, embeds: PromptEmbeds, device: torch.device) -> Tensor:
+        """SDE means of every stored transition of a rollout: ``latents`` (B, N+1, C, T, h, w) -> (B, N, C, T, h, w)
+        fp32 on the CPU (the KL reference's means).
+
+        The B x N transitions are replayed ``micro_batch_size`` per forward in sample-major order, a forward mixing
+        samples and steps (one step index per row); its inputs go to ``device``.
+        """
+        batch, num_steps = latents.shape[0], latents.shape[1] - 1
+        pairs = torch.cartesian_prod(torch.arange(batch), torch.arange(num_steps))  # (B*N, 2): (sample, step)
+        means = torch.empty((batch, num_steps, *latents.shape[2:]), dtype=torch.float32)
+        for chunk in pairs.split(self.micro_batch_size):
+            rows, steps = chunk[:, 0], chunk[:, 1]
+            out = self.replay(transformer, latents[rows, steps].to(device), latents[rows, steps + 1].to(device),
+                              steps.to(device), embeds.select(rows.tolist()).to(device))
+            means[rows, steps] = out.mean.float().cpu()
+        return means
