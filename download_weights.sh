@@ -7,7 +7,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 MODEL_ROOT=./ckpts
 VARIANTS=()
 REPO_PREFIX=hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-
-REWARD_REPO=KwaiVGI/VideoReward
+# VideoReward's hub id: the current name first (KwaiVGI's VideoAlign moved to the KlingAIResearch organisation), then
+# the former one, which the reference, the paper's code and the model card use.
+REWARD_REPOS=(KlingAIResearch/VideoReward KwaiVGI/VideoReward)
+# Revisions (a branch, tag or commit of the hub repo) of every download; pin commits for a reproducible root.
+HUNYUAN_REVISION=${HUNYUAN_REVISION:-main}
+VIDEOALIGN_REVISION=${VIDEOALIGN_REVISION:-main}
+REWARD_BASE_REVISION=${REWARD_BASE_REVISION:-main}
 WITH_REWARD=1
 VERIFY_ONLY=0
 TIMEOUT=8
@@ -27,7 +33,8 @@ Options:
   --variant NAME       transformer version to fetch; repeat for several (default 480p_t2v). The hub repo is
                        <repo_prefix><NAME>, e.g. 720p_t2v, 480p_t2v_distilled, 480p_i2v, 480p_i2v_step_distilled
   --repo_prefix TEXT   hub repo prefix (default hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-)
-  --reward_repo ID     VideoReward repo (default KwaiVGI/VideoReward)
+  --reward_repo ID     VideoReward repo (default: KlingAIResearch/VideoReward, falling back to its former name
+                       KwaiVGI/VideoReward when the hub has no repo by the current one)
   --no_reward          skip VideoReward and its base model
   --verify_only        only check the layout of --model_root (exit 0 complete, 1 with the missing files listed)
   --timeout SECONDS    how long to wait for the hub before giving up (default 8)
@@ -41,6 +48,9 @@ Layout under --model_root (the table lives in sage_grpo/models/layout.py):
   text_encoder_2/          T5EncoderModel (byT5 glyphs)      config.json + model*.safetensors
   tokenizer_2/             ByT5Tokenizer                     tokenizer_config.json
   scheduler/               FlowMatchEulerDiscreteScheduler   scheduler_config.json
+  variants/<variant>/      the variant's guider/ (guider_config.json: its CFG scale, 1.0 for the cfg-distilled
+                           variants) and scheduler/ (scheduler_config.json: its shift); training and generate.py
+                           sample the variant with them unless a flag sets guidance or shift
   VideoReward/             VideoAlign reward                 model_config.json + checkpoint-N/
   Qwen2-VL-2B-Instruct/    the reward's base model (model_config.json's model_name_or_path)
   .hf/<repo>/              the downloaded hub snapshots; the folders above link into them (relative symlinks,
@@ -48,12 +58,17 @@ Layout under --model_root (the table lives in sage_grpo/models/layout.py):
 
 Each hub pipeline repo holds transformer/, vae/, text_encoder/, ... at its top level: its transformer/ becomes
 transformer/<variant>/, the shared components are taken from the first variant that needs them (later variants
-fetch only transformer/*). Sharded weights (*.safetensors.index.json) are checked shard by shard.
+fetch only transformer/* and their guider/ and scheduler/ configs). Sharded weights (*.safetensors.index.json) are
+checked shard by shard. Running the script on a root made before variants/ existed fetches just those configs.
+
+Revisions: every download passes --revision; set HUNYUAN_REVISION (the pipeline repos), VIDEOALIGN_REVISION
+(VideoReward) and REWARD_BASE_REVISION (its base model) to a commit to pin them (default main for all three: no
+commit is documented upstream for these repos). A root already complete is not fetched again.
 
 Without hub access (HF_HUB_OFFLINE=1, or no answer within --timeout) the script stops at once with exit status 3:
 download on a machine with internet and copy the root here, or point HF_ENDPOINT at a mirror.
 Environment: PYTHON (interpreter with sage_grpo's requirements; default .venv/bin/python or python3),
-HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE.
+HUNYUAN_REVISION, VIDEOALIGN_REVISION, REWARD_BASE_REVISION, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE.
 EOF
 }
 
@@ -64,7 +79,7 @@ while [ $# -gt 0 ]; do
     --model_root) MODEL_ROOT=${2:?--model_root needs a value}; shift 2 ;;
     --variant) VARIANTS+=("${2:?--variant needs a value}"); shift 2 ;;
     --repo_prefix) REPO_PREFIX=${2:?--repo_prefix needs a value}; shift 2 ;;
-    --reward_repo) REWARD_REPO=${2:?--reward_repo needs a value}; shift 2 ;;
+    --reward_repo) REWARD_REPOS=("${2:?--reward_repo needs a value}"); shift 2 ;;
     --no_reward) WITH_REWARD=0; shift ;;
     --verify_only) VERIFY_ONLY=1; shift ;;
     --timeout) TIMEOUT=${2:?--timeout needs a value}; shift 2 ;;
@@ -118,7 +133,7 @@ try:
     urllib.request.urlopen(urllib.request.Request(sys.argv[1], method="HEAD"), timeout=float(sys.argv[2]))
 except urllib.error.HTTPError:
     pass
-' "$ENDPOINT/api/models/$REWARD_REPO" "$TIMEOUT" >/dev/null 2>&1; then
+' "$ENDPOINT/api/models/${REWARD_REPOS[0]}" "$TIMEOUT" >/dev/null 2>&1; then
   no_hub "cannot reach $ENDPOINT (no connection or no answer within ${TIMEOUT}s)."
 fi
 
@@ -128,10 +143,11 @@ elif command -v huggingface-cli >/dev/null 2>&1; then HF_CLI=(huggingface-cli do
 else die "neither 'hf' nor 'huggingface-cli' is installed: pip install 'huggingface_hub[cli]'"
 fi
 
-# fetch REPO DIR [PATTERN...]: download REPO (only PATTERNs when given) into DIR, resuming what is there
+# fetch REPO REVISION DIR [PATTERN...]: download REPO at REVISION (only PATTERNs when given) into DIR, resuming what
+# is there
 fetch() {
-  local repo=$1 dir=$2; shift 2
-  local args=("$repo" --local-dir "$dir")
+  local repo=$1 revision=$2 dir=$3; shift 3
+  local args=("$repo" --revision "$revision" --local-dir "$dir")
   if [ $# -gt 0 ]; then
     if [ "$INCLUDE_STYLE" = repeat ]; then for p in "$@"; do args+=(--include "$p"); done
     else args+=(--include "$@"); fi
@@ -162,15 +178,27 @@ for variant in "${VARIANTS[@]}"; do
   for component in "${SHARED_COMPONENTS[@]}"; do
     if is_missing "$component"; then patterns+=("$component/*"); shared+=("$component"); fi
   done
+  configs=()  # the variant's own sampling configs (guider/, scheduler/) -> variants/<variant>/
+  for config in guider scheduler; do
+    if is_missing "variants/$variant/$config"; then
+      configs+=("$config")
+      printf '%s\n' "${patterns[@]}" | grep -qx -- "$config/\*" || patterns+=("$config/*")
+    fi
+  done
   [ ${#patterns[@]} -gt 0 ] || continue
   repo="$REPO_PREFIX$variant"
   snapshot="$MODEL_ROOT/.hf/${repo##*/}"
-  fetch "$repo" "$snapshot" "${patterns[@]}" || die "downloading $repo failed (is the variant name right? see --help)"
+  fetch "$repo" "$HUNYUAN_REVISION" "$snapshot" "${patterns[@]}" \
+    || die "downloading $repo at revision $HUNYUAN_REVISION failed (is the variant name right? see --help)"
   is_missing "transformer/$variant" && link "$snapshot/transformer" "$MODEL_ROOT/transformer/$variant"
   for component in "${shared[@]}"; do link "$snapshot/$component" "$MODEL_ROOT/$component"; done
+  for config in "${configs[@]}"; do
+    if [ -d "$snapshot/$config" ]; then link "$snapshot/$config" "$MODEL_ROOT/variants/$variant/$config"
+    else echo "[download_weights] $repo has no $config/; $variant is sampled with the flags' defaults"; fi
+  done
   kept=()
   for c in "${MISSING[@]}"; do
-    [ "$c" = "transformer/$variant" ] && continue
+    case "$c" in "transformer/$variant"|"variants/$variant/"*) continue ;; esac
     printf '%s\n' "${shared[@]}" | grep -qx -- "$c" && continue
     kept+=("$c")
   done
@@ -179,12 +207,20 @@ done
 
 # ---------------------------------------------------------------- VideoReward and its base model
 if [ "$WITH_REWARD" = 1 ] && is_missing VideoReward; then
-  fetch "$REWARD_REPO" "$MODEL_ROOT/VideoReward" || die "downloading $REWARD_REPO failed"
+  fetched=
+  for reward_repo in "${REWARD_REPOS[@]}"; do
+    if fetch "$reward_repo" "$VIDEOALIGN_REVISION" "$MODEL_ROOT/VideoReward"; then fetched=$reward_repo; break; fi
+    echo "[download_weights] $reward_repo could not be downloaded at revision $VIDEOALIGN_REVISION"
+  done
+  [ -n "$fetched" ] || die "downloading VideoReward failed under every name tried (${REWARD_REPOS[*]}) at revision \
+$VIDEOALIGN_REVISION; name the repo with --reward_repo ID or set VIDEOALIGN_REVISION"
+  echo "[download_weights] VideoReward: $fetched at revision $VIDEOALIGN_REVISION"
   base=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["model_config"]["model_name_or_path"])' \
     "$MODEL_ROOT/VideoReward/model_config.json")
   case "$base" in
     */*/*|/*|.*) echo "[download_weights] the reward's base model $base is a path; place it there yourself" ;;
-    */*) fetch "$base" "$MODEL_ROOT/${base##*/}" || die "downloading the reward base model $base failed" ;;
+    */*) fetch "$base" "$REWARD_BASE_REVISION" "$MODEL_ROOT/${base##*/}" \
+           || die "downloading the reward base model $base at revision $REWARD_BASE_REVISION failed" ;;
   esac
 fi
 

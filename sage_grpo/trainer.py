@@ -51,6 +51,7 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
 import json
 import math
 import time
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -74,6 +75,7 @@ from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_g
 from sage_grpo.faults import fault_point
 from sage_grpo.models.geometry import read_model_geometry
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
+from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim import LRSchedule, build_optimizer
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
@@ -128,8 +130,13 @@ class GRPOTrainer:
     models and the reward have loaded, so a failed start leaves an earlier run as it was."""
 
     def __init__(self, cfg: TrainConfig):
+        # the version name, then the variant's guidance and validation shift where no flag sets them (config files)
+        cfg, variant_warnings, variant_notes = resolve_train_sampling(cfg)
         self.cfg = cfg
         self.dims, self.notes = start_processes(cfg)
+        self.notes += variant_notes
+        for message in variant_warnings if self.dims.is_main else ():
+            warnings.warn(message, UserWarning, stacklevel=2)
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()

@@ -167,8 +167,8 @@ def test_validation_shift_follows_the_model_version_unless_set():
     assert validation_flow_shift(_cfg(pretrained_transformer_version="720p_t2v", validation_timestep_shift=5.0)) == 5.0
     assert parse_cli(TrainConfig, ["--validation_timestep_shift", "7"]).validation_timestep_shift == 7.0
     assert validation_flow_shift(parse_cli(TrainConfig, RUN_POST_TRAIN_FLAGS)) == 5.0  # the launch scripts pin 5.0
-    custom = dict(pretrained_transformer_version="480p_t2v_distilled", batch_size=4, num_generations=4)
-    with pytest.raises(ConfigError, match=r"\[flow-shift-default\].*480p_t2v_distilled.*Fix: pass "
+    custom = dict(pretrained_transformer_version="480p_t2v_custom", batch_size=4, num_generations=4)
+    with pytest.raises(ConfigError, match=r"\[flow-shift-default\].*480p_t2v_custom.*Fix: pass "
                                           r"--validation_timestep_shift"):
         validate_train_config(_cfg(**custom))
     validate_train_config(_cfg(**custom, validation_interval=0))  # no validation: no shift needed

@@ -1,7 +1,10 @@
 """download_weights.sh: the documented layout, a fast clear failure without hub access, layout verification, and the
-whole download-and-arrange flow against a fake ``hf`` CLI and a local HTTP endpoint (no network needed)."""
+whole download-and-arrange flow against a fake ``hf`` CLI and a local HTTP endpoint (no network needed): each
+variant's guider and scheduler configs, the revisions passed to every download, and VideoReward under its current hub
+name with a fall-back to its former one."""
 
 import http.server
+import json
 import os
 import shutil
 import socket
@@ -12,13 +15,17 @@ from pathlib import Path
 import pytest
 from procs import run_group
 
+from sage_grpo.models.variants import read_variant_sampling
+
 pytestmark = pytest.mark.e2e
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "download_weights.sh"
 PIPELINE_COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")
+VARIANTS = ("480p_t2v", "720p_t2v", "480p_t2v_distilled")
 FAKE_HF = r"""#!/usr/bin/env bash
-# fake `hf download REPO --local-dir DIR [--include PATTERN]...`: copies $FAKE_HUB/<owner>__<name>/
+# fake `hf download REPO --revision REV --local-dir DIR [--include PATTERN]...`: copies $FAKE_HUB/<owner>__<name>/
+# (any revision: the calls are logged for the tests to check)
 echo "$*" >> "$FAKE_HUB/calls.log"
 [ "$1" = download ] || exit 1
 repo=$2; shift 2; dir=; includes=()
@@ -44,7 +51,9 @@ def test_help_documents_the_layout():
     assert result.returncode == 0
     for line in ("transformer/<variant>/", "vae/", "text_encoder/", "tokenizer/", "text_encoder_2/", "tokenizer_2/",
                  "scheduler/", "VideoReward/", "Qwen2-VL-2B-Instruct/", "--verify_only", "--variant", "HF_ENDPOINT",
-                 "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-", "KwaiVGI/VideoReward"):
+                 "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-", "KwaiVGI/VideoReward",
+                 "KlingAIResearch/VideoReward", "variants/<variant>/", "guider_config.json", "HUNYUAN_REVISION",
+                 "VIDEOALIGN_REVISION", "REWARD_BASE_REVISION"):
         assert line in result.stdout, line
 
 
@@ -109,14 +118,21 @@ class _QuietHandler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def fake_hub(tiny_root, tmp_path, monkeypatch):
     """Hub repos built from the tiny checkpoint, an `hf` that copies them, and a local endpoint that answers."""
+    from sage_grpo.models.tiny import published_sampling, write_variant_configs
     from sage_grpo.rewards.tiny import write_tiny_video_reward
 
     hub = tmp_path / "hub"
-    for variant in ("480p_t2v", "720p_t2v"):
+    for variant in VARIANTS:  # each pipeline repo with its own guider/ and scheduler/, as on the hub
         repo = hub / f"hunyuanvideo-community__HunyuanVideo-1.5-Diffusers-{variant}"
         shutil.copytree(tiny_root / "transformer" / "480p_t2v", repo / "transformer")
         for component in PIPELINE_COMPONENTS:
-            shutil.copytree(tiny_root / component, repo / component)
+            if component != "scheduler":
+                shutil.copytree(tiny_root / component, repo / component)
+        write_variant_configs(repo, variant, *published_sampling(variant))
+        for config in ("guider", "scheduler"):
+            (repo / "variants" / variant / config).rename(repo / config)
+        (repo / "variants" / variant).rmdir()
+        (repo / "variants").rmdir()
     write_tiny_video_reward(hub / "reward")
     (hub / "reward" / "VideoReward").rename(hub / "KwaiVGI__VideoReward")
     bin_dir = tmp_path / "bin"
@@ -142,19 +158,62 @@ def test_download_arranges_the_layout_links_and_is_idempotent(fake_hub, tmp_path
     for component in PIPELINE_COMPONENTS:
         assert (root / component).is_symlink() and (root / component).resolve() == (snapshot / component).resolve()
     assert (root / "VideoReward" / "model_config.json").is_file()
+    for config in ("guider", "scheduler"):  # the variant's own sampling configs
+        assert os.readlink(root / "variants" / "480p_t2v" / config) == \
+            f"../../.hf/HunyuanVideo-1.5-Diffusers-480p_t2v/{config}"
+    assert read_variant_sampling(root, "480p_t2v").guidance_scale == 6.0
 
     calls = (hub / "calls.log").read_text().splitlines()
+    assert all(" --revision main " in call for call in calls), calls  # every download names its revision
+    # VideoReward: the current name first; the fake hub has only the former one
+    reward_calls = [call.split()[1] for call in calls if "VideoReward" in call]
+    assert reward_calls == ["KlingAIResearch/VideoReward", "KwaiVGI/VideoReward"]
+    assert "KlingAIResearch/VideoReward could not be downloaded at revision main" in first.stdout
+    assert "VideoReward: KwaiVGI/VideoReward at revision main" in first.stdout
     second = run_script("--model_root", str(root), env=env)
     assert second.returncode == 0 and "nothing to download" in second.stdout
     assert (hub / "calls.log").read_text().splitlines() == calls  # no download at all
 
-    # A second variant fetches only its transformer; the shared components stay where they are.
+    # A second variant fetches only its transformer and its own configs; the shared components stay where they are.
     third = run_script("--model_root", str(root), "--variant", "480p_t2v", "--variant", "720p_t2v", env=env)
     assert third.returncode == 0, third.stdout + third.stderr
     new_calls = (hub / "calls.log").read_text().splitlines()[len(calls):]
     assert len(new_calls) == 1 and "Diffusers-720p_t2v" in new_calls[0]
-    assert new_calls[0].count("--include") == 1 and "--include transformer/*" in new_calls[0]
+    assert new_calls[0].count("--include") == 3
+    assert all(f"--include {p}/*" in new_calls[0] for p in ("transformer", "guider", "scheduler"))
     assert "complete (480p_t2v, 720p_t2v, VideoReward)" in third.stdout
+    assert json.loads((root / "scheduler" / "scheduler_config.json").read_text())["shift"] == 5.0  # the first's
+    assert read_variant_sampling(root, "720p_t2v").flow_shift == 9.0  # its own
+
+
+def test_the_distilled_variant_comes_with_its_guidance_at_pinned_revisions(fake_hub, tmp_path):
+    hub, env = fake_hub
+    shutil.copytree(hub / "KwaiVGI__VideoReward", hub / "KlingAIResearch__VideoReward")  # the current name exists
+    env = {**env, "HUNYUAN_REVISION": "0123abc", "VIDEOALIGN_REVISION": "v1.0", "REWARD_BASE_REVISION": "r2"}
+    root = tmp_path / "ckpts"
+    result = run_script("--model_root", str(root), "--variant", "480p_t2v_distilled", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    variant = read_variant_sampling(root, "480p_t2v_distilled")
+    assert (variant.guidance_scale, variant.flow_shift) == (1.0, 5.0)  # no CFG 6.0 for the cfg-distilled variant
+    calls = (hub / "calls.log").read_text().splitlines()
+    revisions = {call.split()[1]: call.split("--revision ")[1].split()[0] for call in calls}
+    assert revisions == {"hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v_distilled": "0123abc",
+                         "KlingAIResearch/VideoReward": "v1.0"}  # the tiny reward's base model is a local folder
+    assert "VideoReward: KlingAIResearch/VideoReward at revision v1.0" in result.stdout
+
+
+def test_a_root_made_before_variant_configs_fetches_just_them(fake_hub, tmp_path):
+    hub, env = fake_hub
+    root = tmp_path / "ckpts"
+    assert run_script("--model_root", str(root), "--no_reward", env=env).returncode == 0
+    shutil.rmtree(root / "variants")
+    calls = (hub / "calls.log").read_text().splitlines()
+    again = run_script("--model_root", str(root), "--no_reward", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    new_calls = (hub / "calls.log").read_text().splitlines()[len(calls):]
+    assert len(new_calls) == 1 and new_calls[0].count("--include") == 2
+    assert "--include guider/*" in new_calls[0] and "--include scheduler/*" in new_calls[0]
+    assert read_variant_sampling(root, "480p_t2v").guidance_scale == 6.0
 
 
 def test_an_incomplete_component_is_fetched_again_and_the_partial_folder_kept_aside(fake_hub, tmp_path):

@@ -10,8 +10,13 @@ Inference-speed flags map onto diffusers (sage_grpo/pipeline/generation.py): ``-
 CUDA only for its stage, ``--group_offloading`` is diffusers' block-level ``apply_group_offloading`` on the
 transformer blocks, ``--enable_torch_compile`` compiles the repeated blocks, ``--use_sageattn`` selects diffusers'
 ``sage_varlen`` attention backend on ``--sage_blocks_range``, ``--enable_cache`` is diffusers' TaylorSeer cache.
-Flags of features this reimplementation does not have (super-resolution, prompt rewrite, distilled variants, the
-angelslim fp8 path) are accepted with a warning.
+Flags of features this reimplementation does not have (super-resolution, prompt rewrite, step distillation, sparse
+attention, the angelslim fp8 path) are accepted with a warning.
+
+The transformer version is ``<resolution>_t2v``, ``<resolution>_t2v_distilled`` with ``--cfg_distilled`` (the
+reference's naming), or any folder under ``<model_path>/transformer/`` named by ``--model_version``. Unset guidance and
+shift follow that version's own guider and scheduler configs (sage_grpo/models/variants.py): a cfg-distilled version
+samples without CFG; an explicit ``--guidance_scale`` or ``--flow_shift`` that contradicts them is used with a warning.
 
 Departures: ``--resolution`` and ``--model_path`` have defaults (480p, ./ckpts) instead of being required, and
 ``--valid_video_csv`` has none (the reference's default CSV is not shipped, spec §10.24).
@@ -38,6 +43,11 @@ class GenerateConfig:
     model_path: str = config_field("./ckpts", "Checkpoint root (see ckpts/README.md)")
     resolution: str = config_field("480p", "Selects the transformer version <resolution>_t2v and the video size",
                                    choices=("480p", "720p"))
+    cfg_distilled: bool = config_field(
+        False, "Use the cfg-distilled transformer <resolution>_t2v_distilled (sampled with its own guidance, 1.0)")
+    model_version: Optional[str] = config_field(
+        None, "Transformer version folder under <model_path>/transformer/ (default: from --resolution and "
+        "--cfg_distilled), e.g. 480p_t2v_distilled")
     checkpoint_path: Optional[str] = config_field(
         None, "Trained weights: a training checkpoint-N dir (full, LoRA, or sharded transformer_dcp/), its "
         "transformer/ subdir, a DCP folder, a .safetensors file, or an exported diffusers transformer folder")
@@ -52,10 +62,11 @@ class GenerateConfig:
     aspect_ratio: str = config_field("16:9", "Width:height of the video when --fixed_size is not given")
     fixed_size: Optional[str] = config_field(None, "HEIGHTxWIDTH override of the size, e.g. 480x864")
     guidance_scale: float = config_field(
-        6.0, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u); s <= 1: no guidance (v = v_c)")
+        6.0, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u); s <= 1: no guidance (v = v_c). Unset: the "
+        "version's guider config (cfg-distilled: 1.0) when the model root has one, else 6.0")
     flow_shift: Optional[float] = config_field(
-        None, "Time shift s of the sigma schedule, sigma = s*u / (1 + (s-1)*u); default: the reference's for "
-        "--resolution (480p 5.0, 720p 9.0)")
+        None, "Time shift s of the sigma schedule, sigma = s*u / (1 + (s-1)*u); default: the version's scheduler "
+        "config, else the reference's for the version (480p 5.0, 720p 9.0)")
     text_max_length: Optional[int] = config_field(
         None, "MLLM text token length (default: the pipeline's 1000; use the value the weights were trained with)")
     byt5_max_length: int = config_field(256, "byT5 glyph-stream token length")
@@ -92,6 +103,5 @@ class GenerateConfig:
     sr: bool = config_field(True, "Super-resolution pipeline", no_effect=_NOT_IMPLEMENTED)
     save_pre_sr_video: bool = config_field(False, "Also save the pre-SR video", no_effect=_NOT_IMPLEMENTED)
     rewrite: bool = config_field(False, "Prompt rewrite through a vLLM server", no_effect=_NOT_IMPLEMENTED)
-    cfg_distilled: bool = config_field(False, "Use the _distilled transformer", no_effect=_NOT_IMPLEMENTED)
     enable_step_distill: bool = config_field(False, "Use the _step_distilled transformer", no_effect=_NOT_IMPLEMENTED)
     sparse_attn: bool = config_field(False, "Use the _distilled_sparse transformer", no_effect=_NOT_IMPLEMENTED)

@@ -7,6 +7,10 @@ field default < ``--config file.yaml`` < command-line flags. Unknown YAML keys a
 
 Booleans parse like the reference's ``str_to_bool`` with ``nargs='?'`` and ``const=True``: a bare ``--flag`` means True,
 and true/false/1/0/yes/no/on/off (any case) are accepted.
+
+A config built from values (:func:`from_dict`, hence :func:`parse_cli`) records which fields the YAML file or the
+command line set; :func:`is_explicit` asks it. Settings whose default depends on the model (the guidance of a
+cfg-distilled variant) use it to tell a user's choice from a default.
 """
 
 import argparse
@@ -16,12 +20,13 @@ import json
 import typing
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import yaml
 
 T = TypeVar("T")
 
+_EXPLICIT_ATTR = "_explicit_fields"  # set on instances by from_dict; not a dataclass field (asdict, == ignore it)
 _TRUE = {"true", "1", "yes", "on", "y", "t"}
 _FALSE = {"false", "0", "no", "off", "n", "f"}
 
@@ -166,7 +171,24 @@ def from_dict(cls: Type[T], values: Dict[str, Any], *, source: str = "config") -
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise ValueError(f"{source}: unknown option {key!r}.{hint} Run with --help for the full list.")
         kwargs[name] = coerce_value(fields[name], value)
-    return cls(**kwargs)
+    config = cls(**kwargs)
+    object.__setattr__(config, _EXPLICIT_ATTR, frozenset(kwargs))
+    return config
+
+
+def explicit_fields(config: Any) -> Optional[FrozenSet[str]]:
+    """Names of the fields the YAML file or the command line set; None for a config built in code."""
+    return getattr(config, _EXPLICIT_ATTR, None)
+
+
+def is_explicit(config: Any, name: str) -> bool:
+    """Whether field ``name`` was chosen by the user: named in the YAML file or on the command line. A config built
+    in code (no record) counts a field as chosen when its value differs from the default."""
+    recorded = explicit_fields(config)
+    if recorded is not None:
+        return name in recorded
+    field = next(f for f in dataclasses.fields(config) if f.name == name)
+    return getattr(config, name) != _default_of(field)
 
 
 def _default_of(field: dataclasses.Field) -> Any:

@@ -24,7 +24,8 @@ class TrainConfig:
     # ---------------------------------------------------------------- model
     pretrained_model_root: str = config_field("ckpts", "Root of the checkpoint tree (see ckpts/README.md)")
     pretrained_transformer_version: str = config_field(
-        "480p_t2v", "Transformer subfolder under <root>/transformer/ (480p_t2v or 720p_t2v)")
+        "480p_t2v", "Transformer subfolder under <root>/transformer/ (480p_t2v, 720p_t2v, 480p_t2v_distilled, ...)",
+        aliases=("model_version",))
     post_train_type: str = config_field(
         "grpo", "Post-training algorithm; only grpo is implemented (the reference's 'standard' crashes)",
         choices=("grpo", "standard"))
@@ -98,7 +99,8 @@ class TrainConfig:
     valid_video_csv: Optional[List[str]] = config_field(
         None, "Validation CSV file(s) with 'prompt' and optional 'seed'", nargs="+")
     validation_timestep_shift: Optional[float] = config_field(
-        None, "Flow shift of the validation (ODE) sampler; default: the model version's (480p_t2v 5.0, 720p_t2v 9.0)")
+        None, "Flow shift of the validation (ODE) sampler; default: the version's scheduler config, else the "
+        "reference's for the version (480p_t2v 5.0, 720p_t2v 9.0)")
     validation_fixed_size: str = config_field("480x864", "Validation HxW ('HxW' or 'H*W'; 'none': rollout size)")
     validate_video_length: int = config_field(
         81, "Validation frame count", aliases=("validation_video_length", "video_length"))
@@ -142,7 +144,8 @@ class TrainConfig:
     sample_n_frames: int = config_field(81, "Frames per rollout video")
     eta: float = config_field(0.5, "SDE noise level eta")
     cfg_scale: float = config_field(
-        6.0, "Classifier-free guidance scale s in rollouts and training; s <= 1: no guidance (conditional velocity)")
+        6.0, "Classifier-free guidance scale s in rollouts, training and validation; s <= 1: no guidance (conditional "
+        "velocity). Unset: the version's guider config (cfg-distilled: 1.0) when the model root has one, else 6.0")
     neg_prompt: str = config_field("", "Negative prompt for CFG")
     infer_flow_shift_video: float = config_field(5.0, "Flow shift of the rollout sigma schedule")
     video_bucket_hw_base_size: int = config_field(

@@ -12,9 +12,13 @@ from typing import Dict, List, Optional, Tuple
 from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
 
 
-# HunyuanVideo-1.5's sampling flow shift per transformer version (its pipeline configs): the reference's validation
-# and generate.py sample 480p_t2v with shift 5.0 and 720p_t2v with 9.0.
-FLOW_SHIFT_BY_VERSION: Dict[str, float] = {"480p_t2v": 5.0, "720p_t2v": 9.0}
+# HunyuanVideo-1.5's sampling flow shift per text-to-video transformer version (its pipeline configs, and the
+# scheduler/ of the diffusers pipeline repos): the reference's validation and generate.py sample 480p_t2v with shift
+# 5.0 and 720p_t2v with 9.0; the cfg-distilled versions keep their resolution's shift. Its keys are the known version
+# names. A model root's own variants/<version>/scheduler/ config, when present, comes first
+# (sage_grpo/models/variants.py).
+FLOW_SHIFT_BY_VERSION: Dict[str, float] = {"480p_t2v": 5.0, "720p_t2v": 9.0, "480p_t2v_distilled": 5.0,
+                                           "720p_t2v_distilled": 9.0}
 
 
 class ConfigError(ValueError):

@@ -15,6 +15,14 @@ reference's ``ckpts/transformer/<version>``::
     <root>/scheduler/              FlowMatchEulerDiscreteScheduler    scheduler_config.json
     <root>/VideoReward/            VideoAlign reward model            model_config.json (its loader checks the rest)
 
+Optional, per version: the sampling settings its authors ship with it (each diffusers pipeline repo has its own
+``guider/`` and ``scheduler/``; the shared ``scheduler/`` above comes from the first version downloaded)::
+
+    <root>/variants/<version>/guider/      ClassifierFreeGuidance     guider_config.json     (guidance_scale)
+    <root>/variants/<version>/scheduler/   FlowMatchEulerDiscreteScheduler  scheduler_config.json  (shift)
+
+:mod:`sage_grpo.models.variants` reads them; a root without them samples with the flags' defaults.
+
 Weights may be one file or sharded (``*.safetensors.index.json`` plus the shards it names); the shards of an index are
 checked too, so an interrupted download is reported as missing files rather than failing later inside
 ``from_pretrained``.
@@ -25,9 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
+from sage_grpo.config.validation import FLOW_SHIFT_BY_VERSION
+
 DEFAULT_TRANSFORMER_VERSION = "480p_t2v"
-TRANSFORMER_VERSIONS = ("480p_t2v", "720p_t2v")
+TRANSFORMER_VERSIONS = tuple(FLOW_SHIFT_BY_VERSION)  # the known names: HunyuanVideo-1.5's text-to-video versions
 TRANSFORMER_DIR = "transformer"
+VARIANTS_DIR = "variants"
 REWARD_DIR = "VideoReward"
 DOWNLOAD_HINT = "Run `bash download_weights.sh --help` to see how to download the weights into this layout."
 
@@ -59,6 +70,25 @@ def transformer_layout(version: str = DEFAULT_TRANSFORMER_VERSION) -> ComponentL
     )
 
 
+GUIDER_CONFIG = "guider_config.json"
+SCHEDULER_CONFIG = "scheduler_config.json"
+
+
+def variant_config_layouts(version: str) -> List[ComponentLayout]:
+    """The optional sampling configs of one version: its guider and its scheduler (see the module docstring)."""
+    folder = f"{VARIANTS_DIR}/{version}"
+    return [ComponentLayout(f"guider ({version})", f"{folder}/guider", "ClassifierFreeGuidance",
+                            (((GUIDER_CONFIG,),),)),
+            ComponentLayout(f"scheduler ({version})", f"{folder}/scheduler", "FlowMatchEulerDiscreteScheduler",
+                            (((SCHEDULER_CONFIG,),),))]
+
+
+def variant_config_files(root: Path, version: str) -> Tuple[Path, Path]:
+    """(guider config, scheduler config) paths of ``version`` under ``root`` (either may be absent)."""
+    guider, scheduler = variant_config_layouts(version)
+    return Path(root) / guider.subdir / GUIDER_CONFIG, Path(root) / scheduler.subdir / SCHEDULER_CONFIG
+
+
 VAE = ComponentLayout("vae", "vae", "AutoencoderKLHunyuanVideo15",
                       ((("config.json",),), _weights("diffusion_pytorch_model")))
 TEXT_ENCODER = ComponentLayout("text_encoder", "text_encoder", "Qwen2_5_VLTextModel",
@@ -68,8 +98,7 @@ TOKENIZER = ComponentLayout("tokenizer", "tokenizer", "Qwen2Tokenizer",
 TEXT_ENCODER_2 = ComponentLayout("text_encoder_2", "text_encoder_2", "T5EncoderModel",
                                  ((("config.json",),), _weights("model")))
 TOKENIZER_2 = ComponentLayout("tokenizer_2", "tokenizer_2", "ByT5Tokenizer", ((("tokenizer_config.json",),),))
-SCHEDULER = ComponentLayout("scheduler", "scheduler", "FlowMatchEulerDiscreteScheduler",
-                            ((("scheduler_config.json",),),))
+SCHEDULER = ComponentLayout("scheduler", "scheduler", "FlowMatchEulerDiscreteScheduler", (((SCHEDULER_CONFIG,),),))
 VIDEO_REWARD = ComponentLayout("VideoReward", REWARD_DIR, "VideoAlign reward model", ((("model_config.json",),),))
 
 TEXT_COMPONENTS = (TEXT_ENCODER, TOKENIZER, TEXT_ENCODER_2, TOKENIZER_2)
@@ -123,15 +152,25 @@ def available_transformer_versions(root: Path) -> List[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
-def check_transformer_version(root: Path, version: str) -> None:
-    """Reject a version that is neither a known one nor an existing folder, listing what exists."""
+class UnknownTransformerVersion(MissingCheckpointError):
+    """A transformer version that is neither a known name nor a folder of the root (a typo, most often)."""
+
+    def __init__(self, root: Path, version: str, option: str):
+        present = available_transformer_versions(root)
+        self.root, self.missing = Path(root), [f"{TRANSFORMER_DIR}/{version}/"]
+        FileNotFoundError.__init__(
+            self, f"{option} {version!r} is no transformer version of {str(root)!r}: present under "
+                  f"{TRANSFORMER_DIR}/: {', '.join(present) or 'none'}; known names: "
+                  f"{', '.join(TRANSFORMER_VERSIONS)}. Use one of those, or fetch a known one with "
+                  "`bash download_weights.sh --variant NAME`.")
+
+
+def check_transformer_version(root: Path, version: str, option: str = "transformer version") -> None:
+    """Reject a version that is neither a known one nor an existing folder, listing what exists; ``option`` names
+    the flag that chose it."""
     if version in TRANSFORMER_VERSIONS or version in available_transformer_versions(root):
         return
-    raise MissingCheckpointError(
-        root, [f"{TRANSFORMER_DIR}/{version}/"],
-        note=f"Unknown transformer version {version!r}; known: {list(TRANSFORMER_VERSIONS)}, "
-             f"present under {TRANSFORMER_DIR}/: {available_transformer_versions(root)}.",
-    )
+    raise UnknownTransformerVersion(root, version, option)
 
 
 def check_layout(root: Path, layouts: Sequence[ComponentLayout]) -> None:

@@ -14,14 +14,17 @@ diffusers test configs (feasibility note §2):
   with Qwen's chat template and special tokens; byT5: a 2-layer T5 encoder with ``ByT5Tokenizer`` (needs no files).
 
 Weights are drawn under a forked RNG seeded by ``seed`` (so a seed gives byte-identical files and the caller's global
-RNG is untouched) and saved in bf16, like the released checkpoint. Each transformer version gets its own seed offset.
+RNG is untouched) and saved in bf16, like the released checkpoint. Each transformer version gets its own seed offset
+and, as in the diffusers pipeline repos, its own ``variants/<version>/`` guider and scheduler configs: guidance 1.0
+for a cfg-distilled version (a name ending in ``_distilled``), else 6.0; the known version's shift (else 5.0).
 """
 
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
+from sage_grpo.config.validation import FLOW_SHIFT_BY_VERSION
 from sage_grpo.models import layout
 from sage_grpo.tiny_tokenizer import build_tiny_qwen_tokenizer
 
@@ -35,6 +38,7 @@ TINY_VAE_CONFIG: Dict = dict(
     temporal_compression_ratio=4, downsample_match_channel=False, upsample_match_channel=False,
 )
 TINY_FLOW_SHIFT = 5.0
+BASE_GUIDANCE, DISTILLED_GUIDANCE = 6.0, 1.0  # HunyuanVideo-1.5's guider configs: base and cfg-distilled versions
 
 _TOKENIZER_CORPUS = (
     "You are a helpful assistant. Describe the video by detailing the following aspects: 1. The main content and "
@@ -81,6 +85,28 @@ def _save(module, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
             hf_logging.enable_progress_bar()
 
 
+def published_sampling(version: str) -> Tuple[float, float]:
+    """(guidance scale, flow shift) that HunyuanVideo-1.5's pipeline repos give ``version``: CFG 1.0 for the
+    cfg-distilled versions, 6.0 otherwise; the known version's shift, else the tiny scheduler's."""
+    guidance = DISTILLED_GUIDANCE if version.endswith("_distilled") else BASE_GUIDANCE
+    return guidance, FLOW_SHIFT_BY_VERSION.get(version, TINY_FLOW_SHIFT)
+
+
+def write_variant_configs(root, version: str, guidance_scale: float, shift: float) -> None:
+    """``<root>/variants/<version>/``: the version's guider and scheduler configs, as diffusers saves them."""
+    from diffusers import ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler
+    from diffusers.utils import logging as diffusers_logging
+
+    guider_layout, scheduler_layout = layout.variant_config_layouts(version)
+    level = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()  # the guider's "experimental feature" notice
+    try:
+        ClassifierFreeGuidance(guidance_scale=guidance_scale).save_config(Path(root) / guider_layout.subdir)
+    finally:
+        diffusers_logging.set_verbosity(level)
+    FlowMatchEulerDiscreteScheduler(shift=shift).save_pretrained(Path(root) / scheduler_layout.subdir)
+
+
 def _seeded(build, seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -105,6 +131,7 @@ def write_tiny_hunyuan(root, *, seed: int = 0, versions: Sequence[str] = (layout
     for offset, version in enumerate(versions):
         transformer = _seeded(lambda: HunyuanVideo15Transformer3DModel(**transformer_config), seed + 100 + offset)
         _save(transformer, root / layout.transformer_layout(version).subdir, dtype)
+        write_variant_configs(root, version, *published_sampling(version))
     _save(_seeded(lambda: AutoencoderKLHunyuanVideo15(**vae_config), seed + 1), root / layout.VAE.subdir, dtype)
 
     tokenizer = build_tiny_qwen_tokenizer([_TOKENIZER_CORPUS + tokenizer_corpus] * 20, vocab_size=400)

@@ -6,7 +6,8 @@
 Prints ``complete`` (exit 0) or every missing file (exit 1). ``--reward`` also checks ``VideoReward/`` the way the
 reward loader does (model_config.json, a checkpoint-N/ with its weights, and the base model it names).
 ``--missing_components`` prints, one per line, the component folders that are incomplete (``transformer/<version>``,
-``vae``, ..., ``VideoReward``) and exits 0: the download script fetches exactly those. The table is
+``vae``, ..., ``VideoReward``, and the optional per-version sampling configs ``variants/<version>/guider`` and
+``variants/<version>/scheduler``) and exits 0: the download script fetches exactly those. The table is
 :mod:`sage_grpo.models.layout`.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from sage_grpo.models.layout import (DEFAULT_TRANSFORMER_VERSION, REWARD_DIR, MissingCheckpointError, check_layout,
-                                     missing_files, required_layouts)
+                                     missing_files, required_layouts, variant_config_layouts)
 
 
 def reward_problems(root: Path) -> List[str]:
@@ -31,8 +32,9 @@ def reward_problems(root: Path) -> List[str]:
 
 
 def missing_components(root: Path, versions: Sequence[str], reward: bool) -> List[str]:
-    """Component folders (layout subdirs) that are absent or incomplete."""
-    layouts = required_layouts(versions, reward=False)
+    """Component folders (layout subdirs) that are absent or incomplete, the versions' optional sampling configs
+    included (the loader does without them; a download fetches them)."""
+    layouts = required_layouts(versions, reward=False) + [c for v in versions for c in variant_config_layouts(v)]
     incomplete = [spec.subdir for spec in layouts if missing_files(root, spec)]
     if reward and reward_problems(root):
         incomplete.append(REWARD_DIR)

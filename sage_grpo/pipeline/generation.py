@@ -3,11 +3,13 @@
 1. ``plan_generation`` reads and checks everything that needs no model (prompts from CSV or ``--prompt``, seeds,
    size, output paths, weight paths, the inference-speed flags against the device) and raises ``ValueError`` /
    ``FileNotFoundError`` before any weights load.
-2. ``VideoGenerator`` loads ``<model_path>`` with transformer version ``<resolution>_t2v``, puts trained weights in
+2. ``VideoGenerator`` loads ``<model_path>`` with transformer version ``<resolution>_t2v`` (``_distilled`` with
+   ``--cfg_distilled``; any folder with ``--model_version``), puts trained weights in
    (``--checkpoint_path``: full, LoRA or sharded-DCP training checkpoints and exported folders; ``--lora_path``: an
    adapter folder; LoRA adapters are merged into the weights, see :mod:`sage_grpo.export`), applies the speed
    settings and renders each item with the Euler ODE sampler: our rollout with every step deterministic, CFG
-   ``--guidance_scale`` and shift ``--flow_shift`` (default: the reference's for the version, 480p_t2v 5.0 and
+   ``--guidance_scale`` and shift ``--flow_shift`` (unset: the version's guider and scheduler configs,
+   :mod:`sage_grpo.models.variants`, else CFG 6.0 and the reference's shift for the version, 480p_t2v 5.0 and
    720p_t2v 9.0). It equals diffusers' ``HunyuanVideo15Pipeline`` given the same transformer and initial latents
    (tested to 1e-5 in fp32), except at guidance scales below 1, where diffusers still mixes in the unconditional
    branch and we, as the reference, use the conditional velocity alone.
@@ -45,6 +47,7 @@ import contextlib
 import importlib.util
 import json
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -52,10 +55,12 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from sage_grpo.config.generate import GenerateConfig
-from sage_grpo.config.validation import default_flow_shift, parse_size
+from sage_grpo.config.schema import is_explicit
+from sage_grpo.config.validation import parse_size
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
+from sage_grpo.models.variants import resolve_generation_sampling
 from sage_grpo.pipeline.resolution import resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
 
@@ -89,10 +94,12 @@ class GenerationPlan:
     height: int
     width: int
     transformer_version: str
-    flow_shift: float  # --flow_shift, or the reference's shift for the transformer version
+    guidance_scale: float  # --guidance_scale, or the version's guider config
+    flow_shift: float  # --flow_shift, or the version's scheduler config, or the reference's shift for the version
     device: torch.device = torch.device("cpu")
     acceleration: Acceleration = Acceleration()
     notes: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)  # explicit settings that contradict the version's configs
 
 
 def read_items(config: GenerateConfig, notes: List[str]) -> List[GenerationItem]:
@@ -206,12 +213,23 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
     items = read_items(config, csv_notes)
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     acceleration, notes = plan_acceleration(config, device)
-    version = f"{config.resolution}_t2v"
-    shift = config.flow_shift if config.flow_shift is not None else default_flow_shift(version, "--flow_shift")
-    if shift <= 0:
-        raise ValueError(f"--flow_shift must be > 0, got {shift}")
-    return GenerationPlan(items, output_paths(config, items, version), height, width, version, shift, device,
-                          acceleration, csv_notes + notes)
+    version = transformer_version(config)
+    if config.flow_shift is not None and config.flow_shift <= 0:
+        raise ValueError(f"--flow_shift must be > 0, got {config.flow_shift}")
+    guidance, shift, variant_warnings, variant_notes = resolve_generation_sampling(
+        config.model_path, version, config.guidance_scale, is_explicit(config, "guidance_scale"), config.flow_shift)
+    return GenerationPlan(items, output_paths(config, items, version), height, width, version, guidance, shift,
+                          device, acceleration, csv_notes + notes + variant_notes, variant_warnings)
+
+
+def transformer_version(config: GenerateConfig) -> str:
+    """``--model_version``, else ``<resolution>_t2v`` with ``_distilled`` under ``--cfg_distilled`` (reference §5.3)."""
+    if config.model_version is not None:
+        if config.cfg_distilled:
+            raise ValueError("--model_version and --cfg_distilled both choose the transformer version: pass one "
+                             f"(e.g. --model_version {config.resolution}_t2v_distilled)")
+        return config.model_version
+    return f"{config.resolution}_t2v{'_distilled' if config.cfg_distilled else ''}"
 
 
 def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPlan, item: GenerationItem) -> None:
@@ -219,6 +237,7 @@ def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPl
         **asdict(config), "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "task": "t2v",
         "transformer_version": plan.transformer_version, "output_path": str(video_path),
         "height": plan.height, "width": plan.width, "flow_shift": plan.flow_shift,
+        "guidance_scale": plan.guidance_scale,
         "prompt": item.prompt, "seed": item.seed,  # this video's own
     }
     video_path.with_name(f"{video_path.stem}_config.json").write_text(json.dumps(settings, indent=2))
@@ -303,7 +322,7 @@ class VideoGenerator:
         cache = self.transformer.cache_context("generate") if plan.acceleration.cache else contextlib.nullcontext()
         with self._stage(transformer_stage), cache:
             result = rollout(self.transformer, c.vae, embeds, [item.seed], num_steps=config.num_inference_steps,
-                             shift=plan.flow_shift, guidance_scale=config.guidance_scale,
+                             shift=plan.flow_shift, guidance_scale=plan.guidance_scale,
                              num_frames=config.video_length, height=plan.height, width=plan.width,
                              deterministic=True, decode=False, num_image_tokens=config.vision_num_semantic_tokens,
                              progress=progress)
@@ -318,6 +337,8 @@ def run_generation(config: GenerateConfig) -> List[Path]:
     plan = plan_generation(config)
     for note in plan.notes:
         print(f"note: {note}")
+    for message in plan.warnings:
+        warnings.warn(message, UserWarning, stacklevel=2)
     generator = VideoGenerator(config, plan)
     for index, (item, path) in enumerate(zip(plan.items, plan.output_paths)):
         print(f"[{index + 1}/{len(plan.items)}] seed {item.seed}: {item.prompt}")
