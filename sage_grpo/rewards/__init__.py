@@ -15,6 +15,7 @@ from .base import RewardFn, score_with_fallback
 from .registry import (
     BUILTIN_REWARDS,
     CompositeReward,
+    avg_term_weights,
     build_reward_fn,
     import_object,
     make_reward,
@@ -33,6 +34,7 @@ __all__ = [
     "TargetColorReward",
     "TemporalSmoothnessReward",
     "ToySuiteReward",
+    "avg_term_weights",
     "build_reward_fn",
     "import_object",
     "make_reward",

@@ -17,12 +17,15 @@ Expanding the placeholder after tokenisation is equivalent to the processor's st
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
 
 from .prompt_templates import build_prompt
 from .video_preprocess import (
+    FRAME_FACTOR,
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     normalize_frames,
@@ -35,6 +38,7 @@ from .video_preprocess import (
 
 VIDEO_TOKEN = "<|video_pad|>"
 VIDEO_TOKEN_TYPE = 2  # mm_token_type_ids: 0 text, 1 image, 2 video
+MIN_FRAME_PIXELS = 28 * 28  # one merged 2x2 patch of 14x14 pixels: the smallest frame Qwen2-VL can take
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,44 @@ class VideoInputSpec:
     merge_size: int = 2
     image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
     image_std: tuple[float, float, float] = OPENAI_CLIP_STD
+
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """``--videoalign_fps`` / ``--videoalign_num_frames`` / ``--videoalign_max_pixels``: what the reward model sees,
+    overriding the checkpoint's ``data_config`` (``fps``, ``num_frames``, ``max_frame_pixels``); None keeps the
+    checkpoint's value. ``fps`` and ``num_frames`` are two ways to say the same thing and exclude each other."""
+
+    fps: float | None = None  # frames per second of video time fed to the model
+    num_frames: int | None = None  # a fixed frame count (rounded to even, capped at the video's)
+    max_pixels: int | None = None  # pixel budget of one resized frame (height x width)
+
+    def __post_init__(self):
+        if self.fps is not None and self.num_frames is not None:
+            raise ValueError(f"videoalign_fps {self.fps} and videoalign_num_frames {self.num_frames} both set; they "
+                             "are exclusive (sampling at a rate or a fixed count): give one of them")
+        if self.fps is not None and not (self.fps > 0 and math.isfinite(self.fps)):
+            raise ValueError(f"videoalign_fps must be a positive number, got {self.fps} (VideoAlign's default is 2.0)")
+        if self.num_frames is not None and self.num_frames < FRAME_FACTOR:
+            raise ValueError(f"videoalign_num_frames must be >= {FRAME_FACTOR} (one temporal patch), got "
+                             f"{self.num_frames}")
+        if self.max_pixels is not None and self.max_pixels < MIN_FRAME_PIXELS:
+            raise ValueError(f"videoalign_max_pixels must be >= {MIN_FRAME_PIXELS} (one 28x28 merged patch), got "
+                             f"{self.max_pixels}; the released checkpoint uses 200704 (448x448)")
+
+    def apply(self, spec: VideoInputSpec) -> VideoInputSpec:
+        """``spec`` with the overrides set (a frame count replaces the checkpoint's rate and vice versa)."""
+        changes = {}
+        if self.fps is not None:
+            changes.update(fps=self.fps, num_frames=None)
+        if self.num_frames is not None:
+            changes.update(fps=None, num_frames=self.num_frames)
+        if self.max_pixels is not None:
+            changes.update(max_pixels=self.max_pixels)
+        if changes.get("max_pixels", spec.max_pixels) < spec.min_pixels:
+            raise ValueError(f"videoalign_max_pixels {self.max_pixels} is below the checkpoint's minimum frame size "
+                             f"{spec.min_pixels} pixels; use at least {spec.min_pixels}")
+        return dataclasses.replace(spec, **changes)
 
 
 class FrameSampler:
