@@ -26,7 +26,7 @@ from sage_grpo.rewards.tiny import write_tiny_video_reward
 from sage_grpo.rewards.toys import ToySuiteReward
 from sage_grpo.rewards.videoalign import VideoAlignReward
 from sage_grpo.rewards.videoalign_inputs import FrameSampler, SamplingOverrides
-from sage_grpo.rl import RewardAggregation, local_advantages
+from sage_grpo.rl import RewardAggregation, group_advantages, local_advantages
 from sage_grpo.trainer_setup import check_reward_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -377,3 +377,30 @@ def test_reward_server_script_serves_the_configured_reward():
         assert torch.equal(scores["target_color"], expected.float())
     finally:
         kill_group(proc)
+
+
+@pytest.mark.e2e
+def test_trainer_step_with_a_remote_reward_and_advantage_aggregation(tiny_root, tmp_path):
+    """One tiny training step scored by a reward server, advantages aggregated per term: each logged advantage is
+    sum_k w_k * (z-score of term k within the group), recomputed here from the logged rewards."""
+    from model_fixtures import tiny_args
+    from sage_grpo.trainer import GRPOTrainer
+
+    server = ServerThread(RewardService(ToySuiteReward(), "toy_suite", video_fps=24.0))
+    try:
+        weights = {"color": 1.0, "brightness": 0.5, "smoothness": 0.25}
+        trainer = GRPOTrainer(parse_cli(TrainConfig, tiny_args(
+            tiny_root, tmp_path / "run", "--max_steps", "1", "--reward_model", "toy_suite", "--reward_weights",
+            json.dumps(weights), "--reward_aggregation", "advantage", "--remote_reward_url", server.url,
+            "--save_rollout_videos", "true")))
+        assert isinstance(trainer.reward_fn.fns["toy_suite"], RemoteReward)
+        trainer.train()
+    finally:
+        server.stop()
+    group = json.loads(next((trainer.run_dir / "rl_samples").glob("*/group_0/*_rewards.json")).read_text())
+    terms = {key: torch.tensor([g[f"toy_suite_{key}"] for g in group]) for key in weights}
+    expected = sum(w * group_advantages(terms[key], len(group)) for key, w in weights.items())
+    torch.testing.assert_close(torch.tensor([g["advantage"] for g in group]), expected)
+    # two members: sum gives +-1; advantage gives +-1 +-0.5 +-0.25 when every term differs within the group
+    assert all(torch.isfinite(t).all() and t[0] != t[1] for t in terms.values())
+    assert not torch.allclose(expected.abs(), torch.ones(2))
