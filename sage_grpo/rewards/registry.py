@@ -20,7 +20,9 @@ model does not produce, invalid JSON, unknown entry keys.
 Names resolve through one explicit table (``BUILTIN_REWARDS``), then ``register_reward`` registrations, then
 dotted paths ``"package.module:attr"`` / ``"package.module.attr"`` (a class is instantiated with the entry's
 ``kwargs``, a function is used as it is). ``video_align`` / ``video_score2`` are stubs returning None in the
-reference and are rejected.
+reference and are rejected. With ``remote`` settings the primary model is a :class:`.remote.RemoteReward` scoring on
+a reward server instead. ``avg_term_weights`` gives the weight of every output key in ``avg`` (what
+``--reward_aggregation advantage`` weighs the per-term advantages with).
 
 Plug-in rule (a config file is untrusted input, and it names the plug-in): a dotted path loads only a function or
 class marked with :func:`reward_plugin` in its own module. Before anything is imported, the module is located
