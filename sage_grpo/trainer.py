@@ -5,7 +5,8 @@
 * Rollout: every prompt of this rank's batch is sampled with the SDE sampler (``Sampler``, built once) at all
   ``grpo_sampling_steps`` steps, storing the latents x_0..x_N and the per-step log-probs log pi_old(x_{k+1} | x_k).
 * Reward: the reward stack scores the decoded videos; ``avg`` is the GRPO reward. Failed rewards are NaN.
-* Advantages: per-group population z-score with a 1e-6 floor (NaN rewards excluded, advantage 0).
+* Advantages: per-group population z-score with a 1e-6 floor (NaN rewards excluded, advantage 0) of ``avg``, or with
+  ``--reward_aggregation advantage`` the weighted sum of each reward term's own z-scores (``rl.advantages``).
 * Reference means: the KL anchor's SDE means mu_ref on the stored transitions, computed before training (the
   reference's ``rollout_phase`` mode) so the policy pass needs no second model.
 * Policy update: samples are shuffled and each sample's steps permuted; every (sample, step) pair gets the PPO clipped
@@ -79,7 +80,6 @@ from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim import LRSchedule, build_optimizer
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
-from sage_grpo.rewards import parse_reward_weights
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
@@ -140,9 +140,8 @@ class GRPOTrainer:
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()
-        self.reward_weights = parse_reward_weights(cfg.reward_weights)  # parsed once: the reward plan and build take it
         self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
-        check_reward_config(cfg, self.reward_weights)
+        self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
         self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed,
                                           dp_size=self.dp_size) if cfg.resume_from_checkpoint is not None else None)
@@ -171,7 +170,7 @@ class GRPOTrainer:
         parallelize_models(self.models, self.dims, cfg)
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
-        self.reward_fn = build_reward(cfg, self.reward_weights, self.device) if self.dims.is_sp_leader else None
+        self.reward_fn = build_reward(cfg, self.reward_plan, self.device) if self.dims.is_sp_leader else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef)
@@ -280,8 +279,9 @@ class GRPOTrainer:
         start = time.perf_counter()
         rewards, group_rewards = self.score(videos, prompts)
         timings["reward_time"] = time.perf_counter() - start
-        advantages = rl.local_advantages(group_rewards["avg"], cfg.num_generations, self.ranks_per_group,
-                                         self.dp_rank % self.ranks_per_group, cfg.batch_size)
+        advantages = rl.local_advantages(group_rewards, cfg.num_generations, self.ranks_per_group,
+                                         self.dp_rank % self.ranks_per_group, cfg.batch_size,
+                                         self.reward_plan.aggregation)
         self._write_rollout_media(items, seeds, videos, rewards, advantages)
 
         start = time.perf_counter()

@@ -48,21 +48,21 @@ def test_non_finite_rewards_are_excluded_and_get_zero():
 def test_local_advantages_one_rank_per_group():
     # B = 4 holds two groups of 2: [1, 3] → [−1, 1]; [2, 2] → [0, 0]
     rewards = torch.tensor([1.0, 3.0, 2.0, 2.0])
-    adv = local_advantages(rewards, group_size=2, ranks_per_group=1, rank_in_group=0, batch_size=4)
+    adv = local_advantages({"avg": rewards}, group_size=2, ranks_per_group=1, rank_in_group=0, batch_size=4)
     torch.testing.assert_close(adv, torch.tensor([-1.0, 1.0, 0.0, 0.0]))
 
 
 def test_local_advantages_group_spread_over_ranks():
     # G = 4 over 2 ranks of B = 2: the whole group [1, 2, 3, 4] is normalized, each rank keeps its slice
     gathered = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    rank0 = local_advantages(gathered, group_size=4, ranks_per_group=2, rank_in_group=0, batch_size=2)
-    rank1 = local_advantages(gathered, group_size=4, ranks_per_group=2, rank_in_group=1, batch_size=2)
+    rank0 = local_advantages({"avg": gathered}, group_size=4, ranks_per_group=2, rank_in_group=0, batch_size=2)
+    rank1 = local_advantages({"avg": gathered}, group_size=4, ranks_per_group=2, rank_in_group=1, batch_size=2)
     torch.testing.assert_close(rank0, torch.tensor([-1.341641, -0.447214]))
     torch.testing.assert_close(rank1, torch.tensor([0.447214, 1.341641]))
     with pytest.raises(ValueError):
-        local_advantages(gathered, group_size=4, ranks_per_group=2, rank_in_group=2, batch_size=2)
+        local_advantages({"avg": gathered}, group_size=4, ranks_per_group=2, rank_in_group=2, batch_size=2)
     with pytest.raises(ValueError):
-        local_advantages(gathered[:2], group_size=4, ranks_per_group=2, rank_in_group=0, batch_size=2)
+        local_advantages({"avg": gathered[:2]}, group_size=4, ranks_per_group=2, rank_in_group=0, batch_size=2)
     with pytest.raises(ValueError):
         group_advantages(torch.ones(5), 2)
 

@@ -67,7 +67,24 @@ class TrainConfig:
     reward_checkpoint_mode: str = config_field(
         "v3", "Key-remapping mode for the VideoReward state dict", choices=("v1", "v2", "v3"))
     remote_reward_url: Optional[str] = config_field(
-        None, "Server URL of a remote reward", no_effect="the reference's remote rewards are stubs")
+        None, "Score --reward_model on a reward server (scripts/reward_server.py), e.g. http://host:8765; unset: "
+        "locally")
+    # (our own reward options, README "Reward options")
+    remote_reward_retries: int = config_field(
+        3, "Retries of a remote reward request after a connection error, timeout or 5xx (backoff 0.5 s, doubling); "
+        "then its samples score NaN")
+    remote_reward_timeout: float = config_field(600.0, "Seconds one remote reward request may take")
+    reward_aggregation: str = config_field(
+        "sum", "sum: group advantages of the weighted reward sum avg (the reference); advantage: the weighted sum "
+        "of each weighted reward's own group advantages (DanceGRPO)", choices=("sum", "advantage"))
+    videoalign_fps: Optional[float] = config_field(
+        None, "Frames per second of video VideoAlign sees (default: the checkpoint's data_config.fps)")
+    videoalign_num_frames: Optional[int] = config_field(
+        None, "Fixed frame count VideoAlign sees instead of a rate; excludes --videoalign_fps (default: the "
+        "checkpoint's data_config)")
+    videoalign_max_pixels: Optional[int] = config_field(
+        None, "Pixel budget (H x W) of each frame VideoAlign sees (default: the checkpoint's "
+        "data_config.max_frame_pixels)")
     # ---------------------------------------------------------------- KL / trust region
     kl_weight: float = config_field(1e-5, "KL switch (>0 loads a reference model) and the controller's target/max beta")
     kl_coef: float = config_field(

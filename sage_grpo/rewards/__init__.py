@@ -7,7 +7,8 @@ Contract: a reward callable maps ``videos (B, 3, F, H, W)`` in [0, 1] and B prom
 Modules: ``base`` (contract, failure policy), ``registry`` (name table, plug-ins, composite), ``toys``,
 ``videoalign`` (the reward callable) with ``videoalign_checkpoint`` (files, key remapping, loading),
 ``videoalign_model`` (network, pooling), ``videoalign_inputs`` (batch assembly), ``video_preprocess``
-(torch-only frame sampling/resize/patchify, mp4 IO), ``prompt_templates``, and ``tiny`` (tiny checkpoint).
+(torch-only frame sampling/resize/patchify, mp4 IO), ``prompt_templates``, ``tiny`` (tiny checkpoint), and
+``remote`` / ``serving`` (the ``--remote_reward_url`` client and the reward server behind it).
 ``videoalign`` and ``tiny`` import transformers/peft and are not imported here.
 """
 
@@ -15,6 +16,7 @@ from .base import RewardFn, score_with_fallback
 from .registry import (
     BUILTIN_REWARDS,
     CompositeReward,
+    avg_term_weights,
     build_reward_fn,
     import_object,
     make_reward,
@@ -33,6 +35,7 @@ __all__ = [
     "TargetColorReward",
     "TemporalSmoothnessReward",
     "ToySuiteReward",
+    "avg_term_weights",
     "build_reward_fn",
     "import_object",
     "make_reward",

@@ -20,7 +20,9 @@ model does not produce, invalid JSON, unknown entry keys.
 Names resolve through one explicit table (``BUILTIN_REWARDS``), then ``register_reward`` registrations, then
 dotted paths ``"package.module:attr"`` / ``"package.module.attr"`` (a class is instantiated with the entry's
 ``kwargs``, a function is used as it is). ``video_align`` / ``video_score2`` are stubs returning None in the
-reference and are rejected.
+reference and are rejected. With ``remote`` settings the primary model is a :class:`.remote.RemoteReward` scoring on
+a reward server instead. ``avg_term_weights`` gives the weight of every output key in ``avg`` (what
+``--reward_aggregation advantage`` weighs the per-term advantages with).
 
 Plug-in rule (a config file is untrusted input, and it names the plug-in): a dotted path loads only a function or
 class marked with :func:`reward_plugin` in its own module. Before anything is imported, the module is located
@@ -45,7 +47,9 @@ from pathlib import Path
 import torch
 
 from .base import RewardFn, metric_names_of, score_with_fallback
+from .remote import RemoteReward, RemoteSettings
 from .toys import BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
+from .videoalign_inputs import SamplingOverrides
 
 DEFAULT_VIDEOALIGN_WEIGHTS = {"VQ": 0.5, "MQ": 0.5, "TA": 1.0}  # reference --reward_weights default
 EMPTY_VIDEOALIGN_WEIGHTS = {"VQ": 1.0, "MQ": 1.0, "TA": 1.0}  # reference fallback for empty reward_weights
@@ -63,6 +67,7 @@ class RewardContext:
     dtype: torch.dtype = torch.bfloat16
     video_fps: float = 24.0
     score_from_mp4: bool = False
+    videoalign_sampling: SamplingOverrides = SamplingOverrides()  # checkpoint's frame sampling unless overridden
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ def _build_videoalign(ctx: RewardContext, kwargs: dict) -> RewardFn:
 
     return VideoAlignReward(
         ctx.model_root, checkpoint_mode=ctx.checkpoint_mode, device=ctx.device, dtype=ctx.dtype,
-        video_fps=ctx.video_fps, from_mp4=ctx.score_from_mp4, **kwargs,
+        video_fps=ctx.video_fps, from_mp4=ctx.score_from_mp4, sampling=ctx.videoalign_sampling, **kwargs,
     )
 
 
@@ -404,6 +409,8 @@ def build_reward_fn(
     video_fps: float = 24.0,
     batch_size: int | None = None,
     score_from_mp4: bool = False,
+    videoalign_sampling: SamplingOverrides | None = None,
+    remote: RemoteSettings | None = None,
 ) -> CompositeReward:
     """Build the trainer's reward: ``fn(videos (B,3,F,H,W) in [0,1], prompts) -> {key: (B,)} incl. "avg"``.
 
@@ -425,10 +432,16 @@ def build_reward_fn(
         video_fps: frame rate of the videos passed in (24 for HunyuanVideo-1.5 rollouts).
         batch_size: videos per reward-model call (None: the whole batch; 1: the reference's one at a time).
         score_from_mp4: VideoAlign scores each video after an mp4 round trip, as the reference does.
+        videoalign_sampling: VideoAlign's frame rate or count and pixel budget, overriding the checkpoint's.
+        remote: score ``reward_model`` on the reward server these settings name (:mod:`.remote`) instead of
+            building it here; further models (``extra_models``) stay local.
     """
     models = plan_reward_models(reward_model, reward_weights, reward_kwargs, extra_models, batch_size)
-    ctx = RewardContext(model_root, checkpoint_mode, device, dtype, video_fps, score_from_mp4)
-    fns = {model: make_reward(model, ctx, cfg["kwargs"]) for model, cfg in models.items()}
+    ctx = RewardContext(model_root, checkpoint_mode, device, dtype, video_fps, score_from_mp4,
+                        videoalign_sampling or SamplingOverrides())
+    primary = next(iter(models))
+    fns = {model: (RemoteReward(model, remote, video_fps=video_fps) if remote is not None and model == primary
+                   else make_reward(model, ctx, cfg["kwargs"])) for model, cfg in models.items()}
     return CompositeReward(models, fns, batch_size)
 
 
@@ -469,3 +482,23 @@ def plan_reward_models(
             for metric in cfg["sub_reward"]:
                 _resolve_metric(model, metric, BUILTIN_REWARDS[model].metric_names)
     return models
+
+
+def avg_term_weights(models: dict[str, dict]) -> dict[str, float]:
+    """The weight of every output key in ``avg`` for the planned ``models`` (:func:`plan_reward_models`), so that
+    ``avg = sum_k w_k * out[k]``: ``weight * w_m`` for a metric of ``sub_reward``, ``weight / n`` for each of the n
+    metrics of a model without one. Resolves names without building anything; a model with neither ``sub_reward``
+    nor declared ``metric_names`` has no known terms and is an error."""
+    weights: dict[str, float] = {}
+    for name, cfg in models.items():
+        target = resolve_reward(name)
+        if cfg["sub_reward"] is not None:
+            weights.update({output_key(name, m): cfg["weight"] * w for m, w in cfg["sub_reward"].items()})
+            continue
+        metrics = target.metric_names if isinstance(target, RewardSpec) else metric_names_of(target)
+        if not metrics:
+            raise ValueError(f"reward model {name!r} declares no metric_names and has no sub_reward weights, so its "
+                             "terms are unknown before it runs; give it weights (--reward_weights '{\"score\": 1.0}') "
+                             "or declare metric_names on the callable")
+        weights.update({output_key(name, m): cfg["weight"] / len(metrics) for m in metrics})
+    return weights

@@ -90,8 +90,8 @@ def sample_frame_indices(total_frames: int, count: int) -> list[int]:
 def resize_frames(frames: torch.Tensor, size: tuple[int, int], *, quantize: bool) -> torch.Tensor:
     """Bicubic antialiased resize of ``(T, 3, H, W)`` frames in [0, 255]; ``quantize`` rounds to uint8 levels."""
     out = F.interpolate(frames.float(), size=size, mode="bicubic", align_corners=False, antialias=True)
-    out = out.clamp(0.0, 255.0)
-    return out.round() if quantize else out
+    out.clamp_(0.0, 255.0)  # in place: the interpolation's output is ours
+    return out.round_() if quantize else out
 
 
 def normalize_frames(

@@ -2,7 +2,9 @@
 
 ``VideoAlignReward(model_root)`` loads ``<model_root>/VideoReward`` (see ``videoalign_checkpoint``) and is a reward
 callable: ``videos (B, 3, F, H, W)`` in [0, 1] at ``video_fps`` plus B prompts give ``{"VQ", "MQ", "TA",
-"Overall"}``, each a float32 CPU tensor ``(B,)``. With an ``inference_config`` in ``model_config.json`` (and
+"Overall"}``, each a float32 CPU tensor ``(B,)``. The frames it sees follow the checkpoint's ``data_config`` (``fps`` or
+``num_frames``, ``max_frame_pixels``) unless ``sampling`` (``--videoalign_fps`` / ``--videoalign_num_frames`` /
+``--videoalign_max_pixels``) overrides them. With an ``inference_config`` in ``model_config.json`` (and
 ``use_norm``) each head is standardised, ``x -> (x - K_mean) / K_std``; ``Overall = VQ + MQ + TA`` afterwards.
 
 Departures from the reference, all deliberate:
@@ -37,7 +39,7 @@ from .videoalign_checkpoint import (
     load_checkpoint_weights,
     resolve_checkpoint,
 )
-from .videoalign_inputs import VideoAlignInputBuilder, VideoInputSpec
+from .videoalign_inputs import SamplingOverrides, VideoAlignInputBuilder, VideoInputSpec
 from .videoalign_model import VideoRewardModel
 
 HEADS = ("VQ", "MQ", "TA")
@@ -174,6 +176,7 @@ class VideoAlignReward:
         from_mp4: bool = False,
         position_mode: str = "sequential",
         attn_implementation: str = "sdpa",
+        sampling: SamplingOverrides | None = None,
     ):
         if checkpoint_mode not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint_mode {checkpoint_mode!r} is not one of {CHECKPOINT_MODES} (default 'v3')")
@@ -184,6 +187,11 @@ class VideoAlignReward:
         if cfg.sample_type != "uniform":
             raise ValueError(f"data_config.sample_type {cfg.sample_type!r} is not supported; only 'uniform' is")
         build_prompt("", cfg.prompt_template_type)  # fail now, not at the first rollout, on unknown templates
+        from transformers import AutoConfig
+
+        # the frame budget is settled (and an override checked) before the model loads
+        vision_config = AutoConfig.from_pretrained(str(resolved.base_dir), local_files_only=True).vision_config
+        spec = (sampling or SamplingOverrides()).apply(_input_spec(resolved, vision_config))
         self.checkpoint = resolved
         self.device = torch.device(device)
         self.video_fps = float(video_fps)
@@ -201,7 +209,7 @@ class VideoAlignReward:
         self.inputs = VideoAlignInputBuilder(
             self.tokenizer,
             load_chat_template(resolved.base_dir, self.tokenizer),
-            _input_spec(resolved, self.network.config.vision_config),
+            spec,
             cfg.prompt_template_type,
         )
 

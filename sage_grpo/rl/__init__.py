@@ -1,5 +1,6 @@
 """The GRPO math as pure functions and small resumable state: advantages, PPO loss, KL terms and control."""
-from sage_grpo.rl.advantages import clip_advantages, group_advantages, local_advantages, zero_spread_fraction
+from sage_grpo.rl.advantages import (REWARD_AGGREGATIONS, RewardAggregation, clip_advantages, group_advantages,
+                                     local_advantages, zero_spread_fraction)
 from sage_grpo.rl.anchor import MovingAnchorSchedule
 from sage_grpo.rl.kl import KL_MODES, NO_KL, KLMode, dual_kl, kl_mode, mean_matching_kl, resolve_kl_mode, stepwise_kl
 from sage_grpo.rl.kl_controller import AdaptiveKLController
@@ -7,10 +8,12 @@ from sage_grpo.rl.ppo import ppo_clipped_loss
 
 __all__ = [
     "KL_MODES",
+    "REWARD_AGGREGATIONS",
     "NO_KL",
     "AdaptiveKLController",
     "KLMode",
     "MovingAnchorSchedule",
+    "RewardAggregation",
     "clip_advantages",
     "dual_kl",
     "group_advantages",

@@ -10,7 +10,22 @@ Departure from the reference: a non-finite reward (a failed reward call) is excl
 std and gets advantage 0; the other members are normalized among themselves. The reference turns NaN/±inf
 into a reward of 0 *before* normalizing (spec §10.18), so a failure acts as a real, usually very low, reward
 and pushes its siblings' advantages up. A group without any finite reward gets all-zero advantages.
+
+Several rewards (``--reward_aggregation``). The reward is a weighted sum of terms r_k (VideoAlign's VQ, MQ, TA with
+``--reward_weights``, or the metrics of several models), ``avg = Σ_k w_k r_k``. Two ways to turn them into advantages:
+
+    sum        Â_i = Â(avg)_i                   normalize the weighted sum (the reference, Flow-GRPO)
+    advantage  Â_i = Σ_k w_k Â(r_k)_i           normalize each term in its group, then weigh (DanceGRPO, GDPO-like)
+
+``advantage`` keeps a term with a small spread (TA varies less than VQ within a prompt's group) from being drowned
+by one with a large spread. Failed samples are the same in both modes: a sample is failed when any term is
+non-finite (then ``avg`` is NaN too: the failure policy NaNs every metric of a failed reward model, and w·NaN is NaN
+even for w = 0); it is excluded from the mean and std of *every* term and gets advantage 0, exactly as ``sum``
+excludes it through ``avg``.
 """
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -36,27 +51,78 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6) -> Ten
     return torch.where(finite, advantages, torch.zeros_like(advantages)).view(-1)
 
 
+def sum_then_normalize(rewards: Mapping[str, Tensor], term_weights: Mapping[str, float], group_size: int) -> Tensor:
+    """``sum``: group advantages of the weighted sum ``rewards["avg"]`` (the weights are already in it)."""
+    return group_advantages(rewards["avg"], group_size)
+
+
+def normalize_then_sum(rewards: Mapping[str, Tensor], term_weights: Mapping[str, float], group_size: int) -> Tensor:
+    """``advantage``: Σ_k w_k Â(r_k) over ``term_weights`` {key: w_k}; a sample with any non-finite term is failed in
+    every term (excluded from the group statistics, advantage 0)."""
+    missing = sorted(set(term_weights) - set(rewards))
+    if missing:
+        raise KeyError(f"reward terms {missing} of the advantage aggregation are not among the rewards "
+                       f"{sorted(rewards)}")
+    terms = torch.stack([rewards[key].float() for key in term_weights])  # (K, N)
+    failed = ~torch.isfinite(terms).all(dim=0)
+    terms = terms.masked_fill(failed, torch.nan)
+    total = torch.zeros(terms.shape[1])
+    for weight, term in zip(term_weights.values(), terms):
+        total += weight * group_advantages(term, group_size)
+    return total
+
+
+REWARD_AGGREGATIONS: dict[str, Callable[[Mapping[str, Tensor], Mapping[str, float], int], Tensor]] = {
+    "sum": sum_then_normalize,
+    "advantage": normalize_then_sum,
+}
+
+
+@dataclass(frozen=True)
+class RewardAggregation:
+    """``--reward_aggregation`` decided once: ``aggregation(rewards, group_size) -> (N,)`` advantages."""
+
+    mode: str = "sum"
+    term_weights: Mapping[str, float] | None = None  # output key -> w_k, with avg = Σ_k w_k r_k; needed by advantage
+
+    def __post_init__(self):
+        if self.mode not in REWARD_AGGREGATIONS:
+            raise ValueError(f"reward_aggregation {self.mode!r} is not one of {sorted(REWARD_AGGREGATIONS)}")
+        if self.mode == "advantage" and not self.term_weights:
+            raise ValueError("reward_aggregation 'advantage' needs the weights of the reward terms")
+
+    def __call__(self, rewards: Mapping[str, Tensor], group_size: int) -> Tensor:
+        return REWARD_AGGREGATIONS[self.mode](rewards, self.term_weights or {}, group_size)
+
+
 def local_advantages(
-    rewards: Tensor, group_size: int, ranks_per_group: int, rank_in_group: int, batch_size: int
+    rewards: Mapping[str, Tensor],
+    group_size: int,
+    ranks_per_group: int,
+    rank_in_group: int,
+    batch_size: int,
+    aggregation: RewardAggregation = RewardAggregation(),
 ) -> Tensor:
     """(batch_size,) advantages of this rank's samples, for both rank layouts of spec §2.8.
 
-    ranks_per_group == 1: ``rewards`` is this rank's (B,) tensor holding B / group_size whole groups.
+    ``rewards``: reward key -> values, ``"avg"`` among them, aggregated by ``aggregation``.
+    ranks_per_group == 1: the values are this rank's (B,) samples holding B / group_size whole groups.
     ranks_per_group > 1: one group spans ``ranks_per_group`` ranks of B samples each (group_size = rpg·B);
-        ``rewards`` is the whole gathered (group_size,) group in rank order and this rank's slice
+        the values are the whole gathered (group_size,) group in rank order and this rank's slice
         [rank_in_group·B, (rank_in_group + 1)·B) of the group's advantages is returned.
     """
-    if rewards.shape != ((batch_size,) if ranks_per_group == 1 else (group_size,)):
-        raise ValueError(f"rewards {tuple(rewards.shape)} do not fit ranks_per_group={ranks_per_group}, B={batch_size}")
+    shape = rewards["avg"].shape
+    if shape != ((batch_size,) if ranks_per_group == 1 else (group_size,)):
+        raise ValueError(f"rewards {tuple(shape)} do not fit ranks_per_group={ranks_per_group}, B={batch_size}")
     if ranks_per_group == 1:
-        return group_advantages(rewards, group_size)
+        return aggregation(rewards, group_size)
     if group_size != ranks_per_group * batch_size or not 0 <= rank_in_group < ranks_per_group:
         raise ValueError(
             f"a group spread over ranks needs group_size = ranks_per_group * batch_size and "
             f"0 <= rank_in_group < ranks_per_group; got {group_size}, {ranks_per_group}, {batch_size}, {rank_in_group}"
         )
     start = rank_in_group * batch_size
-    return group_advantages(rewards, group_size)[start : start + batch_size]
+    return aggregation(rewards, group_size)[start : start + batch_size]
 
 
 def clip_advantages(advantages: Tensor, max_abs: float) -> Tensor:

@@ -1,0 +1,37 @@
+"""``RewardServerConfig``: the options of ``scripts/reward_server.py``, declared once.
+
+The reward options carry the trainer's names and defaults (``--reward_model``, ``--reward_kwargs``,
+``--pretrained_model_root``, ``--reward_checkpoint_mode``, ``--video_fps``, ``--reward_batch_size``,
+``--reward_from_mp4``, ``--videoalign_*``), so a trainer's reward flags start the server unchanged; the rest say
+where it listens and how much one request may carry.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from sage_grpo.config.schema import config_field
+
+
+@dataclass
+class RewardServerConfig:
+    host: str = config_field("127.0.0.1", "Address to listen on (0.0.0.0: every interface; there is no auth)")
+    port: int = config_field(8765, "Port to listen on (0: a free one, printed at start)")
+    reward_model: str = config_field(
+        "videoalign_local", "Reward model served: videoalign_local, a built-in toy reward, or a dotted path "
+        "'package.module:callable' (as the trainer's --reward_model)")
+    reward_kwargs: str = config_field("{}", "JSON constructor arguments of the reward model")
+    pretrained_model_root: str = config_field("ckpts", "Root holding VideoReward/ (the trainer's flag)")
+    reward_checkpoint_mode: str = config_field(
+        "v3", "Key-remapping mode for the VideoReward state dict", choices=("v1", "v2", "v3"))
+    dtype: str = config_field("bf16", "Dtype the reward model runs in", choices=("bf16", "fp32"))
+    device: Optional[str] = config_field(None, "Device (default: cuda when available, else cpu)")
+    video_fps: int = config_field(24, "Frame rate of the videos sent (must equal the trainer's --video_fps)")
+    reward_batch_size: int = config_field(4, "Videos per reward-model forward")
+    reward_from_mp4: bool = config_field(False, "Score each video after an mp4 round trip (reference parity)")
+    videoalign_fps: Optional[float] = config_field(None, "VideoAlign frame rate (default: the checkpoint's)")
+    videoalign_num_frames: Optional[int] = config_field(
+        None, "VideoAlign fixed frame count; excludes --videoalign_fps (default: the checkpoint's)")
+    videoalign_max_pixels: Optional[int] = config_field(
+        None, "VideoAlign pixel budget per frame (default: the checkpoint's)")
+    max_request_mb: int = config_field(1024, "Largest request body accepted, in MiB (413 above)")
+    max_videos_per_request: int = config_field(64, "Most videos one request may hold")
