@@ -83,6 +83,7 @@ from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_settin
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
+from sage_grpo.models.attention import check_attention_backend
 from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, sampler_of
 from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
@@ -143,6 +144,10 @@ class GRPOTrainer:
         self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
+        try:
+            check_attention_backend(cfg.attention_backend)
+        except ValueError as err:
+            raise ConfigError(f"--attention_backend: {err}") from None
         self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed,
                                           dp_size=self.dp_size) if cfg.resume_from_checkpoint is not None else None)
         if self.resume_check is not None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from sage_grpo.config.schema import config_field
+from sage_grpo.config.train import ATTENTION_BACKENDS
 
 _NOT_IMPLEMENTED = "this feature of the reference's inference stack is not reimplemented"
 
@@ -55,6 +56,9 @@ class GenerateConfig:
         None, "LoRA adapter folder (peft format: checkpoint-N/lora or an export --format lora), merged into the "
         "transformer after --checkpoint_path")
     dtype: str = config_field("bf16", "Dtype the models run in", choices=("bf16", "fp32"))
+    attention_backend: str = config_field(
+        "native", "diffusers attention backend of the transformer (native = torch SDPA; flash, flash_varlen, sage, "
+        "... where installed)", choices=ATTENTION_BACKENDS)
     device: Optional[str] = config_field(None, "Torch device; default cuda when available, else cpu")
     # ---------------------------------------------------------------- sampling
     num_inference_steps: int = config_field(50, "Euler (ODE) denoising steps")

@@ -16,6 +16,10 @@ SDE_TYPE_CHOICES = ("dance_grpo", "sage_grpo", "flow_grpo", "cps")
 # rollouts (--video_bucket_hw_base_size) and generate.py's --resolution both read it.
 RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (544, 960), 960: (720, 1280),
                       1440: (1080, 1920)}
+# Backends of diffusers' attention dispatcher offered by --attention_backend (AttentionBackendName values; see
+# sage_grpo/models/attention.py).
+ATTENTION_BACKENDS = ("native", "_native_math", "_native_efficient", "_native_flash", "_native_cudnn", "flash",
+                      "flash_varlen", "_flash_3", "_flash_varlen_3", "sage", "sage_varlen", "xformers", "flex")
 DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'
 
 
@@ -151,6 +155,9 @@ class TrainConfig:
         choices=("auto", "true", "false"))
     gpu_memory_gb: Optional[float] = config_field(
         None, "GPU memory per device for the memory plan (default: the device's own; 80 when no GPU is visible)")
+    attention_backend: str = config_field(
+        "native", "diffusers attention backend of the transformer (native = torch SDPA; flash, flash_varlen, sage, "
+        "... where installed); the text padding is trimmed and no dense mask is built", choices=ATTENTION_BACKENDS)
     ignore_memory_plan: bool = config_field(
         False, "Start even when the memory plan (python -m sage_grpo.plan) says the launch does not fit")
     resume_from_checkpoint: Optional[str] = config_field(None, "checkpoint-N directory to resume from")

@@ -8,7 +8,8 @@ The reference builds SP into its DiT forward (reference_spec §3.3); here the di
 3. :class:`UlyssesAttnProcessor` on every dual-stream block: the local image Q/K/V ``(B, N/sp, H, D)`` go through an
    all-to-all that scatters heads and gathers the sequence, giving ``(B, N, H/sp, D)``; the text tokens, replicated
    on every rank, are projected in full and sliced to the same ``H/sp`` heads; attention runs over the *full*
-   sequence with the unchanged mask; a reverse all-to-all returns the image output to ``(B, N/sp, H, D)`` and the
+   sequence with the same key-padding mask as without SP (``sage_grpo/models/attention.py``; the text is trimmed by
+   the hooks that module installs); a reverse all-to-all returns the image output to ``(B, N/sp, H, D)`` and the
    text output is all-gathered over heads before ``to_add_out``;
 4. a forward hook on ``proj_out`` all-gathering the image tokens, so every SP rank returns the full velocity.
 
@@ -32,12 +33,12 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from einops import rearrange
 from torch.distributed import _functional_collectives as funcol
 from torch.utils.hooks import RemovableHandle
 
 from sage_grpo.config.validation import ConfigError, check_sequence_parallel_tokens
+from sage_grpo.models.attention import dispatch, joint_projections, key_padding_mask
 
 _STATE_ATTR = "_sage_sequence_parallel"
 
@@ -69,7 +70,8 @@ def _local_chunk(x: torch.Tensor, dim: int, sp: int, sp_rank: int) -> torch.Tens
 
 
 class UlyssesAttnProcessor:
-    """Drop-in for ``HunyuanVideo15AttnProcessor2_0`` (same call signature, same mask, same attention dispatch)."""
+    """Drop-in for :class:`~sage_grpo.models.attention.JointAttnProcessor` (same call signature, trimmed text mask,
+    same attention dispatch and backend)."""
 
     def __init__(self, group: dist.ProcessGroup, attention_backend=None):
         self.group = group
@@ -81,43 +83,24 @@ class UlyssesAttnProcessor:
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor] = None,
                  attention_mask: Optional[torch.Tensor] = None,
                  image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-        from diffusers.models.embeddings import apply_rotary_emb
-
         if encoder_hidden_states is None:
             raise ValueError("UlyssesAttnProcessor serves HunyuanVideo-1.5 joint attention; text tokens are required")
         sp, group = self.sp_size, self.group
         heads_local = attn.heads // sp
 
-        # Image stream: local tokens, all heads; RoPE rows were sharded to match by the rope hook.
-        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
-                             for proj in (attn.to_q, attn.to_k, attn.to_v))
-        query, key = attn.norm_q(query), attn.norm_k(key)
-        if image_rotary_emb is not None:
-            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
-            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        # Image stream: local tokens, all heads (RoPE rows were sharded to match by the rope hook); text stream:
+        # replicated tokens, of which this rank keeps the head slice it receives for the image stream.
+        (query, key, value), (text_q, text_k, text_v) = joint_projections(attn, hidden_states, encoder_hidden_states,
+                                                                          image_rotary_emb)
         query, key, value = (_seq_to_heads(t, group, sp) for t in (query, key, value))  # (B, N, H/sp, D)
         num_image_tokens = query.shape[1]
-
-        # Text stream: replicated tokens; keep the same head slice this rank received for the image stream.
         heads = slice(self.sp_rank * heads_local, (self.sp_rank + 1) * heads_local)
-        text_q, text_k, text_v = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                                  for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
-        if attn.norm_added_q is not None:
-            text_q = attn.norm_added_q(text_q)
-        if attn.norm_added_k is not None:
-            text_k = attn.norm_added_k(text_k)
         query = torch.cat([query, text_q[:, :, heads]], dim=1)
         key = torch.cat([key, text_k[:, :, heads]], dim=1)
         value = torch.cat([value, text_v[:, :, heads]], dim=1)
 
-        # The unsplit processor's mask over [image tokens (always valid), text tokens (given mask)].
-        batch_size, seq_len = query.shape[:2]
-        mask = F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0), value=True).bool()
-        mask = mask.view(batch_size, 1, 1, seq_len) & mask.view(batch_size, 1, seq_len, 1)
-
-        out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
-                                    backend=self._attention_backend, parallel_config=None)
+        # The same key-padding mask as without SP (attention.py), over [all image tokens, text slots].
+        out = dispatch(query, key, value, key_padding_mask(attention_mask, num_image_tokens), self._attention_backend)
         out = out.to(query.dtype)  # (B, N + L, H/sp, D)
 
         image_out = _heads_to_seq(out[:, :num_image_tokens], group, sp).flatten(2, 3)  # (B, N/sp, H*D)

@@ -39,6 +39,7 @@ from sage_grpo.checkpoint_layout import LORA_DIR
 from sage_grpo.config import TrainConfig
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.lora import LoraTraining, check_lora_settings
+from sage_grpo.models.attention import install_joint_attention
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.pipeline.rollout import decode_latents
@@ -215,6 +216,7 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
     components = load_components(cfg.pretrained_model_root, cfg.pretrained_transformer_version, dtype=load_dtype,
                                  device=device, text_encoder_device="cpu" if offload_encoders else None)
     policy = components.transformer
+    install_joint_attention(policy, cfg.attention_backend)
     lora = None
     if cfg.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
         lora = _build_lora(cfg, kl_mode, policy, master_dtype)
@@ -228,6 +230,7 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
             reference_device = "cpu" if placement.reference_on_cpu else device
             reference = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, load_dtype,
                                          reference_device)
+            install_joint_attention(reference, cfg.attention_backend)
             reference.requires_grad_(False)
             reference.eval()
     policy.train()

@@ -17,6 +17,7 @@ import torch
 
 from sage_grpo.checkpoint_layout import TRANSFORMER_FILE
 from sage_grpo.models import layout
+from sage_grpo.models.attention import install_joint_attention
 from sage_grpo.safe_io import CheckpointError
 
 PathLike = Union[str, Path]
@@ -57,6 +58,7 @@ def _read_transformer(root: Path, version: str, dtype: torch.dtype, device: Unio
 
     folder = root / layout.transformer_layout(version).subdir
     model = HunyuanVideo15Transformer3DModel.from_pretrained(folder, torch_dtype=dtype, local_files_only=True)
+    install_joint_attention(model)  # trimmed text, no dense mask (attention.py); the backend can be changed later
     return model.to(device)
 
 

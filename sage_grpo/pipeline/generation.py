@@ -277,6 +277,7 @@ class VideoGenerator:
 
     def __init__(self, config: GenerateConfig, plan: GenerationPlan):
         from sage_grpo.export import apply_trained_weights, read_trained_weights
+        from sage_grpo.models.attention import install_joint_attention
         from sage_grpo.models.loading import load_components
         from sage_grpo.models.text_encoding import PromptEncoder, TextEncoderSettings
 
@@ -289,6 +290,7 @@ class VideoGenerator:
         for path in (config.checkpoint_path, config.lora_path):
             if path:
                 apply_trained_weights(self.transformer, read_trained_weights(path))
+        install_joint_attention(self.transformer, config.attention_backend)
         apply_acceleration(self.transformer, accel, self.device)
         if on_cpu and not accel.model_offload:  # group offloading alone: everything but the blocks lives on the GPU
             for module in (self.components.text_encoder, self.components.text_encoder_2, self.components.vae):

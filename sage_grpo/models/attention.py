@@ -1,0 +1,164 @@
+"""Joint attention of the HunyuanVideo-1.5 dual-stream blocks without dense masks, on a chosen diffusers backend.
+
+diffusers' ``HunyuanVideo15AttnProcessor2_0`` builds a dense ``(B, 1, S, S)`` boolean mask over the joint sequence
+``S = N image tokens + L text slots`` (1000 MLLM + 256 byT5 + 729 image slots for the released model, mostly padding)
+in every block. At ``S ~ 20k`` that mask is 400 MB per sample and no flash kernel accepts it. Two facts make it
+unnecessary:
+
+* the transformer's forward orders each sample's text slots valid-first (valid image, byT5, MLLM tokens, then the
+  padding), so the padding is a tail: trimmed to the batch's longest valid length, nothing a valid token attends to
+  is lost. A padded slot never influences a valid token (it is masked as a key in every block, and every other
+  operation is per token), so the valid tokens' outputs are unchanged; the velocity comes from image tokens only;
+* what remains is a key-padding mask (a padded query's output is never used), ``(B, 1, 1, S)``, and none at all when
+  no sample of the batch has padding left (one sample per forward, or equal valid lengths).
+
+:func:`install_joint_attention` puts :class:`JointAttnProcessor` on every dual-stream block and a forward pre-hook
+that trims the text to the longest valid length (one host sync per transformer forward, on the first block; the other
+blocks reuse it). The Ulysses processor (``sequence_parallel.py``) shares :func:`joint_projections` and
+:func:`key_padding_mask`. ``--attention_backend`` names a backend of diffusers' attention dispatcher
+(``native`` = torch SDPA, ``flash``, ``flash_varlen``, ``sage``, ... where installed); a backend that cannot take a
+mask (``flash``, ``sage``) is used for the mask-free forwards and the masked ones fall back to its varlen sibling
+when it has one, else to native SDPA.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sage_grpo.config.train import ATTENTION_BACKENDS
+
+_STATE_ATTR = "_sage_joint_attention"
+# Backends that take no attention mask, and what runs a masked batch instead.
+_MASKED_FALLBACK = {"flash": "flash_varlen", "_flash_3": "_flash_varlen_3", "sage": "sage_varlen",
+                    "_native_flash": "native"}
+
+
+def check_attention_backend(name: str) -> None:
+    """Refuse an unknown backend or one whose package is missing, naming the alternatives."""
+    from diffusers.models.attention_dispatch import _check_attention_backend_requirements, AttentionBackendName
+
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
+    try:
+        _check_attention_backend_requirements(AttentionBackendName(name))
+    except (RuntimeError, ImportError) as err:
+        raise ValueError(f"attention backend {name!r} is not usable here ({err}); 'native' (torch SDPA) always is") \
+            from None
+
+
+def key_padding_mask(text_mask: Optional[Tensor], num_image_tokens: int) -> Optional[Tensor]:
+    """(B, 1, 1, N + L) key mask over [image tokens (always valid), text slots], or None for no mask."""
+    if text_mask is None:
+        return None
+    mask = F.pad(text_mask.bool(), (num_image_tokens, 0), value=True)
+    return mask[:, None, None, :]
+
+
+def joint_projections(attn, hidden_states: Tensor, encoder_hidden_states: Tensor,
+                      image_rotary_emb: Optional[Tuple[Tensor, Tensor]]) -> Tuple[Tuple[Tensor, ...], ...]:
+    """Image (q, k, v) with QK norms and RoPE, and text (q, k, v) with the added QK norms, each (B, n, H, D)."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
+                         for proj in (attn.to_q, attn.to_k, attn.to_v))
+    query, key = attn.norm_q(query), attn.norm_k(key)
+    if image_rotary_emb is not None:
+        query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+        key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+    text_q, text_k, text_v = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                              for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+    if attn.norm_added_q is not None:
+        text_q = attn.norm_added_q(text_q)
+    if attn.norm_added_k is not None:
+        text_k = attn.norm_added_k(text_k)
+    return (query, key, value), (text_q, text_k, text_v)
+
+
+def dispatch(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor], backend: Optional[str]) -> Tensor:
+    """diffusers' attention dispatch on ``backend`` (None: diffusers' active backend), masked batches on a backend
+    that takes masks."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
+
+    if mask is not None and backend in _MASKED_FALLBACK:
+        backend = _MASKED_FALLBACK[backend]
+    chosen = AttentionBackendName(backend) if backend is not None else None
+    return dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False, backend=chosen,
+                                 parallel_config=None)
+
+
+class JointAttnProcessor:
+    """Drop-in for ``HunyuanVideo15AttnProcessor2_0`` taking a trimmed ``(B, L)`` text mask or None."""
+
+    def __init__(self, attention_backend: Optional[str] = None):
+        self._attention_backend = attention_backend
+        self._parallel_config = None
+
+    def __call__(self, attn, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor] = None,
+                 attention_mask: Optional[Tensor] = None,
+                 image_rotary_emb: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor]:
+        if encoder_hidden_states is None:
+            raise ValueError("JointAttnProcessor serves HunyuanVideo-1.5 joint attention; text tokens are required")
+        (query, key, value), (text_q, text_k, text_v) = joint_projections(attn, hidden_states, encoder_hidden_states,
+                                                                          image_rotary_emb)
+        num_image_tokens = query.shape[1]
+        query, key, value = (torch.cat(pair, dim=1) for pair in ((query, text_q), (key, text_k), (value, text_v)))
+        out = dispatch(query, key, value, key_padding_mask(attention_mask, num_image_tokens), self._attention_backend)
+        out = out.flatten(2, 3).to(query.dtype)
+        image_out = attn.to_out[1](attn.to_out[0](out[:, :num_image_tokens]))
+        return image_out, attn.to_add_out(out[:, num_image_tokens:])
+
+
+class _TextTrim:
+    """Forward pre-hook of every dual-stream block: text states and mask cut to the batch's longest valid length; the
+    mask becomes None when no padding is left. Computed once per transformer forward (keyed by the mask tensor the
+    forward hands every block) and reused by the other blocks and by checkpoint recomputation."""
+
+    def __init__(self):
+        self._mask: Optional[Tensor] = None
+        self._result: Tuple[int, Optional[Tensor]] = (0, None)
+
+    def trimmed(self, mask: Tensor) -> Tuple[int, Optional[Tensor]]:
+        if mask is not self._mask:
+            valid = mask.bool()
+            counts = valid.sum(dim=1)
+            length = int(counts.max())  # the one host sync of the forward
+            keep = valid[:, :length]
+            self._mask, self._result = mask, (length, None if bool((counts == length).all()) else keep)
+        return self._result
+
+    def __call__(self, block, args, kwargs):
+        names = ("hidden_states", "encoder_hidden_states", "temb", "attention_mask", "freqs_cis")
+        values = dict(zip(names, args), **kwargs)
+        mask = values.get("attention_mask")
+        if mask is None:
+            return None
+        length, keep = self.trimmed(mask)
+        values["encoder_hidden_states"] = values["encoder_hidden_states"][:, :length]
+        values["attention_mask"] = keep
+        return (), values
+
+
+def install_joint_attention(transformer: torch.nn.Module, backend: Optional[str] = "native") -> None:
+    """:class:`JointAttnProcessor` on ``backend`` and the text trim on every dual-stream block (idempotent: a second
+    call only changes the backend)."""
+    if backend is not None:
+        check_attention_backend(backend)
+    for block in transformer.transformer_blocks:
+        block.attn.set_processor(JointAttnProcessor(backend))
+    if getattr(transformer, _STATE_ATTR, None) is None:
+        trim = _TextTrim()
+        handles = [block.register_forward_pre_hook(trim, with_kwargs=True) for block in transformer.transformer_blocks]
+        setattr(transformer, _STATE_ATTR, handles)
+
+
+def remove_joint_attention(transformer: torch.nn.Module) -> None:
+    """Back to diffusers' processor and the untrimmed text (for parity tests)."""
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+
+    for handle in getattr(transformer, _STATE_ATTR, None) or ():
+        handle.remove()
+    setattr(transformer, _STATE_ATTR, None)
+    for block in transformer.transformer_blocks:
+        block.attn.set_processor(HunyuanVideo15AttnProcessor2_0())
