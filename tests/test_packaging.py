@@ -19,6 +19,7 @@ COMMANDS = {  # pyproject.toml [project.scripts]
     "sage-grpo-generate": "sage_grpo.cli.generate:main",
     "sage-grpo-export": "sage_grpo.cli.export:main",
     "sage-grpo-verify-weights": "sage_grpo.models.verify:main",
+    "sage-grpo-convert-reference": "sage_grpo.cli.convert:main",
 }
 BUILD_INPUTS = ("pyproject.toml", "README.md", "requirements.txt", "requirements-dev.txt")
 
@@ -94,4 +95,7 @@ def test_root_scripts_are_wrappers_of_the_package_functions():
     from sage_grpo.cli import train as train_cli
 
     assert post_train.main is train_cli.main and generate.main is generate_cli.main
-    assert "from sage_grpo.cli.export import main" in (REPO_ROOT / "scripts" / "export_checkpoint.py").read_text()
+    for script, target in (("export_checkpoint.py", "sage_grpo.cli.export"),
+                           ("convert_reference_checkpoint.py", "sage_grpo.cli.convert")):
+        text = (REPO_ROOT / "scripts" / script).read_text()
+        assert f"from {target} import main" in text, script
