@@ -36,7 +36,7 @@ def main(argv=None) -> int:
         output = convert_reference_checkpoint(args.reference_root, args.output, versions=args.versions,
                                               components=args.components, overwrite=args.overwrite,
                                               glyph_dir=args.glyph_dir)
-    except (ConversionError, CheckpointError, FileNotFoundError) as err:
+    except (ConversionError, CheckpointError, OSError) as err:  # OSError: a folder transformers cannot read
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"converted {args.reference_root} into {output}; check it with: "
