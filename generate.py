@@ -1,38 +1,17 @@
-"""Sample videos from HunyuanVideo-1.5 (base or trained weights) with the Euler ODE sampler.
+"""Sample videos from HunyuanVideo-1.5 (the ``sage-grpo-generate`` command; code: sage_grpo/cli/generate.py).
 
     python generate.py --model_path ckpts --resolution 480p --prompt "A cat walks on the grass" \
         --num_inference_steps 50 --video_length 121 --output_path outputs/cat.mp4
     python generate.py --valid_video_csv prompts.csv --checkpoint_path run/checkpoint-100 --output_path outputs/eval
-    python generate.py --prompt "A cat walks" --lora_path run/checkpoint-100/lora --offloading false
 
-``--checkpoint_path`` takes full, LoRA and sharded (``transformer_dcp/``) training checkpoints and exported folders
-(scripts/export_checkpoint.py); ``--lora_path`` a peft adapter folder. Options: ``python generate.py --help``
-(sage_grpo/config/generate.py); behaviour and the speed flags: sage_grpo/pipeline/generation.py.
+``python generate.py --help`` lists every option.
 """
 
 import sys
 
-from sage_grpo.config.generate import GenerateConfig
-from sage_grpo.config.schema import parse_cli
-from sage_grpo.models.layout import MissingCheckpointError
-from sage_grpo.pipeline.generation import plan_generation, run_generation
-from sage_grpo.safe_io import CheckpointError
+from sage_grpo.cli.generate import main
 
-
-def main(argv=None) -> int:
-    config = parse_cli(GenerateConfig, argv, description=__doc__.splitlines()[0])
-    try:
-        plan_generation(config)  # bad prompts, sizes or CSVs fail here, before any model loads
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        run_generation(config)
-    except (CheckpointError, MissingCheckpointError) as err:  # an unreadable, unsafe or missing weight file
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())

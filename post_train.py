@@ -1,4 +1,4 @@
-"""SAGE-GRPO post-training of HunyuanVideo-1.5.
+"""SAGE-GRPO post-training of HunyuanVideo-1.5 (the ``sage-grpo-train`` command; code: sage_grpo/cli/train.py).
 
     python post_train.py --config configs/tiny_cpu.yaml                # CPU demo on the tiny checkpoint
     torchrun --nproc_per_node 8 post_train.py --sp_size 2 ...         # one node (see run_post_train.sh)
@@ -9,19 +9,9 @@ override them. ``--help`` lists them all.
 
 import sys
 
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.cli.train import main
 
-
-def main(argv=None) -> None:
-    cfg = parse_cli(TrainConfig, argv, description=__doc__.strip().splitlines()[0])
-    from sage_grpo.trainer import USER_ERRORS, run_training  # heavy imports only once the command line is valid
-
-    try:
-        run_training(cfg)
-    except USER_ERRORS as err:  # a bad input or file: its message says what to fix; bugs keep their traceback
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

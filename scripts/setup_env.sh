@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Create (or reuse) ./.venv with everything sage-grpo needs. Idempotent: it reinstalls only when
-# requirements.txt changed since the last successful install.
+# Create (or reuse) ./.venv with everything sage-grpo and its tests need: requirements.txt (runtime) and
+# requirements-dev.txt (pytest). Idempotent: it reinstalls only when either file changed since the last install.
 #   SAGE_TORCH_SPEC   torch requirement installed first (default torch==2.13.0, the CPU build here)
 #   SAGE_VENV         virtual-environment folder (default ./.venv)
 set -euo pipefail
@@ -14,12 +14,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.sage_grpo_installed"
-want="$(sha256sum requirements.txt | cut -d' ' -f1) $TORCH_SPEC"
+want="$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1) $TORCH_SPEC"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "[setup_env] installing $TORCH_SPEC and requirements.txt (about a minute on first run)"
+echo "[setup_env] installing $TORCH_SPEC, requirements.txt and requirements-dev.txt (about a minute on first run)"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-"$VENV/bin/python" -m pip install -q -r requirements.txt
+"$VENV/bin/python" -m pip install -q -r requirements.txt -r requirements-dev.txt
 echo "$want" > "$stamp"

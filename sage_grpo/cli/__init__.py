@@ -1,0 +1,12 @@
+"""Command-line entry points; each ``main(argv=None)`` returns the exit status (or exits through argparse).
+
+Installed as console commands by ``pyproject.toml`` (``pip install -e .``); the scripts at the repository root
+(``post_train.py``, ``generate.py``, ``scripts/export_checkpoint.py``, ``scripts/convert_reference_checkpoint.py``) are
+thin wrappers around the same functions, so both forms take the same flags:
+
+    sage-grpo-train                 sage_grpo.cli.train:main        (post_train.py)
+    sage-grpo-generate              sage_grpo.cli.generate:main     (generate.py)
+    sage-grpo-export                sage_grpo.cli.export:main       (scripts/export_checkpoint.py)
+    sage-grpo-verify-weights        sage_grpo.models.verify:main    (python -m sage_grpo.models.verify)
+    sage-grpo-convert-reference     sage_grpo.cli.convert:main      (scripts/convert_reference_checkpoint.py)
+"""
