@@ -3,6 +3,7 @@
 # requirements.txt changed since the last successful install.
 #   SAGE_TORCH_SPEC   torch requirement installed first (default torch==2.13.0, the CPU build here)
 #   SAGE_VENV         virtual-environment folder (default ./.venv)
+#   SAGE_DEV          1: also requirements-dev.txt (the test-only packages; scripts/test.sh sets it)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${SAGE_VENV:-.venv}
@@ -15,6 +16,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.sage_grpo_installed"
 want="$(sha256sum requirements.txt | cut -d' ' -f1) $TORCH_SPEC"
+if [ "${SAGE_DEV:-0}" = 1 ]; then want="$want dev $(sha256sum requirements-dev.txt | cut -d' ' -f1)"; fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -22,4 +24,5 @@ echo "[setup_env] installing $TORCH_SPEC and requirements.txt (about a minute on
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
 "$VENV/bin/python" -m pip install -q -r requirements.txt
+if [ "${SAGE_DEV:-0}" = 1 ]; then "$VENV/bin/python" -m pip install -q -r requirements-dev.txt; fi
 echo "$want" > "$stamp"
