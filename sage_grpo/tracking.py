@@ -1,4 +1,4 @@
-"""What a user sees of a run: the run directory, console lines, ``metrics.jsonl``, TensorBoard and rollout media.
+"""What a user sees of a run: the run directory, console lines, ``metrics.jsonl``, the trackers and rollout media.
 
 Run directory (``--output_dir``)::
 
@@ -6,6 +6,8 @@ Run directory (``--output_dir``)::
     train.log                  the console lines
     metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}
     tb/                        TensorBoard scalars, tags grouped as the reference: Reward/, KL/, Time/, Train/
+    wandb/, swanlog/           the wandb and SwanLab run files (--report_to wandb / swanlab; sage_grpo/trackers.py)
+    trackers.json              the tracker run ids a resumed run continues
     rl_samples/{step:07d}/group_{g}/   rollout mp4s and index_{i}_group_{g}_rewards.json (newest N steps kept)
     samples/step_{step:06d}/   validation videos
     checkpoint-{step}/         see sage_grpo/checkpoint.py
@@ -17,10 +19,11 @@ import statistics
 import time
 import warnings
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.faults import fault_point
+from sage_grpo.trackers import RUN_IDS_FILE, LoggedVideo
 
 RUN_MARKER = "run_config.yaml"
 
@@ -49,11 +52,11 @@ def prepare_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> Path
 
 def _remove_previous_run(run_dir: Path) -> None:
     """--overwrite_output_dir: delete what an earlier run wrote, so logs and checkpoints never mix two runs."""
-    for name in (RUN_MARKER, "train.log", "metrics.jsonl", "config_changes.yaml"):
+    for name in (RUN_MARKER, "train.log", "metrics.jsonl", "config_changes.yaml", RUN_IDS_FILE):
         (run_dir / name).unlink(missing_ok=True)
     for path in run_dir.iterdir():
-        if path.is_dir() and (path.name in ("tb", "logs", "rl_samples", "samples") or path.name.startswith(
-                ("checkpoint-", ".checkpoint-"))):
+        if path.is_dir() and (path.name in ("tb", "wandb", "swanlog", "logs", "rl_samples", "samples")
+                              or path.name.startswith(("checkpoint-", ".checkpoint-"))):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -85,16 +88,13 @@ def console_line(step: int, metrics: Dict[str, float]) -> str:
 
 
 class MetricsLogger:
-    """Console + train.log + metrics.jsonl + TensorBoard; only the main process writes."""
+    """Console + train.log + metrics.jsonl, always, and the trackers of ``--report_to`` (started by
+    :func:`sage_grpo.trackers.start_trackers`); only the main process writes."""
 
-    def __init__(self, run_dir: Path, *, enabled: bool = True, log_interval: int = 1):
+    def __init__(self, run_dir: Path, *, enabled: bool = True, log_interval: int = 1, trackers: Sequence = ()):
         self.enabled, self.log_interval = enabled, log_interval
         self.run_dir = run_dir
-        self._writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+        self.trackers = list(trackers)
 
     def info(self, message: str) -> None:
         if not self.enabled:
@@ -115,16 +115,22 @@ class MetricsLogger:
             handle.flush()
             fault_point("metrics", step)  # tests: a kill here leaves a torn last line, as a real crash can
             handle.write(line[len(line) // 2:])
-        for name, value in clean.items():
-            tag = "Train/learning_rate" if name == "lr" else tensorboard_tag(name)
-            self._writer.add_scalar(tag, value, step)
-        self._writer.flush()
+        tagged = {tensorboard_tag(name): value for name, value in clean.items()}
+        for tracker in self.trackers:
+            tracker.log_scalars(tagged, step)
         if console if console is not None else step % self.log_interval == 0:
             self.info(console_line(step, clean))
 
+    def log_videos(self, key: str, videos: List[LoggedVideo], step: int) -> None:
+        """Videos the run wrote (rollouts, validation), as media of global step ``step``."""
+        if self.enabled and videos:
+            for tracker in self.trackers:
+                tracker.log_videos(key, videos, step)
+
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
 
 
 def read_metrics(run_dir: Path) -> list:

@@ -64,7 +64,7 @@ from tqdm.auto import tqdm
 from sage_grpo import rl
 from sage_grpo.checkpoint import CheckpointManager, seed_everything
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
-from sage_grpo.config.schema import config_to_yaml
+from sage_grpo.config.schema import config_to_yaml, to_dict
 from sage_grpo.config.validation import (ConfigError, group_layout, rollout_size, validation_flow_shift,
                                         validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
@@ -81,6 +81,7 @@ from sage_grpo.optim import LRSchedule, build_optimizer
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
 from sage_grpo.safe_io import CheckpointError
+from sage_grpo.trackers import ROLLOUT_VIDEOS, VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
 from sage_grpo.models.attention import check_attention_backend
@@ -143,6 +144,7 @@ class GRPOTrainer:
         self.validation_items = self._validation_items()
         self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
+        self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
         try:
             check_attention_backend(cfg.attention_backend)
@@ -190,7 +192,11 @@ class GRPOTrainer:
 
         # Models and reward are loaded: only now does the run directory change.
         self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
-        self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval)
+        trackers = (start_trackers(self.report_to, self.run_dir, project=cfg.tracker_project_name,
+                                   run_name=cfg.run_name, config=to_dict(cfg), resuming=self.resume_check is not None)
+                    if self.is_main else ())
+        self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
+                                    trackers=trackers)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
@@ -449,6 +455,7 @@ class GRPOTrainer:
         groups_per_rank = max(cfg.batch_size // cfg.num_generations, 1)
         # position of this rank's first member in its group (samples are numbered across the group's ranks)
         offset = (self.dp_rank % self.ranks_per_group) * cfg.batch_size
+        logged: List[LoggedVideo] = []
         for first in range(0, len(items), group):
             group_index = (self.dp_rank // self.ranks_per_group if spread
                            else self.dp_rank * groups_per_rank + first // group)
@@ -465,9 +472,12 @@ class GRPOTrainer:
                           "advantage": float(advantages[slot])}
                 record.update({k: float(v[slot]) for k, v in rewards.items()})
                 records.append(record)
+                logged.append(LoggedVideo(group_dir / name, f"{item.prompt} (seed {seeds[slot]}, reward "
+                                          f"{record['avg']:.4f}, advantage {record['advantage']:+.3f})", cfg.video_fps))
             share = f"_dp_{self.dp_rank}" if spread else ""
             path = group_dir / f"index_{items[first].index}_group_{group_index}{share}_rewards.json"
             path.write_text(json.dumps(records, indent=2))
+        self.logger.log_videos(ROLLOUT_VIDEOS, logged, self.global_step + 1)  # the step these metrics are logged at
         if self.is_main:
             prune_rollout_media(self.run_dir, cfg.keep_rollout_steps)
 
@@ -490,6 +500,7 @@ class GRPOTrainer:
         if self.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
         self.models.policy.eval()
+        logged: List[LoggedVideo] = []
         sampler = self.validation_sampler or self.sampler.with_schedule(cfg.validation_num_inference_steps,
                                                                         validation_flow_shift(cfg))
         for number, item in enumerate(self.validation_items):
@@ -502,7 +513,9 @@ class GRPOTrainer:
                 video = videos[0]
                 name = f"sample_{number:03d}_seed_{item.seed}_{sanitize_name(item.prompt)}.mp4"
                 write_video(out_dir / name, video, cfg.video_fps)
+                logged.append(LoggedVideo(out_dir / name, f"{item.prompt} (seed {item.seed})", cfg.video_fps))
         self.models.policy.train()
+        self.logger.log_videos(VALIDATION_VIDEOS, logged, step)
         self.logger.info(f"validation videos written to {out_dir}")
 
     # ------------------------------------------------------------------ checkpoints

@@ -49,3 +49,15 @@ def sanitize_name(text: str, max_length: int = 50) -> str:
     ``max_length`` characters."""
     collapsed = re.sub(r"\s+", " ", text).strip()
     return re.sub(r"[^A-Za-z0-9 _.-]", "", collapsed)[:max_length].strip()
+
+
+def mp4_to_gif(path: Union[str, Path], fps: float) -> bytes:
+    """An mp4 as an animated GIF (every frame, looping), for trackers that show only GIFs (SwanLab)."""
+    import io
+
+    import imageio
+
+    frames, _ = read_video_frames(path)
+    buffer = io.BytesIO()
+    imageio.mimsave(buffer, list(frames.numpy()), format="GIF", duration=1000.0 / fps, loop=0)
+    return buffer.getvalue()

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Create (or reuse) ./.venv with everything sage-grpo and its tests need: requirements.txt (runtime) and
-# requirements-dev.txt (pytest). Idempotent: it reinstalls only when either file changed since the last install.
+# with SAGE_DEV=1 requirements-dev.txt (the test-only packages). Idempotent: it reinstalls only when a file changed
+# since the last install.
 #   SAGE_TORCH_SPEC   torch requirement installed first (default torch==2.13.0, the CPU build here)
 #   SAGE_VENV         virtual-environment folder (default ./.venv)
+#   SAGE_DEV          1: also requirements-dev.txt (the test-only packages; scripts/test.sh sets it)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${SAGE_VENV:-.venv}
@@ -14,12 +16,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.sage_grpo_installed"
-want="$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1) $TORCH_SPEC"
+want="$(sha256sum requirements.txt | cut -d' ' -f1) $TORCH_SPEC"
+if [ "${SAGE_DEV:-0}" = 1 ]; then want="$want dev $(sha256sum requirements-dev.txt | cut -d' ' -f1)"; fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "[setup_env] installing $TORCH_SPEC, requirements.txt and requirements-dev.txt (about a minute on first run)"
+echo "[setup_env] installing $TORCH_SPEC and requirements.txt$([ "${SAGE_DEV:-0}" = 1 ] && echo ' and requirements-dev.txt') (about a minute on first run)"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-"$VENV/bin/python" -m pip install -q -r requirements.txt -r requirements-dev.txt
+"$VENV/bin/python" -m pip install -q -r requirements.txt
+if [ "${SAGE_DEV:-0}" = 1 ]; then "$VENV/bin/python" -m pip install -q -r requirements-dev.txt; fi
 echo "$want" > "$stamp"

@@ -3,7 +3,7 @@
 # wall time. Extra arguments go to pytest (for example: bash scripts/test.sh -m unit, or bash scripts/test.sh -k sde).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup_env.sh
+SAGE_DEV=1 bash scripts/setup_env.sh  # with the test-only packages (requirements-dev.txt)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 start=$(date +%s)
 status=0

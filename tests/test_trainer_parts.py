@@ -14,6 +14,7 @@ from sage_grpo.distributed import ParallelDims
 from sage_grpo.optim import LRSchedule, MuonWithAdamW, build_optimizer
 from sage_grpo.rl import AdaptiveKLController, MovingAnchorSchedule
 from sage_grpo.safe_io import UnsafeFileError, load_plain
+from sage_grpo.trackers import TensorBoardTracker, TrackerRun
 from sage_grpo.tracking import MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics, tensorboard_tag
 from sage_grpo.trainer import GRPOTrainer
 
@@ -165,13 +166,17 @@ def test_overwrite_starts_over_in_place(tmp_path):
     MetricsLogger(run).log_step(1, {"loss": 1.0})
     write_checkpoint_files(run / "checkpoint-1", model_state={"w": torch.ones(1)}, training_state={})
     (run / "notes.txt").write_text("mine")
+    for tracker_dir in ("wandb", "swanlog"):
+        (run / tracker_dir / "offline-run-x").mkdir(parents=True)
+    (run / "trackers.json").write_text('{"wandb": "abc"}')  # a new run must not continue the old tracker runs
     prepare_run_dir(str(run), resuming=False, overwrite=True)
     assert read_metrics(run) == [] and not list_checkpoints(run) and not (run / "tb").exists()
+    assert not any((run / name).exists() for name in ("wandb", "swanlog", "trackers.json"))
     assert (run / "notes.txt").read_text() == "mine"  # only what a run writes is removed
 
 
 def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path):
-    logger = MetricsLogger(tmp_path)
+    logger = MetricsLogger(tmp_path, trackers=[TensorBoardTracker(TrackerRun(tmp_path, "p", "run", {}, None))])
     metrics = {"gathered_avg_reward_mean": 0.6708, "gathered_avg_reward_std": 0.0027, "kl_loss": 1.07e-4,
                "KL_weight": 5.0e-5, "total_loss": -8.5e-5, "rollout_time": 1.5, "grpo_loop_time": 4.25,
                "failed_reward_count": 0.0, "clipfrac": 0.0}

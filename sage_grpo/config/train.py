@@ -209,4 +209,10 @@ class TrainConfig:
         "checkpoint's; the differences are logged and recorded in config_changes.yaml")
     max_failed_reward_steps: int = config_field(
         3, "Stop after this many consecutive steps in which the reward failed on every sample (0: never stop)")
+    report_to: List[str] = config_field(
+        ["tensorboard"], "Experiment trackers: any of tensorboard, wandb, swanlab (several: space- or "
+        "comma-separated), or none; metrics.jsonl is always written", nargs="+")
+    tracker_project_name: str = config_field("sage-grpo", "Project of the wandb / SwanLab run")
+    run_name: Optional[str] = config_field(
+        None, "Name of the wandb / SwanLab run (default: the --output_dir folder name)")
     device: Optional[str] = config_field(None, "Device (default: cuda:LOCAL_RANK when available, else cpu)")
