@@ -259,6 +259,21 @@ def test_lora_under_fsdp_stays_on_policy_and_resumes(root, tmp_path):
     assert read_metrics(tmp_path / "run")[2]["ratio_mean"] == 1.0
 
 
+def test_bf16_full_fine_tune_gathers_bf16_and_stays_on_policy(root, tmp_path):
+    """--dtype bf16 full fine-tune on 2 FSDP processes: fp32 master weights all-gathered in bf16 (FSDP2 mixed
+    precision, --fsdp_param_dtype auto), gradients reduced per backward; the update replays the rollout exactly
+    (ratio 1, step-wise KL 0) and the master weights stay fp32."""
+    flags = tiny_flags(root, tmp_path / "run", "--batch_size", "2", "--enable_fsdp", "true", "--dtype", "bf16",
+                       "--grpo_sampling_steps", "2")
+    report = run_script(2, tmp_path / "report", *flags, "--max_steps", "2")
+    assert report["policy_sharded"] and report["compute_dtypes"] == ["torch.bfloat16"]
+    assert report["synced_backward_passes"] == report["backward_passes"] == 2 * 2  # per backward (auto)
+    rows = read_metrics(tmp_path / "run")
+    assert all(r["ratio_mean"] == 1.0 and r["kl_stepwise"] == 0.0 for r in rows)
+    assert all(math.isfinite(r["policy_loss"]) for r in rows)
+    assert all(t.dtype == torch.float32 for t in export(tmp_path / "run", 2).values())
+
+
 @pytest.mark.parametrize("extra, message", [
     # 5 latent frames of 3x3 = 27 tokens cannot be split over 2 SP ranks: caught from the config files alone
     (["--sp_size", "2", "--batch_size", "4", "--sample_n_frames", "9", "--rollout_height", "24",

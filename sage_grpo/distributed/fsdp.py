@@ -8,7 +8,8 @@ this call, and Muon must be :class:`sage_grpo.muon.Muon` (``torch.optim.Muon`` i
 
 Precision: master weights keep the dtype the module had when sharded (cast it first: fp32 for the reference's
 ``master_weight_type=fp32``); ``param_dtype`` is the dtype of the all-gathered weights used in compute and
-``reduce_dtype`` that of the gradient reduce-scatter (fp32 in the reference).
+``reduce_dtype`` that of the gradient reduce-scatter (fp32 in the reference). Forward inputs are not cast (the
+transformer runs under autocast, which casts at each op, and its fp32 timestep must stay fp32).
 
 Gradient reduction averages over every rank of the mesh. On the flattened ``dp x sp`` mesh that mean is also the
 Ulysses SP correction (``sequence_parallel.py``). The reference reduce-scatters on every micro-step of gradient
@@ -33,7 +34,9 @@ def apply_fsdp(transformer: torch.nn.Module, mesh: DeviceMesh, *, param_dtype: t
     """Shard ``transformer`` in place over ``mesh`` (1-D: FSDP; 2-D: HSDP replicate x shard); returns it."""
     if activation_checkpointing:
         transformer.enable_gradient_checkpointing()
-    config = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype))
+    # inputs keep their dtypes (the fp32 timestep must not be rounded to bf16, velocity.py); autocast casts at the ops
+    config = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                                            cast_forward_inputs=False))
     for block in transformer.transformer_blocks:
         fully_shard(block, **config)
     fully_shard(transformer.context_embedder, **config)

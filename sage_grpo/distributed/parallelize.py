@@ -8,10 +8,9 @@ and the KL reference are split over the ranks, and how their gradients are reduc
    both split the image tokens (the reference does the same through its global parallel state);
 2. with ``--enable_fsdp`` and more than one process, FSDP2 over ``ParallelDims.fsdp_mesh``:
 
-   - policy: :func:`~sage_grpo.distributed.fsdp.apply_fsdp` with ``param_dtype = --master_weight_type`` (the master
-     weights are already in that dtype, so the default fp32 all-gathers do not down-cast, as in the reference; with
-     LoRA ``--dtype``, see :func:`policy_param_dtype`), fp32 gradient reduction and activation checkpointing from
-     ``--enable_gradient_checkpointing``;
+   - policy: :func:`~sage_grpo.distributed.fsdp.apply_fsdp` with ``param_dtype`` from :func:`policy_param_dtype`
+     (``--dtype`` by default: bf16 gathers of the fp32 master weights; the reference gathers fp32), fp32 gradient
+     reduction and activation checkpointing from ``--enable_gradient_checkpointing``;
    - reference (frozen): the same wrapping units, no cast, no checkpointing; with ``--reference_mode_offload`` its
      shards live on the CPU (``CPUOffloadPolicy``) and FSDP copies each block's shards to the GPU for its all-gather.
 
@@ -65,12 +64,22 @@ def shard_frozen(model: torch.nn.Module, mesh, *, offload: bool) -> torch.nn.Mod
 
 
 def policy_param_dtype(cfg: TrainConfig) -> torch.dtype:
-    """Dtype of the policy's all-gathered (compute) weights: ``--master_weight_type`` for a full fine-tune (the
-    weights are all in it), ``--dtype`` with LoRA, where the frozen base stays in ``--dtype`` and only the adapters are
-    in the master dtype. Casting the bf16 base up to fp32 in the all-gather would double its traffic, and FSDP2 units
-    mixing a cast bf16 base with uncast fp32 adapters made the training forward differ from the rollout's after the
-    first backward (ratio != 1 on-policy on the tiny model); with no cast of the base both agree bit for bit."""
-    return DTYPES[cfg.dtype] if cfg.use_lora else DTYPES[cfg.master_weight_type]
+    """Dtype of the policy's all-gathered (compute) weights, ``--fsdp_param_dtype``; ``auto`` is ``--dtype``.
+
+    Full fine-tune: the master weights stay in ``--master_weight_type`` (fp32) and are gathered in ``--dtype``
+    (bf16 at the reference launch), FSDP2's mixed precision. The forward already runs under ``--dtype`` autocast,
+    which rounds every fp32 weight to bf16 at its matmul: gathered in bf16 the rounding happens once in the
+    all-gather instead (half the traffic), and autocast no longer keeps a bf16 copy of every gathered fp32 weight for
+    the whole forward (its weight cache; 2 bytes per parameter, 16.6 GB for the 8.3B model). The reference gathers
+    fp32 (``--fsdp_param_dtype fp32``).
+
+    LoRA: ``--dtype``, where the frozen base already is (only the adapters are in the master dtype). Casting the bf16
+    base up to fp32 would double its traffic, and FSDP2 units mixing a cast bf16 base with uncast fp32 adapters made the
+    training forward differ from the rollout's after the first backward (ratio != 1 on-policy on the tiny model); with
+    no cast of the base both agree bit for bit."""
+    if cfg.use_lora or cfg.fsdp_param_dtype == "auto":
+        return DTYPES[cfg.dtype]
+    return DTYPES[cfg.fsdp_param_dtype]
 
 
 def parallelize_models(bundle, dims: ParallelDims, cfg: TrainConfig) -> None:

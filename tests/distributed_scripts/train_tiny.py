@@ -85,6 +85,9 @@ def main() -> None:
               "reference_sharded": is_sharded(trainer.models.reference)}
     if args.previous_report_dir:
         report.update(resume_errors(trainer, Path(args.previous_report_dir)))
+    compute_dtypes = set()  # dtype of the first block's weights inside its forward (FSDP: the all-gathered ones)
+    trainer.models.policy.transformer_blocks[0].register_forward_pre_hook(
+        lambda block, args: compute_dtypes.add(str(next(block.parameters()).dtype)))
     sync_flags = record_gradient_sync()
     sharded = is_sharded(trainer.models.policy)
     with GradientReductionCounter(trainer.models.policy) if sharded else contextlib.nullcontext() as counter:
@@ -94,6 +97,7 @@ def main() -> None:
                   synced_backward_passes=sum(sync_flags),
                   reductions_per_unit=sorted(set(counter.calls.values())) if sharded else None,
                   updates_reduced=counter.updates_reduced if sharded else None,
+                  compute_dtypes=sorted(compute_dtypes),
                   run_dir=str(trainer.run_dir))
     if trainer.is_main:
         report_dir = Path(args.report_dir)
