@@ -71,8 +71,8 @@ from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, s
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
                                    mean_over_world, mean_tensor_over_world)
 from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, parallelize_models
-from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, gather_group_rewards, gather_step_rewards,
-                                                run_on_main, share_rewards, share_rollout)
+from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
+                                                gather_step_rewards, run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
 from sage_grpo.models.geometry import read_model_geometry
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
@@ -282,8 +282,9 @@ class GRPOTrainer:
                                        num_frames=cfg.sample_n_frames, height=self.height, width=self.width,
                                        sde_generators=noise_generators, decode=False)
         share_rollout(rollout, self.dims)
-        # decoded only where videos are used: the SP leader scores them and writes the rollout media
-        videos = self.models.decode(rollout.latents[:, -1]) if self.dims.is_sp_leader else None
+        # decoded by the SP group's ranks together, for the SP leader, which scores them and writes the rollout media
+        final = rollout.latents[:, -1]
+        videos = decode_across_sp_group(self.models.decode, final, self.models.video_shape(final), self.dims)
         timings["rollout_time"] = time.perf_counter() - start
         fault_point("rollout", step + 1)
 

@@ -19,7 +19,7 @@ Every function is a no-op on one process and must be called by every rank of the
   (:func:`gather_step_rewards`): no SP or group duplicates.
 """
 
-from typing import Any, Callable, Dict, Optional, TypeVar
+from typing import Any, Callable, Dict, Optional, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -68,6 +68,31 @@ def share_rollout(rollout, dims: ParallelDims) -> None:
     """Overwrite the stored latents and log-probs with the SP leader's (in place)."""
     broadcast_from_sp_leader(rollout.latents, dims)
     broadcast_from_sp_leader(rollout.log_probs, dims)
+
+
+def decode_across_sp_group(decode: Callable[[torch.Tensor], torch.Tensor], latents: torch.Tensor,
+                           video_shape: Sequence[int], dims: ParallelDims) -> Optional[torch.Tensor]:
+    """The (B, 3, F, H, W) videos of the SP group's final ``latents`` (identical on its ranks), decoded by the group's
+    ranks together: SP rank r decodes samples r, r + sp, ... and the SP leader gets all of them (the others None).
+
+    Without SP the leader decodes everything. ``video_shape`` is one decoded video's (3, F, H, W), for the padding
+    that gives every rank the same number of rows to gather.
+    """
+    sp, batch = dims.sp_size, latents.shape[0]
+    if sp == 1:
+        return decode(latents)
+    rows = -(-batch // sp)  # samples per rank, the last ranks padded
+    mine = latents[dims.sp_rank::sp]
+    local = torch.zeros(rows, *video_shape, dtype=torch.float32)
+    if len(mine):
+        local[:len(mine)] = decode(mine).float()
+    gathered = all_gather_in_group(local.to(dims.device), dims.sp_group).cpu()  # (sp * rows, ...) in rank order
+    if not dims.is_sp_leader:
+        return None
+    order = torch.empty(batch, dtype=torch.long)  # sample i = rank i % sp, its row i // sp
+    for i in range(batch):
+        order[i] = (i % sp) * rows + i // sp
+    return gathered[order]
 
 
 def share_rewards(rewards: Optional[Dict[str, torch.Tensor]], dims: ParallelDims) -> Dict[str, torch.Tensor]:

@@ -105,11 +105,15 @@ class ModelBundle:
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """(B, C, T, h, w) final latents -> (B, 3, F, H, W) videos in [0, 1] on the CPU (sampling itself is the
         :class:`~sage_grpo.pipeline.sampler.Sampler`'s, on ``policy`` and ``vae``)."""
+        _, frames, height, width = self.video_shape(latents)
+        return decode_latents(self.vae, latents, tiling=self.placement.tile(frames, height, width))
+
+    def video_shape(self, latents: torch.Tensor) -> Tuple[int, int, int, int]:
+        """(3, F, H, W) of one decoded video of ``latents`` (B, C, T, h, w)."""
         config = self.vae.config
         scale = config.spatial_compression_ratio
-        frames = (latents.shape[2] - 1) * config.temporal_compression_ratio + 1
-        tiling = self.placement.tile(frames, latents.shape[-2] * scale, latents.shape[-1] * scale)
-        return decode_latents(self.vae, latents, tiling=tiling)
+        return (3, (latents.shape[2] - 1) * config.temporal_compression_ratio + 1, latents.shape[-2] * scale,
+                latents.shape[-1] * scale)
 
     # ------------------------------------------------------------------ reference / anchor
     @property
