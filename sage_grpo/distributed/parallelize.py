@@ -97,6 +97,7 @@ def parallelize_models(bundle, dims: ParallelDims, cfg: TrainConfig) -> None:
                activation_checkpointing=cfg.enable_gradient_checkpointing)
     if reference is not None:
         shard_frozen(reference, dims.fsdp_mesh, offload=bundle.placement.reference_on_cpu)
+    bundle.materialize()  # transformers built on the meta device: read each rank's shards now
 
 
 # ---------------------------------------------------------------- gradients

@@ -40,7 +40,9 @@ from sage_grpo.config import TrainConfig
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.lora import LoraTraining, check_lora_settings
 from sage_grpo.models.attention import install_joint_attention
+from sage_grpo.models.layout import transformer_layout
 from sage_grpo.models.loading import load_components, load_transformer
+from sage_grpo.models.sharded_load import load_sharded_weights, transformer_on_meta
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.pipeline.rollout import decode_latents
 from sage_grpo.pipeline.sampler import Sampler
@@ -76,10 +78,14 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def is_sharded_run(cfg: TrainConfig) -> bool:
+    """Whether the transformers get FSDP-sharded: ``--enable_fsdp`` on several processes."""
+    return cfg.enable_fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:
-    """The run's memory placement; the policy is FSDP-sharded with ``--enable_fsdp`` on several processes."""
-    sharded = cfg.enable_fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    return resolve_placement(cfg, sharded=sharded, device_type=device.type)
+    """The run's memory placement."""
+    return resolve_placement(cfg, sharded=is_sharded_run(cfg), device_type=device.type)
 
 
 @dataclass
@@ -92,10 +98,23 @@ class ModelBundle:
     encoder: PromptEncoder
     lora: Optional[LoraTraining] = None
     placement: Optional[Placement] = None
+    weights_folder: Optional[Path] = None  # set while the transformers are on the meta device (see materialize)
 
     def __post_init__(self):
         if self.placement is None:
             self.placement = placement_of(self.cfg, self.device)
+
+    def materialize(self) -> None:
+        """Read the weights into transformers built on the meta device (after they were sharded): each rank
+        allocates and reads only its own shards (an offloaded reference's in CPU memory). No-op when they were
+        loaded whole."""
+        if self.weights_folder is None:
+            return
+        load_sharded_weights(self.policy, self.weights_folder, self.device)
+        if self.separate_reference is not None:
+            load_sharded_weights(self.separate_reference, self.weights_folder,
+                                 "cpu" if self.placement.reference_on_cpu else self.device)
+        self.weights_folder = None
 
     # ------------------------------------------------------------------ sampling
     def encode(self, prompts: Sequence[str]) -> PromptEmbeds:
@@ -217,9 +236,14 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
     placement = placement_of(cfg, device)
     load_dtype, master_dtype = DTYPES[cfg.dtype], DTYPES[cfg.master_weight_type]
     offload_encoders = cfg.offload_text_encoders and device.type != "cpu"
+    # A sharded full fine-tune builds its transformers on the meta device; parallelize_models shards them and
+    # ModelBundle.materialize reads each rank's rows (sharded_load.py): no GPU ever holds a whole copy.
+    on_meta = is_sharded_run(cfg) and not cfg.use_lora
     components = load_components(cfg.pretrained_model_root, cfg.pretrained_transformer_version, dtype=load_dtype,
-                                 device=device, text_encoder_device="cpu" if offload_encoders else None)
-    policy = components.transformer
+                                 device=device, text_encoder_device="cpu" if offload_encoders else None,
+                                 load_transformer=not on_meta)
+    folder = Path(cfg.pretrained_model_root) / transformer_layout(cfg.pretrained_transformer_version).subdir
+    policy = transformer_on_meta(folder, master_dtype) if on_meta else components.transformer
     install_joint_attention(policy, cfg.attention_backend)
     lora = None
     if cfg.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
@@ -231,9 +255,11 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
         policy.requires_grad_(True)
         reference = None
         if kl_mode.uses_reference:
-            reference_device = "cpu" if placement.reference_on_cpu else device
-            reference = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, load_dtype,
-                                         reference_device)
+            if on_meta:
+                reference = transformer_on_meta(folder, load_dtype)
+            else:
+                reference = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version,
+                                             load_dtype, "cpu" if placement.reference_on_cpu else device)
             install_joint_attention(reference, cfg.attention_backend)
             reference.requires_grad_(False)
             reference.eval()
@@ -244,4 +270,5 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
                                    max_length_2=cfg.byt5_max_length)
     encoder = PromptEncoder.from_components(components, settings, cache=True,
                                             compute_device=device if offload_encoders else None)
-    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, lora, placement)
+    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, lora, placement,
+                       weights_folder=folder if on_meta else None)
