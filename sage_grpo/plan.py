@@ -68,9 +68,10 @@ DEFAULT_GPU_MEMORY_GIB = 80.0  # the CLI's budget when neither --gpu_memory_gb n
 VAE_TILING_PIXELS = 33 * 480 * 854
 # diffusers' HunyuanVideo-1.5 VAE tiles: 256-pixel squares overlapping by a quarter.
 VAE_TILE_PIXELS, VAE_TILE_OVERLAP = 256, 0.25
-# Tensors of (C_top, F, H, W) alive at the decoder's full-resolution stage: a resnet's input (kept for the residual),
-# its group-norm output, the causally padded copy the conv reads and the conv's output.
-VAE_DECODE_LIVE_TENSORS = 4
+# Tensors of (C_top, F, H, W) alive at once at the decoder's full-resolution stage (a resnet's input kept for the
+# residual, its norm's output and activation, the causally padded copy a conv reads, the conv's output, ...): measured
+# 6.0 with a live-storage tracker on the released decoder config (fp32, 5x32x32 and 9x32x64) and on the tiny VAE.
+VAE_DECODE_LIVE_TENSORS = 6
 REWARD_FRAME_PIXELS, REWARD_FPS = 240 * 320, 2.0  # VideoAlign's max_frame_pixels and fps defaults
 REWARD_PATCH, REWARD_MERGE = 14, 2  # Qwen2-VL: 14-pixel patches, 2x2 of them merged into one token
 REWARD_TEXT_TOKENS = 256  # the prompt template and prompt around the video tokens
@@ -505,20 +506,41 @@ def _no_grad_forward(lay: _Layout, name: str, video_tokens: int) -> Component:
                      f"{video_tokens + text_token_count(lay.cfg)}")
 
 
+def vae_decode_bytes(vae_config: Dict, frames: int, height: int, width: int, dtype_bytes: int, tiled: bool,
+                     tile: int = VAE_TILE_PIXELS) -> float:
+    """Peak bytes of ``vae.decode`` of one video of ``frames x height x width`` pixels.
+
+    Untiled: VAE_DECODE_LIVE_TENSORS tensors of (C_top, F, H, W) at the decoder's full-resolution stage. Tiled
+    (diffusers' tiles of ``tile`` pixels every ``tile·(1 - overlap)``, decoded row by row and held until they are
+    blended): the larger of (a) one tile's full-resolution stage plus the decoded (3-channel) tiles before it, at
+    its worst tile, and (b) all decoded tiles plus the blended rows and the video (2 videos), at the end.
+    """
+    top_channels = vae_config["block_out_channels"][0]
+    if not tiled:
+        return VAE_DECODE_LIVE_TENSORS * top_channels * frames * height * width * dtype_bytes
+    spatial = vae_config["spatial_compression_ratio"]
+    latent_tile = tile // spatial
+    stride = int(latent_tile * (1 - VAE_TILE_OVERLAP))
+
+    def spans(pixels: int) -> List[int]:  # tile extents in pixels along one axis, in decoding order
+        latent = pixels // spatial
+        return [min(latent_tile, latent - start) * spatial for start in range(0, latent, stride)]
+
+    held = worst = 0
+    for tile_height in spans(height):
+        for tile_width in spans(width):
+            worst = max(worst, VAE_DECODE_LIVE_TENSORS * top_channels * frames * tile_height * tile_width + held)
+            held += 3 * frames * tile_height * tile_width
+    return max(worst, held + 2 * 3 * frames * height * width) * dtype_bytes
+
+
 def _vae_decode(lay: _Layout, placement: Placement, frames: int, height: int, width: int, name: str) -> Component:
-    """Decode of one video: VAE_DECODE_LIVE_TENSORS tensors of (C_top, F, H, W) at the full-resolution stage, over
-    the whole frame or one 256-pixel tile; tiled, the decoded tiles ((1/(1-overlap))² of the video) and the blended
-    video are held too. The fp32 copy of the decoded video is made once per sample."""
-    top_channels = lay.sizes.vae_config["block_out_channels"][0]
-    video = 3 * frames * height * width
-    if placement.tile(frames, height, width):
-        tile_h, tile_w = min(height, VAE_TILE_PIXELS), min(width, VAE_TILE_PIXELS)
-        stage = VAE_DECODE_LIVE_TENSORS * top_channels * frames * tile_h * tile_w * lay.compute
-        held = (1 / (1 - VAE_TILE_OVERLAP)) ** 2 * video * lay.compute + video * lay.compute
-        return Component(name + " (tiled)", stage + held + video * 4,
-                         f"4·C·F·256²·c + tiles + video, {frames}×{height}×{width}")
-    stage = VAE_DECODE_LIVE_TENSORS * top_channels * frames * height * width * lay.compute
-    return Component(name + " (untiled)", stage + video * 4, f"4·C·F·H·W·c, {frames}×{height}×{width}")
+    """Decode of one video (:func:`vae_decode_bytes`) and the fp32 copy of it that ``decode_latents`` makes."""
+    tiled = placement.tile(frames, height, width)
+    decode = vae_decode_bytes(lay.sizes.vae_config, frames, height, width, lay.compute, tiled)
+    formula = "max(6·C·F·256² + tiles so far, tiles + 2 videos)·c" if tiled else "6·C·F·H·W·c"
+    return Component(f"{name} ({'tiled' if tiled else 'untiled'})", decode + 3 * frames * height * width * 4,
+                     f"{formula}, {frames}×{height}×{width}")
 
 
 def _reward_forward(lay: _Layout) -> Component:
