@@ -222,7 +222,7 @@ def _reward_base_config(root: Path, sources: Dict[str, str]) -> Dict:
 
         base = resolve_checkpoint(root).base_dir / "config.json"
         found = _read_json(base)
-    except Exception:  # no VideoReward folder or base model: the plan still holds for the released one
+    except (OSError, ValueError):  # no VideoReward folder or base model here: plan for the released one
         found, base = None, None
     sources["reward"] = str(base) if found is not None else "released config (Qwen2-VL-2B)"
     return found if found is not None else REAL_REWARD_CONFIG
@@ -426,10 +426,6 @@ def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: s
         trainable=trainable, offload_encoders=cfg.offload_text_encoders and device_type != "cpu")
 
 
-def _gb(x: float) -> str:
-    return f"{x / GIB:.2f} GB"
-
-
 def _resident(lay: _Layout, placement: Placement) -> List[Component]:
     """What stays on the GPU through every phase."""
     cfg, t, z = lay.cfg, lay.sizes.transformer, lay.shard
@@ -455,8 +451,8 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
         out.append(Component("reward model (SP leaders)", lay.sizes.reward_params * 2, "VideoAlign in bf16"))
     if not lay.offload_encoders:
         out.append(_encoder_weights(lay, "resident (--offload_text_encoders false)"))
-    if lay.cfg.gradient_accumulation_steps > 1 and not placement.reduce_per_backward:
-        out.append(_gradients(lay, placement, "held across the accumulation window's rollouts"))
+    if _gradients_persist(cfg):
+        out.append(_gradients(lay, placement, "kept across the accumulation window's rollouts"))
     out.append(Component("runtime overhead", RUNTIME_OVERHEAD_GIB * GIB, "CUDA context, NCCL buffers, allocator slack"))
     return out
 
@@ -466,12 +462,17 @@ def _encoder_weights(lay: _Layout, note: str) -> Component:
                      (lay.sizes.text_encoder_params + lay.sizes.byt5_params) * lay.compute, note)
 
 
+def _gradients_persist(cfg: TrainConfig) -> bool:
+    """Gradients outlive the training phase when an update spans several rollout batches."""
+    return cfg.gradient_accumulation_steps > 1
+
+
 def _gradients(lay: _Layout, placement: Placement, note: str = "") -> Component:
     if lay.shard > 1 and not placement.reduce_per_backward:
         return Component("gradients (unsharded, held per update)", lay.trainable * 4,
                          f"P_g·4: fp32, reduced once per update {note}".strip())
     return Component("gradients (sharded)" if lay.shard > 1 else "gradients", lay.trainable * lay.master / lay.shard,
-                     "P_g·m/Z")
+                     f"P_g·m/Z {note}".strip())
 
 
 def _gathered_units(lay: _Layout, dtype_bytes: int, with_gradient: bool) -> List[Component]:
@@ -603,7 +604,7 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     b = _calls(cfg)
     activation = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
     train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)
-    if cfg.gradient_accumulation_steps == 1 or placement.reduce_per_backward:
+    if not _gradients_persist(cfg):
         train.append(_gradients(lay, placement))
     train += [trajectories, Component(
         "activations" + (" (checkpointed)" if cfg.enable_gradient_checkpointing else ""), b * activation * lay.compute,

@@ -221,6 +221,10 @@ def test_held_gradients_cost_four_bytes_per_parameter():
     p = sizes.transformer.num_params - sizes.transformer.unused_params
     assert _component(per_update, "train", "gradients") == 4 * p
     assert _component(per_backward, "train", "gradients (sharded)") == 4 * p / 8
+    assert _component(per_update, "rollout", "gradients") == 0  # freed by the update before the next rollout
+    # an update over 2 rollout batches keeps its gradients through the second rollout
+    accumulating, _ = _plan(dataclasses.replace(cfg, gradient_accumulation_steps=2), world_size=8)
+    assert _component(accumulating, "rollout", "gradients") == _component(accumulating, "train", "gradients") == 4 * p
 
 
 def test_tiling_and_offloading_lower_their_phases():
