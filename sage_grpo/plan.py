@@ -436,7 +436,7 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
                              f"P·c/Z + r·Σ(in+out)·m/Z, Z = {z}"))
     else:
         out.append(Component("policy weights = fp32 master shards" if lay.master == 4 else "policy weight shards",
-                             t.num_params * lay.master / z, f"P·m/Z = {t.num_params / 1e9:.2f}B·{lay.master}/{z}"))
+                             t.num_params * lay.master / z, f"P·m/Z = {_count_text(t.num_params)}·{lay.master}/{z}"))
     if cfg.use_muon:
         matrices = lay.trainable if cfg.use_lora else t.num_matrix_params
         out.append(Component("optimizer: Muon momentum", matrices * lay.master / z, "P_mat·m/Z (2-D weights)"))
@@ -455,6 +455,10 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
         out.append(_gradients(lay, placement, "kept across the accumulation window's rollouts"))
     out.append(Component("runtime overhead", RUNTIME_OVERHEAD_GIB * GIB, "CUDA context, NCCL buffers, allocator slack"))
     return out
+
+
+def _count_text(count: int) -> str:
+    return f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count / 1e6:.1f}M"
 
 
 def _encoder_weights(lay: _Layout, note: str) -> Component:

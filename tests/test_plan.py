@@ -8,7 +8,9 @@ bytes of the tensors autograd saves in one forward, with and without gradient ch
 
 import dataclasses
 import re
+import sys
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ from sage_grpo.pipeline.velocity import t2v_model_input
 from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT
 
 ACTIVATION_TOLERANCE = 0.10
+REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_FLAGS = [  # scripts/post_train/reference_flags.sh, checked against that file below
     "--pretrained_model_root", "./ckpts", "--learning_rate", "1e-5", "--batch_size", "2", "--num_generations", "4",
     "--max_steps", "10000", "--output_dir", "out", "--enable_fsdp", "--enable_gradient_checkpointing",
@@ -174,9 +177,7 @@ def test_activation_estimate_matches_saved_tensors(tiny_root, tiny_transformer, 
 
 def test_reference_launch_fits_in_80_gb():
     """The acceptance of issue 13: the reference launch on 8 GPUs of 80 GB peaks at <= 70 GB with the defaults."""
-    from pathlib import Path
-
-    flags_file = (Path(__file__).resolve().parents[1] / "scripts/post_train/reference_flags.sh").read_text()
+    flags_file = (REPO_ROOT / "scripts/post_train/reference_flags.sh").read_text()
     for flag in REFERENCE_FLAGS[::2]:
         if flag not in ("--output_dir", "--enable_fsdp", "--enable_gradient_checkpointing"):
             assert flag in flags_file
@@ -308,6 +309,9 @@ def test_vae_decode_estimate_matches_the_live_bytes(tiny_components, tiled):
     spatial = config["spatial_compression_ratio"]
     latents = torch.randn(1, config["latent_channels"], (frames - 1) // 4 + 1, height // spatial, width // spatial,
                           generator=torch.Generator().manual_seed(0))
+    tile_settings = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_latent_min_height",
+                     "tile_latent_min_width")
+    saved = {name: getattr(vae, name) for name in tile_settings}
     vae.use_tiling = tiled
     if tiled:
         vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_latent_min_height=32 // spatial,
@@ -316,8 +320,25 @@ def test_vae_decode_estimate_matches_the_live_bytes(tiny_components, tiled):
         with torch.no_grad(), LiveBytes() as tracker:
             vae.decode(latents, return_dict=False)
     finally:
-        vae.use_tiling = False
+        for name, value in saved.items():
+            setattr(vae, name, value)
     estimate = planner.vae_decode_bytes(config, frames, height, width, 4, tiled, tile=32)
     print(f"VAE decode, tiled {tiled}: estimate {estimate:.0f} B, measured {tracker.peak} B, "
           f"ratio {estimate / tracker.peak:.3f}")
     assert abs(estimate / tracker.peak - 1) <= ACTIVATION_TOLERANCE
+
+
+@pytest.mark.e2e
+def test_post_train_refuses_before_loading(tiny_root, tmp_path):
+    """post_train.py on a (declared) GPU of 1 GB: exit 2 with the one-line reason and the table, nothing written.
+    No GPU is needed: the check runs before any model or device is touched."""
+    from model_fixtures import tiny_args
+    from procs import run_group
+
+    out_dir = tmp_path / "run"
+    result = run_group([sys.executable, "post_train.py", *tiny_args(tiny_root, out_dir), "--device", "cuda",
+                        "--gpu_memory_gb", "1"], cwd=REPO_ROOT, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert re.search(r"error: \[memory-plan\] the launch needs \d+\.\d GB per GPU", result.stderr)
+    assert "| component" in result.stderr and "runtime overhead" in result.stderr
+    assert not out_dir.exists()
