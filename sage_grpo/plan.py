@@ -768,9 +768,28 @@ def report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> str:
     return "\n".join(lines)
 
 
+# Flag changes that lower the plan without changing what is trained, tried in this order when a launch does not fit.
+MEMORY_FIXES = (("reference_placement", "cpu"), ("gradient_reduction", "per_backward"),
+                ("offload_text_encoders", True), ("vae_tiling", "true"), ("enable_gradient_checkpointing", True),
+                ("mini_batch_size_per_update", 1))
+
+
+def memory_fixes(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> List[str]:
+    """``--flag value (peak N GB)`` for each single change of :data:`MEMORY_FIXES` with which the plan fits."""
+    sizes = sizes_of(cfg)
+    fixes = []
+    for flag, value in MEMORY_FIXES:
+        if getattr(cfg, flag) == value:
+            continue
+        plan = plan_launch(dataclasses.replace(cfg, **{flag: value}), world_size, gpu_memory_gib, sizes)
+        if plan.fits():
+            fixes.append(f"--{flag} {str(value).lower()} (peak {plan.peak_gib:.1f} GB)")
+    return fixes
+
+
 def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
-    """``post_train.py``'s check before any model loads, on CUDA devices only: a ``ConfigError`` with the table when
-    the launch does not fit, unless ``--ignore_memory_plan``."""
+    """``post_train.py``'s check before any model loads, on CUDA devices only: a ``ConfigError`` naming the flags
+    that would make it fit, with the table, when the launch does not fit, unless ``--ignore_memory_plan``."""
     device = torch.device(cfg.device) if cfg.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" or cfg.ignore_memory_plan:
         return None
@@ -779,10 +798,13 @@ def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
     gpu = device_memory_gib(cfg)
     plan = plan_launch(cfg, world_size, gpu)
     if not plan.fits():
+        fixes = memory_fixes(cfg, world_size, gpu)
+        fix = ("use " + ", or ".join(fixes) if fixes else "no single placement flag is enough: fewer frames, a smaller "
+               "size, a larger --sp_size or more GPUs")
         raise ConfigError(
             f"[memory-plan] the launch needs {plan.peak_gib:.1f} GB per GPU in its {plan.peak.name} phase but the GPU "
-            f"has {gpu:.1f} GB. Fix: see the largest component below (python -m sage_grpo.plan prints the whole "
-            f"plan), or pass --ignore_memory_plan true to start anyway.\n{plan.table()}")
+            f"has {gpu:.1f} GB (python -m sage_grpo.plan prints the whole plan). Fix: {fix}; or pass "
+            f"--ignore_memory_plan true to start anyway.\n{plan.table()}")
     return plan
 
 

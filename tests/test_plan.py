@@ -246,6 +246,15 @@ def test_launch_that_cannot_fit_is_refused_with_the_table(monkeypatch):
     with pytest.raises(ConfigError, match=r"\[memory-plan\].*24\.0 GB.*--ignore_memory_plan true") as err:
         planner.check_memory_plan(cfg)
     assert "| component" in str(err.value) and "autocast bf16 weight copies" in str(err.value)
+    assert "no single placement flag is enough" in str(err.value)  # 24 GB is too small whatever the placement
+    # a budget in which the reference's shards on the device do not fit and their offload does
+    offloaded, _ = _plan(cfg, world_size=8, per_backward=True, on_cpu=True)
+    on_device, _ = _plan(cfg, world_size=8, per_backward=True, on_cpu=False)
+    budget = (offloaded.peak_gib + on_device.peak_gib) / 2
+    roomier = dataclasses.replace(cfg, gpu_memory_gb=budget)
+    assert planner.plan_launch(roomier, 8, budget).placement.reference_on_cpu is False  # no --reference_mode_offload
+    with pytest.raises(ConfigError, match=r"Fix: use --reference_placement cpu \(peak \d+\.\d GB\)"):
+        planner.check_memory_plan(roomier)
     assert planner.check_memory_plan(dataclasses.replace(cfg, ignore_memory_plan=True)) is None
     assert planner.check_memory_plan(dataclasses.replace(cfg, device="cpu")) is None  # no GPU budget on the CPU
 
