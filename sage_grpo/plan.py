@@ -18,7 +18,8 @@ Qwen2.5-VL-7B text model, 7.07B; the byT5-small glyph encoder, 0.22B; VideoAlign
 text-stream outputs), P_mat the trained 2-D matrices (Muon), P_blk one dual-stream block, P_root
 the parameters of the root FSDP unit (embedders, output layers); W world size, Z = W / dp_replicate the FSDP shard
 degree (1 without FSDP), sp the Ulysses degree; m, g, c the bytes of the master dtype (``--master_weight_type``),
-of the all-gathered compute weights and of ``--dtype``; b the samples per transformer call
+of the all-gathered compute weights and of ``--dtype``; a = c bytes per activation element, times
+``AUTOCAST_ACTIVATION_FACTOR`` (measured) when the forward runs under autocast; b the samples per transformer call
 (``--mini_batch_size_per_update``, doubled when ``--cfg_scale`` > 1: both CFG branches run in one call).
 Tokens: L latent tokens of a video, n = L / sp image tokens per SP rank, T = L_mllm + L_byt5 + L_image text tokens
 (replicated on every SP rank), S = L + T the attention sequence; D hidden, F MLP hidden, H heads, h_d head dim.
@@ -72,6 +73,10 @@ VAE_TILE_PIXELS, VAE_TILE_OVERLAP = 256, 0.25
 # residual, its norm's output and activation, the causally padded copy a conv reads, the conv's output, ...): measured
 # 6.0 with a live-storage tracker on the released decoder config (fp32, 5x32x32 and 9x32x64) and on the tiny VAE.
 VAE_DECODE_LIVE_TENSORS = 6
+# Under autocast (bf16 compute on fp32 weights) norms, softmax statistics and some products stay fp32, so a forward
+# saves more than its element count times 2 bytes: measured 1.24x without and 1.17x with checkpointing on the tiny
+# model under CPU autocast (tests/test_plan.py). Activation bytes are elements x c x this factor under autocast.
+AUTOCAST_ACTIVATION_FACTOR = 1.25
 REWARD_FRAME_PIXELS, REWARD_FPS = 240 * 320, 2.0  # VideoAlign's max_frame_pixels and fps defaults
 REWARD_PATCH, REWARD_MERGE = 14, 2  # Qwen2-VL: 14-pixel patches, 2x2 of them merged into one token
 REWARD_TEXT_TOKENS = 256  # the prompt template and prompt around the video tokens
@@ -400,6 +405,7 @@ class _Layout:
     master: int  # m
     gathered: int  # g
     compute: int  # c
+    activation: float  # bytes per activation element: c, times AUTOCAST_ACTIVATION_FACTOR under autocast
     autocast_copies: bool
     separate_reference: bool
     trainable: int  # P_g
@@ -409,6 +415,7 @@ class _Layout:
 def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: str) -> _Layout:
     from sage_grpo.distributed.parallelize import policy_param_dtype
     from sage_grpo.dtypes import DTYPES
+    from sage_grpo.models.bundle import autocast_dtype_of
     from sage_grpo.rl import resolve_kl_mode
 
     sharded = cfg.enable_fsdp and world_size > 1
@@ -417,10 +424,12 @@ def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: s
     compute = DTYPES[cfg.dtype].itemsize
     # P_g: parameters that get a gradient (and optimizer state)
     trainable = cfg.lora_r * (t.lora_width - t.unused_lora_width) if cfg.use_lora else t.num_params - t.unused_params
+    autocast = autocast_dtype_of(cfg) is not None  # the transformer's forward runs under autocast
     return _Layout(
         cfg=cfg, sizes=sizes, world_size=world_size, shard=world_size // cfg.dp_replicate if sharded else 1,
         sp=cfg.sp_size, master=DTYPES[cfg.master_weight_type].itemsize, gathered=gathered, compute=compute,
-        autocast_copies=(not cfg.use_lora) and compute < gathered,
+        activation=compute * (AUTOCAST_ACTIVATION_FACTOR if autocast else 1.0),
+        autocast_copies=autocast and not cfg.use_lora and compute < gathered,
         separate_reference=resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl).uses_reference
         and not cfg.use_lora,
         trainable=trainable, offload_encoders=cfg.offload_text_encoders and device_type != "cpu")
@@ -507,7 +516,7 @@ def _calls(cfg: TrainConfig) -> int:
 def _no_grad_forward(lay: _Layout, name: str, video_tokens: int) -> Component:
     t, b = lay.sizes.transformer, _calls(lay.cfg)
     elements = no_grad_block_elements(t, video_tokens, text_token_count(lay.cfg), lay.sp)
-    return Component(name, b * elements * lay.compute, f"b·[(n+T)(4D+2F) + 4SD/sp + S²]·c, b = {b}, S = "
+    return Component(name, b * elements * lay.activation, f"b·[(n+T)(4D+2F) + 4SD/sp + S²]·a, b = {b}, S = "
                      f"{video_tokens + text_token_count(lay.cfg)}")
 
 
@@ -611,10 +620,10 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     if not _gradients_persist(cfg):
         train.append(_gradients(lay, placement))
     train += [trajectories, Component(
-        "activations" + (" (checkpointed)" if cfg.enable_gradient_checkpointing else ""), b * activation * lay.compute,
-        f"b·(blocks·{'(n+T)·D + one block' if cfg.enable_gradient_checkpointing else 'block'} + outside)·c, "
-        f"b = {b}, "
-        f"n = {tokens // lay.sp}, T = {text_token_count(cfg)}")]
+        "activations" + (" (checkpointed)" if cfg.enable_gradient_checkpointing else ""),
+        b * activation * lay.activation,
+        f"b·(blocks·{'(n+T)·D + one block' if cfg.enable_gradient_checkpointing else 'block'} + outside)·a, "
+        f"b = {b}, n = {tokens // lay.sp}, T = {text_token_count(cfg)}, a = {lay.activation:g} B")]
     phases.append(Phase("train", tuple(train)))
     phases.append(Phase("decode + reward", tuple(resident + [
         trajectories, _vae_decode(lay, placement, cfg.sample_n_frames, height, width, "VAE decode"),
