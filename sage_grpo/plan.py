@@ -4,8 +4,9 @@ leave to it.
     python -m sage_grpo.plan --world_size 8 --gpu_memory_gb 80 <post_train.py flags>
 
 prints the per-GPU bytes by component for each phase of a step, the largest ``--batch_size``,
-``--mini_batch_size_per_update`` and ``--sample_n_frames`` that fit, and ends with ``peak per GPU: <GB> GB``. ``post_train.py`` runs the same plan before
-any model loads on CUDA devices and refuses a launch that does not fit (``--ignore_memory_plan true`` goes on).
+``--mini_batch_size_per_update`` and ``--sample_n_frames`` that fit, and ends with ``peak per GPU: <GB> GB``.
+``post_train.py`` runs the same plan before any model loads on CUDA devices and refuses a launch that does not fit
+(``--ignore_memory_plan true`` goes on).
 
 Units: GB here is 2^30 bytes, the unit ``torch.cuda`` reports (an "80 GB" H100 holds 79.2 of them).
 
