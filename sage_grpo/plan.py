@@ -1,16 +1,322 @@
-"""Memory plan of a launch: what lives on each GPU, and the placement decisions the ``auto`` flags leave to it.
+"""Memory plan of a launch: what lives on each GPU, phase by phase, and the placement decisions the ``auto`` flags
+leave to it.
 
-:class:`Placement` is the one object the trainer reads for ``--gradient_reduction``, ``--reference_placement`` and
-``--vae_tiling``; :func:`resolve_placement` turns the flags (``auto`` included) into it.
+    python -m sage_grpo.plan --world_size 8 --gpu_memory_gb 80 <post_train.py flags>
+
+prints the per-GPU bytes by component for each phase of a step, the largest ``--batch_size``,
+``--mini_batch_size_per_update`` and ``--sample_n_frames`` that fit, and ends with ``peak per GPU: <GB> GB``.
+``post_train.py`` runs the same plan before any model loads on CUDA devices and refuses a launch that does not fit
+(``--ignore_memory_plan true`` goes on).
+
+Units: GB here is 2^30 bytes, the unit ``torch.cuda`` reports (an "80 GB" H100 holds 79.2 of them).
+
+**Model sizes** are exact: each model is instantiated on the ``meta`` device (no memory) from the configs under
+``--pretrained_model_root`` when it holds them, else from the known released configs (HunyuanVideo-1.5's
+transformer = diffusers' defaults, 54 blocks of hidden 2048, 8.33B; its VAE = diffusers' defaults, 1.26B; the
+Qwen2.5-VL-7B text model, 7.07B; the byT5-small glyph encoder, 0.22B; VideoAlign's Qwen2-VL-2B, 2.21B).
+
+**Symbols** (per GPU): P transformer parameters, P_g those that get a gradient (all but the last block's unused
+text-stream outputs), P_mat the trained 2-D matrices (Muon), P_blk one dual-stream block, P_root
+the parameters of the root FSDP unit (embedders, output layers); W world size, Z = W / dp_replicate the FSDP shard
+degree (1 without FSDP), sp the Ulysses degree; m, g, c the bytes of the master dtype (``--master_weight_type``),
+of the all-gathered compute weights and of ``--dtype``; a = c bytes per activation element, times
+``AUTOCAST_ACTIVATION_FACTOR`` (measured) when the forward runs under autocast; b the samples per transformer call
+(``--mini_batch_size_per_update``, doubled when ``--cfg_scale`` > 1: both CFG branches run in one call).
+Tokens: L latent tokens of a video, n = L / sp image tokens per SP rank, T = L_mllm + L_byt5 + L_image text tokens
+(replicated on every SP rank), S = L + T the attention sequence; D hidden, F MLP hidden, H heads, h_d head dim.
+
+**Components** (each a formula below): policy weights P·m/Z (they are the master weights: no second copy); Muon
+momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients P_g·m/Z sharded (``per_backward``) or P_g·4
+unsharded fp32 held across an update's backwards (``per_update``); FSDP's gathered units in flight P_root·g +
+2·P_blk·g (the unit computing and the one prefetched) plus one block's unsharded fp32 gradient; autocast copies
+P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under
+autocast on fp32 weights; activations per block (:func:`block_saved_elements`, counted save by save and checked
+against the tensors autograd saves on the tiny model, ``tests/test_plan.py``); the reference's bf16 shards P·c/Z
+on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding when
+offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP leaders.
+
+**Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train
+(forward + backward), decode + reward, validation (sampling, decode). The peak is the largest phase.
+
+**Auto decisions** on CUDA (:func:`plan_launch`), each keeping ``MARGIN`` of the GPU free: the reference's shards
+stay on the device when the plan fits with them there (no host transfers), else go to the CPU if
+``--reference_mode_offload`` allows it (the reference's own switch for offloading; without it the plan reports that
+the launch does not fit and names ``--reference_placement cpu``); then gradients are reduced once per update when the
+plan still fits with the unsharded fp32 gradients held, else after every backward. Tiling: ``--vae_tiling auto``
+tiles decodes above :data:`VAE_TILING_PIXELS`. On a CPU device there is no GPU budget: a sharded full fine-tune
+reduces per backward and the reference stays where the model is.
 """
 
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from sage_grpo.config import TrainConfig
+import torch
 
+from sage_grpo.config import ConfigError, TrainConfig, parse_cli, validate_train_config
+from sage_grpo.config.validation import rollout_size, validation_size
+
+GIB = 2 ** 30
+MARGIN = 0.10  # share of the GPU the auto decisions leave free: allocator fragmentation, NCCL buffers, the unplanned
+RUNTIME_OVERHEAD_GIB = 2.0  # CUDA context (~0.5 GB), NCCL/gloo buffers and the caching allocator's slack
+DEFAULT_GPU_MEMORY_GIB = 80.0  # the CLI's budget when neither --gpu_memory_gb nor a GPU gives one
 # Videos larger than this (frames x height x width) are decoded tile by tile under --vae_tiling auto.
 VAE_TILING_PIXELS = 33 * 480 * 854
+# diffusers' HunyuanVideo-1.5 VAE tiles: 256-pixel squares overlapping by a quarter.
+VAE_TILE_PIXELS, VAE_TILE_OVERLAP = 256, 0.25
+# Tensors of (C_top, F, H, W) alive at once at the decoder's full-resolution stage (a resnet's input kept for the
+# residual, its norm's output and activation, the causally padded copy a conv reads, the conv's output, ...): measured
+# 6.0 with a live-storage tracker on the released decoder config (fp32, 5x32x32 and 9x32x64) and on the tiny VAE.
+VAE_DECODE_LIVE_TENSORS = 6
+# Under autocast (bf16 compute on fp32 weights) norms, softmax statistics and some products stay fp32, so a forward
+# saves more than its element count times 2 bytes: measured 1.24x without and 1.17x with checkpointing on the tiny
+# model under CPU autocast (tests/test_plan.py). Activation bytes are elements x c x this factor under autocast.
+AUTOCAST_ACTIVATION_FACTOR = 1.25
+REWARD_FRAME_PIXELS, REWARD_FPS = 240 * 320, 2.0  # VideoAlign's max_frame_pixels and fps defaults
+REWARD_PATCH, REWARD_MERGE = 14, 2  # Qwen2-VL: 14-pixel patches, 2x2 of them merged into one token
+REWARD_TEXT_TOKENS = 256  # the prompt template and prompt around the video tokens
 
+# Released configs of the models whose folders are not under --pretrained_model_root (the transformer and the VAE
+# are diffusers' defaults, which are the released 480p/720p configs).
+REAL_TEXT_ENCODER_CONFIG = dict(  # Qwen2.5-VL-7B-Instruct's text model
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+    num_key_value_heads=4)
+REAL_BYT5_CONFIG = dict(  # Glyph-SDXL-v2's byT5-small encoder (1510 tokens: bytes plus glyph colour/font tokens)
+    vocab_size=1510, d_model=1472, d_ff=3584, num_layers=12, num_heads=6, d_kv=64, feed_forward_proj="gated-gelu",
+    is_encoder_decoder=False, use_cache=False)
+REAL_REWARD_CONFIG = dict(  # VideoAlign's base, Qwen2-VL-2B-Instruct
+    text_config=dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                     num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    vision_config=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14,
+                       spatial_merge_size=2, temporal_patch_size=2),
+    tie_word_embeddings=True)
+BYT5_PROJECTION_WIDTH = 2048  # HunyuanVideo15ByT5TextProjection's hidden width (fixed in diffusers)
+
+
+# ====================================================================== model sizes
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@dataclass(frozen=True)
+class TransformerSizes:
+    """Parameter counts and widths of a HunyuanVideo-1.5 transformer (counted on the meta device)."""
+
+    config: Dict
+    num_params: int  # P
+    num_matrix_params: int  # P_mat: the trained 2-D weights (Muon's)
+    block_params: int  # P_blk
+    refiner_params: int  # the text token refiner (its own FSDP unit)
+    lora_width: int  # sum of (in + out) over the Linear layers of the blocks: LoRA rank r trains r x this
+    # The last block's text-stream output layers (attn.to_add_out, ff_context): the model discards that stream's
+    # output, so they never get a gradient nor optimizer state. P_g = P - unused_params are the trained ones.
+    unused_params: int
+    unused_lora_width: int
+
+    @property
+    def root_params(self) -> int:  # P_root: what fully_shard(root) keeps
+        return self.num_params - self.config["num_layers"] * self.block_params - self.refiner_params
+
+    @property
+    def hidden(self) -> int:  # D
+        return self.config["num_attention_heads"] * self.config["attention_head_dim"]
+
+    @property
+    def mlp_hidden(self) -> int:  # F
+        return int(self.hidden * self.config["mlp_ratio"])
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    transformer: TransformerSizes
+    vae_config: Dict
+    vae_params: int
+    text_encoder_params: int
+    text_encoder_shape: Tuple[int, int, int]  # (layers, hidden, intermediate) of the MLLM
+    byt5_params: int
+    reward_params: int
+    reward_shape: Tuple[int, int]  # (hidden, intermediate) of the reward's language model
+    sources: Dict[str, str]  # component -> where its config came from
+
+
+def _read_json(path: Path) -> Optional[Dict]:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _on_meta(build):
+    with torch.device("meta"):
+        return build()
+
+
+def _in(param: torch.nn.Parameter, modules) -> bool:
+    return any(param is q for m in modules for q in m.parameters())
+
+
+def transformer_sizes(config: Dict) -> TransformerSizes:
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    model = _on_meta(lambda: HunyuanVideo15Transformer3DModel.from_config(config))
+    block, last = model.transformer_blocks[0], model.transformer_blocks[-1]
+    unused = (last.attn.to_add_out, last.ff_context)
+
+    def lora_width(modules) -> int:
+        return sum(m.in_features + m.out_features for part in modules for m in part.modules()
+                   if isinstance(m, torch.nn.Linear))
+
+    return TransformerSizes(
+        config=dict(model.config), num_params=_count(model),
+        num_matrix_params=sum(p.numel() for p in model.parameters() if p.ndim == 2 and not _in(p, unused)),
+        block_params=_count(block), refiner_params=_count(model.context_embedder),
+        lora_width=lora_width([model.transformer_blocks]), unused_params=sum(_count(m) for m in unused),
+        unused_lora_width=lora_width(unused))
+
+
+@functools.lru_cache(maxsize=8)
+def read_model_sizes(root: str, transformer_version: str, with_reward: bool) -> ModelSizes:
+    """Sizes of every model a run loads: from the configs under ``root`` where present, else the released ones."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+    from transformers import (Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration, T5Config, T5EncoderModel)
+
+    from sage_grpo.models import layout
+
+    root_path, sources = Path(root), {}
+
+    def config_of(name: str, subdir: str, default: Dict) -> Dict:
+        found = _read_json(root_path / subdir / "config.json")
+        sources[name] = f"{root_path / subdir}/config.json" if found is not None else "released config"
+        return found if found is not None else default
+
+    # {}: diffusers' defaults, which are the released configs
+    transformer = transformer_sizes(config_of("transformer", layout.transformer_layout(transformer_version).subdir, {}))
+    vae_config = config_of("vae", layout.VAE.subdir, {})
+    vae = _on_meta(lambda: AutoencoderKLHunyuanVideo15.from_config(vae_config))
+    text_config = Qwen2_5_VLTextConfig(**_hf_fields(config_of("text_encoder", layout.TEXT_ENCODER.subdir,
+                                                              REAL_TEXT_ENCODER_CONFIG)))
+    text_encoder = _on_meta(lambda: Qwen2_5_VLTextModel(text_config))
+    byt5_config = T5Config(**_hf_fields(config_of("text_encoder_2", layout.TEXT_ENCODER_2.subdir, REAL_BYT5_CONFIG)))
+    byt5 = _on_meta(lambda: T5EncoderModel(byt5_config))
+    reward_params, reward_shape = 0, (0, 0)
+    if with_reward:
+        reward_config = Qwen2VLConfig(**_hf_fields(_reward_base_config(root_path, sources)))
+        reward_params = _count(_on_meta(lambda: Qwen2VLForConditionalGeneration(reward_config)))
+        reward_shape = (reward_config.text_config.hidden_size, reward_config.text_config.intermediate_size)
+    return ModelSizes(
+        transformer=transformer, vae_config=dict(vae.config), vae_params=_count(vae),
+        text_encoder_params=_count(text_encoder),
+        text_encoder_shape=(text_config.num_hidden_layers, text_config.hidden_size, text_config.intermediate_size),
+        byt5_params=_count(byt5), reward_params=reward_params, reward_shape=reward_shape, sources=sources)
+
+
+def _hf_fields(config: Dict) -> Dict:
+    """A transformers config.json without the bookkeeping keys its constructor does not take."""
+    return {k: v for k, v in config.items() if k not in ("architectures", "transformers_version", "model_type",
+                                                         "_name_or_path", "torch_dtype", "dtype")}
+
+
+def _reward_base_config(root: Path, sources: Dict[str, str]) -> Dict:
+    """VideoAlign's base-model config when the checkpoint's base model is found locally, else Qwen2-VL-2B's."""
+    try:
+        from sage_grpo.rewards.videoalign_checkpoint import resolve_checkpoint
+
+        base = resolve_checkpoint(root).base_dir / "config.json"
+        found = _read_json(base)
+    except (OSError, ValueError):  # no VideoReward folder or base model here: plan for the released one
+        found, base = None, None
+    sources["reward"] = str(base) if found is not None else "released config (Qwen2-VL-2B)"
+    return found if found is not None else REAL_REWARD_CONFIG
+
+
+# ====================================================================== activations
+
+def video_token_count(sizes: ModelSizes, num_frames: int, height: int, width: int) -> int:
+    """L: latent tokens of one video (the VAE's latent grid over the transformer's patches)."""
+    from sage_grpo.models.geometry import video_tokens
+
+    return video_tokens(sizes.vae_config, sizes.transformer.config, num_frames, height, width)
+
+
+def text_token_count(cfg: TrainConfig) -> int:
+    """T = L_mllm + L_byt5 + L_image: the text streams the transformer attends to, padding included."""
+    from sage_grpo.models.text_encoding import TextEncoderSettings
+
+    mllm = cfg.text_max_length or TextEncoderSettings.max_length
+    return mllm + cfg.byt5_max_length + cfg.vision_num_semantic_tokens
+
+
+def block_saved_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
+    """Elements one dual-stream block saves for backward, per sample on one SP rank (no checkpointing).
+
+    Each stream (n image tokens per rank, T text tokens) saves per token 12 D-wide tensors (norm1's input and
+    output, the modulated attention input, q and k before and after their RMS norms, the attention projection's
+    output for the gate, norm2's input and output, the modulated MLP input, the MLP output for the gate), 2 F-wide
+    ones (the GELU's input and output), 4 norm statistics and 2·H RMS statistics. Attention saves q, k, v and its
+    output over the whole sequence S with H/sp heads (4·S·D/sp), its log-sum-exp (S·H/sp), and the dense
+    (1, 1, S, S) mask built from the text mask.
+    """
+    d, f, heads = t.hidden, t.mlp_hidden, t.config["num_attention_heads"]
+    n, seq = video_tokens // sp, video_tokens + text_tokens
+    streams = (n + text_tokens) * (12 * d + 2 * f + 4 + 2 * heads)
+    attention = seq * (4 * d + heads) // sp
+    return streams + attention + seq * seq
+
+
+def outside_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int) -> int:
+    """Elements saved outside the dual-stream blocks, per sample: the patch embedding's input (C_in·L), the RoPE
+    tables (2·n·h_d, shared by all blocks), the output norm and projection (3·D + 2 per token), the byT5 projection
+    (its norm's input and output, 2·E2 + 2, and two GELUs' inputs and outputs, 4·2048), the image projection
+    (4·E3 + D + 4) and the token refiner (its input, E1, and per refiner layer 10 D-wide and 2 F-wide saves, the
+    statistics and the L_mllm² mask)."""
+    from sage_grpo.models.text_encoding import TextEncoderSettings
+
+    c = t.config
+    d, f, heads, n = t.hidden, t.mlp_hidden, c["num_attention_heads"], video_tokens // sp
+    mllm = cfg.text_max_length or TextEncoderSettings.max_length
+    embed = c["in_channels"] * video_tokens + 2 * n * c["attention_head_dim"] + n * (3 * d + 2)
+    byt5 = cfg.byt5_max_length * (2 * c["text_embed_2_dim"] + 2 + 4 * BYT5_PROJECTION_WIDTH)
+    image = cfg.vision_num_semantic_tokens * (4 * c["image_embed_dim"] + d + 4)
+    refiner = mllm * c["text_embed_dim"] + c["num_refiner_layers"] * (mllm * (10 * d + 2 * f + 4 + heads) + mllm * mllm)
+    return embed + byt5 + image + refiner
+
+
+def checkpointed_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
+    """What a checkpointed block keeps until its backward, per sample: its two stream inputs, (n + T)·D."""
+    return (video_tokens // sp + text_tokens) * t.hidden
+
+
+def forward_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
+                           checkpointing: bool) -> int:
+    """What one training forward saves for its backward, per sample: every block's saves, or with checkpointing every
+    block's inputs, plus the saves outside the blocks."""
+    text = text_token_count(cfg)
+    per_block = (checkpointed_block_elements(t, video_tokens, text, sp) if checkpointing
+                 else block_saved_elements(t, video_tokens, text, sp))
+    return t.config["num_layers"] * per_block + outside_saved_elements(t, video_tokens, cfg, sp)
+
+
+def training_activation_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
+                                 checkpointing: bool) -> int:
+    """Activations at their peak, the start of the backward, per sample: the forward's saves, plus with
+    checkpointing one block's saves while it is recomputed."""
+    recomputed = block_saved_elements(t, video_tokens, text_token_count(cfg), sp) if checkpointing else 0
+    return forward_saved_elements(t, video_tokens, cfg, sp, checkpointing) + recomputed
+
+
+def no_grad_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
+    """Live elements inside one block of a no-grad forward, per sample (its peak at the MLP): the residual streams,
+    the normed input, q, k, v and the attention output over S/sp·D, both MLP activations and the mask S²."""
+    n, seq = video_tokens // sp, video_tokens + text_tokens
+    return (n + text_tokens) * (4 * t.hidden + 2 * t.mlp_hidden) + 4 * seq * t.hidden // sp + seq * seq
+
+
+# ====================================================================== the plan
 
 @dataclass(frozen=True)
 class Placement:
@@ -36,20 +342,496 @@ def decoded_pixels(num_frames: int, height: int, width: int) -> int:
     return num_frames * height * width
 
 
-def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str) -> Placement:
+@dataclass(frozen=True)
+class Component:
+    name: str
+    bytes: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    components: Tuple[Component, ...]
+
+    @property
+    def bytes(self) -> float:
+        return sum(c.bytes for c in self.components)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-GPU bytes of every phase of a step for one placement; ``peak`` is the largest phase."""
+
+    phases: Tuple[Phase, ...]
+    placement: Placement
+    gpu_memory_gib: float
+    notes: Tuple[str, ...] = ()
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.bytes)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak.bytes / GIB
+
+    def fits(self, margin: float = 0.0) -> bool:
+        return self.peak_gib <= self.gpu_memory_gib * (1.0 - margin)
+
+    def phase(self, name: str) -> Optional[Phase]:
+        return next((p for p in self.phases if p.name == name), None)
+
+    def table(self, phase: Optional[Phase] = None) -> str:
+        """``phase`` (default: the peak) component by component, then every phase's total."""
+        phase = phase or self.peak
+        title = f"{phase.name} phase{', the peak' if phase is self.peak else ''}"
+        lines = [f"| component ({title}) | GB | note |", "|---|---:|---|"]
+        lines += [f"| {c.name} | {c.bytes / GIB:.2f} | {c.note} |" for c in phase.components if c.bytes]
+        lines += [f"| **total** | **{phase.bytes / GIB:.2f}** | |"]
+        lines += ["", "| phase | GB per GPU |", "|---|---:|"]
+        lines += [f"| {p.name}{' (peak)' if p is self.peak else ''} | {p.bytes / GIB:.2f} |" for p in self.phases]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The numbers every formula needs, decided once from the configuration."""
+
+    cfg: TrainConfig
+    sizes: ModelSizes
+    world_size: int
+    shard: int  # Z
+    sp: int
+    master: int  # m
+    gathered: int  # g
+    compute: int  # c
+    activation: float  # bytes per activation element: c, times AUTOCAST_ACTIVATION_FACTOR under autocast
+    autocast_copies: bool
+    separate_reference: bool
+    trainable: int  # P_g
+    offload_encoders: bool
+
+
+def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: str) -> _Layout:
+    from sage_grpo.distributed.parallelize import policy_param_dtype
+    from sage_grpo.dtypes import DTYPES
+    from sage_grpo.models.bundle import autocast_dtype_of
+    from sage_grpo.rl import resolve_kl_mode
+
+    sharded = cfg.enable_fsdp and world_size > 1
+    t = sizes.transformer
+    gathered = policy_param_dtype(cfg).itemsize if sharded else DTYPES[cfg.master_weight_type].itemsize
+    compute = DTYPES[cfg.dtype].itemsize
+    # P_g: parameters that get a gradient (and optimizer state)
+    trainable = cfg.lora_r * (t.lora_width - t.unused_lora_width) if cfg.use_lora else t.num_params - t.unused_params
+    autocast = autocast_dtype_of(cfg) is not None  # the transformer's forward runs under autocast
+    return _Layout(
+        cfg=cfg, sizes=sizes, world_size=world_size, shard=world_size // cfg.dp_replicate if sharded else 1,
+        sp=cfg.sp_size, master=DTYPES[cfg.master_weight_type].itemsize, gathered=gathered, compute=compute,
+        activation=compute * (AUTOCAST_ACTIVATION_FACTOR if autocast else 1.0),
+        autocast_copies=autocast and not cfg.use_lora and compute < gathered,
+        separate_reference=resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl).uses_reference
+        and not cfg.use_lora,
+        trainable=trainable, offload_encoders=cfg.offload_text_encoders and device_type != "cpu")
+
+
+def _resident(lay: _Layout, placement: Placement) -> List[Component]:
+    """What stays on the GPU through every phase."""
+    cfg, t, z = lay.cfg, lay.sizes.transformer, lay.shard
+    out = []
+    if cfg.use_lora:
+        out.append(Component("policy weights (frozen base + LoRA)", (t.num_params * lay.compute + lay.trainable
+                                                                     * lay.master) / z,
+                             f"P·c/Z + r·Σ(in+out)·m/Z, Z = {z}"))
+    else:
+        out.append(Component("policy weights = fp32 master shards" if lay.master == 4 else "policy weight shards",
+                             t.num_params * lay.master / z, f"P·m/Z = {_count_text(t.num_params)}·{lay.master}/{z}"))
+    if cfg.use_muon:
+        matrices = lay.trainable if cfg.use_lora else t.num_matrix_params
+        out.append(Component("optimizer: Muon momentum", matrices * lay.master / z, "P_mat·m/Z (2-D weights)"))
+        out.append(Component("optimizer: AdamW moments", 2 * (lay.trainable - matrices) * lay.master / z,
+                             "2·(P_g − P_mat)·m/Z (biases, norms, the patch conv)"))
+    else:
+        out.append(Component("optimizer: AdamW moments", 2 * lay.trainable * lay.master / z, "2·P_g·m/Z"))
+    if lay.separate_reference and not placement.reference_on_cpu:
+        out.append(Component("reference (KL anchor) shards", t.num_params * lay.compute / z, "P·c/Z, on the device"))
+    out.append(Component("VAE weights", lay.sizes.vae_params * lay.compute, "resident in --dtype"))
+    if cfg.reward_model == "videoalign_local":
+        out.append(Component("reward model (SP leaders)", lay.sizes.reward_params * 2, "VideoAlign in bf16"))
+    if not lay.offload_encoders:
+        out.append(_encoder_weights(lay, "resident (--offload_text_encoders false)"))
+    if _gradients_persist(cfg):
+        out.append(_gradients(lay, placement, "kept across the accumulation window's rollouts"))
+    out.append(Component("runtime overhead", RUNTIME_OVERHEAD_GIB * GIB, "CUDA context, NCCL buffers, allocator slack"))
+    return out
+
+
+def _count_text(count: int) -> str:
+    return f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count / 1e6:.1f}M"
+
+
+def _encoder_weights(lay: _Layout, note: str) -> Component:
+    return Component("text encoders (Qwen2.5-VL + byT5)",
+                     (lay.sizes.text_encoder_params + lay.sizes.byt5_params) * lay.compute, note)
+
+
+def _gradients_persist(cfg: TrainConfig) -> bool:
+    """Gradients outlive the training phase when an update spans several rollout batches."""
+    return cfg.gradient_accumulation_steps > 1
+
+
+def _gradients(lay: _Layout, placement: Placement, note: str = "") -> Component:
+    if lay.shard > 1 and not placement.reduce_per_backward:
+        return Component("gradients (unsharded, held per update)", lay.trainable * 4,
+                         f"P_g·4: fp32, reduced once per update {note}".strip())
+    return Component("gradients (sharded)" if lay.shard > 1 else "gradients", lay.trainable * lay.master / lay.shard,
+                     f"P_g·m/Z {note}".strip())
+
+
+def _gathered_units(lay: _Layout, dtype_bytes: int, with_gradient: bool) -> List[Component]:
+    """FSDP's unsharded units in flight: the root (kept through forward and backward), the block computing and the
+    one prefetched, and in the backward one block's unsharded fp32 gradient before its reduce-scatter."""
+    t = lay.sizes.transformer
+    if lay.shard == 1:
+        return []
+    out = [Component("FSDP gathered units", (t.root_params + 2 * t.block_params) * dtype_bytes,
+                     f"(P_root + 2·P_blk)·{dtype_bytes}")]
+    if with_gradient:
+        out.append(Component("FSDP unsharded block gradient", t.block_params * 4, "P_blk·4 before reduce-scatter"))
+    return out
+
+
+def _autocast(lay: _Layout) -> List[Component]:
+    if not lay.autocast_copies:
+        return []
+    return [Component("autocast bf16 weight copies", lay.sizes.transformer.num_params * lay.compute,
+                      "P·2: autocast caches a bf16 cast of each fp32 weight for the whole forward")]
+
+
+def _calls(cfg: TrainConfig) -> int:
+    """b: samples per transformer call (both CFG branches in one call)."""
+    return cfg.mini_batch_size_per_update * (2 if cfg.cfg_scale > 1 else 1)
+
+
+def _no_grad_forward(lay: _Layout, name: str, video_tokens: int) -> Component:
+    t, b = lay.sizes.transformer, _calls(lay.cfg)
+    elements = no_grad_block_elements(t, video_tokens, text_token_count(lay.cfg), lay.sp)
+    return Component(name, b * elements * lay.activation, f"b·[(n+T)(4D+2F) + 4SD/sp + S²]·a, b = {b}, S = "
+                     f"{video_tokens + text_token_count(lay.cfg)}")
+
+
+def vae_decode_bytes(vae_config: Dict, frames: int, height: int, width: int, dtype_bytes: int, tiled: bool,
+                     tile: int = VAE_TILE_PIXELS) -> float:
+    """Peak bytes of ``vae.decode`` of one video of ``frames x height x width`` pixels.
+
+    Untiled: VAE_DECODE_LIVE_TENSORS tensors of (C_top, F, H, W) at the decoder's full-resolution stage. Tiled
+    (diffusers' tiles of ``tile`` pixels every ``tile·(1 - overlap)``, decoded row by row and held until they are
+    blended): the larger of (a) one tile's full-resolution stage plus the decoded (3-channel) tiles before it, at
+    its worst tile, and (b) all decoded tiles plus the blended rows and the video (2 videos), at the end.
+    """
+    top_channels = vae_config["block_out_channels"][0]
+    if not tiled:
+        return VAE_DECODE_LIVE_TENSORS * top_channels * frames * height * width * dtype_bytes
+    spatial = vae_config["spatial_compression_ratio"]
+    latent_tile = tile // spatial
+    stride = int(latent_tile * (1 - VAE_TILE_OVERLAP))
+
+    def spans(pixels: int) -> List[int]:  # tile extents in pixels along one axis, in decoding order
+        latent = pixels // spatial
+        return [min(latent_tile, latent - start) * spatial for start in range(0, latent, stride)]
+
+    held = worst = 0
+    for tile_height in spans(height):
+        for tile_width in spans(width):
+            worst = max(worst, VAE_DECODE_LIVE_TENSORS * top_channels * frames * tile_height * tile_width + held)
+            held += 3 * frames * tile_height * tile_width
+    return max(worst, held + 2 * 3 * frames * height * width) * dtype_bytes
+
+
+def _vae_decode(lay: _Layout, placement: Placement, frames: int, height: int, width: int, name: str) -> Component:
+    """Decode of one video (:func:`vae_decode_bytes`) and the fp32 copy of it that ``decode_latents`` makes."""
+    tiled = placement.tile(frames, height, width)
+    decode = vae_decode_bytes(lay.sizes.vae_config, frames, height, width, lay.compute, tiled)
+    formula = "max(6·C·F·256² + tiles so far, tiles + 2 videos)·c" if tiled else "6·C·F·H·W·c"
+    return Component(f"{name} ({'tiled' if tiled else 'untiled'})", decode + 3 * frames * height * width * 4,
+                     f"{formula}, {frames}×{height}×{width}")
+
+
+def _reward_forward(lay: _Layout) -> Component:
+    """VideoAlign on ``--reward_batch_size`` videos: one layer's activations over the video and text tokens."""
+    from sage_grpo.rewards.video_preprocess import num_sampled_frames
+
+    cfg = lay.cfg
+    if cfg.reward_model != "videoalign_local":
+        return Component("reward forward", 0.0)
+    hidden, intermediate = lay.sizes.reward_shape
+    try:
+        frames = num_sampled_frames(cfg.sample_n_frames, cfg.video_fps, fps=REWARD_FPS)
+    except ValueError:  # a video too short to sample: the reward sees it whole
+        frames = cfg.sample_n_frames
+    video_tokens = frames // 2 * REWARD_FRAME_PIXELS // (REWARD_PATCH * REWARD_MERGE) ** 2
+    tokens = cfg.reward_batch_size * (video_tokens + REWARD_TEXT_TOKENS)
+    return Component("reward forward (SP leaders)", tokens * (4 * hidden + 3 * intermediate) * 2,
+                     f"B_r·tokens·(4h + 3i)·2, {tokens} tokens")
+
+
+def _encode(lay: _Layout) -> Component:
+    """Prompt encoding of a step's prompts (+ the negative): every hidden state of the MLLM is returned (the
+    pipeline takes the third from last), plus one layer's transient."""
+    layers, hidden, intermediate = lay.sizes.text_encoder_shape
+    prompts = lay.cfg.batch_size + 1
+    tokens = text_token_count(lay.cfg)
+    return Component("prompt encoding activations", prompts * tokens * ((layers + 1) * hidden
+                     + 4 * hidden + 3 * intermediate) * lay.compute, "prompts·tokens·((layers+1)·h + 4h + 3i)·c")
+
+
+def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory_gib: float,
+                placement: Placement, device_type: str = "cuda") -> MemoryPlan:
+    """The per-GPU plan of ``cfg`` on ``world_size`` GPUs for a fixed ``placement``."""
+    lay = _layout(cfg, sizes, world_size, device_type)
+    t = sizes.transformer
+    height, width = rollout_size(cfg)
+    tokens = video_token_count(sizes, cfg.sample_n_frames, height, width)
+    resident = _resident(lay, placement)
+    policy_units = _gathered_units(lay, lay.gathered, with_gradient=False)
+    phases = []
+    if lay.offload_encoders:
+        phases.append(Phase("encode", tuple(resident + [_encoder_weights(lay, "on the GPU only while encoding"),
+                                                        _encode(lay)])))
+    latents = cfg.batch_size * (cfg.grpo_sampling_steps + 1) * sizes.vae_config["latent_channels"] * (
+        tokens * t.config["patch_size"] ** 2 * t.config["patch_size_t"]) * 4
+    trajectories = Component("rollout latents x_0..x_N", latents, "B·(N+1)·latent·4")
+    phases.append(Phase("rollout", tuple(resident + policy_units + _autocast(lay)
+                                         + [_no_grad_forward(lay, "rollout block activations", tokens),
+                                            trajectories])))
+    if lay.separate_reference:
+        if placement.reference_on_cpu:
+            ref_bytes = (2 * t.block_params + t.root_params if lay.shard > 1 else t.num_params) * lay.compute
+            ref = Component("reference from the CPU", ref_bytes, "its gathered units (whole model unsharded)")
+        else:
+            ref = Component("reference gathered units", (t.root_params + 2 * t.block_params) * lay.compute
+                            if lay.shard > 1 else 0.0, "(P_root + 2·P_blk)·c")
+        phases.append(Phase("reference", tuple(resident + [ref, trajectories,
+                                                           _no_grad_forward(lay, "reference block activations",
+                                                                            tokens)])))
+    b = _calls(cfg)
+    activation = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
+    train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)
+    if not _gradients_persist(cfg):
+        train.append(_gradients(lay, placement))
+    train += [trajectories, Component(
+        "activations" + (" (checkpointed)" if cfg.enable_gradient_checkpointing else ""),
+        b * activation * lay.activation,
+        f"b·(blocks·{'(n+T)·D + one block' if cfg.enable_gradient_checkpointing else 'block'} + outside)·a, "
+        f"b = {b}, n = {tokens // lay.sp}, T = {text_token_count(cfg)}, a = {lay.activation:g} B")]
+    phases.append(Phase("train", tuple(train)))
+    phases.append(Phase("decode + reward", tuple(resident + [
+        trajectories, _vae_decode(lay, placement, cfg.sample_n_frames, height, width, "VAE decode"),
+        _reward_forward(lay)])))
+    if cfg.validation_interval > 0 or cfg.validate_at_step0:
+        v_height, v_width = validation_size(cfg)
+        v_tokens = video_token_count(sizes, cfg.validate_video_length, v_height, v_width)
+        phases.append(Phase("validation sampling", tuple(
+            resident + policy_units + _autocast(lay) + [_no_grad_forward(lay, "validation block activations",
+                                                                         v_tokens)])))
+        phases.append(Phase("validation decode", tuple(resident + [_vae_decode(
+            lay, placement, cfg.validate_video_length, v_height, v_width, "validation VAE decode")])))
+    return MemoryPlan(tuple(phases), placement, gpu_memory_gib)
+
+
+# ====================================================================== decisions
+
+def _explicit(cfg: TrainConfig) -> Tuple[Optional[bool], Optional[bool]]:
+    """(reduce_per_backward, reference_on_cpu) the flags fix, None where ``auto``."""
+    per_backward = None if cfg.gradient_reduction == "auto" else cfg.gradient_reduction == "per_backward"
+    on_cpu = None if cfg.reference_placement == "auto" else cfg.reference_placement == "cpu"
+    return per_backward, on_cpu
+
+
+def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
+                sizes: Optional[ModelSizes] = None) -> MemoryPlan:
+    """The plan of ``cfg`` with its ``auto`` placements decided (see the module docstring)."""
+    sizes = sizes or sizes_of(cfg)
+    fixed_backward, fixed_cpu = _explicit(cfg)
+    sharded = cfg.enable_fsdp and world_size > 1
+
+    def plan(per_backward: bool, on_cpu: bool) -> MemoryPlan:
+        return plan_memory(cfg, sizes, world_size, gpu_memory_gib, Placement(per_backward, on_cpu, cfg.vae_tiling))
+
+    smallest_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
+    on_cpu = fixed_cpu
+    if on_cpu is None:
+        on_cpu = bool(cfg.reference_mode_offload and not plan(smallest_backward, False).fits(MARGIN))
+    per_backward = fixed_backward
+    if per_backward is None:
+        per_backward = sharded and not plan(False, on_cpu).fits(MARGIN)
+    return plan(per_backward, on_cpu)
+
+
+def sizes_of(cfg: TrainConfig) -> ModelSizes:
+    return read_model_sizes(str(cfg.pretrained_model_root), cfg.pretrained_transformer_version,
+                            cfg.reward_model == "videoalign_local")
+
+
+def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,
+                      plan: Optional[MemoryPlan] = None) -> Placement:
     """The placement of ``cfg`` for a run whose policy is FSDP-``sharded`` (or not) on ``device_type``.
 
-    ``auto`` rules: gradients are reduced per backward for a sharded full fine-tune (held unsharded fp32 gradients of
-    the whole transformer cost 4 bytes per parameter per GPU) and per update otherwise (LoRA gradients are small);
-    the reference is offloaded only with ``--reference_mode_offload`` on an unsharded model (sharded over the GPUs
-    its bf16 shards are small).
+    On CUDA the ``auto`` flags follow the memory plan (``plan``, or :func:`plan_launch` for this process group and
+    GPU). Without a GPU budget (a CPU device): gradients are reduced per backward for a sharded full fine-tune
+    (held unsharded fp32 gradients cost 4 bytes per parameter) and per update otherwise (LoRA gradients are small);
+    the reference stays with the model unless ``--reference_placement cpu``.
     """
-    if cfg.gradient_reduction == "auto":
-        per_backward = sharded and not cfg.use_lora
-    else:
-        per_backward = cfg.gradient_reduction == "per_backward"
-    if cfg.reference_placement == "auto":
-        on_cpu = cfg.reference_mode_offload and not sharded
-    else:
-        on_cpu = cfg.reference_placement == "cpu"
+    if plan is None and device_type == "cuda":
+        plan = plan_launch(cfg, _world_size(), device_memory_gib(cfg))
+    if plan is not None:
+        placement = plan.placement
+        return dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu and device_type != "cpu")
+    fixed_backward, fixed_cpu = _explicit(cfg)
+    per_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
+    on_cpu = bool(fixed_cpu)  # --reference_placement cpu is honoured on a CPU device too (FSDP's CPU offload)
     return Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling)
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def device_memory_gib(cfg: TrainConfig) -> float:
+    """``--gpu_memory_gb``, else this process's GPU's memory, else :data:`DEFAULT_GPU_MEMORY_GIB`."""
+    if cfg.gpu_memory_gb is not None:
+        return cfg.gpu_memory_gb
+    if torch.cuda.is_available():
+        index = torch.device(cfg.device).index if cfg.device else int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.cuda.get_device_properties(index or 0).total_memory / GIB
+    return DEFAULT_GPU_MEMORY_GIB
+
+
+# ====================================================================== what fits
+
+def _fits(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: ModelSizes, **changes) -> bool:
+    changed = dataclasses.replace(cfg, **changes)
+    try:
+        validate_train_config(changed, world_size=world_size)
+        tokens = video_token_count(sizes, changed.sample_n_frames, *rollout_size(changed))
+        if changed.sp_size > 1 and tokens % changed.sp_size:
+            return False
+    except ConfigError:
+        return False
+    return plan_launch(changed, world_size, gpu_memory_gib, sizes).fits()
+
+
+# What the CLI searches: (flag, candidate values of cfg); memory grows with each, and the plan says which fit.
+SEARCHES = (
+    ("batch_size", lambda cfg: range(1, 65)),
+    ("mini_batch_size_per_update", lambda cfg: [d for d in range(1, cfg.batch_size + 1) if cfg.batch_size % d == 0]),
+    ("sample_n_frames", lambda cfg: range(1, 482, 4)),
+)
+
+
+def largest_fitting(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: ModelSizes, flag: str,
+                    candidates: Sequence[int]) -> Optional[int]:
+    """The largest layout-valid value of ``flag`` among ``candidates`` whose plan fits, or None."""
+    fitting = [v for v in candidates if _fits(cfg, world_size, gpu_memory_gib, sizes, **{flag: v})]
+    return max(fitting) if fitting else None
+
+
+def report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> str:
+    """The CLI's text: sources, decisions, the table, what fits, and the last line ``peak per GPU: <GB> GB``."""
+    sizes = sizes_of(cfg)
+    plan = plan_launch(cfg, world_size, gpu_memory_gib, sizes)
+    t = sizes.transformer
+    placement = plan.placement
+    height, width = rollout_size(cfg)
+    tokens = video_token_count(sizes, cfg.sample_n_frames, height, width)
+    lines = [
+        f"memory plan: {world_size} GPUs of {gpu_memory_gib:g} GB, dp {world_size // cfg.sp_size} x sp {cfg.sp_size}, "
+        f"FSDP shard {world_size // cfg.dp_replicate if cfg.enable_fsdp and world_size > 1 else 1}",
+        f"transformer {t.num_params / 1e9:.2f}B ({t.config['num_layers']} blocks, hidden {t.hidden}); VAE "
+        f"{sizes.vae_params / 1e9:.2f}B; text encoders {sizes.text_encoder_params / 1e9:.2f}B + "
+        f"{sizes.byt5_params / 1e9:.2f}B; reward {sizes.reward_params / 1e9:.2f}B",
+        "configs: " + ", ".join(f"{k} from {v}" for k, v in sizes.sources.items()),
+        f"video {cfg.sample_n_frames}x{height}x{width}: {tokens} latent tokens, {tokens // cfg.sp_size} per SP rank "
+        f"+ {text_token_count(cfg)} text tokens",
+        f"decisions: gradient_reduction {'per_backward' if placement.reduce_per_backward else 'per_update'}, "
+        f"reference {'cpu' if placement.reference_on_cpu else 'device'}, rollout decode "
+        f"{'tiled' if placement.tile(cfg.sample_n_frames, height, width) else 'untiled'}, text encoders "
+        f"{'offloaded' if cfg.offload_text_encoders else 'resident'}",
+        "", plan.table(), "",
+    ]
+    train = plan.phase("train")
+    if train is not plan.peak:  # the phase the gradient and activation decisions are about
+        lines += [plan.table(train).split("\n\n")[0], ""]
+    for flag, candidates in SEARCHES:
+        values = list(candidates(cfg))
+        best = largest_fitting(cfg, world_size, gpu_memory_gib, sizes, flag, values)
+        limit = " (the largest tried)" if best == values[-1] else ""
+        lines.append(f"largest --{flag} that fits: {best if best is not None else 'none'}{limit}")
+    lines.append(f"fits in {gpu_memory_gib:g} GB: {'yes' if plan.fits() else 'NO'} (auto decisions keep "
+                 f"{MARGIN:.0%} free)")
+    lines.append(f"peak per GPU: {plan.peak_gib:.2f} GB")
+    return "\n".join(lines)
+
+
+# Flag changes that lower the plan without changing what is trained, tried in this order when a launch does not fit.
+MEMORY_FIXES = (("reference_placement", "cpu"), ("gradient_reduction", "per_backward"),
+                ("offload_text_encoders", True), ("vae_tiling", "true"), ("enable_gradient_checkpointing", True),
+                ("mini_batch_size_per_update", 1))
+
+
+def memory_fixes(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> List[str]:
+    """``--flag value (peak N GB)`` for each single change of :data:`MEMORY_FIXES` with which the plan fits."""
+    sizes = sizes_of(cfg)
+    fixes = []
+    for flag, value in MEMORY_FIXES:
+        if getattr(cfg, flag) == value:
+            continue
+        plan = plan_launch(dataclasses.replace(cfg, **{flag: value}), world_size, gpu_memory_gib, sizes)
+        if plan.fits():
+            fixes.append(f"--{flag} {str(value).lower()} (peak {plan.peak_gib:.1f} GB)")
+    return fixes
+
+
+def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
+    """``post_train.py``'s check before any model loads, on CUDA devices only: a ``ConfigError`` naming the flags
+    that would make it fit, with the table, when the launch does not fit, unless ``--ignore_memory_plan``."""
+    device = torch.device(cfg.device) if cfg.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" or cfg.ignore_memory_plan:
+        return None
+    world_size = _world_size()
+    validate_train_config(cfg, world_size=world_size)
+    gpu = device_memory_gib(cfg)
+    plan = plan_launch(cfg, world_size, gpu)
+    if not plan.fits():
+        fixes = memory_fixes(cfg, world_size, gpu)
+        fix = ("use " + ", or ".join(fixes) if fixes else "no single placement flag is enough: fewer frames, a smaller "
+               "size, a larger --sp_size or more GPUs")
+        raise ConfigError(
+            f"[memory-plan] the launch needs {plan.peak_gib:.1f} GB per GPU in its {plan.peak.name} phase but the GPU "
+            f"has {gpu:.1f} GB (python -m sage_grpo.plan prints the whole plan). Fix: {fix}; or pass "
+            f"--ignore_memory_plan true to start anyway.\n{plan.table()}")
+    return plan
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
+    known, rest = parser.parse_known_args(argv)
+    cfg = parse_cli(TrainConfig, rest, description="Memory plan of a post_train.py launch: every post_train.py flag, "
+                    "plus --world_size N (GPUs; default $WORLD_SIZE or 1)")
+    gpu = cfg.gpu_memory_gb if cfg.gpu_memory_gb is not None else DEFAULT_GPU_MEMORY_GIB
+    try:
+        validate_train_config(cfg, world_size=known.world_size)
+        print(report(cfg, known.world_size, gpu))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -14,9 +14,11 @@ from sage_grpo.config import TrainConfig, parse_cli
 
 def main(argv=None) -> int:
     cfg = parse_cli(TrainConfig, argv, description=__doc__.strip().splitlines()[0])
+    from sage_grpo.plan import check_memory_plan
     from sage_grpo.trainer import USER_ERRORS, run_training  # heavy imports only once the command line is valid
 
     try:
+        check_memory_plan(cfg)  # on GPUs: a launch the memory plan says cannot fit stops here, before any model loads
         run_training(cfg)
     except USER_ERRORS as err:  # a bad input or file: its message says what to fix; bugs keep their traceback
         print(f"error: {err}", file=sys.stderr, flush=True)
