@@ -244,11 +244,12 @@ def video_token_count(sizes: ModelSizes, num_frames: int, height: int, width: in
 
 
 def text_token_count(cfg: TrainConfig) -> int:
-    """T = L_mllm + L_byt5 + L_image: the text streams the transformer attends to, padding included."""
+    """T = L_mllm + L_byt5: the text slots the blocks attend to after the padding is trimmed (models/attention.py),
+    at their worst (every MLLM and byT5 slot valid); text-to-video's L_image zero image slots are padding, trimmed."""
     from sage_grpo.models.text_encoding import TextEncoderSettings
 
     mllm = cfg.text_max_length or TextEncoderSettings.max_length
-    return mllm + cfg.byt5_max_length + cfg.vision_num_semantic_tokens
+    return mllm + cfg.byt5_max_length
 
 
 def block_saved_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
@@ -258,14 +259,14 @@ def block_saved_elements(t: TransformerSizes, video_tokens: int, text_tokens: in
     output, the modulated attention input, q and k before and after their RMS norms, the attention projection's
     output for the gate, norm2's input and output, the modulated MLP input, the MLP output for the gate), 2 F-wide
     ones (the GELU's input and output), 4 norm statistics and 2·H RMS statistics. Attention saves q, k, v and its
-    output over the whole sequence S with H/sp heads (4·S·D/sp), its log-sum-exp (S·H/sp), and the dense
-    (1, 1, S, S) mask built from the text mask.
+    output over the whole sequence S with H/sp heads (4·S·D/sp), its log-sum-exp (S·H/sp), and at most a key-padding
+    mask of S (no dense S x S mask, models/attention.py).
     """
     d, f, heads = t.hidden, t.mlp_hidden, t.config["num_attention_heads"]
     n, seq = video_tokens // sp, video_tokens + text_tokens
     streams = (n + text_tokens) * (12 * d + 2 * f + 4 + 2 * heads)
     attention = seq * (4 * d + heads) // sp
-    return streams + attention + seq * seq
+    return streams + attention + seq
 
 
 def outside_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int) -> int:
@@ -311,9 +312,9 @@ def training_activation_elements(t: TransformerSizes, video_tokens: int, cfg: Tr
 
 def no_grad_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
     """Live elements inside one block of a no-grad forward, per sample (its peak at the MLP): the residual streams,
-    the normed input, q, k, v and the attention output over S/sp·D, both MLP activations and the mask S²."""
+    the normed input, q, k, v and the attention output over S/sp·D, both MLP activations and the key mask S."""
     n, seq = video_tokens // sp, video_tokens + text_tokens
-    return (n + text_tokens) * (4 * t.hidden + 2 * t.mlp_hidden) + 4 * seq * t.hidden // sp + seq * seq
+    return (n + text_tokens) * (4 * t.hidden + 2 * t.mlp_hidden) + 4 * seq * t.hidden // sp + seq
 
 
 # ====================================================================== the plan
