@@ -1,6 +1,19 @@
 """The one table from the precision names the flags take (``--dtype``, ``--master_weight_type``, the export's
-``--dtype``) to torch dtypes."""
+``--dtype``) to torch dtypes, and the dtype a model computes with."""
 
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+_COMPUTE_DTYPE_ATTR = "_sage_compute_dtype"
+
+
+def set_compute_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Record that ``model`` computes with ``dtype`` weights although it stores others (FSDP2 mixed precision: fp32
+    master shards all-gathered in bf16)."""
+    setattr(model, _COMPUTE_DTYPE_ATTR, dtype)
+
+
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the weights ``model``'s forward computes with: the recorded one, else its parameters'."""
+    return getattr(model, _COMPUTE_DTYPE_ATTR, None) or model.dtype

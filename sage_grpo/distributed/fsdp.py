@@ -28,6 +28,8 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from sage_grpo.dtypes import set_compute_dtype
+
 
 def apply_fsdp(transformer: torch.nn.Module, mesh: DeviceMesh, *, param_dtype: torch.dtype,
                reduce_dtype: torch.dtype = torch.float32, activation_checkpointing: bool) -> torch.nn.Module:
@@ -41,6 +43,7 @@ def apply_fsdp(transformer: torch.nn.Module, mesh: DeviceMesh, *, param_dtype: t
         fully_shard(block, **config)
     fully_shard(transformer.context_embedder, **config)
     fully_shard(transformer, **config)
+    set_compute_dtype(transformer, param_dtype)  # the inputs are cast to it (pipeline/velocity.py)
     return transformer
 
 

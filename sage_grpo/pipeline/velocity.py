@@ -28,6 +28,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from sage_grpo.dtypes import compute_dtype
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.sde import timesteps_from_sigmas
 
@@ -66,7 +67,7 @@ def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: Prompt
                  *, autocast_dtype: Optional[torch.dtype] = None,
                  num_image_tokens: int = T2V_IMAGE_TOKENS) -> Tensor:
     """Guided velocity, fp32 (B, C, T, h, w), for latents (B, C, T, h, w) at (B,) timesteps."""
-    dtype = transformer.dtype
+    dtype = compute_dtype(transformer)  # the gathered weights' dtype under FSDP mixed precision
     model_input = t2v_model_input(latents, dtype)
     timestep = timesteps.to(device=latents.device, dtype=torch.float32)  # never rounded to the weights' dtype
     streams = embeds.positive()
