@@ -506,12 +506,13 @@ class GRPOTrainer:
                                                                         validation_flow_shift(cfg))
         for number, item in enumerate(self.validation_items):
             embeds = self.models.encode([item.prompt])
-            # every rank samples (the policy's collectives need them all); only rank 0 decodes and writes
-            videos = sampler.rollout(self.models.policy, self.models.vae, embeds, [item.seed],
+            # every rank samples (the policy's collectives need them all); only rank 0 decodes (tiled above
+            # --vae_tiling's threshold) and writes
+            result = sampler.rollout(self.models.policy, self.models.vae, embeds, [item.seed],
                                      num_frames=cfg.validate_video_length, height=size[0], width=size[1],
-                                     deterministic=True, decode=self.is_main).videos
+                                     deterministic=True, decode=False)
             if self.is_main:
-                video = videos[0]
+                video = self.models.decode(result.latents[:, -1])[0]
                 name = f"sample_{number:03d}_seed_{item.seed}_{sanitize_name(item.prompt)}.mp4"
                 write_video(out_dir / name, video, cfg.video_fps)
                 logged.append(LoggedVideo(out_dir / name, f"{item.prompt} (seed {item.seed})", cfg.video_fps))

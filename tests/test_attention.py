@@ -111,3 +111,23 @@ def test_trainer_refuses_a_missing_backend_before_loading(tiny_root, tmp_path, m
     with pytest.raises(ConfigError, match="--attention_backend: attention backend 'flash' is not usable"):
         trainer_module.GRPOTrainer(cfg)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("backend", ["_native_math", "flex"])
+def test_backends_agree(tiny_components, tiny_encoder, backend):
+    """--attention_backend: another diffusers backend gives native SDPA's velocity (masked batch included)."""
+    try:
+        check_attention_backend(backend)
+    except ValueError as err:
+        pytest.skip(str(err))
+    transformer = tiny_components.transformer
+    inputs = _inputs(tiny_components, tiny_encoder, ["a red ball", 'a sign "hi"'])
+    with torch.no_grad():
+        expected = cfg_velocity(transformer, *inputs, 6.0, num_image_tokens=TINY_IMAGE_TOKENS)
+        install_joint_attention(transformer, backend)
+        try:
+            velocity = cfg_velocity(transformer, *inputs, 6.0, num_image_tokens=TINY_IMAGE_TOKENS)
+        finally:
+            install_joint_attention(transformer, "native")
+    assert all(block.attn.processor._attention_backend == "native" for block in transformer.transformer_blocks)
+    torch.testing.assert_close(velocity, expected, rtol=1e-5, atol=1e-6)
