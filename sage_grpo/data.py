@@ -50,22 +50,21 @@ class PromptItem:
         return "i2v" if self.ref_image_path else "t2v"
 
 
-def _check_image(text: str, csv_path: Path, where: str) -> str:
-    """The path of the image ``text`` names (relative to the CSV's folder), once it decodes; else a ConfigError."""
+def check_image(text: str, folder: Path, where: str) -> str:
+    """The path of the image ``text`` names (relative to ``folder``), once it decodes; else a ConfigError."""
     from PIL import Image
 
     path = Path(text).expanduser()
-    path = path if path.is_absolute() else csv_path.parent / path
+    path = path if path.is_absolute() else Path(folder) / path
     if not path.is_file():
         raise ConfigError(f"{where}: reference image {text!r} does not exist (looked for {path}). Fix the path "
-                          "(relative paths are read from the CSV's folder) or leave ref_image_path empty for "
-                          "text-to-video.")
+                          "(a CSV's relative paths are read from its folder) or leave it out for text-to-video.")
     try:
         with Image.open(path) as image:
             image.load()
     except Exception as err:  # PIL raises many types for unreadable files
         raise ConfigError(f"{where}: reference image {str(path)!r} cannot be read ({type(err).__name__}: {err}). "
-                          "Use a PNG/JPEG/WebP file or leave ref_image_path empty for text-to-video.") from None
+                          "Use a PNG/JPEG/WebP file or leave it out for text-to-video.") from None
     return str(path)
 
 
@@ -140,7 +139,7 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
                     raise ConfigError(f"{where}: index and seed must be integers ({err})") from None
                 image = (row.get("ref_image_path") or "").strip()
                 if image:
-                    image = _check_image(image, file, where)
+                    image = check_image(image, file.parent, where)
                 items.append(PromptItem(index, prompt, seed, image))
         except csv.Error as err:
             raise ConfigError(f"prompt CSV {path!r}, line {reader.line_num}: {err}") from None
