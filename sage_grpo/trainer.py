@@ -74,7 +74,7 @@ from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
                                                 gather_step_rewards, run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
-from sage_grpo.models.geometry import read_model_geometry
+from sage_grpo.models.geometry import read_model_geometry, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim import LRSchedule, build_optimizer
@@ -144,6 +144,7 @@ class GRPOTrainer:
         self.validation_items = self._validation_items()
         check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
                     "--pretrained_transformer_version")
+        self._check_i2v_tokens()
         self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
@@ -324,6 +325,19 @@ class GRPOTrainer:
         if validation:
             fixed = parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or fixed
         return video_size(item, fixed, cfg.video_bucket_hw_base_size, (self.height, self.width))
+
+    def _check_i2v_tokens(self) -> None:
+        """Sequence parallelism: every image-to-video bucket's token count splits over the SP ranks (the rollout
+        size was checked with the layout)."""
+        cfg = self.cfg
+        if self.dims.sp_size == 1 or cfg.rollout_height is not None:
+            return
+        buckets = {video_size(item, None, cfg.video_bucket_hw_base_size, rollout_size(cfg))
+                   for item in self.items if item.task == "i2v"}
+        for height, width in sorted(buckets):
+            tokens = video_tokens_at(cfg, cfg.sample_n_frames, height, width)
+            if tokens is not None:
+                self.dims.check_tokens(tokens)
 
     def _encode(self, items: List[PromptItem], size: Tuple[int, int]):
         """Prompt embeddings of ``items`` (one task), with the image condition of an image-to-video batch."""
