@@ -79,7 +79,9 @@ def test_i2v_rows_need_an_i2v_transformer_before_any_model_loads(tiny_root, tmp_
 @pytest.mark.e2e
 def test_first_i2v_step_is_on_policy_and_trains_the_image_pathway(tiny_i2v_root, tmp_path):
     csv = _csv(tmp_path / "data", [("a red ball rolls", "ball.png"), ("a blue car drives", "car.png")])
-    trainer = make_trainer(tiny_i2v_root, tmp_path / "run", csv, "--max_steps", "1")
+    trainer = make_trainer(tiny_i2v_root, tmp_path / "run", csv, "--max_steps", "1", "--valid_video_csv", str(csv),
+                           "--validation_interval", "1", "--validation_fixed_size", "16x24",
+                           "--validate_video_length", "5", "--validation_num_inference_steps", "2")
     conditions = []
     original = trainer._encode
     trainer._encode = lambda items, size: conditions.append(original(items, size)) or conditions[-1]
@@ -91,6 +93,9 @@ def test_first_i2v_step_is_on_policy_and_trains_the_image_pathway(tiny_i2v_root,
     # the SigLIP tokens are valid tokens now, so the image projection learns (it gets no gradient for t2v)
     changed = {n for n, p in trainer.models.policy.named_parameters() if not torch.equal(before[n], p.detach())}
     assert any(n.startswith("image_embedder.") for n in changed)
+    # validation samples each image-conditioned row at --validation_fixed_size
+    videos = sorted((trainer.run_dir / "samples" / "step_000001").glob("*.mp4"))
+    assert len(videos) == 2 and conditions[-1].image.latents.shape == (1, 4, 1, 2, 3)
 
 
 @pytest.mark.e2e
