@@ -99,3 +99,24 @@ def test_generate_i2v_csv_end_to_end(tiny_i2v_root, tmp_path):
     settings = json.loads(videos[0].with_name(f"{videos[0].stem}_config.json").read_text())
     assert settings["task"] == "i2v" and settings["transformer_version"] == "480p_i2v"
     assert settings["image_path"] == str(tmp_path / "ball.png") and (settings["height"], settings["width"]) == (16, 16)
+
+
+def test_a_distilled_version_without_its_guider_config_is_not_sampled_at_the_default_guidance(tiny_i2v_root, tmp_path):
+    import os
+
+    from sage_grpo.config import ConfigError
+
+    root = tmp_path / "root"
+    root.mkdir()
+    for entry in tiny_i2v_root.iterdir():
+        if entry.name not in ("transformer", "variants"):
+            os.symlink(entry, root / entry.name)
+    (root / "transformer").mkdir()
+    os.symlink(tiny_i2v_root / "transformer" / "480p_i2v", root / "transformer" / "480p_i2v_step_distilled")
+    image = write_image(tmp_path / "a.png", 16, 16)
+    common = dict(image_path=str(image), model_version="480p_i2v_step_distilled", flow_shift=5.0)
+    with pytest.raises(ConfigError, match="'480p_i2v_step_distilled' is distilled.*variants/480p_i2v_step_distilled/"
+                                          "guider/.*--variant 480p_i2v_step_distilled.*--guidance_scale"):
+        plan_generation(_config(root, **common))
+    plan = plan_generation(_config(root, guidance_scale=1.0, **common))  # explicit: used as given
+    assert (plan.transformer_version, plan.guidance_scale, plan.flow_shift) == ("480p_i2v_step_distilled", 1.0, 5.0)
