@@ -16,6 +16,10 @@
 * Anchor: every ``--update_ref_model_step`` updates the reference model is overwritten with the policy (the moving
   anchor), before the next rollout.
 
+Image-to-video: a step's prompts are one task (``data.py``); an i2v batch's prompt embeddings carry the image
+condition of its reference images (``ModelBundle.encode``), so rollout, replay, reference means and validation use it
+without knowing the task.
+
 Randomness is derived from (seed, step, sample) so that resuming needs only the counters: the initial noise of a
 sample uses its CSV-derived seed (reference), its SDE noise a generator seeded from (seed, global step, the sample's
 index in the step's global batch), and the shuffles a generator seeded from (seed, dp rank, global step).
@@ -504,6 +508,8 @@ class GRPOTrainer:
                 record = {"prompt": item.prompt, "seed": seeds[slot], "video_path": str(group_dir / name),
                           "sample_idx": slot, "ranks_per_group": self.ranks_per_group,
                           "advantage": float(advantages[slot])}
+                if item.ref_image_path:
+                    record["ref_image_path"] = item.ref_image_path
                 record.update({k: float(v[slot]) for k, v in rewards.items()})
                 records.append(record)
                 logged.append(LoggedVideo(group_dir / name, f"{item.prompt} (seed {seeds[slot]}, reward "

@@ -2,6 +2,8 @@
 task-grouped batches of a mixed CSV, the closest bucket, an on-policy first step that trains the image pathway, an
 exact resume, and the errors raised before any model loads."""
 
+import json
+
 import pytest
 import torch
 from model_fixtures import tiny_args, write_image
@@ -81,7 +83,8 @@ def test_first_i2v_step_is_on_policy_and_trains_the_image_pathway(tiny_i2v_root,
     csv = _csv(tmp_path / "data", [("a red ball rolls", "ball.png"), ("a blue car drives", "car.png")])
     trainer = make_trainer(tiny_i2v_root, tmp_path / "run", csv, "--max_steps", "1", "--valid_video_csv", str(csv),
                            "--validation_interval", "1", "--validation_fixed_size", "16x24",
-                           "--validate_video_length", "5", "--validation_num_inference_steps", "2")
+                           "--validate_video_length", "5", "--validation_num_inference_steps", "2",
+                           "--save_rollout_videos", "true")
     conditions = []
     original = trainer._encode
     trainer._encode = lambda items, size: conditions.append(original(items, size)) or conditions[-1]
@@ -93,6 +96,9 @@ def test_first_i2v_step_is_on_policy_and_trains_the_image_pathway(tiny_i2v_root,
     # the SigLIP tokens are valid tokens now, so the image projection learns (it gets no gradient for t2v)
     changed = {n for n, p in trainer.models.policy.named_parameters() if not torch.equal(before[n], p.detach())}
     assert any(n.startswith("image_embedder.") for n in changed)
+    records = json.loads(next((trainer.run_dir / "rl_samples").rglob("*_rewards.json")).read_text())
+    (image,) = {r["ref_image_path"] for r in records}  # a group shares its prompt's image
+    assert len(records) == 2 and image in {str(tmp_path / "data" / "images" / n) for n in ("ball.png", "car.png")}
     # validation samples each image-conditioned row at --validation_fixed_size
     videos = sorted((trainer.run_dir / "samples" / "step_000001").glob("*.mp4"))
     assert len(videos) == 2 and conditions[-1].image.latents.shape == (1, 4, 1, 2, 3)
