@@ -18,6 +18,7 @@ WITH_REWARD=1
 VERIFY_ONLY=0
 TIMEOUT=8
 SHARED_COMPONENTS=(vae text_encoder tokenizer text_encoder_2 tokenizer_2 scheduler)
+I2V_COMPONENTS=(image_encoder feature_extractor)  # only the image-to-video repos (variants with _i2v) hold them
 
 usage() {
   cat <<'EOF'
@@ -48,6 +49,8 @@ Layout under --model_root (the table lives in sage_grpo/models/layout.py):
   text_encoder_2/          T5EncoderModel (byT5 glyphs)      config.json + model*.safetensors
   tokenizer_2/             ByT5Tokenizer                     tokenizer_config.json
   scheduler/               FlowMatchEulerDiscreteScheduler   scheduler_config.json
+  image_encoder/           SiglipVisionModel (i2v variants)  config.json + model*.safetensors
+  feature_extractor/       SiglipImageProcessor (i2v)        preprocessor_config.json
   variants/<variant>/      the variant's guider/ (guider_config.json: its CFG scale, 1.0 for the cfg-distilled
                            variants) and scheduler/ (scheduler_config.json: its shift); training and generate.py
                            sample the variant with them unless a flag sets guidance or shift
@@ -58,7 +61,9 @@ Layout under --model_root (the table lives in sage_grpo/models/layout.py):
 
 Each hub pipeline repo holds transformer/, vae/, text_encoder/, ... at its top level: its transformer/ becomes
 transformer/<variant>/, the shared components are taken from the first variant that needs them (later variants
-fetch only transformer/* and their guider/ and scheduler/ configs). Sharded weights (*.safetensors.index.json) are
+fetch only transformer/* and their guider/ and scheduler/ configs); the image-to-video variants (480p_i2v, 720p_i2v,
+their _distilled and step-distilled versions) add the SigLIP image_encoder/ and feature_extractor/, taken from the
+first i2v variant. Sharded weights (*.safetensors.index.json) are
 checked shard by shard. Running the script on a root made before variants/ existed fetches just those configs.
 
 Revisions: every download passes --revision; set HUNYUAN_REVISION (the pipeline repos), VIDEOALIGN_REVISION
@@ -175,7 +180,9 @@ for variant in "${VARIANTS[@]}"; do
   patterns=()
   is_missing "transformer/$variant" && patterns+=("transformer/*")
   shared=()
-  for component in "${SHARED_COMPONENTS[@]}"; do
+  components=("${SHARED_COMPONENTS[@]}")
+  case "_$variant" in *_i2v*) components+=("${I2V_COMPONENTS[@]}") ;; esac
+  for component in "${components[@]}"; do
     if is_missing "$component"; then patterns+=("$component/*"); shared+=("$component"); fi
   done
   configs=()  # the variant's own sampling configs (guider/, scheduler/) -> variants/<variant>/

@@ -9,6 +9,16 @@ ranks in order. So with B=2, G=4 ranks (0, 1) hold two copies each of prompt p0,
 Seeds: member ``k`` of a group starts from the CSV seed ``s + k`` (``k = i mod G`` when a rank holds whole groups,
 ``k = rank_in_group*B + i`` when a group spans several ranks), or ``s`` with ``use_same_noise``.
 
+Image-to-video: a row whose ``ref_image_path`` names an image (relative to the CSV's folder, or absolute) is an i2v
+sample; every image is opened when the CSV is read, so a missing or unreadable one stops the start before any model
+loads, naming the file and the row. Each step's batch is one task: the sampler permutes the prompts as before, splits
+the permutation by task (each task's rows keep their random order), cuts each task's rows into the step's chunks of
+``U`` prompts and shuffles the chunks with the same generator, so a mixed CSV trains both tasks, every rank of a step
+holding the same task. A CSV of one task keeps exactly the order it had before i2v existed. (The reference lets the
+first row of a batch decide its task and uses that row's image for the whole batch.) An i2v batch is sampled at
+:func:`video_size`: the bucket of ``--video_bucket_hw_base_size`` whose aspect ratio is closest to its first image's,
+unless a size is given.
+
 Departure from the reference: the sampler's epoch advances (the reference never calls ``set_epoch``, so its prompt
 order repeats every epoch). The sampler is stateless in the global step, so resuming needs only the step counter.
 """
@@ -18,7 +28,7 @@ import io
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,20 +43,54 @@ class PromptItem:
     index: int
     prompt: str
     seed: int
-    ref_image_path: str = ""
+    ref_image_path: str = ""  # the reference image of an image-to-video sample (resolved path), "" for text-to-video
+
+    @property
+    def task(self) -> str:
+        return "i2v" if self.ref_image_path else "t2v"
 
 
-def _check_image(path: str, where: str) -> None:
+def check_image(text: str, folder: Path, where: str) -> str:
+    """The path of the image ``text`` names (relative to ``folder``), once it decodes; else a ConfigError."""
     from PIL import Image
 
+    path = Path(text).expanduser()
+    path = path if path.is_absolute() else Path(folder) / path
+    if not path.is_file():
+        raise ConfigError(f"{where}: reference image {text!r} does not exist (looked for {path}). Fix the path "
+                          "(a CSV's relative paths are read from its folder) or leave it out for text-to-video.")
     try:
         with Image.open(path) as image:
-            image.verify()
+            image.load()
     except Exception as err:  # PIL raises many types for unreadable files
-        raise ConfigError(f"{where}: reference image {path!r} cannot be read ({type(err).__name__}: {err}). "
-                          "Fix the path or leave ref_image_path empty for text-to-video.") from None
-    raise ConfigError(f"{where}: ref_image_path {path!r} asks for image-to-video, which sage-grpo does not support "
-                      "yet (the 480p_t2v/720p_t2v transformers are text-to-video). Leave ref_image_path empty.")
+        raise ConfigError(f"{where}: reference image {str(path)!r} cannot be read ({type(err).__name__}: {err}). "
+                          "Use a PNG/JPEG/WebP file or leave it out for text-to-video.") from None
+    return str(path)
+
+
+def check_tasks(items: Sequence[PromptItem], transformer_version: str, option: str) -> None:
+    """Image-to-video rows need an image-to-video transformer version (text-to-video rows run on either)."""
+    from sage_grpo.models.layout import version_task
+
+    first = next((item for item in items if item.task == "i2v"), None)
+    if first is not None and version_task(transformer_version) != "i2v":
+        raise ConfigError(f"the prompt {first.prompt[:40]!r} has a ref_image_path ({first.ref_image_path}), which "
+                          f"needs an image-to-video transformer, but {option} is {transformer_version!r}. Use e.g. "
+                          f"{option} {transformer_version.replace('t2v', 'i2v')} (bash download_weights.sh --variant "
+                          f"{transformer_version.replace('t2v', 'i2v')}), or leave ref_image_path empty")
+
+
+def video_size(item: PromptItem, fixed: Optional[Tuple[int, int]], bucket_base: int,
+               default: Tuple[int, int]) -> Tuple[int, int]:
+    """(H, W) to sample ``item`` at: ``fixed`` when given (an i2v image is then cropped to it), else for an i2v item
+    the crop-size bucket of ``bucket_base`` closest to its image's aspect ratio, else ``default``."""
+    if fixed is not None:
+        return fixed
+    if item.task == "i2v":
+        from sage_grpo.models.image_condition import closest_bucket, image_size
+
+        return closest_bucket(image_size(item.ref_image_path), bucket_base)
+    return default
 
 
 MAX_PROMPT_BYTES = 16 * 1024  # far above any text encoder's context (the reference crops at 1000 tokens)
@@ -95,7 +139,7 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
                     raise ConfigError(f"{where}: index and seed must be integers ({err})") from None
                 image = (row.get("ref_image_path") or "").strip()
                 if image:
-                    _check_image(image, where)
+                    image = check_image(image, file.parent, where)
                 items.append(PromptItem(index, prompt, seed, image))
         except csv.Error as err:
             raise ConfigError(f"prompt CSV {path!r}, line {reader.line_num}: {err}") from None
@@ -115,15 +159,22 @@ class GroupedPromptSampler:
     """Which prompts rank ``dp_rank`` rolls out at a global step (the reference's RepeatRandomDistributedSampler)."""
 
     def __init__(self, num_prompts: int, batch_size: int, num_generations: int, dp_size: int, dp_rank: int,
-                 seed: int):
+                 seed: int, tasks: Optional[Sequence[str]] = None):
+        """``tasks``: each prompt's task ("t2v"/"i2v"); a step's prompts are all of one task (module docstring)."""
         self.batch_size, self.num_generations = batch_size, num_generations
         self.dp_size, self.dp_rank, self.seed = dp_size, dp_rank, seed
         self.prompts_per_step = batch_size * dp_size // num_generations  # U
-        self.steps_per_epoch = num_prompts // self.prompts_per_step
         self.num_prompts = num_prompts
+        tasks = list(tasks) if tasks is not None else ["t2v"] * num_prompts
+        self.task_names = sorted(set(tasks))
+        self.task_ids = torch.tensor([self.task_names.index(t) for t in tasks], dtype=torch.long)
+        counts = [tasks.count(name) for name in self.task_names]
+        self.steps_per_epoch = sum(count // self.prompts_per_step for count in counts)
         if self.steps_per_epoch == 0:
-            raise ConfigError(f"{num_prompts} prompt(s) cannot fill one step, which needs {self.prompts_per_step} "
-                              "unique prompts (batch_size x dp / num_generations). Add prompts or shrink the batch.")
+            per_task = ", ".join(f"{count} {task}" for task, count in zip(self.task_names, counts))
+            raise ConfigError(f"{num_prompts} prompt(s) ({per_task}) cannot fill one step, which needs "
+                              f"{self.prompts_per_step} unique prompts of one task (batch_size x dp / "
+                              "num_generations). Add prompts or shrink the batch.")
 
     def epoch_and_position(self, step: int) -> tuple:
         return divmod(step, self.steps_per_epoch)
@@ -133,10 +184,22 @@ class GroupedPromptSampler:
         epoch, position = self.epoch_and_position(step)
         generator = torch.Generator().manual_seed(self.seed + epoch)
         order = torch.randperm(self.num_prompts, generator=generator)
-        chunk = order[position * self.prompts_per_step:(position + 1) * self.prompts_per_step]
+        chunk = self._chunks(order, generator)[position]
         repeated = chunk.repeat_interleave(self.num_generations)  # (B*dp,)
         start = self.dp_rank * self.batch_size
         return repeated[start:start + self.batch_size].tolist()
+
+    def _chunks(self, order: torch.Tensor, generator: torch.Generator) -> List[torch.Tensor]:
+        """The epoch's steps, ``U`` prompts each: consecutive pieces of ``order`` when every prompt has one task;
+        otherwise each task's rows (in ``order``) cut into pieces, the pieces shuffled."""
+        size = self.prompts_per_step
+        if len(self.task_names) == 1:
+            return list(order[:self.steps_per_epoch * size].split(size))
+        pieces = []
+        for task in range(len(self.task_names)):
+            rows = order[self.task_ids[order] == task]
+            pieces += list(rows[:len(rows) // size * size].split(size))
+        return [pieces[i] for i in torch.randperm(len(pieces), generator=generator).tolist()]
 
 
 def sample_seeds(csv_seeds: Sequence[int], num_generations: int, dp_rank: int, batch_size: int,

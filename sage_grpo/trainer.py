@@ -16,6 +16,10 @@
 * Anchor: every ``--update_ref_model_step`` updates the reference model is overwritten with the policy (the moving
   anchor), before the next rollout.
 
+Image-to-video: a step's prompts are one task (``data.py``); an i2v batch's prompt embeddings carry the image
+condition of its reference images (``ModelBundle.encode``), so rollout, replay, reference means and validation use it
+without knowing the task.
+
 Randomness is derived from (seed, step, sample) so that resuming needs only the counters: the initial noise of a
 sample uses its CSV-derived seed (reference), its SDE noise a generator seeded from (seed, global step, the sample's
 index in the step's global batch), and the shuffles a generator seeded from (seed, dp rank, global step).
@@ -65,16 +69,16 @@ from sage_grpo import rl
 from sage_grpo.checkpoint import CheckpointManager, seed_everything
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
 from sage_grpo.config.schema import config_to_yaml, to_dict
-from sage_grpo.config.validation import (ConfigError, group_layout, rollout_size, validation_flow_shift,
+from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift,
                                         validation_size)
-from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, sample_seeds
+from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_prompt_csvs, sample_seeds, video_size
 from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
                                    mean_over_world, mean_tensor_over_world)
 from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, parallelize_models
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
                                                 gather_step_rewards, run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
-from sage_grpo.models.geometry import read_model_geometry
+from sage_grpo.models.geometry import read_model_geometry, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim import LRSchedule, build_optimizer
@@ -142,6 +146,9 @@ class GRPOTrainer:
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()
+        check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
+                    "--pretrained_transformer_version")
+        self._check_i2v_tokens()
         self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
@@ -163,7 +170,8 @@ class GRPOTrainer:
                                                               validation_flow_shift(cfg))
                                    if cfg.validation_interval > 0 or cfg.validate_at_step0 else None)
         self.prompt_sampler = GroupedPromptSampler(len(self.items), cfg.batch_size, cfg.num_generations,
-                                                   self.dp_size, self.dp_rank, cfg.seed)
+                                                   self.dp_size, self.dp_rank, cfg.seed,
+                                                   tasks=[item.task for item in self.items])
         try:
             self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps,
                                           total_updates=cfg.max_steps // cfg.gradient_accumulation_steps,
@@ -275,11 +283,12 @@ class GRPOTrainer:
         timings: Dict[str, float] = {}
 
         start = time.perf_counter()
-        embeds = self.models.encode(prompts)
+        height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
+        embeds = self._encode(items, (height, width))
         first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
         noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
-                                       num_frames=cfg.sample_n_frames, height=self.height, width=self.width,
+                                       num_frames=cfg.sample_n_frames, height=height, width=width,
                                        sde_generators=noise_generators, decode=False)
         share_rollout(rollout, self.dims)
         # decoded by the SP group's ranks together, for the SP leader, which scores them and writes the rollout media
@@ -311,6 +320,34 @@ class GRPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ phases
+    def _video_size(self, item: PromptItem, validation: bool = False) -> Tuple[int, int]:
+        """(H, W) of ``item``'s videos: ``--validation_fixed_size`` (validation), else ``--rollout_height/_width``
+        when set; otherwise an image-to-video item at the bucket of ``--video_bucket_hw_base_size`` closest to its
+        image, a text-to-video one at the rollout size."""
+        cfg = self.cfg
+        fixed = (cfg.rollout_height, cfg.rollout_width) if cfg.rollout_height is not None else None
+        if validation:
+            fixed = parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or fixed
+        return video_size(item, fixed, cfg.video_bucket_hw_base_size, (self.height, self.width))
+
+    def _check_i2v_tokens(self) -> None:
+        """Sequence parallelism: every image-to-video bucket's token count splits over the SP ranks (the rollout
+        size was checked with the layout)."""
+        cfg = self.cfg
+        if self.dims.sp_size == 1 or cfg.rollout_height is not None:
+            return
+        buckets = {video_size(item, None, cfg.video_bucket_hw_base_size, rollout_size(cfg))
+                   for item in self.items if item.task == "i2v"}
+        for height, width in sorted(buckets):
+            tokens = video_tokens_at(cfg, cfg.sample_n_frames, height, width)
+            if tokens is not None:
+                self.dims.check_tokens(tokens)
+
+    def _encode(self, items: List[PromptItem], size: Tuple[int, int]):
+        """Prompt embeddings of ``items`` (one task), with the image condition of an image-to-video batch."""
+        images = [item.ref_image_path for item in items] if items[0].task == "i2v" else None
+        return self.models.encode([item.prompt for item in items], images, size)
+
     def score(self, videos: torch.Tensor, prompts: List[str]) -> Tuple[Dict[str, torch.Tensor], ...]:
         """This rank's (B,) rewards, scored on the SP leader, and those of its prompt group: the same, or the whole
         (G,) group when it spans several DP ranks."""
@@ -471,6 +508,8 @@ class GRPOTrainer:
                 record = {"prompt": item.prompt, "seed": seeds[slot], "video_path": str(group_dir / name),
                           "sample_idx": slot, "ranks_per_group": self.ranks_per_group,
                           "advantage": float(advantages[slot])}
+                if item.ref_image_path:
+                    record["ref_image_path"] = item.ref_image_path
                 record.update({k: float(v[slot]) for k, v in rewards.items()})
                 records.append(record)
                 logged.append(LoggedVideo(group_dir / name, f"{item.prompt} (seed {seeds[slot]}, reward "
@@ -505,11 +544,12 @@ class GRPOTrainer:
         sampler = self.validation_sampler or self.sampler.with_schedule(cfg.validation_num_inference_steps,
                                                                         validation_flow_shift(cfg))
         for number, item in enumerate(self.validation_items):
-            embeds = self.models.encode([item.prompt])
+            height, width = self._video_size(item, validation=True) if item.task == "i2v" else size
+            embeds = self._encode([item], (height, width))
             # every rank samples (the policy's collectives need them all); only rank 0 decodes (tiled above
             # --vae_tiling's threshold) and writes
             result = sampler.rollout(self.models.policy, self.models.vae, embeds, [item.seed],
-                                     num_frames=cfg.validate_video_length, height=size[0], width=size[1],
+                                     num_frames=cfg.validate_video_length, height=height, width=width,
                                      deterministic=True, decode=False)
             if self.is_main:
                 video = self.models.decode(result.latents[:, -1])[0]

@@ -1,6 +1,8 @@
 """Write a tiny random-weight HunyuanVideo-1.5 checkpoint (same classes and layout as the real one) for CPU tests.
 
-    python scripts/make_tiny_checkpoint.py --output ckpts [--seed 0] [--versions 480p_t2v 720p_t2v]
+    python scripts/make_tiny_checkpoint.py --output ckpts [--seed 0] [--versions 480p_t2v 720p_t2v 480p_i2v]
+
+An image-to-video version (480p_i2v, ...) adds the tiny SigLIP image encoder and its processor.
 
 Takes a few seconds and a few MB per transformer version; a seed always gives identical files. See ckpts/README.md.
 """

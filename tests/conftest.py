@@ -39,12 +39,17 @@ def pytest_collection_modifyitems(config, items):
 # ---------------------------------------------------------------- the tiny checkpoint, shared by every test module
 import pytest  # noqa: E402
 
-from model_fixtures import TINY_TEXT, tiny_checkpoint  # noqa: E402
+from model_fixtures import TINY_TEXT, tiny_checkpoint, tiny_i2v_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory):
     return tiny_checkpoint(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_i2v_root(tmp_path_factory):
+    return tiny_i2v_checkpoint(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,24 @@ TINY_IMAGE_TOKENS = 4
 TINY_VIDEO = dict(num_frames=5, height=16, width=16)
 
 
+def tiny_i2v_checkpoint(tmp_path_factory) -> Path:
+    """A tiny root whose only transformer version is the image-to-video ``480p_i2v`` (with the SigLIP encoder)."""
+    root = tmp_path_factory.getbasetemp() / "tiny_i2v_ckpt"
+    if not (root / "scheduler" / "scheduler_config.json").is_file():
+        write_tiny_hunyuan(root, seed=TINY_SEED, versions=("480p_i2v",))
+    return root
+
+
+def write_image(path, height: int, width: int, seed: int = 0) -> Path:
+    """A random RGB PNG of ``height x width`` pixels at ``path``."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return Path(path)
+
+
 def tiny_checkpoint(tmp_path_factory) -> Path:
     root = tmp_path_factory.getbasetemp() / "tiny_ckpt"
     if not (root / "scheduler" / "scheduler_config.json").is_file():

@@ -224,3 +224,30 @@ def test_an_incomplete_component_is_fetched_again_and_the_partial_folder_kept_as
     result = run_script("--model_root", str(root), "--no_reward", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (root / "vae").is_symlink() and len(list(root.glob("vae.incomplete-*"))) == 1
+
+
+def test_an_i2v_variant_brings_the_image_encoder(fake_hub, tiny_i2v_root, tmp_path):
+    from sage_grpo.models.tiny import published_sampling, write_variant_configs
+
+    hub, env = fake_hub
+    repo = hub / "hunyuanvideo-community__HunyuanVideo-1.5-Diffusers-480p_i2v"
+    shutil.copytree(tiny_i2v_root / "transformer" / "480p_i2v", repo / "transformer")
+    for component in (*PIPELINE_COMPONENTS, "image_encoder", "feature_extractor"):
+        if component != "scheduler":
+            shutil.copytree(tiny_i2v_root / component, repo / component)
+    write_variant_configs(repo, "480p_i2v", *published_sampling("480p_i2v"))
+    for config in ("guider", "scheduler"):
+        (repo / "variants" / "480p_i2v" / config).rename(repo / config)
+    root = tmp_path / "ckpts"
+    result = run_script("--model_root", str(root), "--no_reward", "--variant", "480p_t2v", "--variant", "480p_i2v",
+                        env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "complete (480p_t2v, 480p_i2v)" in result.stdout
+    calls = (hub / "calls.log").read_text().splitlines()
+    t2v_call, i2v_call = calls
+    assert "image_encoder" not in t2v_call  # the text-to-video repo has no image encoder
+    assert all(f"--include {p}/*" in i2v_call for p in ("transformer", "image_encoder", "feature_extractor"))
+    assert "--include vae/*" not in i2v_call  # shared components come from the first variant
+    for component in ("image_encoder", "feature_extractor"):
+        assert os.readlink(root / component) == f".hf/HunyuanVideo-1.5-Diffusers-480p_i2v/{component}"
+    assert read_variant_sampling(root, "480p_i2v").flow_shift == 5.0

@@ -51,7 +51,7 @@ def test_validation_rows_without_a_seed_get_the_validation_seed(tmp_path):
     ("text,seed\nhello,1\n", "no 'prompt' column"),
     ("prompt,seed\n", "holds no prompts"),
     ("prompt,seed\nhello,abc\n", "must be integers"),
-    ("prompt,ref_image_path\nhello,/does/not/exist.png\n", "cannot be read"),
+    ("prompt,ref_image_path\nhello,/does/not/exist.png\n", r"row 2: reference image '/does/not/exist.png' does not"),
 ])
 def test_csv_errors_are_clear(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match):

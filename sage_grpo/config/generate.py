@@ -14,7 +14,8 @@ Flags of features this reimplementation does not have (super-resolution, prompt 
 attention, the angelslim fp8 path) are accepted with a warning.
 
 The transformer version is ``<resolution>_t2v``, ``<resolution>_t2v_distilled`` with ``--cfg_distilled`` (the
-reference's naming), or any folder under ``<model_path>/transformer/`` named by ``--model_version``. Unset guidance and
+reference's naming; ``_i2v`` instead of ``_t2v`` with a reference image: ``--image_path`` or a CSV ``ref_image_path``
+column), or any folder under ``<model_path>/transformer/`` named by ``--model_version``. Unset guidance and
 shift follow that version's own guider and scheduler configs (sage_grpo/models/variants.py): a cfg-distilled version
 samples without CFG; an explicit ``--guidance_scale`` or ``--flow_shift`` that contradicts them is used with a warning.
 
@@ -36,8 +37,11 @@ class GenerateConfig:
     # ---------------------------------------------------------------- prompts
     prompt: Optional[str] = config_field(None, "Prompt to render; used only when --valid_video_csv yields no prompts")
     valid_video_csv: Optional[List[str]] = config_field(
-        None, "CSV file(s) with a 'prompt' column and an optional 'seed' column; take priority over --prompt",
-        nargs="+")
+        None, "CSV file(s) with a 'prompt' column and optional 'seed' and 'ref_image_path' (image-to-video; relative "
+        "to the CSV) columns; take priority over --prompt", nargs="+")
+    image_path: Optional[str] = config_field(
+        None, "Reference image: image-to-video with the <resolution>_i2v transformer, for --prompt and for CSV rows "
+        "without their own ref_image_path ('none': text-to-video)")
     negative_prompt: str = config_field("", "Negative prompt of classifier-free guidance")
     seed: int = config_field(930, "Seed of --prompt, and of CSV rows without a seed")
     # ---------------------------------------------------------------- model

@@ -18,7 +18,10 @@ from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
 # names. A model root's own variants/<version>/scheduler/ config, when present, comes first
 # (sage_grpo/models/variants.py).
 FLOW_SHIFT_BY_VERSION: Dict[str, float] = {"480p_t2v": 5.0, "720p_t2v": 9.0, "480p_t2v_distilled": 5.0,
-                                           "720p_t2v_distilled": 9.0}
+                                           "720p_t2v_distilled": 9.0,
+                                           # image-to-video (the reference's PIPELINE_CONFIGS)
+                                           "480p_i2v": 5.0, "720p_i2v": 7.0, "480p_i2v_distilled": 5.0,
+                                           "720p_i2v_distilled": 7.0}
 
 
 class ConfigError(ValueError):

@@ -23,6 +23,10 @@ Placement (:class:`sage_grpo.plan.Placement`, from ``--reference_placement``, ``
 and whether decodes are tiled. With ``--offload_text_encoders`` (default) the text encoders live on the CPU and visit
 the GPU only to encode prompts not cached yet (the cache keeps every prompt's embeddings, so after the first epoch
 they never move).
+
+Image-to-video (an ``_i2v`` transformer version): ``images`` builds the image condition of the samples whose prompt
+row names a reference image (SigLIP encoder offloaded with the text encoders; the VAE encodes the frame);
+:meth:`ModelBundle.encode` attaches it to their prompt embeddings.
 """
 
 import contextlib
@@ -39,8 +43,9 @@ from sage_grpo.checkpoint_layout import LORA_DIR
 from sage_grpo.config import TrainConfig
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.lora import LoraTraining, check_lora_settings
+from sage_grpo.models.image_condition import ImageConditionEncoder
 from sage_grpo.models.attention import install_joint_attention
-from sage_grpo.models.layout import transformer_layout
+from sage_grpo.models.layout import transformer_layout, version_task
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.sharded_load import load_sharded_weights, transformer_on_meta
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
@@ -99,6 +104,7 @@ class ModelBundle:
     lora: Optional[LoraTraining] = None
     placement: Optional[Placement] = None
     weights_folder: Optional[Path] = None  # set while the transformers are on the meta device (see materialize)
+    images: Optional[ImageConditionEncoder] = None  # image-to-video versions only
 
     def __post_init__(self):
         if self.placement is None:
@@ -117,8 +123,17 @@ class ModelBundle:
         self.weights_folder = None
 
     # ------------------------------------------------------------------ sampling
-    def encode(self, prompts: Sequence[str]) -> PromptEmbeds:
-        return self.encoder.encode(list(prompts), negative_prompt=self.cfg.neg_prompt).to(self.device)
+    def encode(self, prompts: Sequence[str], image_paths: Optional[Sequence[str]] = None,
+               size: Optional[Tuple[int, int]] = None) -> PromptEmbeds:
+        """The prompts' embeddings on the device; with ``image_paths`` (one per prompt) the image condition of
+        those reference images at video size ``size`` (H, W) too."""
+        embeds = self.encoder.encode(list(prompts), negative_prompt=self.cfg.neg_prompt).to(self.device)
+        if not image_paths:
+            return embeds
+        if self.images is None:
+            raise ValueError(f"transformer version {self.cfg.pretrained_transformer_version!r} has no image encoder "
+                             "for image-to-video prompts")
+        return embeds.with_image(self.images.encode(image_paths, *size).to(self.device))
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -241,7 +256,8 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
     on_meta = is_sharded_run(cfg) and not cfg.use_lora
     components = load_components(cfg.pretrained_model_root, cfg.pretrained_transformer_version, dtype=load_dtype,
                                  device=device, text_encoder_device="cpu" if offload_encoders else None,
-                                 load_transformer=not on_meta)
+                                 load_transformer=not on_meta,
+                                 load_image_encoder=version_task(cfg.pretrained_transformer_version) == "i2v")
     folder = Path(cfg.pretrained_model_root) / transformer_layout(cfg.pretrained_transformer_version).subdir
     policy = transformer_on_meta(folder, master_dtype) if on_meta else components.transformer
     install_joint_attention(policy, cfg.attention_backend)
@@ -270,5 +286,8 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
                                    max_length_2=cfg.byt5_max_length)
     encoder = PromptEncoder.from_components(components, settings, cache=True,
                                             compute_device=device if offload_encoders else None)
+    images = (ImageConditionEncoder(components.image_encoder, components.feature_extractor, components.vae,
+                                    compute_device=device if offload_encoders else None)
+              if components.image_encoder is not None else None)
     return ModelBundle(cfg, device, policy, reference, components.vae, encoder, lora, placement,
-                       weights_folder=folder if on_meta else None)
+                       weights_folder=folder if on_meta else None, images=images)

@@ -34,6 +34,18 @@ class ModelGeometry:
     video_tokens: Dict[str, int]  # "rollout" (and "validation" when validation runs) -> image tokens per video
 
 
+def video_tokens_at(cfg: TrainConfig, num_frames: int, height: int, width: int) -> Optional[int]:
+    """Image tokens of one video of the configured checkpoint at this size (an image-to-video bucket); None when a
+    config file is missing."""
+    root = Path(cfg.pretrained_model_root)
+    transformer = _read_config(root / layout.transformer_layout(cfg.pretrained_transformer_version).subdir
+                               / "config.json")
+    vae = _read_config(root / layout.VAE.subdir / "config.json")
+    if transformer is None or vae is None:
+        return None
+    return video_tokens(vae, transformer, num_frames, height, width)
+
+
 def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
     """The geometry of the configured checkpoint; None when a config file is missing (the loader then reports every
     missing file of the checkpoint at once)."""

@@ -15,6 +15,12 @@ reference's ``ckpts/transformer/<version>``::
     <root>/scheduler/              FlowMatchEulerDiscreteScheduler    scheduler_config.json
     <root>/VideoReward/            VideoAlign reward model            model_config.json (its loader checks the rest)
 
+Image-to-video versions (``480p_i2v``, ``720p_i2v``, ...: a ``_i2v`` in the name, :func:`version_task`) also need
+the SigLIP image encoder and its processor, as diffusers' ``HunyuanVideo15ImageToVideoPipeline`` repos hold them::
+
+    <root>/image_encoder/          SiglipVisionModel                  config.json + model*.safetensors
+    <root>/feature_extractor/      SiglipImageProcessor               preprocessor_config.json
+
 Optional, per version: the sampling settings its authors ship with it (each diffusers pipeline repo has its own
 ``guider/`` and ``scheduler/``; the shared ``scheduler/`` above comes from the first version downloaded)::
 
@@ -31,12 +37,12 @@ checked too, so an interrupted download is reported as missing files rather than
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from sage_grpo.config.validation import FLOW_SHIFT_BY_VERSION
 
 DEFAULT_TRANSFORMER_VERSION = "480p_t2v"
-TRANSFORMER_VERSIONS = tuple(FLOW_SHIFT_BY_VERSION)  # the known names: HunyuanVideo-1.5's text-to-video versions
+TRANSFORMER_VERSIONS = tuple(FLOW_SHIFT_BY_VERSION)  # the known names: HunyuanVideo-1.5's t2v and i2v versions
 TRANSFORMER_DIR = "transformer"
 VARIANTS_DIR = "variants"
 REWARD_DIR = "VideoReward"
@@ -101,7 +107,19 @@ TOKENIZER_2 = ComponentLayout("tokenizer_2", "tokenizer_2", "ByT5Tokenizer", (((
 SCHEDULER = ComponentLayout("scheduler", "scheduler", "FlowMatchEulerDiscreteScheduler", (((SCHEDULER_CONFIG,),),))
 VIDEO_REWARD = ComponentLayout("VideoReward", REWARD_DIR, "VideoAlign reward model", ((("model_config.json",),),))
 
+IMAGE_ENCODER = ComponentLayout("image_encoder", "image_encoder", "SiglipVisionModel",
+                                ((("config.json",),), _weights("model")))
+FEATURE_EXTRACTOR = ComponentLayout("feature_extractor", "feature_extractor", "SiglipImageProcessor",
+                                    ((("preprocessor_config.json",),),))
+
 TEXT_COMPONENTS = (TEXT_ENCODER, TOKENIZER, TEXT_ENCODER_2, TOKENIZER_2)
+IMAGE_COMPONENTS = (IMAGE_ENCODER, FEATURE_EXTRACTOR)
+
+
+def version_task(version: str) -> str:
+    """``"i2v"`` for an image-to-video transformer version (``_i2v`` in its name: ``480p_i2v``,
+    ``720p_i2v_distilled``, ...), else ``"t2v"``."""
+    return "i2v" if "_i2v" in f"_{version}" else "t2v"
 
 
 class MissingCheckpointError(FileNotFoundError):
@@ -181,10 +199,16 @@ def check_layout(root: Path, layouts: Sequence[ComponentLayout]) -> None:
 
 
 def required_layouts(transformer_versions: Sequence[str] = (DEFAULT_TRANSFORMER_VERSION,), *,
-                     text_encoders: bool = True, vae: bool = True, reward: bool = False) -> List[ComponentLayout]:
+                     text_encoders: bool = True, vae: bool = True, reward: bool = False,
+                     image_encoder: Optional[bool] = None) -> List[ComponentLayout]:
+    """The components to check; ``image_encoder`` None: the SigLIP encoder and processor when an image-to-video
+    version is among ``transformer_versions``."""
+    if image_encoder is None:
+        image_encoder = any(version_task(v) == "i2v" for v in transformer_versions)
     layouts = [transformer_layout(v) for v in transformer_versions]
     layouts += [VAE] if vae else []
     layouts += list(TEXT_COMPONENTS) if text_encoders else []
+    layouts += list(IMAGE_COMPONENTS) if image_encoder else []
     layouts += [SCHEDULER]
     layouts += [VIDEO_REWARD] if reward else []
     return layouts

@@ -4,8 +4,12 @@ Nothing is fetched at run time: every ``from_pretrained`` call is ``local_files_
 checked first (:mod:`sage_grpo.models.layout`), so a missing or partial download gives one
 :class:`~sage_grpo.models.layout.MissingCheckpointError` that lists every missing file.
 
-The frozen parts (VAE, both text encoders) are put in eval mode with ``requires_grad=False``; the transformer is
-returned as ``from_pretrained`` gives it (eval mode, trainable), since the trainer decides what to train.
+An image-to-video transformer version (``480p_i2v``, ...) brings the SigLIP image encoder and its processor
+(``image_encoder/``, ``feature_extractor/``), frozen like the text encoders.
+
+The frozen parts (VAE, both text encoders, the image encoder) are put in eval mode with ``requires_grad=False``; the
+transformer is returned as ``from_pretrained`` gives it (eval mode, trainable), since the trainer decides what to
+train.
 """
 
 import json
@@ -36,6 +40,8 @@ class HunyuanComponents:
     scheduler_config: Dict
     transformer_version: str
     paths: Dict[str, Path] = field(default_factory=dict)
+    image_encoder: Optional[torch.nn.Module] = None  # SiglipVisionModel (image-to-video versions)
+    feature_extractor: Optional[object] = None  # its SiglipImageProcessor
 
 
 def _freeze(module: torch.nn.Module) -> torch.nn.Module:
@@ -65,10 +71,11 @@ def _read_transformer(root: Path, version: str, dtype: torch.dtype, device: Unio
 def load_components(model_root: PathLike = "./ckpts", transformer_version: str = layout.DEFAULT_TRANSFORMER_VERSION,
                     *, dtype: torch.dtype = torch.bfloat16, device: Union[str, torch.device] = "cpu",
                     load_transformer: bool = True, load_vae: bool = True,
-                    load_text_encoders: bool = True,
+                    load_text_encoders: bool = True, load_image_encoder: Optional[bool] = None,
                     text_encoder_device: Union[str, torch.device, None] = None) -> HunyuanComponents:
-    """Load the requested components of ``model_root``; the scheduler config is always read. The text encoders go to
-    ``text_encoder_device`` (default: ``device``)."""
+    """Load the requested components of ``model_root``; the scheduler config is always read. The text encoders and
+    the image encoder go to ``text_encoder_device`` (default: ``device``). ``load_image_encoder`` None: with an
+    image-to-video transformer version."""
     from diffusers import AutoencoderKLHunyuanVideo15
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, Qwen2Tokenizer, T5EncoderModel
 
@@ -76,7 +83,10 @@ def load_components(model_root: PathLike = "./ckpts", transformer_version: str =
     if load_transformer:
         layout.check_transformer_version(root, transformer_version)
     versions = (transformer_version,) if load_transformer else ()
-    layouts = layout.required_layouts(versions, text_encoders=load_text_encoders, vae=load_vae)
+    if load_image_encoder is None:
+        load_image_encoder = load_transformer and layout.version_task(transformer_version) == "i2v"
+    layouts = layout.required_layouts(versions, text_encoders=load_text_encoders, vae=load_vae,
+                                      image_encoder=load_image_encoder)
     layout.check_layout(root, layouts)
     paths = {spec.name: root / spec.subdir for spec in layouts}
 
@@ -103,7 +113,27 @@ def load_components(model_root: PathLike = "./ckpts", transformer_version: str =
         encoder_device = device if text_encoder_device is None else text_encoder_device
         components.text_encoder = _freeze(text_encoder.to(encoder_device))
         components.text_encoder_2 = _freeze(text_encoder_2.to(encoder_device))
+    if load_image_encoder:
+        components.image_encoder, components.feature_extractor = _read_image_encoder(
+            root, dtype, device if text_encoder_device is None else text_encoder_device)
     return components
+
+
+def _read_image_encoder(root: Path, dtype: torch.dtype, device: Union[str, torch.device]):
+    """The SigLIP vision model (frozen) and its image processor."""
+    from transformers import SiglipImageProcessor, SiglipVisionModel
+    from transformers.utils import logging as hf_logging
+
+    encoder = SiglipVisionModel.from_pretrained(root / layout.IMAGE_ENCODER.subdir, dtype=dtype,
+                                                local_files_only=True)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # without torchvision: "falling back to SiglipImageProcessorPil" (the same op)
+    try:
+        processor = SiglipImageProcessor.from_pretrained(root / layout.FEATURE_EXTRACTOR.subdir,
+                                                         local_files_only=True)
+    finally:
+        hf_logging.set_verbosity(level)
+    return _freeze(encoder.to(device)), processor
 
 
 def resolve_transformer_weights(path: PathLike) -> Path:

@@ -22,16 +22,20 @@ import contextlib
 import hashlib
 import inspect
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from sage_grpo.safe_io import load_plain
 
+if TYPE_CHECKING:
+    from sage_grpo.models.image_condition import ImageCondition
+
 _STREAM_FIELDS = ("embeds", "masks", "embeds_2", "masks_2")
+_ALL_STREAM_FIELDS = _STREAM_FIELDS + tuple(f"neg_{name}" for name in _STREAM_FIELDS)
 
 
 def _diffusers_pipeline_class():
@@ -59,7 +63,10 @@ class TextEncoderSettings:
 
 @dataclass
 class PromptEmbeds:
-    """Positive and negative conditioning of B prompts, both streams; negatives are aligned with the positives."""
+    """Positive and negative conditioning of B prompts, both streams; negatives are aligned with the positives.
+
+    ``image``: the image-to-video condition of the B samples (:class:`~sage_grpo.models.image_condition.ImageCondition`,
+    shared by both CFG branches), or None for text-to-video; selected and moved with the rest."""
 
     embeds: Tensor  # (B, L, D) Qwen2.5-VL hidden states
     masks: Tensor  # (B, L) 1 = real token
@@ -69,26 +76,41 @@ class PromptEmbeds:
     neg_masks: Tensor
     neg_embeds_2: Tensor
     neg_masks_2: Tensor
+    image: Optional["ImageCondition"] = None
 
     def __len__(self) -> int:
         return self.embeds.shape[0]
 
-    def _map(self, fn) -> "PromptEmbeds":
-        return PromptEmbeds(**{f.name: fn(f.name, getattr(self, f.name)) for f in fields(self)})
+    def _map(self, fn, image) -> "PromptEmbeds":
+        streams = {name: fn(name, getattr(self, name)) for name in _ALL_STREAM_FIELDS}
+        return PromptEmbeds(**streams, image=image)
 
     def select(self, indices: Union[Sequence[int], Tensor, slice]) -> "PromptEmbeds":
         """The rows ``indices`` of every tensor (a list, a LongTensor or a slice)."""
         if not isinstance(indices, slice):
             indices = torch.as_tensor(indices, dtype=torch.long, device=self.embeds.device)
-        return self._map(lambda _, t: t[indices])
+        image = self.image.select(indices) if self.image is not None else None
+        return self._map(lambda _, t: t[indices], image)
 
     def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "PromptEmbeds":
         """Move every tensor to ``device``; ``dtype`` applies to the embeddings only (masks keep theirs)."""
-        return self._map(lambda name, t: t.to(device=device, dtype=dtype if "embeds" in name else None))
+        image = self.image.to(device, dtype) if self.image is not None else None
+        return self._map(lambda name, t: t.to(device=device, dtype=dtype if "embeds" in name else None), image)
+
+    def with_image(self, image: Optional["ImageCondition"]) -> "PromptEmbeds":
+        """The same prompts with the image condition ``image`` (one row per prompt; None: text-to-video)."""
+        if image is not None and len(image) != len(self):
+            raise ValueError(f"got an image condition of {len(image)} rows for {len(self)} prompts")
+        return replace(self, image=image)
 
     @classmethod
     def cat(cls, parts: Sequence["PromptEmbeds"]) -> "PromptEmbeds":
-        return cls(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+        images = [p.image for p in parts]
+        if any(i is None for i in images) and not all(i is None for i in images):
+            raise ValueError("cannot concatenate image-to-video and text-to-video conditioning: one transformer call "
+                             "is one task")
+        image = None if images[0] is None else type(images[0]).cat(images)
+        return cls(**{name: torch.cat([getattr(p, name) for p in parts]) for name in _ALL_STREAM_FIELDS}, image=image)
 
     def positive(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         return self.embeds, self.masks, self.embeds_2, self.masks_2

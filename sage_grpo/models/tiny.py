@@ -13,6 +13,11 @@ diffusers test configs (feasibility note §2):
   output of the first block, not the bare embeddings) on a byte-level BPE tokenizer trained here on a small corpus,
   with Qwen's chat template and special tokens; byT5: a 2-layer T5 encoder with ``ByT5Tokenizer`` (needs no files).
 
+Image-to-video versions (``480p_i2v``, ...) get the transformer config with ``task_type="i2v"``, and the root then
+also holds a tiny SigLIP image encoder (``SiglipVisionModel``: 1 layer, hidden size = the transformer's
+``image_embed_dim``, 16x16 pixels in 8x8 patches -> 4 image tokens) with its ``SiglipImageProcessor`` config
+(16x16, SigLIP's 0.5/0.5 normalisation), the components diffusers' ``HunyuanVideo15ImageToVideoPipeline`` takes.
+
 Weights are drawn under a forked RNG seeded by ``seed`` (so a seed gives byte-identical files and the caller's global
 RNG is untouched) and saved in bf16, like the released checkpoint. Each transformer version gets its own seed offset
 and, as in the diffusers pipeline repos, its own ``variants/<version>/`` guider and scheduler configs: guidance 1.0
@@ -69,6 +74,26 @@ def _tiny_text_encoder_2():
                       num_layers=2, num_heads=4, relative_attention_num_buckets=8, is_encoder_decoder=False,
                       use_cache=False)
     return T5EncoderModel(config)
+
+
+TINY_IMAGE_SIZE, TINY_IMAGE_PATCH = 16, 8
+
+
+def _tiny_image_encoder(image_embed_dim: int):
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    config = SiglipVisionConfig(hidden_size=image_embed_dim, intermediate_size=2 * image_embed_dim,
+                                num_hidden_layers=1, num_attention_heads=2, image_size=TINY_IMAGE_SIZE,
+                                patch_size=TINY_IMAGE_PATCH)
+    return SiglipVisionModel(config)
+
+
+def _write_tiny_image_encoder(root: Path, image_embed_dim: int, seed: int, dtype: torch.dtype) -> None:
+    from transformers import SiglipImageProcessor
+
+    _save(_seeded(lambda: _tiny_image_encoder(image_embed_dim), seed), root / layout.IMAGE_ENCODER.subdir, dtype)
+    processor = SiglipImageProcessor(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
+    processor.save_pretrained(root / layout.FEATURE_EXTRACTOR.subdir)
 
 
 def _save(module, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -129,7 +154,9 @@ def write_tiny_hunyuan(root, *, seed: int = 0, versions: Sequence[str] = (layout
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     for offset, version in enumerate(versions):
-        transformer = _seeded(lambda: HunyuanVideo15Transformer3DModel(**transformer_config), seed + 100 + offset)
+        i2v = layout.version_task(version) == "i2v"
+        config = dict(transformer_config, task_type="i2v") if i2v else transformer_config
+        transformer = _seeded(lambda: HunyuanVideo15Transformer3DModel(**config), seed + 100 + offset)
         _save(transformer, root / layout.transformer_layout(version).subdir, dtype)
         write_variant_configs(root, version, *published_sampling(version))
     _save(_seeded(lambda: AutoencoderKLHunyuanVideo15(**vae_config), seed + 1), root / layout.VAE.subdir, dtype)
@@ -141,4 +168,6 @@ def write_tiny_hunyuan(root, *, seed: int = 0, versions: Sequence[str] = (layout
     _save(_seeded(_tiny_text_encoder_2, seed + 3), root / layout.TEXT_ENCODER_2.subdir, dtype)
 
     FlowMatchEulerDiscreteScheduler(shift=TINY_FLOW_SHIFT).save_pretrained(root / layout.SCHEDULER.subdir)
+    if any(layout.version_task(version) == "i2v" for version in versions):
+        _write_tiny_image_encoder(root, transformer_config["image_embed_dim"], seed + 4, dtype)
     return root

@@ -122,12 +122,23 @@ def choose(option: str, value: Optional[float], explicit: bool, variant: Variant
                    f"({source}); {option} {variant_value} (or leaving it unset) samples the variant as intended")
 
 
+def check_distilled_guidance(variant: VariantSampling, explicit: bool, option: str) -> None:
+    """A distilled version (cfg- or step-distilled, t2v or i2v) is sampled with its own guidance, not the flag's 6.0:
+    without its guider config and without an explicit value, refuse rather than guess."""
+    if variant.guidance_scale is None and not explicit and "distilled" in variant.version:
+        raise ConfigError(f"transformer version {variant.version!r} is distilled, and its guidance (1.0 for the "
+                          f"cfg-distilled versions) is not the default 6.0, but the model root has no "
+                          f"variants/{variant.version}/guider/ config. Fix: fetch its configs with `bash "
+                          f"download_weights.sh --variant {variant.version}`, or pass {option} explicitly")
+
+
 def resolve_train_sampling(cfg: TrainConfig) -> Tuple[TrainConfig, List[str], List[str]]:
     """The run's config with the variant's guidance (``--cfg_scale``) and validation shift filled in where the user
     set none, plus (warnings, notes). Checks the version name first; reads only config files, loads no model."""
     root, version = cfg.pretrained_model_root, cfg.pretrained_transformer_version
     layout.check_transformer_version(Path(root), version, "--pretrained_transformer_version")
     variant = read_variant_sampling(root, version)
+    check_distilled_guidance(variant, is_explicit(cfg, "cfg_scale"), "--cfg_scale")
     cfg_scale, guidance_warning = choose("--cfg_scale", cfg.cfg_scale, is_explicit(cfg, "cfg_scale"), variant,
                                          "guidance_scale", same_guidance)
     shift, shift_warning = choose("--validation_timestep_shift", cfg.validation_timestep_shift,
@@ -142,6 +153,7 @@ def resolve_generation_sampling(model_path, version: str, guidance_scale: float,
     shift without a scheduler config is the known version's (``FLOW_SHIFT_BY_VERSION``)."""
     layout.check_transformer_version(Path(model_path), version, "--model_version")
     variant = read_variant_sampling(model_path, version)
+    check_distilled_guidance(variant, guidance_explicit, "--guidance_scale")
     guidance, guidance_warning = choose("--guidance_scale", guidance_scale, guidance_explicit, variant,
                                         "guidance_scale", same_guidance)
     shift, shift_warning = choose("--flow_shift", flow_shift, flow_shift is not None, variant, "flow_shift")

@@ -13,6 +13,12 @@
    720p_t2v 9.0). It equals diffusers' ``HunyuanVideo15Pipeline`` given the same transformer and initial latents
    (tested to 1e-5 in fp32), except at guidance scales below 1, where diffusers still mixes in the unconditional
    branch and we, as the reference, use the conditional velocity alone.
+   With a reference image (``--image_path``, or a CSV ``ref_image_path`` column, relative to the CSV) the task is
+   image-to-video: the ``<resolution>_i2v`` transformer, the image condition of diffusers'
+   ``HunyuanVideo15ImageToVideoPipeline`` (:mod:`sage_grpo.models.image_condition`; equal to that pipeline given the
+   same initial latents, tested to 1e-5 in fp32) and, unless ``--fixed_size`` is given, the size of the crop-size
+   bucket of the resolution (480p: 640, 720p: 960) closest to the image's aspect ratio (``--aspect_ratio`` is not
+   used). One run renders one task: with an image for one prompt, every prompt needs one.
 3. Each video is written with imageio (libx264, 24 fps) plus ``<name>_config.json`` of the settings.
 
 Inference-speed flags (reference §1.4) mapped onto diffusers:
@@ -48,7 +54,7 @@ import importlib.util
 import json
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -57,11 +63,12 @@ import torch
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import is_explicit
 from sage_grpo.config.validation import parse_size
-from sage_grpo.data import read_prompt_csvs
+from sage_grpo.data import check_image, read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
+from sage_grpo.models.layout import version_task
 from sage_grpo.models.variants import resolve_generation_sampling
-from sage_grpo.pipeline.resolution import resolution_hw
+from sage_grpo.pipeline.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
 
 VIDEO_FPS = 24
@@ -74,6 +81,8 @@ CACHE_ORDERS = {"deepcache": 0, "taylorcache": 1}
 class GenerationItem:
     prompt: str
     seed: int
+    image_path: str = ""  # the reference image (image-to-video), "" for text-to-video
+    size: Optional[Tuple[int, int]] = None  # (H, W) of an image-to-video item; None: the plan's size
 
 
 @dataclass(frozen=True)
@@ -102,15 +111,32 @@ class GenerationPlan:
     warnings: List[str] = field(default_factory=list)  # explicit settings that contradict the version's configs
 
 
+def image_path_flag(config: GenerateConfig) -> str:
+    """``--image_path`` checked (it must decode), "" when unset or 'none' (the reference's spelling of no image)."""
+    text = (config.image_path or "").strip()
+    if not text or text.lower() == "none":
+        return ""
+    return check_image(text, Path.cwd(), "--image_path")
+
+
 def read_items(config: GenerateConfig, notes: List[str]) -> List[GenerationItem]:
     """The prompts of every ``--valid_video_csv`` file in order (the trainer's reader, :func:`read_prompt_csvs`; a row
-    without a seed gets ``--seed``; skipped empty rows go to ``notes``); without CSVs, ``--prompt`` with ``--seed``."""
+    without a seed gets ``--seed``, one without a ``ref_image_path`` gets ``--image_path``; skipped empty rows go to
+    ``notes``); without CSVs, ``--prompt`` with ``--seed`` and ``--image_path``. One task per run."""
+    image = image_path_flag(config)
     if config.valid_video_csv:
-        return [GenerationItem(item.prompt, item.seed)
-                for item in read_prompt_csvs(config.valid_video_csv, default_seed=config.seed, notes=notes)]
-    if config.prompt and config.prompt.strip():
-        return [GenerationItem(config.prompt.strip(), config.seed)]
-    raise ValueError("no prompt to render: pass --prompt TEXT or --valid_video_csv FILE.csv")
+        items = [GenerationItem(item.prompt, item.seed, item.ref_image_path or image)
+                 for item in read_prompt_csvs(config.valid_video_csv, default_seed=config.seed, notes=notes)]
+    elif config.prompt and config.prompt.strip():
+        items = [GenerationItem(config.prompt.strip(), config.seed, image)]
+    else:
+        raise ValueError("no prompt to render: pass --prompt TEXT or --valid_video_csv FILE.csv")
+    without = [item.prompt for item in items if not item.image_path]
+    if len(without) not in (0, len(items)):
+        raise ValueError(f"{len(items) - len(without)} prompt(s) have a reference image and {len(without)} do not "
+                         f"(first: {without[0][:40]!r}); one run renders one task: give every prompt an image "
+                         "(--image_path is the default for rows without one) or none")
+    return items
 
 
 def output_paths(config: GenerateConfig, items: List[GenerationItem], version: str) -> List[Path]:
@@ -211,9 +237,16 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
     _check_weight_paths(config)
     csv_notes: List[str] = []
     items = read_items(config, csv_notes)
+    if items[0].image_path:  # image-to-video: each item at its image's bucket unless --fixed_size
+        from sage_grpo.models.image_condition import closest_bucket, image_size
+
+        fixed = parse_size(config.fixed_size)
+        items = [replace(item, size=fixed or closest_bucket(image_size(item.image_path),
+                                                             RESOLUTION_BUCKET_BASE[config.resolution], spatial))
+                 for item in items]
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     acceleration, notes = plan_acceleration(config, device)
-    version = transformer_version(config)
+    version = transformer_version(config, "i2v" if items[0].image_path else "t2v")
     if config.flow_shift is not None and config.flow_shift <= 0:
         raise ValueError(f"--flow_shift must be > 0, got {config.flow_shift}")
     guidance, shift, variant_warnings, variant_notes = resolve_generation_sampling(
@@ -222,21 +255,27 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
                           device, acceleration, csv_notes + notes + variant_notes, variant_warnings)
 
 
-def transformer_version(config: GenerateConfig) -> str:
-    """``--model_version``, else ``<resolution>_t2v`` with ``_distilled`` under ``--cfg_distilled`` (reference §5.3)."""
+def transformer_version(config: GenerateConfig, task: str = "t2v") -> str:
+    """``--model_version``, else ``<resolution>_<task>`` with ``_distilled`` under ``--cfg_distilled`` (reference
+    §5.3); ``task`` is "i2v" when the prompts have reference images."""
     if config.model_version is not None:
         if config.cfg_distilled:
             raise ValueError("--model_version and --cfg_distilled both choose the transformer version: pass one "
-                             f"(e.g. --model_version {config.resolution}_t2v_distilled)")
+                             f"(e.g. --model_version {config.resolution}_{task}_distilled)")
+        if task == "i2v" and version_task(config.model_version) != "i2v":
+            raise ValueError(f"--model_version {config.model_version} is a text-to-video transformer but the prompts "
+                             f"have reference images: use an image-to-video one (e.g. {config.resolution}_i2v)")
         return config.model_version
-    return f"{config.resolution}_t2v{'_distilled' if config.cfg_distilled else ''}"
+    return f"{config.resolution}_{task}{'_distilled' if config.cfg_distilled else ''}"
 
 
 def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPlan, item: GenerationItem) -> None:
     settings = {
-        **asdict(config), "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "task": "t2v",
+        **asdict(config), "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "task": "i2v" if item.image_path else "t2v", "image_path": item.image_path or None,
         "transformer_version": plan.transformer_version, "output_path": str(video_path),
-        "height": plan.height, "width": plan.width, "flow_shift": plan.flow_shift,
+        "height": (item.size or (plan.height, plan.width))[0], "width": (item.size or (plan.height, plan.width))[1],
+        "flow_shift": plan.flow_shift,
         "guidance_scale": plan.guidance_scale,
         "prompt": item.prompt, "seed": item.seed,  # this video's own
     }
@@ -298,6 +337,14 @@ class VideoGenerator:
         settings = TextEncoderSettings(max_length=config.text_max_length or TextEncoderSettings.max_length,
                                        max_length_2=config.byt5_max_length)
         self.encoder = PromptEncoder.from_components(self.components, settings)
+        self.images = None
+        if self.components.image_encoder is not None:
+            from sage_grpo.models.image_condition import ImageConditionEncoder
+
+            if on_cpu and not accel.model_offload:
+                self.components.image_encoder.to(self.device)
+            self.images = ImageConditionEncoder(self.components.image_encoder, self.components.feature_extractor,
+                                                self.components.vae)
 
     @contextlib.contextmanager
     def _stage(self, modules: Sequence[torch.nn.Module]) -> Iterator[None]:
@@ -317,15 +364,19 @@ class VideoGenerator:
         from sage_grpo.pipeline.rollout import decode_latents, rollout
 
         config, plan, c = self.config, self.plan, self.components
+        height, width = item.size or (plan.height, plan.width)
         with self._stage([c.text_encoder, c.text_encoder_2]):
             embeds = self.encoder.encode([item.prompt], config.negative_prompt)
+        if item.image_path:
+            with self._stage([c.image_encoder, c.vae]):
+                embeds = embeds.with_image(self.images.encode([item.image_path], height, width))
         # group-offloaded blocks move themselves; the rest of that transformer already sits on the device
         transformer_stage = [] if plan.acceleration.group_offload else [self.transformer]
         cache = self.transformer.cache_context("generate") if plan.acceleration.cache else contextlib.nullcontext()
         with self._stage(transformer_stage), cache:
             result = rollout(self.transformer, c.vae, embeds, [item.seed], num_steps=config.num_inference_steps,
                              shift=plan.flow_shift, guidance_scale=plan.guidance_scale,
-                             num_frames=config.video_length, height=plan.height, width=plan.width,
+                             num_frames=config.video_length, height=height, width=width,
                              deterministic=True, decode=False, num_image_tokens=config.vision_num_semantic_tokens,
                              progress=progress)
         if plan.acceleration.cache:

@@ -6,6 +6,12 @@ Text-to-video input, exactly as diffusers' ``HunyuanVideo15Pipeline`` builds it:
     image_embeds  = zeros(B, num_image_tokens, image_embed_dim)   # all-zero => the transformer masks them out (t2v)
     timestep      = 1000·σ_k per sample, fp32
 
+Image-to-video (``embeds.image`` set, as diffusers' ``HunyuanVideo15ImageToVideoPipeline`` builds it; see
+:mod:`sage_grpo.models.image_condition`)::
+
+    hidden_states = cat([x_t, [z_ref, 0, ..., 0] (C ch), [1, 0, ..., 0] (1 ch: the i2v task mask)], dim=1)
+    image_embeds  = the SigLIP states of the reference image, the same in both CFG branches (as in the reference)
+
 CFG (spec §2.12, §6): ``v = v_u + s·(v_c − v_u)`` with s = ``guidance_scale``, computed in fp32, applied only when
 s > 1 as in the reference's ``denoise_step``; with s <= 1 only the positive branch runs and v = v_c (diffusers' guider
 instead switches guidance off only at s = 1). Both branches run in ONE transformer call on the doubled batch
@@ -29,6 +35,7 @@ import torch
 from torch import Tensor
 
 from sage_grpo.dtypes import compute_dtype
+from sage_grpo.models.image_condition import ImageCondition
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.sde import timesteps_from_sigmas
 
@@ -63,25 +70,47 @@ def t2v_model_input(latents: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.cat([x, torch.zeros_like(x), mask], dim=1)
 
 
+def model_input(latents: Tensor, image: Optional[ImageCondition], dtype: torch.dtype) -> Tensor:
+    """(B, 2C+1, T, h, w): text-to-video without ``image``, else the latent, the reference frame's condition and the
+    i2v task mask."""
+    if image is None:
+        return t2v_model_input(latents, dtype)
+    if tuple(image.latents.shape[-2:]) != tuple(latents.shape[-2:]) or len(image) != latents.shape[0]:
+        raise ValueError(f"image condition {tuple(image.latents.shape)} does not fit latents {tuple(latents.shape)}: "
+                         "encode the reference image at the video's size")
+    condition = image.condition_channels(latents.shape[2], dtype).to(latents.device)
+    return torch.cat([latents.to(dtype), condition], dim=1)
+
+
+def image_embeds_for(embeds: PromptEmbeds, batch: int, num_image_tokens: int, embed_dim: int, dtype: torch.dtype,
+                     device: torch.device) -> Tensor:
+    """(batch, N_img, D_img) ``image_embeds`` of one call: the SigLIP states of ``embeds.image`` (repeated over the
+    CFG branches), or zeros (text-to-video: the transformer masks them out)."""
+    if embeds.image is None:
+        return torch.zeros(batch, num_image_tokens, embed_dim, dtype=dtype, device=device)
+    states = embeds.image.embeds.to(device=device, dtype=dtype)
+    return states.repeat(batch // states.shape[0], 1, 1)
+
+
 def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: PromptEmbeds, guidance_scale: float = 6.0,
                  *, autocast_dtype: Optional[torch.dtype] = None,
                  num_image_tokens: int = T2V_IMAGE_TOKENS) -> Tensor:
     """Guided velocity, fp32 (B, C, T, h, w), for latents (B, C, T, h, w) at (B,) timesteps."""
     dtype = compute_dtype(transformer)  # the gathered weights' dtype under FSDP mixed precision
-    model_input = t2v_model_input(latents, dtype)
+    hidden = model_input(latents, embeds.image, dtype)
     timestep = timesteps.to(device=latents.device, dtype=torch.float32)  # never rounded to the weights' dtype
     streams = embeds.positive()
     use_cfg = guidance_scale > 1.0
     if use_cfg:
-        model_input = torch.cat([model_input, model_input])
+        hidden = torch.cat([hidden, hidden])
         timestep = torch.cat([timestep, timestep])
         streams = tuple(torch.cat([neg, pos]) for neg, pos in zip(embeds.negative(), embeds.positive()))
     text, text_mask, glyph, glyph_mask = streams
-    image_embeds = torch.zeros(model_input.shape[0], num_image_tokens, transformer.config.image_embed_dim,
-                               dtype=dtype, device=latents.device)
+    image_embeds = image_embeds_for(embeds, hidden.shape[0], num_image_tokens, transformer.config.image_embed_dim,
+                                    dtype, latents.device)
     with _autocast(latents.device, _compute_dtype(dtype, autocast_dtype)):
         prediction = transformer(
-            hidden_states=model_input, timestep=timestep,
+            hidden_states=hidden, timestep=timestep,
             encoder_hidden_states=text.to(dtype), encoder_attention_mask=text_mask,
             encoder_hidden_states_2=glyph.to(dtype), encoder_attention_mask_2=glyph_mask,
             image_embeds=image_embeds, return_dict=False,
