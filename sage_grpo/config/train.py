@@ -156,9 +156,9 @@ class TrainConfig:
     gpu_memory_gb: Optional[float] = config_field(
         None, "GPU memory per device for the memory plan (default: the device's own; 80 when no GPU is visible)")
     fsdp_param_dtype: str = config_field(
-        "auto", "Dtype FSDP2 all-gathers the trained weights in for compute (master weights and gradient reduction stay "
-        "--master_weight_type/fp32); auto: --dtype (bf16 at the reference launch: no autocast copies of fp32 weights); "
-        "fp32: the reference's fp32 gathers under autocast", choices=("auto", "fp32", "bf16"))
+        "auto", "Dtype FSDP2 all-gathers the trained weights in for compute (master weights and gradient reduction "
+        "stay --master_weight_type/fp32); auto: --dtype (bf16 at the reference launch: no autocast copies of fp32 "
+        "weights); fp32: the reference's fp32 gathers under autocast", choices=("auto", "fp32", "bf16"))
     attention_backend: str = config_field(
         "native", "diffusers attention backend of the transformer (native = torch SDPA; flash, flash_varlen, sage, "
         "... where installed); the text padding is trimmed and no dense mask is built", choices=ATTENTION_BACKENDS)
