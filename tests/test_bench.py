@@ -140,5 +140,20 @@ def test_benchmark_step(capsys):
     shares = [_value(rf"^{phase}: [0-9.]+ s, {NUMBER}% of the step$", out) for phase in
               ("encode", "rollout", "decode", "reward", "reference means", "policy update")]
     assert sum(shares) == pytest.approx(100.0, abs=0.5)
-    assert _value(rf"^step \(sum of the phases\): {NUMBER} s$", out) > 0
+    assert _value(rf"^step \(sum of the phases, each the best of 1 steps\): {NUMBER} s$", out) > 0
     assert "trainer: batch 2 x 2 generations, 2 SDE steps, 5x16x16 videos" in out
+
+
+def test_step_phases_are_the_best_of_the_measured_steps():
+    step = _script("benchmark_step")
+    rows = [dict(step=1, rollout_time=20.0, reward_time=9.0, ref_model_time=9.0, grpo_loop_time=9.0),  # warm-up
+            dict(step=2, rollout_time=3.0, reward_time=0.5, ref_model_time=1.0, grpo_loop_time=4.0),
+            dict(step=3, rollout_time=2.0, reward_time=0.7, ref_model_time=0.8, grpo_loop_time=5.0)]
+    encode, decode = {0: 5.0, 1: 0.5, 2: 0.25}, {0: 5.0, 1: 0.5, 2: 0.25}  # keyed by global_step = step - 1
+    phases = step.phase_seconds(rows, encode, decode, warmup=1)
+    # rollout = rollout_time - encode - decode: 3 - 0.5 - 0.5 = 2.0 at step 2, 2 - 0.25 - 0.25 = 1.5 at step 3
+    assert phases == {"encode": 0.25, "rollout": 1.5, "decode": 0.25, "reward": 0.5, "reference means": 0.8,
+                      "policy update": 4.0}
+    assert list(phases) == list(step.PHASES)
+    with pytest.raises(SystemExit, match="raise --repeats"):
+        step.phase_seconds(rows[:1], encode, decode, warmup=1)
