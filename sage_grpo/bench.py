@@ -69,7 +69,7 @@ class Geometry:
         if num_layers is None:
             return self
         if num_layers < 1:
-            raise ValueError(f"--blocks must be >= 1, got {num_layers}")
+            raise ValueError(f"--blocks must be >= 1 (e.g. --blocks 1), got {num_layers}")
         return replace(self, transformer_config={**self.transformer_config, "num_layers": num_layers})
 
     @property
@@ -143,7 +143,10 @@ def setup_from_args(args: argparse.Namespace) -> BenchSetup:
                          "on GPUs only; pass --blocks N (e.g. --blocks 1) to cut its depth, or use --geometry toy")
     if args.repeats < 1 or args.warmup < 0:
         raise SystemExit(f"error: --repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
-    geometry = geometry.with_blocks(args.blocks)
+    try:
+        geometry = geometry.with_blocks(args.blocks)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     video = tuple(given if given is not None else default
                   for given, default in zip((args.frames, args.height, args.width), geometry.video))
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)

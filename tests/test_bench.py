@@ -88,6 +88,8 @@ def test_real_geometry_is_the_8_33b_transformer():
 def test_real_geometry_on_the_cpu_needs_blocks():
     with pytest.raises(SystemExit, match="--blocks N"):
         _setup("--geometry", "real", "--device", "cpu")
+    with pytest.raises(SystemExit, match="--blocks must be >= 1"):
+        _setup("--geometry", "real", "--device", "cpu", "--blocks", "0")
     setup = _setup("--geometry", "real", "--device", "cpu", "--blocks", "1")
     assert setup.geometry.num_layers == 1 and setup.video == (81, 352, 624) and setup.dtype == torch.float32
     with pytest.raises(ValueError, match="built on the device"):
