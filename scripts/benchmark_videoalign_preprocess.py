@@ -16,12 +16,16 @@ Both give identical frames (checked here and in tests/test_rewards.py); the scri
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from sage_grpo.rewards.video_preprocess import VIDEO_MIN_PIXELS, num_sampled_frames, sample_frame_indices
-from sage_grpo.rewards.videoalign_inputs import FrameSampler, VideoInputSpec
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sage_grpo.rewards.video_preprocess import VIDEO_MIN_PIXELS, num_sampled_frames, sample_frame_indices  # noqa: E402
+from sage_grpo.rewards.videoalign_inputs import FrameSampler, VideoInputSpec  # noqa: E402
 
 RELEASED_SPEC = VideoInputSpec(fps=2.0, max_pixels=200704, min_pixels=VIDEO_MIN_PIXELS)
 VIDEO_SHAPE = (81, 352, 624)  # (F, H, W)
