@@ -3,8 +3,8 @@
 
     python scripts/benchmark_reference_means.py [--geometry toy|tiny] [--batch 2] [--steps 16] [--mini_batch 4]
 
-Writes a random-weight checkpoint of the real classes (the toy world's geometry by default: 4 blocks of width 128,
-latents of 5x4x8x8) into a temporary directory, and times ``Sampler.transition_means`` on B x N stored transitions
+Writes a random-weight checkpoint of the real classes (the toy world's geometry by default: 2 blocks of width 64,
+latents of 4x5x16x16 for the default 17 frames of 64x64) into a temporary directory, and times ``Sampler.transition_means`` on B x N stored transitions
 with CFG (two branches per forward), as the trainer calls it. Prints both times (best of ``--repeats``), the ratio,
 and the largest difference between the two results.
 """
