@@ -18,7 +18,9 @@ fi
 stamp="$VENV/.sage_grpo_installed"
 want="$(sha256sum requirements.txt | cut -d' ' -f1) $TORCH_SPEC"
 if [ "${SAGE_DEV:-0}" = 1 ]; then want="$want dev $(sha256sum requirements-dev.txt | cut -d' ' -f1)"; fi
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+have="$(cat "$stamp" 2>/dev/null || true)"
+# up to date: the same install, or one that also has the dev packages when they are not asked for
+if [ "$have" = "$want" ] || { [ "${SAGE_DEV:-0}" != 1 ] && [[ "$have" == "$want dev "* ]]; }; then
   exit 0
 fi
 echo "[setup_env] installing $TORCH_SPEC and requirements.txt$([ "${SAGE_DEV:-0}" = 1 ] && echo ' and requirements-dev.txt') (about a minute on first run)"

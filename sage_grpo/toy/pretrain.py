@@ -37,7 +37,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from sage_grpo.models.layout import DEFAULT_TRANSFORMER_VERSION, SCHEDULER, TEXT_ENCODER, VAE, transformer_layout
 from sage_grpo.models.loading import load_components
 from sage_grpo.models.text_encoding import PromptEncoder, TextEncoderSettings
-from sage_grpo.models.tiny import write_tiny_hunyuan
+from sage_grpo.models.tiny import write_tiny_hunyuan, write_variant_configs
 from sage_grpo.pipeline.rollout import rollout
 from sage_grpo.pipeline.velocity import cfg_velocity
 from sage_grpo.toy import world
@@ -255,6 +255,8 @@ def write_toy_checkpoint(root, settings: PretrainSettings = PretrainSettings(), 
         components.text_encoder.embed_tokens.weight.mul_(TEXT_EMBEDDING_SCALE)
     components.text_encoder.save_pretrained(root / TEXT_ENCODER.subdir)
     FlowMatchEulerDiscreteScheduler(shift=TOY_FLOW_SHIFT).save_pretrained(root / SCHEDULER.subdir)
+    # the toy model is sampled without guidance at its own shift: its variant configs say so (no override warnings)
+    write_variant_configs(root, DEFAULT_TRANSFORMER_VERSION, 1.0, TOY_FLOW_SHIFT)
     vae, transformer = components.vae, components.transformer
     random_transformer = load_components(root, dtype=torch.float32, load_vae=False,
                                          load_text_encoders=False).transformer
