@@ -123,9 +123,9 @@ class _TextTrim:
         if mask is not self._mask:
             valid = mask.bool()
             counts = valid.sum(dim=1)
-            length = int(counts.max())  # the one host sync of the forward
+            length, shortest = torch.stack([counts.max(), counts.min()]).tolist()  # the one host sync of the forward
             keep = valid[:, :length]
-            self._mask, self._result = mask, (length, None if bool((counts == length).all()) else keep)
+            self._mask, self._result = mask, (length, None if shortest == length else keep)
         return self._result
 
     def __call__(self, block, args, kwargs):

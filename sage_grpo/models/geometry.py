@@ -7,7 +7,7 @@ it the number of attention heads (Ulysses splits them) and the image tokens of o
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import rollout_size, validation_size
@@ -34,27 +34,32 @@ class ModelGeometry:
     video_tokens: Dict[str, int]  # "rollout" (and "validation" when validation runs) -> image tokens per video
 
 
-def video_tokens_at(cfg: TrainConfig, num_frames: int, height: int, width: int) -> Optional[int]:
-    """Image tokens of one video of the configured checkpoint at this size (an image-to-video bucket); None when a
-    config file is missing."""
+def _configs(cfg: TrainConfig) -> Optional[Tuple[Dict, Dict]]:
+    """(transformer, VAE) configs of the configured checkpoint; None when either file is missing."""
     root = Path(cfg.pretrained_model_root)
     transformer = _read_config(root / layout.transformer_layout(cfg.pretrained_transformer_version).subdir
                                / "config.json")
     vae = _read_config(root / layout.VAE.subdir / "config.json")
-    if transformer is None or vae is None:
+    return None if transformer is None or vae is None else (transformer, vae)
+
+
+def video_tokens_at(cfg: TrainConfig, num_frames: int, height: int, width: int) -> Optional[int]:
+    """Image tokens of one video of the configured checkpoint at this size (an image-to-video bucket); None when a
+    config file is missing."""
+    configs = _configs(cfg)
+    if configs is None:
         return None
+    transformer, vae = configs
     return video_tokens(vae, transformer, num_frames, height, width)
 
 
 def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
     """The geometry of the configured checkpoint; None when a config file is missing (the loader then reports every
     missing file of the checkpoint at once)."""
-    root = Path(cfg.pretrained_model_root)
-    transformer = _read_config(root / layout.transformer_layout(cfg.pretrained_transformer_version).subdir
-                               / "config.json")
-    vae = _read_config(root / layout.VAE.subdir / "config.json")
-    if transformer is None or vae is None:
+    configs = _configs(cfg)
+    if configs is None:
         return None
+    transformer, vae = configs
     height, width = rollout_size(cfg)
     tokens = {"rollout": video_tokens(vae, transformer, cfg.sample_n_frames, height, width)}
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
