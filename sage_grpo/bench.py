@@ -11,16 +11,20 @@ Geometries (:data:`GEOMETRIES`):
   (21 x 22 x 39 = 18,018 latent tokens).
 
 ``tiny`` and ``toy`` are written as a checkpoint with :func:`~sage_grpo.models.write_tiny_hunyuan` (random weights)
-into a temporary directory and loaded as the trainer loads one. ``real`` is never written: its random weights are
-built directly on the device, and only on a GPU (8.33B parameters); on the CPU it needs ``--blocks N`` to cut its
-depth. Its VAE is a stand-in of the real class with the real latent channels and compression ratios but narrow
-layers: the benchmarks take only the latent shape from it (none decodes at ``real``).
+into a temporary directory and loaded as the trainer loads one. ``real`` is built directly on the device by
+:func:`build_models` (8.33B parameters: only on a GPU; on the CPU it needs ``--blocks N`` to cut its depth), with a
+stand-in VAE of the real class with the real latent channels and compression ratios but narrow layers (the transformer
+benchmarks take only the latent shape from it). The scripts that run the trainer or ``generate.py`` write ``real`` as
+a checkpoint with :func:`~sage_grpo.models.real_width.write_real_width_hunyuan` (``--vae real``: the released VAE
+configuration, so decodes cost what they cost; ``--vae narrow``: the stand-in), or take one already written
+(``--checkpoint_root``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -30,22 +34,13 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 import torch
 
 from sage_grpo.dtypes import DTYPES
+from sage_grpo.models.real_width import NARROW_VAE_CONFIG, REAL_TRANSFORMER_CONFIG, VAE_CONFIGS
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.models.tiny import TINY_TRANSFORMER_CONFIG, TINY_VAE_CONFIG
 from sage_grpo.toy.pretrain import TOY_TRANSFORMER_CONFIG, TOY_VAE_CONFIG
 
-# HunyuanVideo-1.5 480p_t2v (diffusers' HunyuanVideo15Transformer3DModel defaults, task t2v).
-REAL_TRANSFORMER_CONFIG: Dict = dict(
-    in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=54,
-    num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=3584,
-    text_embed_2_dim=1472, image_embed_dim=1152, rope_theta=256.0, rope_axes_dim=(16, 56, 56), target_size=640,
-    task_type="t2v",
-)
-# The real VAE's latent channels and ratios (32 channels, spatial 16, temporal 4) on narrow layers: a shape source.
-REAL_SHAPE_VAE_CONFIG: Dict = dict(
-    latent_channels=32, block_out_channels=(8, 8, 8, 8, 8), layers_per_block=1, spatial_compression_ratio=16,
-    temporal_compression_ratio=4, downsample_match_channel=False, upsample_match_channel=False,
-)
+# HunyuanVideo-1.5 480p_t2v's transformer; the real VAE's latent channels and ratios on narrow layers (a shape source)
+REAL_SHAPE_VAE_CONFIG: Dict = NARROW_VAE_CONFIG
 REFINER_MLP_RATIO = 4.0  # diffusers' token refiner blocks use a fixed MLP ratio, whatever mlp_ratio says
 BYT5_HIDDEN = 2048  # the byT5 projection's hidden width, hard-coded in diffusers
 TIMESTEP_CHANNELS = 256  # sinusoidal timestep features before the timestep MLPs
@@ -63,7 +58,7 @@ class Geometry:
     prompt_valid: Tuple[int, int]  # valid (MLLM, byT5) tokens of the positive prompt
     negative_valid: Tuple[int, int]  # ... of the negative prompt ("")
     video: Tuple[int, int, int]  # (frames, height, width)
-    write_checkpoint: bool = True
+    build_on_device: bool = False  # build_models creates it on the device instead of loading a written checkpoint
 
     def with_blocks(self, num_layers: Optional[int]) -> "Geometry":
         if num_layers is None:
@@ -81,7 +76,7 @@ GEOMETRIES: Dict[str, Geometry] = {
     "tiny": Geometry("tiny", TINY_TRANSFORMER_CONFIG, TINY_VAE_CONFIG, (16, 8), 4, (8, 4), (3, 0), (5, 16, 16)),
     "toy": Geometry("toy", TOY_TRANSFORMER_CONFIG, TOY_VAE_CONFIG, (16, 2), 4, (8, 1), (3, 0), (9, 16, 16)),
     "real": Geometry("real", REAL_TRANSFORMER_CONFIG, REAL_SHAPE_VAE_CONFIG, (1000, 256), 729, (200, 16), (8, 0),
-                     (81, 352, 624), write_checkpoint=False),
+                     (81, 352, 624), build_on_device=True),
 }
 
 
@@ -154,16 +149,54 @@ def setup_from_args(args: argparse.Namespace) -> BenchSetup:
 
 
 # ---------------------------------------------------------------------------------------------------- models
-@contextlib.contextmanager
-def checkpoint(geometry: Geometry, seed: int = 0) -> Iterator[Path]:
-    """A random-weight checkpoint of ``geometry`` (tiny or toy) in a temporary directory, deleted afterwards."""
-    from sage_grpo.models import write_tiny_hunyuan
+def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of the scripts that load a written checkpoint (the trainer, ``generate.py``)."""
+    parser.add_argument("--vae", choices=tuple(VAE_CONFIGS), default="real",
+                        help="VAE of the real geometry's checkpoint: the released configuration (real) or the narrow "
+                             "stand-in with its latent shapes (narrow: CPU tests)")
+    parser.add_argument("--checkpoint_root", default=None,
+                        help="use this written checkpoint (e.g. scripts/make_tiny_checkpoint.py --real_width_blocks "
+                             "N) instead of writing one; its configs replace the geometry's")
 
-    if not geometry.write_checkpoint:
-        raise ValueError(f"geometry {geometry.name!r} is built on the device, never written; use tiny or toy")
+
+def checkpoint_geometry(geometry: Geometry, args: argparse.Namespace) -> Geometry:
+    """``geometry`` with the VAE of ``--vae`` (real only) or, with ``--checkpoint_root``, the configs written there."""
+    from sage_grpo.models import layout
+
+    if args.checkpoint_root:
+        root = Path(args.checkpoint_root)
+        files = (root / layout.transformer_layout(layout.DEFAULT_TRANSFORMER_VERSION).subdir / "config.json",
+                 root / layout.VAE.subdir / "config.json")
+        missing = [str(path) for path in files if not path.is_file()]
+        if missing:
+            raise SystemExit(f"error: --checkpoint_root {root}: missing {', '.join(missing)}; write one with "
+                             "scripts/make_tiny_checkpoint.py --real_width_blocks N --output DIR")
+        transformer, vae = (json.loads(path.read_text()) for path in files)
+        return replace(geometry, transformer_config=transformer, vae_config=vae)
+    if geometry.name == "real":
+        return replace(geometry, vae_config=VAE_CONFIGS[args.vae])
+    return geometry
+
+
+@contextlib.contextmanager
+def checkpoint(geometry: Geometry, seed: int = 0, root: Optional[str] = None) -> Iterator[Path]:
+    """``root`` when given, else a random-weight checkpoint of ``geometry`` in a temporary directory, deleted
+    afterwards: tiny and toy with :func:`~sage_grpo.models.write_tiny_hunyuan` (fp32), real with
+    :func:`~sage_grpo.models.real_width.write_real_width_hunyuan` (bf16, its VAE and depth, the tiny VideoReward)."""
+    from sage_grpo.models import write_tiny_hunyuan
+    from sage_grpo.models.real_width import write_real_width_hunyuan
+
+    if root is not None:
+        yield Path(root)
+        return
     with tempfile.TemporaryDirectory(prefix=f"bench_{geometry.name}_") as tmp:
-        yield write_tiny_hunyuan(Path(tmp) / "ckpt", seed=seed, dtype=torch.float32,
-                                 transformer_config=geometry.transformer_config, vae_config=geometry.vae_config)
+        if geometry.name == "real":
+            yield write_real_width_hunyuan(Path(tmp) / "ckpt", num_layers=geometry.num_layers, seed=seed,
+                                           transformer_config=geometry.transformer_config,
+                                           vae_config=geometry.vae_config)
+        else:
+            yield write_tiny_hunyuan(Path(tmp) / "ckpt", seed=seed, dtype=torch.float32,
+                                     transformer_config=geometry.transformer_config, vae_config=geometry.vae_config)
 
 
 @contextlib.contextmanager
@@ -187,7 +220,7 @@ def build_models(setup: BenchSetup) -> Tuple[torch.nn.Module, torch.nn.Module]:
     from sage_grpo.models.attention import install_joint_attention
 
     geometry = setup.geometry
-    if geometry.write_checkpoint:
+    if not geometry.build_on_device:
         with checkpoint(geometry, setup.seed) as root:
             parts = load_components(root, dtype=setup.dtype, device=setup.device, load_text_encoders=False)
         transformer, vae = parts.transformer, parts.vae
