@@ -80,6 +80,30 @@ GEOMETRIES: Dict[str, Geometry] = {
 }
 
 
+# Our joint attention's backends worth timing on each device type (sage_grpo.models.attention checks each one).
+CPU_BACKENDS = ("native", "_native_math")
+GPU_BACKENDS = CPU_BACKENDS + ("_native_efficient", "_native_cudnn", "_native_flash", "flash", "flash_varlen",
+                               "_flash_3", "_flash_varlen_3", "sage", "sage_varlen", "xformers")
+
+
+def usable_backends(requested: Optional[str], device: torch.device) -> Tuple[list, list]:
+    """(usable, skipped) of the comma-separated ``requested`` backends, or of the device's candidates; a requested
+    backend that is unusable is an error."""
+    from sage_grpo.models.attention import check_attention_backend
+
+    names = requested.split(",") if requested else (GPU_BACKENDS if device.type == "cuda" else CPU_BACKENDS)
+    usable, skipped = [], []
+    for name in names:
+        try:
+            check_attention_backend(name)
+            usable.append(name)
+        except ValueError as err:
+            if requested:
+                raise SystemExit(f"error: --backends {name}: {err}") from None
+            skipped.append(name)
+    return usable, skipped
+
+
 # ---------------------------------------------------------------------------------------------------- flags
 def add_model_args(parser: argparse.ArgumentParser, geometry: str = "tiny") -> None:
     """The flags every benchmark takes: geometry, depth, video size, device, dtype, backend, repeats, threads."""
@@ -133,7 +157,8 @@ def setup_from_args(args: argparse.Namespace) -> BenchSetup:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"error: --device {device}: no CUDA device is available here; use --device cpu")
     geometry = GEOMETRIES[args.geometry]
-    if geometry.name == "real" and device.type == "cpu" and args.blocks is None:
+    written = getattr(args, "checkpoint_root", None)  # its configs, not --blocks, set the depth
+    if geometry.name == "real" and device.type == "cpu" and args.blocks is None and not written:
         raise SystemExit("error: --geometry real on the CPU: the full 54-block, 8.33B-parameter transformer is built "
                          "on GPUs only; pass --blocks N (e.g. --blocks 1) to cut its depth, or use --geometry toy")
     if args.repeats < 1 or args.warmup < 0:

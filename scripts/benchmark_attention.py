@@ -28,10 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sage_grpo import bench  # noqa: E402
 
-CPU_BACKENDS = ("native", "_native_math")
-GPU_BACKENDS = CPU_BACKENDS + ("_native_efficient", "_native_cudnn", "_native_flash", "flash", "flash_varlen",
-                               "_flash_3", "_flash_varlen_3", "sage", "sage_varlen", "xformers")
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
@@ -42,23 +38,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="comma-separated backends to time (default: every usable one of the device)")
     parser.add_argument("--gradient_checkpointing", action="store_true", help="checkpoint the dual-stream blocks")
     return parser.parse_args(argv)
-
-
-def usable_backends(requested, device: torch.device):
-    """(usable, skipped with the reason) of the requested backends, or of the device's candidates."""
-    from sage_grpo.models.attention import check_attention_backend
-
-    names = requested.split(",") if requested else (GPU_BACKENDS if device.type == "cuda" else CPU_BACKENDS)
-    usable, skipped = [], []
-    for name in names:
-        try:
-            check_attention_backend(name)
-            usable.append(name)
-        except ValueError as err:
-            if requested:
-                raise SystemExit(f"error: --backends {name}: {err}") from None
-            skipped.append(name)
-    return usable, skipped
 
 
 def timed(label: str, call: bench.VelocityCall, setup: bench.BenchSetup):
@@ -81,7 +60,7 @@ def main(argv=None) -> None:
 
     args = parse_args(argv)
     setup = bench.setup_from_args(args)
-    backends, skipped = usable_backends(args.backends, setup.device)
+    backends, skipped = bench.usable_backends(args.backends, setup.device)
     transformer, vae = bench.build_models(setup)
     if args.gradient_checkpointing:
         transformer.enable_gradient_checkpointing()

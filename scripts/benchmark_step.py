@@ -228,8 +228,10 @@ def plan_sizes_line(cfg, loaded: int) -> str:
     from sage_grpo.plan import sizes_of
 
     sizes = sizes_of(cfg)
-    return (f"planner sizes: transformer {sizes.transformer.num_params} parameters ({sizes.transformer.config['num_layers']}"
-            f" blocks; the loaded policy has {loaded} besides LoRA), VAE {sizes.vae_params}, reward {sizes.reward_params}")
+    transformer = sizes.transformer
+    return (f"planner sizes: transformer {transformer.num_params} parameters ({transformer.config['num_layers']} "
+            f"blocks; the loaded policy has {loaded} besides LoRA), VAE {sizes.vae_params}, "
+            f"reward {sizes.reward_params}")
 
 
 if __name__ == "__main__":

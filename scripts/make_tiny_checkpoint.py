@@ -4,6 +4,13 @@
 
 An image-to-video version (480p_i2v, ...) adds the tiny SigLIP image encoder and its processor.
 
+    python scripts/make_tiny_checkpoint.py --output /tmp/real8 --real_width_blocks 8 [--vae real|narrow]
+
+writes instead HunyuanVideo-1.5's real-width transformer with 8 of its 54 blocks, the released VAE configuration
+(``narrow``: its latent shapes on narrow layers) and tiny text encoders of the real widths, in bf16
+(sage_grpo/models/real_width.py; 1.4 GB for 8 blocks, 2.5 GB more for the real VAE), for the benchmarks'
+``--checkpoint_root``.
+
 Takes a few seconds and a few MB per transformer version; a seed always gives identical files. See ckpts/README.md.
 """
 
@@ -15,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sage_grpo.models.layout import DEFAULT_TRANSFORMER_VERSION  # noqa: E402
+from sage_grpo.models.real_width import VAE_CONFIGS, write_real_width_hunyuan  # noqa: E402
 from sage_grpo.models.tiny import write_tiny_hunyuan  # noqa: E402
 
 
@@ -35,8 +43,19 @@ def main(argv=None) -> int:
     parser.add_argument("--versions", nargs="+", default=[DEFAULT_TRANSFORMER_VERSION],
                         help="transformer versions to write under transformer/")
     parser.add_argument("--no_reward", action="store_true", help="skip the tiny VideoReward model")
+    parser.add_argument("--real_width_blocks", type=int, default=None,
+                        help="write the real-width transformer with this many dual-stream blocks instead")
+    parser.add_argument("--vae", choices=tuple(VAE_CONFIGS), default="real",
+                        help="VAE of a --real_width_blocks checkpoint: the released configuration or the narrow one")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    if args.real_width_blocks is not None:
+        root = write_real_width_hunyuan(args.output, num_layers=args.real_width_blocks, seed=args.seed,
+                                        versions=tuple(args.versions), vae_config=VAE_CONFIGS[args.vae],
+                                        reward=not args.no_reward)
+        print(f"wrote real-width checkpoint ({args.real_width_blocks} blocks, {args.vae} VAE) to {root} in "
+              f"{time.perf_counter() - start:.1f} s")
+        return 0
     root = write_tiny_hunyuan(args.output, seed=args.seed, versions=tuple(args.versions))
     reward = False if args.no_reward else write_tiny_reward(root, args.seed)
     print(f"wrote tiny checkpoint to {root} ({', '.join(args.versions)}{', VideoReward' if reward else ''}) "

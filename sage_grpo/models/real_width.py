@@ -9,8 +9,8 @@
   parameters; 1 block: 321M in all, 54 blocks: 8.33B);
 - VAE: ``real`` is the released configuration (:data:`REAL_VAE_CONFIG`, diffusers' ``AutoencoderKLHunyuanVideo15``
   defaults, 1.26B parameters), so a decode at 81 x 352 x 624 costs what the real one costs; ``narrow`` keeps the real
-  latent channels (32) and ratios (16 spatial, 4 temporal) on 8- to 64-channel layers (:data:`NARROW_VAE_CONFIG`), for CPU
-  tests that need the latent shapes only;
+  latent channels (32) and ratios (16 spatial, 4 temporal) on 8- to 64-channel layers (:data:`NARROW_VAE_CONFIG`),
+  for CPU tests that need the latent shapes only;
 - text encoders: tiny (a 3-layer Qwen2.5-VL text model on the tiny byte-level tokenizer, a 2-layer byT5) whose output
   widths are the real ones the transformer's text projections take (3584 and 1472), so the real projections run;
 - the tiny VideoAlign reward (:mod:`sage_grpo.rewards.tiny`) under ``VideoReward/``.
@@ -136,8 +136,8 @@ def write_real_width_hunyuan(root, *, num_layers: int, vae_config: Optional[Dict
     vae_config = REAL_VAE_CONFIG if vae_config is None else vae_config
     image_versions = [version for version in versions if layout.version_task(version) == "i2v"]
     if image_versions:
-        raise ValueError(f"versions {image_versions}: the real-width checkpoint has no image encoder; use text-to-video "
-                         "versions (e.g. 480p_t2v) or write_tiny_hunyuan for image-to-video")
+        raise ValueError(f"versions {image_versions}: the real-width checkpoint has no image encoder; use "
+                         "text-to-video versions (e.g. 480p_t2v), or write_tiny_hunyuan for image-to-video")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     for offset, version in enumerate(versions):
