@@ -92,9 +92,26 @@ def test_real_geometry_on_the_cpu_needs_blocks():
         _setup("--geometry", "real", "--device", "cpu", "--blocks", "0")
     setup = _setup("--geometry", "real", "--device", "cpu", "--blocks", "1")
     assert setup.geometry.num_layers == 1 and setup.video == (81, 352, 624) and setup.dtype == torch.float32
-    with pytest.raises(ValueError, match="built on the device"):
-        with bench.checkpoint(setup.geometry):
-            pass
+    assert setup.geometry.build_on_device
+
+
+def test_checkpoint_geometry_takes_the_vae_flag_or_the_written_configs(tmp_path):
+    from sage_grpo.models.real_width import NARROW_VAE_CONFIG, REAL_VAE_CONFIG
+
+    parser = argparse.ArgumentParser()
+    bench.add_model_args(parser)
+    bench.add_checkpoint_args(parser)
+    real = bench.GEOMETRIES["real"].with_blocks(2)
+    for vae, config in (("real", REAL_VAE_CONFIG), ("narrow", NARROW_VAE_CONFIG)):
+        args = parser.parse_args(["--vae", vae])
+        assert bench.checkpoint_geometry(real, args).vae_config == config
+    tiny = bench.GEOMETRIES["tiny"]
+    assert bench.checkpoint_geometry(tiny, parser.parse_args(["--vae", "real"])) == tiny  # real only
+    with pytest.raises(SystemExit, match="missing .*config.json"):
+        bench.checkpoint_geometry(real, parser.parse_args(["--checkpoint_root", str(tmp_path)]))
+    # with a written checkpoint, --geometry real needs no --blocks on the CPU: its configs set the depth
+    args = parser.parse_args(["--geometry", "real", "--device", "cpu", "--checkpoint_root", str(tmp_path)])
+    assert bench.setup_from_args(args).geometry.name == "real"
 
 
 def test_peak_tflops():
@@ -159,3 +176,112 @@ def test_step_phases_are_the_best_of_the_measured_steps():
     assert list(phases) == list(step.PHASES)
     with pytest.raises(SystemExit, match="raise --repeats"):
         step.phase_seconds(rows[:1], encode, decode, warmup=1)
+
+
+def test_step_memory_lines_against_the_plan():
+    """measured / planned is taken against the planner's phase without its runtime overhead (which the CUDA peak
+    counter does not see); a phase the plan lacks falls back (reference means: rollout) or says so (encode)."""
+    from sage_grpo.plan import Component, MemoryPlan, Phase, Placement
+
+    step = _script("benchmark_step")
+    gib = 2 ** 30
+    overhead = Component(step.RUNTIME_OVERHEAD, 2 * gib)
+    plan = MemoryPlan((Phase("rollout", (Component("weights", 8 * gib), overhead)),
+                       Phase("train", (Component("weights", 8 * gib), Component("activations", 12 * gib), overhead))),
+                      Placement(False, False), 80.0)
+    line = step.memory_line("policy update", 25.0, plan)
+    assert _value(rf"planned {NUMBER} GB \(train, without the 2.0 GB runtime overhead\)", line) == 20.0
+    assert _value(rf"measured / planned {NUMBER}$", line) == pytest.approx(1.25)
+    assert "(rollout, " in step.memory_line("reference means", 4.0, plan)
+    assert step.memory_line("encode", None, plan) == "peak n/a, planned n/a (the plan has no encode phase)"
+    assert step.memory_line("rollout", None, plan).endswith("measured / planned n/a")
+
+
+def test_phase_memory_is_the_largest_peak_after_the_warmup():
+    step = _script("benchmark_step")
+    memory = step.PhaseMemory(trainer=None, device=torch.device("cpu"))
+    memory.mark("rollout")  # off CUDA nothing is recorded
+    assert memory.phase_gib(warmup=0) == {}
+    gib = 2 ** 30
+    memory.peaks = {("rollout", 0): 50 * gib, ("rollout", 1): 3 * gib, ("rollout", 2): 4 * gib,
+                    ("decode", 1): 1 * gib}
+    assert memory.phase_gib(warmup=1) == {"rollout": 4.0, "decode": 1.0}
+
+
+def _generate_variants(out: str) -> dict:
+    """variant name -> (seconds, peak text, ratio) or the skip/failure reason."""
+    results = {}
+    for name, rest in re.findall(r"^variant ([^:]+): (.*)$", out, flags=re.MULTILINE):
+        timed = re.match(rf"{NUMBER} s per video, peak (n/a|[0-9.]+ GB), ratio to baseline {NUMBER}$", rest)
+        results[name] = (float(timed.group(1)), timed.group(2), float(timed.group(3))) if timed else rest
+    return results
+
+
+def test_benchmark_generate(capsys):
+    out = _run("benchmark_generate", capsys, "--geometry", "tiny", "--steps", "2", "--repeats", "1", "--warmup",
+               "0", "--threads", "2", "--variants", "baseline,cfg_distilled,vae_tiling,offloading,sparse_attn")
+    results = _generate_variants(out)
+    assert list(results) == ["baseline", "cfg_distilled", "vae_tiling", "offloading", "sparse_attn"]
+    base = results["baseline"]
+    assert base[0] > 0 and base[1] == "n/a" and base[2] == 1.0  # the CPU: no peak counter
+    assert results["cfg_distilled"][2] == pytest.approx(results["cfg_distilled"][0] / base[0], abs=1e-3)
+    assert results["offloading"].startswith("skipped: --offloading is skipped on cpu")
+    assert results["sparse_attn"].startswith("skipped: generate.py accepts the flag, but the feature is not")
+    with pytest.raises(SystemExit, match="--variants warp: unknown"):
+        _run("benchmark_generate", capsys, "--geometry", "tiny", "--variants", "warp")
+
+
+def test_generate_cache_schedule_scales_the_references():
+    generate = _script("benchmark_generate")
+    flags = generate.cache_flags(50, "deepcache")
+    assert flags[flags.index("--cache_start_step") + 1] == "11" and flags[flags.index("--cache_end_step") + 1] == "45"
+    assert flags[flags.index("--cache_step_interval") + 1] == "4"
+    short = generate.cache_flags(4, "taylorcache")
+    start, end = int(short[short.index("--cache_start_step") + 1]), int(short[short.index("--cache_end_step") + 1])
+    assert 1 <= start < end <= 4
+
+
+@pytest.fixture(scope="module")
+def real_width_root(tmp_path_factory):
+    """One real-width checkpoint (1 block, the narrow VAE) shared by the e2e runs below."""
+    from sage_grpo.models.real_width import NARROW_VAE_CONFIG, write_real_width_hunyuan
+
+    return write_real_width_hunyuan(tmp_path_factory.mktemp("real_width"), num_layers=1,
+                                    vae_config=NARROW_VAE_CONFIG)
+
+
+# 8 video tokens and short text streams: the real width's weights at the smallest activations
+REAL_SMALL = ("--geometry", "real", "--frames", "5", "--height", "32", "--width", "32", "--repeats", "1", "--warmup",
+              "0", "--threads", "2", "--text_max_length", "16", "--byt5_max_length", "8",
+              "--vision_num_semantic_tokens", "4")
+
+
+@pytest.mark.e2e
+def test_benchmark_step_at_real_width(capsys, real_width_root):
+    """The trainer at HunyuanVideo-1.5's width (1 block; LoRA keeps the CPU's memory small), with the tiny
+    VideoAlign: every phase timed, the planner's estimate of each phase printed next to the (CPU: absent) peak,
+    and the planner's transformer is the 1-block one that was loaded."""
+    out = _run("benchmark_step", capsys, *REAL_SMALL, "--checkpoint_root", str(real_width_root), "--steps", "1",
+               "--use_lora", "true")
+    assert "geometry real: 1 blocks, hidden 2048, 8 video tokens (5x32x32)" in out
+    assert "reward videoalign_local" in out
+    planned = _value(r"^planner sizes: transformer ([0-9]+) parameters \(1 blocks;", out)
+    assert planned == 320_592_672 == _value(r"the loaded policy has ([0-9]+) besides LoRA", out)
+    shares = [_value(rf"^{phase}: [0-9.]+ s, {NUMBER}% of the step$", out) for phase in
+              ("encode", "rollout", "decode", "reward", "reference means", "policy update")]
+    assert sum(shares) == pytest.approx(100.0, abs=0.5)
+    for phase in ("rollout", "decode", "policy update"):
+        assert _value(rf"^memory {phase}: peak n/a, planned {NUMBER} GB", out) > 0
+    # LoRA: no separate reference, its means are no-grad forwards planned as the rollout's
+    assert re.search(r"^memory reference means: peak n/a, planned [0-9.]+ GB \(rollout,", out, flags=re.MULTILINE)
+    assert _value(rf"^memory step: peak n/a, planned {NUMBER} GB", out) > 2.0  # the runtime overhead and more
+
+
+@pytest.mark.e2e
+def test_benchmark_generate_at_real_width(capsys, real_width_root):
+    out = _run("benchmark_generate", capsys, *REAL_SMALL, "--checkpoint_root", str(real_width_root), "--steps", "2",
+               "--variants", "baseline,cache_deepcache")
+    assert "geometry real: 1 blocks, hidden 2048, 8 video tokens (5x32x32)" in out
+    results = _generate_variants(out)
+    assert set(results) == {"baseline", "cache_deepcache"}  # shared models, then its own
+    assert all(isinstance(result, tuple) and result[0] > 0 for result in results.values()), results
