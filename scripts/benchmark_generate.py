@@ -23,10 +23,12 @@ written), once per variant (:data:`VARIANTS`), all in one process:
 * ``step_distill``, ``sparse_attn``: accepted by generate.py but not reimplemented (always skipped).
 
 The variants that only change what a render reads (the backend, guidance, tiling) share the baseline's loaded
-models; the others install hooks or move weights and load their own. A variant the machine cannot run prints
-``variant <name>: skipped: <reason>``; the others print the best of ``--repeats`` renders after ``--warmup`` (the
-warm-up also compiles) and, on a GPU, the peak of ``torch.cuda.max_memory_allocated`` over the timed renders
-(``n/a`` on the CPU). Other generate.py flags are passed on to every variant.
+models; the others install hooks or move weights and load their own, after the shared models are dropped (so each
+peak is the variant's own). A variant the machine cannot run prints ``variant <name>: skipped: <reason>``, one that
+fails ``variant <name>: failed: <error>`` (or ``out of memory``) and the next one runs; the others print the best
+of ``--repeats`` renders after ``--warmup`` (the warm-up also compiles) and, on a GPU, the peak of
+``torch.cuda.max_memory_allocated`` over the timed renders (``n/a`` on the CPU). Other generate.py flags are passed
+on to every variant.
 """
 
 import argparse
@@ -165,9 +167,7 @@ def run_variant(variant: Variant, planned, shared, setup: bench.BenchSetup):
             return measure(lambda: generator.render(plan.items[0]), setup)
         finally:
             del generator
-            gc.collect()
-            if setup.device.type == "cuda":
-                torch.cuda.empty_cache()
+            release(setup.device)
     baseline = (shared.config, shared.plan)
     shared.config, shared.plan = config, plan
     install_joint_attention(shared.transformer, config.attention_backend)
@@ -200,15 +200,26 @@ def main(argv=None) -> None:
             raise SystemExit(f"error: the baseline render cannot run here: {baseline}")
         shared = VideoGenerator(*baseline) if any(v.shares_models for v in chosen) else None
         for variant in chosen:
+            if shared is not None and not variant.shares_models:  # its peak must not count the shared models
+                shared = None
+                release(setup.device)
             if isinstance(planned[variant.name], str):
                 results[variant.name] = planned[variant.name]
                 continue
             try:
                 results[variant.name] = run_variant(variant, planned[variant.name], shared, setup)
-            except (RuntimeError, ValueError) as err:  # torch.OutOfMemoryError is a RuntimeError
+            except Exception as err:  # noqa: BLE001 -- one variant's failure (OOM, a compile error) is its result
                 results[variant.name] = "out of memory" if isinstance(err, torch.OutOfMemoryError) else \
-                    f"failed: {str(err).splitlines()[0][:160]}"
+                    f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+                release(setup.device)
     report(setup, args.steps, chosen, results)
+
+
+def release(device: torch.device) -> None:
+    """Free what the dropped models held, so the next variant's peak is its own."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def report(setup: bench.BenchSetup, steps: int, chosen: List[Variant], results: dict) -> None:
