@@ -7,13 +7,13 @@ item 8; issue 16, item 3).
         --steps 2 --repeats 1 --warmup 0 --use_lora true   # CPU check of the real-width path
 
 Runs the real trainer (``GRPOTrainer``, as ``post_train.py`` does) on a random-weight checkpoint of the geometry's
-configs, written to a temporary directory (``--checkpoint_root DIR``: one already written): 2 prompts x 2 generations,
-8 SDE steps, the dual KL with a reference, no validation, checkpoints or media; tiny and toy score with the
-``target_color`` reward and run without activation checkpointing, ``real`` (HunyuanVideo-1.5's width with ``--blocks``
-of its 54 blocks, the released VAE unless ``--vae narrow``, tiny text encoders of the real widths,
-:mod:`sage_grpo.models.real_width`) scores with the tiny VideoAlign and checkpoints the blocks, as the reference
-launch does. ``--warmup`` + ``--repeats`` steps are run; the first ``--warmup`` are left out. Every other
-``post_train.py`` flag is passed on (it overrides these settings).
+configs, written to a temporary directory (``--checkpoint_root DIR``: one already written): 2 prompts x 2
+generations, 8 SDE steps, the dual KL with a reference, no validation, media or checkpoints (not even the final one);
+tiny and toy score with the ``target_color`` reward and run without activation checkpointing, ``real``
+(HunyuanVideo-1.5's width with ``--blocks`` of its 54 blocks, the released VAE unless ``--vae narrow``, tiny text
+encoders of the real widths, :mod:`sage_grpo.models.real_width`) scores with the tiny VideoAlign and checkpoints the
+blocks, as the reference launch does. ``--warmup`` + ``--repeats`` steps are run; the first ``--warmup`` are left
+out. Every other ``post_train.py`` flag is passed on (it overrides these settings).
 
 The phase times are the trainer's own metrics in ``metrics.jsonl`` (``rollout_time`` = encode + rollout + decode,
 ``reward_time``, ``ref_model_time``, ``grpo_loop_time``); the prompt encoding and the VAE decode inside
@@ -199,6 +199,9 @@ def main(argv=None) -> None:
         plan = planned_memory(trainer)
         loaded = sum(p.numel() for name, p in trainer.models.policy.named_parameters() if "lora_" not in name)
         memory = instrument(trainer, encode, decode)
+        # train() ends with a checkpoint (fp32 weights and optimizer state: ~13 GB at 8 real-width blocks), which is
+        # no phase of a step: not written here
+        trainer.save = lambda: None
         start = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - start
