@@ -86,13 +86,13 @@ GPU_BACKENDS = CPU_BACKENDS + ("_native_efficient", "_native_cudnn", "_native_fl
                                "_flash_3", "_flash_varlen_3", "sage", "sage_varlen", "xformers")
 
 
-def usable_backends(requested: Optional[str], device: torch.device) -> Tuple[list, list]:
-    """(usable, skipped) of the comma-separated ``requested`` backends, or of the device's candidates; a requested
-    backend that is unusable is an error."""
+def usable_backends(requested: Optional[str], device: torch.device) -> Tuple[list, Dict[str, str]]:
+    """(usable, {skipped: why}) of the comma-separated ``requested`` backends, or of the device's candidates; a
+    requested backend that is unusable is an error."""
     from sage_grpo.models.attention import check_attention_backend
 
     names = requested.split(",") if requested else (GPU_BACKENDS if device.type == "cuda" else CPU_BACKENDS)
-    usable, skipped = [], []
+    usable, skipped = [], {}
     for name in names:
         try:
             check_attention_backend(name)
@@ -100,7 +100,7 @@ def usable_backends(requested: Optional[str], device: torch.device) -> Tuple[lis
         except ValueError as err:
             if requested:
                 raise SystemExit(f"error: --backends {name}: {err}") from None
-            skipped.append(name)
+            skipped[name] = str(err).splitlines()[0]
     return usable, skipped
 
 

@@ -11,7 +11,8 @@ Renders one video (``VideoGenerator.render``: prompt encoding, ``--steps`` Euler
 written), once per variant (:data:`VARIANTS`), all in one process:
 
 * ``baseline``: no speed flag, every model on the device (``--offloading false``);
-* ``attention <backend>``: ``--attention_backend`` for each other usable backend of the device;
+* ``attention <backend>``: ``--attention_backend`` for each other backend worth timing on the device (those whose
+  package is missing or that the device cannot run are skipped, with the reason);
 * ``cfg_distilled``: guidance 1.0, what a ``--cfg_distilled`` transformer samples with (one branch per step instead
   of two; the distilled weights have the base architecture, so random weights time it the same);
 * ``vae_tiling``: the decode tile by tile (``vae.enable_tiling()``; generate.py has no flag, the trainer's
@@ -37,7 +38,7 @@ import gc
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -70,11 +71,13 @@ def cache_flags(steps: int, kind: str) -> Tuple[str, ...]:
             str(end), "--cache_step_interval", str(interval), "--no_cache_block_id", "0")
 
 
-def variants(steps: int, backends: List[str]) -> List[Variant]:
-    """Every variant, in the order they run (the shared ones first, then those that load their own models)."""
+def variants(steps: int, backends: List[str], unusable: Optional[Dict[str, str]] = None) -> List[Variant]:
+    """Every variant, in the order they run (the shared ones first, then those that load their own models);
+    ``backends``: the other usable attention backends, ``unusable``: the device's others, with the reason."""
     return [
         Variant("baseline", shares_models=True),
         *(Variant(f"attention {name}", ("--attention_backend", name), shares_models=True) for name in backends),
+        *(Variant(f"attention {name}", skip=why) for name, why in (unusable or {}).items()),
         Variant("cfg_distilled", ("--guidance_scale", "1.0"), shares_models=True),
         Variant("vae_tiling", shares_models=True, vae_tiling=True),
         Variant("offloading", ("--offloading", "true")),
@@ -188,8 +191,9 @@ def main(argv=None) -> None:
     setup = dataclasses.replace(setup, geometry=bench.checkpoint_geometry(setup.geometry, args))
     if args.steps < 1:
         raise SystemExit(f"error: --steps must be >= 1, got {args.steps}")
-    backends, _ = bench.usable_backends(args.backends, setup.device)
-    chosen = selected(variants(args.steps, [b for b in backends if b != setup.attention_backend]), args.variants)
+    backends, unusable = bench.usable_backends(args.backends, setup.device)
+    chosen = selected(variants(args.steps, [b for b in backends if b != setup.attention_backend], unusable),
+                      args.variants)
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_generate_") as tmp, \
             bench.checkpoint(setup.geometry, setup.seed, args.checkpoint_root) as root:

@@ -241,6 +241,15 @@ def test_generate_cache_schedule_scales_the_references():
     assert 1 <= start < end <= 4
 
 
+def test_generate_variants_name_the_unusable_backends():
+    generate = _script("benchmark_generate")
+    chosen = generate.selected(generate.variants(20, ["_native_math"], {"flash": "flash-attn is missing"}),
+                               "baseline,attention")
+    assert [(v.name, v.skip) for v in chosen] == [("baseline", ""), ("attention _native_math", ""),
+                                                  ("attention flash", "flash-attn is missing")]
+    assert generate.plan_variant(chosen[2], [], []) == "flash-attn is missing"  # reported as skipped, never run
+
+
 @pytest.fixture(scope="module")
 def real_width_root(tmp_path_factory):
     """One real-width checkpoint (1 block, the narrow VAE) shared by the e2e runs below."""
