@@ -70,7 +70,7 @@ DEFAULT_GPU_MEMORY_GIB = 80.0  # the CLI's budget when neither --gpu_memory_gb n
 # Videos larger than this (frames x height x width) are decoded tile by tile under --vae_tiling auto.
 VAE_TILING_PIXELS = 33 * 480 * 854
 # Under autocast (bf16 compute on fp32 weights) norms, softmax statistics and some products stay fp32, so a forward
-# saves more than its element count times 2 bytes: measured 1.24x without and 1.17x with checkpointing on the tiny
+# saves more than its element count times 2 bytes: measured 1.30x without and 1.17x with checkpointing on the tiny
 # model under CPU autocast (tests/test_plan.py). Activation bytes are elements x c x this factor under autocast.
 AUTOCAST_ACTIVATION_FACTOR = 1.25
 REWARD_FRAME_PIXELS, REWARD_FPS = 240 * 320, 2.0  # VideoAlign's max_frame_pixels and fps defaults

@@ -203,16 +203,19 @@ def text_token_count(cfg: TrainConfig) -> int:
 def block_saved_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
     """Elements one dual-stream block saves for backward, per sample on one SP rank (no checkpointing).
 
-    Each stream (n image tokens per rank, T text tokens) saves per token 12 D-wide tensors (norm1's input and
-    output, the modulated attention input, q and k before and after their RMS norms, the attention projection's
-    output for the gate, norm2's input and output, the modulated MLP input, the MLP output for the gate), 2 F-wide
-    ones (the GELU's input and output), 4 norm statistics and 2·H RMS statistics. Attention saves q, k, v and its
-    output over the whole sequence S with H/sp heads (4·S·D/sp), its log-sum-exp (S·H/sp), and at most a key-padding
-    mask of S (no dense S x S mask, models/attention.py).
+    Each stream (n image tokens per rank, T text tokens) saves per token 13 D-wide tensors (norm1's input and
+    output, the modulated attention input, q and k before and after their RMS norms, the attention output's copy
+    that the output projection reads (a slice of the joint sequence, made contiguous), the projection's output for
+    the gate, norm2's input and output, the modulated MLP input, the MLP output for the gate), 2 F-wide ones (the
+    GELU's input and output), 4 norm statistics and 2·H RMS statistics; and per sample 9·D (the SiLU of the
+    conditioning that feeds the modulation, its 6·D output, of which the gates are views, and the two 1 + scale).
+    Attention saves q, k, v and its output over the whole sequence S with H/sp heads (4·S·D/sp), its log-sum-exp
+    (S·H/sp), and at most a key-padding mask of S (no dense S x S mask, models/attention.py). Checked block by block
+    against the tensors autograd saves (``tests/test_bench.py``: exact in fp32 on the tiny and toy models).
     """
     d, f, heads = t.hidden, t.mlp_hidden, t.config["num_attention_heads"]
     n, seq = video_tokens // sp, video_tokens + text_tokens
-    streams = (n + text_tokens) * (12 * d + 2 * f + 4 + 2 * heads)
+    streams = (n + text_tokens) * (13 * d + 2 * f + 4 + 2 * heads) + 2 * 9 * d
     attention = seq * (4 * d + heads) // sp
     return streams + attention + seq
 
