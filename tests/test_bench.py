@@ -231,3 +231,17 @@ def test_step_phases_are_the_best_of_the_measured_steps():
     assert list(phases) == list(step.PHASES)
     with pytest.raises(SystemExit, match="raise --repeats"):
         step.phase_seconds(rows[:1], encode, decode, warmup=1)
+
+
+def test_cuda_allocator_numbers_are_differences_from_the_start(monkeypatch):
+    """measure_cuda_memory's arithmetic with the allocator's counters faked (no GPU here): what the forward keeps is
+    the allocation after it minus before, the peak is the allocator's peak minus before; the backward runs."""
+    counters = iter([100, 350])  # memory_allocated before and after the forward
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(counters))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 900)
+    weight = torch.nn.Parameter(torch.ones(3))
+    memory = bench_memory.measure_cuda_memory(torch.device("cpu"), lambda: weight * 2.0)
+    assert (memory.forward_kept, memory.peak) == (250, 800)
+    assert torch.equal(weight.grad, torch.full((3,), 8.0 / 3))  # d mean((2w)^2) / dw = 8w / 3
