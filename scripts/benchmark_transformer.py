@@ -110,21 +110,23 @@ def report_block_memory(call, setup, mode: str, sp: int) -> None:
                                                setup.dtype.itemsize, checkpointing)
     try:
         measured = bench_memory.measure_saved_bytes(call.transformer, call.forward, checkpointing)
+        print(f"saved per block, checkpointing {mode}: measured {measured.per_block / MIB:.4f} MiB, planner "
+              f"{planned / MIB:.4f} MiB, ratio planner / measured {planned / measured.per_block:.3f} (first block "
+              f"{measured.blocks[0] / MIB:.4f} MiB, outside the blocks {measured.outside / MIB:.4f} MiB)")
+        if setup.device.type == "cuda":
+            set_checkpointing(call.transformer, mode)
+            call.transformer.zero_grad(set_to_none=True)  # the peak then includes the gradients' allocation
+            cuda = bench_memory.measure_cuda_memory(setup.device, call.forward)
+            call.transformer.zero_grad(set_to_none=True)
+            blocks = geometry.num_layers
+            print(f"allocator, checkpointing {mode}: forward keeps {cuda.forward_kept / MIB:.1f} MiB "
+                  f"({cuda.forward_kept / blocks / MIB:.1f} MiB per block, outside included), planner's blocks "
+                  f"{blocks * planned / MIB:.1f} MiB; peak above the weights {cuda.peak / MIB:.1f} MiB "
+                  f"(gradients included)")
     except torch.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        print(f"saved per block, checkpointing {mode}: out of memory")
-        return
-    print(f"saved per block, checkpointing {mode}: measured {measured.per_block / MIB:.4f} MiB, planner "
-          f"{planned / MIB:.4f} MiB, ratio planner / measured {planned / measured.per_block:.3f} "
-          f"(first block {measured.blocks[0] / MIB:.4f} MiB, outside the blocks {measured.outside / MIB:.4f} MiB)")
-    if setup.device.type == "cuda":
-        set_checkpointing(call.transformer, mode)
-        cuda = bench_memory.measure_cuda_memory(setup.device, call.forward)
         call.transformer.zero_grad(set_to_none=True)
-        blocks = geometry.num_layers
-        print(f"allocator, checkpointing {mode}: forward keeps {cuda.forward_kept / MIB:.1f} MiB "
-              f"({cuda.forward_kept / blocks / MIB:.1f} MiB per block, outside included), planner's blocks "
-              f"{blocks * planned / MIB:.1f} MiB; peak above the weights {cuda.peak / MIB:.1f} MiB")
+        torch.cuda.empty_cache()
+        print(f"memory per block, checkpointing {mode}: out of memory")
 
 
 def main(argv=None) -> None:

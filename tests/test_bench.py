@@ -6,6 +6,7 @@ at the smallest size with one repeat, its printed lines parsed."""
 import argparse
 import importlib.util
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,25 @@ def test_cuda_allocator_numbers_are_differences_from_the_start(monkeypatch):
     memory = bench_memory.measure_cuda_memory(torch.device("cpu"), lambda: weight * 2.0)
     assert (memory.forward_kept, memory.peak) == (250, 800)
     assert torch.equal(weight.grad, torch.full((3,), 8.0 / 3))  # d mean((2w)^2) / dw = 8w / 3
+
+
+def test_benchmark_transformer_prints_the_allocator_lines_on_cuda(capsys, monkeypatch):
+    """The script's CUDA branch of the memory report, run on the CPU with the allocator's counters faked: 2 MiB kept
+    by the forward of the tiny model's 2 blocks, 3 MiB peak."""
+    counters = iter([0, 2 * 2 ** 20])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(counters))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2 ** 20)
+    setup = _setup("--geometry", "tiny", "--threads", "2")
+    transformer, vae = bench.build_models(setup)
+    call = bench.VelocityCall.build(setup, transformer, vae, batch=1)
+    transformer.train()
+    script = _script("benchmark_transformer")
+    script.report_block_memory(call, replace(setup, device=torch.device("cuda")), "on", 1)
+    out = capsys.readouterr().out
+    assert _value(rf"^allocator, checkpointing on: forward keeps {NUMBER} MiB \(", out) == 2.0
+    assert _value(rf"^allocator, .* \({NUMBER} MiB per block, outside included\)", out) == 1.0
+    assert _value(rf"^allocator, .*; peak above the weights {NUMBER} MiB", out) == 3.0
+    planned = _value(rf"^saved per block, checkpointing on: .*, planner {NUMBER} MiB", out)
+    assert _value(rf"^allocator, .*planner's blocks {NUMBER} MiB", out) == pytest.approx(2 * planned, abs=0.1)
