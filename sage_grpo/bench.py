@@ -294,7 +294,7 @@ def text_tokens(geometry: Geometry, valid: Tuple[int, int], *, trimmed: bool) ->
 
 # ---------------------------------------------------------------------------------------------------- FLOPs
 def transformer_flops(config: Dict, num_image_tokens: int, text_slots: Tuple[int, int], num_siglip_slots: int,
-                      block_text_tokens: int) -> int:
+                      block_text_tokens: int, sp: int = 1) -> int:
     """Forward FLOPs of one sample through ``HunyuanVideo15Transformer3DModel`` (a multiply-add counts 2), counted
     from the configuration: matmuls and attention only (norms, activations and RoPE are a few % at most).
 
@@ -309,19 +309,23 @@ def transformer_flops(config: Dict, num_image_tokens: int, text_slots: Tuple[int
 
     A training step (forward + backward) is 3x the forward; activation checkpointing adds one block forward more,
     which :func:`model_flops` leaves out (the MFU convention counts the model's FLOPs, not the recompute).
+
+    ``sp`` > 1: one rank of Ulysses sequence parallelism (``sage_grpo/distributed/sequence_parallel.py``), which
+    holds N/sp image tokens in the streams and the output projection, and attends over the whole S with H/sp heads
+    (4·S²·d/sp); the patch embedding runs on all N tokens before the split, the text side is replicated.
     """
     d = config["num_attention_heads"] * config["attention_head_dim"]
     r = config["mlp_ratio"]
     patch = config["patch_size_t"] * config["patch_size"] ** 2
     n, (l1, l2), l3 = num_image_tokens, text_slots, num_siglip_slots
-    s = n + block_text_tokens
-    block = 2 * s * (4 + 2 * r) * d * d + 4 * s * s * d + 24 * d * d
+    s, local = n + block_text_tokens, num_image_tokens // sp + block_text_tokens
+    block = 2 * local * (4 + 2 * r) * d * d + 4 * s * s * d // sp + 24 * d * d
     refiner = 2 * l1 * (4 + 2 * REFINER_MLP_RATIO) * d * d + 4 * l1 * l1 * d + 2 * 2 * d * d
     embed = (2 * l1 * config["text_embed_dim"] * d
              + 2 * l2 * (config["text_embed_2_dim"] * BYT5_HIDDEN + BYT5_HIDDEN ** 2 + BYT5_HIDDEN * d)
              + 2 * l3 * (config["image_embed_dim"] ** 2 + config["image_embed_dim"] * d)
              + 2 * n * config["in_channels"] * patch * d
-             + 2 * n * d * config["out_channels"] * patch
+             + 2 * (n // sp) * d * config["out_channels"] * patch
              + 2 * 2 * (TIMESTEP_CHANNELS * d + d * d)  # timestep MLPs (block conditioning and refiner)
              + 2 * (config["text_embed_dim"] * d + d * d)  # pooled-text MLP
              + 2 * d * 2 * d)  # final adaLN
@@ -329,13 +333,14 @@ def transformer_flops(config: Dict, num_image_tokens: int, text_slots: Tuple[int
 
 
 def model_flops(geometry: Geometry, video: Tuple[int, int, int], batch: int, *, trimmed: bool = True,
-                backward: bool = True) -> int:
+                backward: bool = True, sp: int = 1) -> int:
     """FLOPs of a (B,) forward (+ backward: x3) of the geometry's transformer on ``video`` with the synthetic
-    prompts' valid lengths (B/2 positive, B/2 negative rows when B is even, as a CFG call)."""
+    prompts' valid lengths (B/2 positive, B/2 negative rows when B is even, as a CFG call), on one of ``sp`` SP
+    ranks."""
     rows = [geometry.prompt_valid] * (batch - batch // 2) + [geometry.negative_valid] * (batch // 2)
     longest = max(rows, key=sum)
     total = sum(transformer_flops(geometry.transformer_config, image_tokens(geometry, video), geometry.text_slots,
-                                  geometry.num_image_tokens, text_tokens(geometry, longest, trimmed=trimmed))
+                                  geometry.num_image_tokens, text_tokens(geometry, longest, trimmed=trimmed), sp)
                 for _ in rows)
     return 3 * total if backward else total
 
@@ -420,9 +425,9 @@ class VelocityCall:
         self.transformer.zero_grad(set_to_none=True)
         self.forward().square().mean().backward()
 
-    def flops(self, setup: BenchSetup, *, trimmed: bool = True) -> int:
-        """Model FLOPs of :meth:`training_pass` (analytic, see :func:`model_flops`)."""
+    def flops(self, setup: BenchSetup, *, trimmed: bool = True, sp: int = 1) -> int:
+        """Model FLOPs of :meth:`training_pass` on one of ``sp`` SP ranks (analytic, see :func:`model_flops`)."""
         if self.guidance_scale > 1.0:
-            return model_flops(setup.geometry, setup.video, self.rows, trimmed=trimmed)
+            return model_flops(setup.geometry, setup.video, self.rows, trimmed=trimmed, sp=sp)
         positive = replace(setup.geometry, negative_valid=setup.geometry.prompt_valid)
-        return model_flops(positive, setup.video, self.rows, trimmed=trimmed)
+        return model_flops(positive, setup.video, self.rows, trimmed=trimmed, sp=sp)

@@ -17,10 +17,10 @@ written), once per variant (:data:`VARIANTS`), all in one process:
   of two; the distilled weights have the base architecture, so random weights time it the same);
 * ``vae_tiling``: the decode tile by tile (``vae.enable_tiling()``; generate.py has no flag, the trainer's
   ``--vae_tiling`` does this);
-* ``offloading``, ``group_offloading`` (CUDA), ``torch_compile``, ``sageattn`` (CUDA and its package),
-  ``cache_deepcache``, ``cache_taylorcache``: ``--offloading true``, ``--group_offloading true``,
-  ``--enable_torch_compile true``, ``--use_sageattn true``, ``--enable_cache true --cache_type ...`` (the cache's
-  schedule is the reference's, 11..45 of 50 steps every 4, scaled to ``--steps``);
+* ``offloading``, ``group_offloading`` (CUDA), ``sageattn`` (CUDA and its package), ``cache_deepcache``,
+  ``cache_taylorcache``, ``torch_compile``: ``--offloading true``, ``--group_offloading true``,
+  ``--use_sageattn true``, ``--enable_cache true --cache_type ...`` (the cache's schedule is the reference's, 11..45
+  of 50 steps every 4, scaled to ``--steps``), ``--enable_torch_compile true`` (last: its compile time is unknown);
 * ``step_distill``, ``sparse_attn``: accepted by generate.py but not reimplemented (always skipped).
 
 The variants that only change what a render reads (the backend, guidance, tiling) share the baseline's loaded
@@ -82,10 +82,10 @@ def variants(steps: int, backends: List[str], unusable: Optional[Dict[str, str]]
         Variant("vae_tiling", shares_models=True, vae_tiling=True),
         Variant("offloading", ("--offloading", "true")),
         Variant("group_offloading", ("--group_offloading", "true")),
-        Variant("torch_compile", ("--enable_torch_compile", "true")),
         Variant("sageattn", ("--use_sageattn", "true")),
         Variant("cache_deepcache", cache_flags(steps, "deepcache")),
         Variant("cache_taylorcache", cache_flags(steps, "taylorcache")),
+        Variant("torch_compile", ("--enable_torch_compile", "true")),  # last: its compile time is the unknown
         Variant("step_distill", ("--enable_step_distill", "true"), skip=NOT_REIMPLEMENTED),
         Variant("sparse_attn", ("--sparse_attn", "true"), skip=NOT_REIMPLEMENTED),
     ]

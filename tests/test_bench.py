@@ -1,10 +1,12 @@
-"""The benchmarks (scripts/benchmark_*.py, sage_grpo/bench.py; issue 13 item 8): the analytic FLOP count against
-torch's FlopCounterMode, the real geometry's size and its refusal on the CPU, and each script run at the smallest
-size with one repeat, its printed lines parsed."""
+"""The benchmarks (scripts/benchmark_*.py, sage_grpo/bench*.py; issue 13 item 8, issue 16 item 2): the analytic FLOP
+count against torch's FlopCounterMode (one device and one emulated SP rank), the real geometry's size and its refusal
+on the CPU, each dual-stream block's saved bytes against the memory planner's per-block formula, and each script run
+at the smallest size with one repeat, its printed lines parsed."""
 
 import argparse
 import importlib.util
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,14 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from sage_grpo import bench
+from sage_grpo import bench, bench_memory
+from sage_grpo.bench_sp import emulate_sp_rank
+from sage_grpo.config import ConfigError
 from sage_grpo.models.attention import install_joint_attention, remove_joint_attention
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 NUMBER = r"(-?[0-9.]+(?:e[-+]?\d+)?)"
+BLOCK_MEMORY_TOLERANCE = 0.10  # the planner's per-block saves against the measured ones (measured: exact in fp32)
 
 
 def _script(name: str):
@@ -129,7 +134,75 @@ def test_benchmark_transformer(capsys):
         seconds = _value(rf"^checkpointing {mode}: {NUMBER} s, ", out)
         rate = _value(rf"^checkpointing {mode}: [0-9.]+ s, {NUMBER} TFLOP/s$", out)  # the CPU: no MFU
         assert seconds > 0 and rate == pytest.approx(flops / seconds, rel=2e-3)
+        ratio = _value(rf"^saved per block, checkpointing {mode}: .*ratio planner / measured {NUMBER} ", out)
+        assert abs(ratio - 1) <= BLOCK_MEMORY_TOLERANCE
     assert _value(rf"^ratio checkpointing on / off: {NUMBER}$", out) > 0
+    assert "compiled" not in out  # --compile off by default
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("aot_eager", marks=pytest.mark.e2e)])
+def test_benchmark_transformer_compiled_and_one_sp_rank(capsys, backend):
+    """--compile on and --sp 2 (half the video tokens per rank). The compile backend: eager (dynamo's graphs of each
+    block, run by eager torch) and, slower, aot_eager (AOTAutograd's forward and backward graphs, checkpointed blocks
+    included); inductor, the default, took over 5 minutes on the tiny model on this 2-core CPU (its C++ kernels)."""
+    out = _run("benchmark_transformer", capsys, "--geometry", "tiny", "--repeats", "1", "--warmup", "0",
+               "--threads", "2", "--compile", "on", "--compile_backend", backend, "--sp", "2")
+    assert "one rank of sp 2: 4 video tokens per rank, attention over all tokens with 1 of 2 heads" in out
+    for mode in ("off", "on"):
+        assert _value(rf"^compile \+ first pass \(checkpointing {mode}, compiled\): {NUMBER} s$", out) > 0
+        assert _value(rf"^checkpointing {mode}, compiled: {NUMBER} s, ", out) > 0
+    assert "saved per block" not in out  # the saved-tensor meter measures the eager passes only
+    with pytest.raises(SystemExit, match="--sp 3: the transformer has 2 attention heads"):
+        _script("benchmark_transformer").main(["--geometry", "tiny", "--sp", "3", "--threads", "2"])
+
+
+@pytest.mark.parametrize("sp", [1, 2])
+@pytest.mark.parametrize("geometry", ["tiny", "toy"])
+def test_saved_bytes_per_block_match_the_planner(geometry, sp):
+    """What each dual-stream block saves for backward (saved-tensor hook, fp32, one CFG call of 2 rows) against the
+    planner's per-block formulas, with checkpointing off and on, on one device and one emulated rank of sp 2."""
+    setup = _setup("--geometry", geometry, "--threads", "2")
+    transformer, vae = bench.build_models(setup)
+    emulate_sp_rank(transformer, sp, setup.attention_backend)
+    call = bench.VelocityCall.build(setup, transformer, vae, batch=1)
+    transformer.train()
+    config = setup.geometry.transformer_config
+    video = bench.image_tokens(setup.geometry, setup.video)
+    text = bench.text_tokens(setup.geometry, setup.geometry.prompt_valid, trimmed=True)  # the longer prompt's
+    hidden = config["num_attention_heads"] * config["attention_head_dim"]
+    for checkpointing in (False, True):
+        measured = bench_memory.measure_saved_bytes(transformer, call.forward, checkpointing)
+        planned = bench_memory.planned_block_bytes(config, video, text, sp, call.rows, 4,
+                                                   checkpointing)
+        print(f"{geometry} sp {sp} checkpointing {checkpointing}: measured {measured.blocks} B per block, "
+              f"planned {planned} B, ratio {planned / measured.per_block:.4f}")
+        assert abs(planned / measured.per_block - 1) <= BLOCK_MEMORY_TOLERANCE
+        if checkpointing:  # a checkpointed block keeps its two stream inputs: 2 rows x (n + T) x D x 4 bytes
+            assert measured.blocks[1] == 2 * (video // sp + text) * hidden * 4
+        assert measured.outside > 0 and len(measured.blocks) == setup.geometry.num_layers
+    # the meter leaves the model as it found it: no hooks, checkpointing off
+    assert not transformer.gradient_checkpointing
+    assert all(len(block._forward_hooks) == 0 for block in transformer.transformer_blocks)
+
+
+def test_sp_rank_flops_match_the_flop_counter():
+    """One emulated rank of sp 2: the analytic count (N/2 tokens in the streams, attention over S with H/2 heads) is
+    exact for the forward against FlopCounterMode, and within 10% for forward + backward."""
+    setup = _setup("--geometry", "toy", "--threads", "2")
+    transformer, vae = bench.build_models(setup)
+    emulate_sp_rank(transformer, 2, setup.attention_backend)
+    call = bench.VelocityCall.build(setup, transformer, vae, batch=1)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as forward:
+        with torch.no_grad():
+            call.forward()
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as both:
+        call.training_pass()
+    analytic = call.flops(setup, sp=2)
+    assert analytic // 3 == forward.get_total_flops()
+    assert abs(analytic / both.get_total_flops() - 1) < 0.1
+    assert analytic < call.flops(setup)  # half the tokens in the streams, half the heads in attention
+    with pytest.raises(ConfigError, match="pick a divisor of 4"):
+        emulate_sp_rank(transformer, 3, None)
 
 
 def test_benchmark_attention(capsys):
@@ -294,3 +367,39 @@ def test_benchmark_generate_at_real_width(capsys, real_width_root):
     results = _generate_variants(out)
     assert set(results) == {"baseline", "cache_deepcache"}  # shared models, then its own
     assert all(isinstance(result, tuple) and result[0] > 0 for result in results.values()), results
+
+
+def test_cuda_allocator_numbers_are_differences_from_the_start(monkeypatch):
+    """measure_cuda_memory's arithmetic with the allocator's counters faked (no GPU here): what the forward keeps is
+    the allocation after it minus before, the peak is the allocator's peak minus before; the backward runs."""
+    counters = iter([100, 350])  # memory_allocated before and after the forward
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(counters))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 900)
+    weight = torch.nn.Parameter(torch.ones(3))
+    memory = bench_memory.measure_cuda_memory(torch.device("cpu"), lambda: weight * 2.0)
+    assert (memory.forward_kept, memory.peak) == (250, 800)
+    assert torch.equal(weight.grad, torch.full((3,), 8.0 / 3))  # d mean((2w)^2) / dw = 8w / 3
+
+
+def test_benchmark_transformer_prints_the_allocator_lines_on_cuda(capsys, monkeypatch):
+    """The script's CUDA branch of the memory report, run on the CPU with the allocator's counters faked: 2 MiB kept
+    by the forward of the tiny model's 2 blocks, 3 MiB peak."""
+    counters = iter([0, 2 * 2 ** 20])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(counters))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2 ** 20)
+    setup = _setup("--geometry", "tiny", "--threads", "2")
+    transformer, vae = bench.build_models(setup)
+    call = bench.VelocityCall.build(setup, transformer, vae, batch=1)
+    transformer.train()
+    script = _script("benchmark_transformer")
+    script.report_block_memory(call, replace(setup, device=torch.device("cuda")), "on", 1)
+    out = capsys.readouterr().out
+    assert _value(rf"^allocator, checkpointing on: forward keeps {NUMBER} MiB \(", out) == 2.0
+    assert _value(rf"^allocator, .* \({NUMBER} MiB per block, outside included\)", out) == 1.0
+    assert _value(rf"^allocator, .*; peak above the weights {NUMBER} MiB", out) == 3.0
+    planned = _value(rf"^saved per block, checkpointing on: .*, planner {NUMBER} MiB", out)
+    assert _value(rf"^allocator, .*planner's blocks {NUMBER} MiB", out) == pytest.approx(2 * planned, abs=0.1)

@@ -90,6 +90,41 @@ def test_image_condition_channels_and_embeds(components, images, i2v_embeds):
         type(i2v_embeds).cat([i2v_embeds, i2v_embeds.with_image(None)])
 
 
+def test_image_cache_is_bounded_and_least_recently_used(components, images, monkeypatch):
+    """The condition cache keeps at most its byte budget, drops the least recently used, and a dropped condition
+    re-encodes to the same tensors; repeated paths in one call are encoded once."""
+    import sage_grpo.models.image_condition as module
+
+    calls = []
+    real_load = module.load_image
+    monkeypatch.setattr(module, "load_image", lambda path: calls.append(str(path)) or real_load(path))
+    wide, tall = (str(p) for p in images)
+    unbounded = ImageConditionEncoder(components.image_encoder, components.feature_extractor, components.vae)
+    first = unbounded.encode([wide, wide, tall], 16, 24)
+    assert calls == [wide, tall] and torch.equal(first.latents[0], first.latents[1])
+    one = unbounded.cache_bytes // 2  # both conditions have the same size
+    assert one > 0 and unbounded.cache_bytes == 2 * one
+
+    calls.clear()
+    bounded = ImageConditionEncoder(components.image_encoder, components.feature_extractor, components.vae,
+                                    max_cache_bytes=one)  # room for one condition
+    bounded.encode([wide], 16, 24)
+    bounded.encode([tall], 16, 24)  # drops wide
+    assert bounded.cache_bytes == one
+    again = bounded.encode([tall, wide], 16, 24)  # tall from the cache, wide re-encoded (drops tall)
+    assert calls == [wide, tall, wide]
+    assert torch.equal(again.latents, first.latents[[2, 0]]) and torch.equal(again.embeds, first.embeds[[2, 0]])
+    bounded.encode([wide], 16, 24)
+    assert calls == [wide, tall, wide]  # the most recent one stayed
+
+    calls.clear()
+    uncached = ImageConditionEncoder(components.image_encoder, components.feature_extractor, components.vae,
+                                     max_cache_bytes=0)
+    uncached.encode([wide], 16, 24)
+    uncached.encode([wide], 16, 24)
+    assert calls == [wide, wide] and uncached.cache_bytes == 0
+
+
 def test_the_image_changes_the_velocity(components, i2v_embeds):
     from sage_grpo.pipeline import cfg_velocity
 

@@ -150,6 +150,10 @@ class TrainConfig:
         "the device shards do not fit", choices=("auto", "device", "cpu"))
     offload_text_encoders: bool = config_field(
         True, "Keep the text encoders on the CPU and move them to the GPU only to encode prompts not cached yet")
+    image_cache_gb: float = config_field(
+        4.0, "Host memory for the image-to-video conditions encoded so far (VAE latent and SigLIP states of each "
+        "distinct reference image and size, about 1.8 MB each in bf16); the least recently used are dropped and "
+        "re-encoded when needed again; 0: no cache")
     vae_tiling: str = config_field(
         "auto", "Tiled VAE decoding: true, false, or auto (tiled when a decoded video exceeds 33x480x854 pixels)",
         choices=("auto", "true", "false"))

@@ -139,7 +139,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
         if getattr(cfg, name) < 1:
             _fail(f"{name}-positive", f"--{name} {getattr(cfg, name)} must be >= 1", "see --help for the default")
     for name in ("weight_decay", "warmup_steps", "dual_kl_moving_weight", "dual_kl_step_weight",
-                 "max_failed_reward_steps", "validation_interval"):
+                 "max_failed_reward_steps", "validation_interval", "image_cache_gb"):
         if getattr(cfg, name) < 0:
             _fail(f"{name}-nonnegative", f"--{name} {getattr(cfg, name)} must be >= 0", "see --help for the default")
     if cfg.lr_num_cycles < 1 or cfg.lr_power <= 0:

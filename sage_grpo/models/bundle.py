@@ -287,7 +287,8 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
     encoder = PromptEncoder.from_components(components, settings, cache=True,
                                             compute_device=device if offload_encoders else None)
     images = (ImageConditionEncoder(components.image_encoder, components.feature_extractor, components.vae,
-                                    compute_device=device if offload_encoders else None)
+                                    compute_device=device if offload_encoders else None,
+                                    max_cache_bytes=int(cfg.image_cache_gb * 2 ** 30))
               if components.image_encoder is not None else None)
     return ModelBundle(cfg, device, policy, reference, components.vae, encoder, lora, placement,
                        weights_folder=folder if on_meta else None, images=images)

@@ -20,9 +20,10 @@ whole batch, which a batch of PromptEmbeds guarantees (the field is set for ever
 """
 
 import contextlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -89,13 +90,15 @@ def closest_bucket(image_hw: Tuple[int, int], base_size: int, spatial_factor: in
 class ImageConditionEncoder:
     """Builds :class:`ImageCondition` rows from image files with the SigLIP encoder, its processor and the VAE.
 
-    Each distinct (file, size) is encoded once and kept on the CPU, in the encoders' dtype, for the rest of the run,
-    like the prompt cache: a prompt group shares one image, and the prompt comes back every epoch (released model,
-    bf16: about 1.8 MB per image at 352x624, mostly the 729 x 1152 SigLIP states). ``compute_device``: where the
-    SigLIP encoder runs when it lives elsewhere (offloaded with the text encoders)."""
+    Each distinct (file, size) is encoded once and kept on the CPU, in the encoders' dtype, like the prompt cache: a
+    prompt group shares one image, and the prompt comes back every epoch (released model, bf16: about 1.8 MB per image
+    at 352x624, mostly the 729 x 1152 SigLIP states). The cache holds at most ``max_cache_bytes`` (``None``: no
+    limit, 0: no cache); past that the least recently used conditions are dropped and re-encoded when they come back,
+    which gives the same tensors. ``compute_device``: where the SigLIP encoder runs when it lives elsewhere (offloaded
+    with the text encoders)."""
 
     def __init__(self, image_encoder, feature_extractor, vae, *,
-                 compute_device: Optional[Union[str, torch.device]] = None):
+                 compute_device: Optional[Union[str, torch.device]] = None, max_cache_bytes: Optional[int] = None):
         from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
 
         self.image_encoder, self.feature_extractor, self.vae = image_encoder, feature_extractor, vae
@@ -103,7 +106,9 @@ class ImageConditionEncoder:
         # the pipeline's own processor settings: no resize to multiples (the size is a bucket), RGB
         self.video_processor = HunyuanVideo15ImageProcessor(
             vae_scale_factor=vae.config.spatial_compression_ratio, do_resize=False, do_convert_rgb=True)
-        self._cache: Dict[Tuple[str, int, int], Tuple[Tensor, Tensor]] = {}
+        self.max_cache_bytes = max_cache_bytes
+        self._cache: "OrderedDict[Tuple[str, int, int], Tuple[Tensor, Tensor]]" = OrderedDict()
+        self._cache_bytes = 0
 
     @contextlib.contextmanager
     def _encoder_on_device(self) -> Iterator[torch.device]:
@@ -135,10 +140,32 @@ class ImageConditionEncoder:
 
     def encode(self, paths: Sequence[Union[str, Path]], height: int, width: int) -> ImageCondition:
         """The condition of one sample per path (repeated paths are encoded once), on the CPU."""
-        rows = []
+        rows, fresh = [], {}
         for path in paths:
             key = (str(path), int(height), int(width))
-            if key not in self._cache:
-                self._cache[key] = self.encode_image(load_image(path), height, width)
-            rows.append(self._cache[key])
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                rows.append(self._cache[key])
+            else:
+                if key not in fresh:
+                    fresh[key] = self.encode_image(load_image(path), height, width)
+                rows.append(fresh[key])
+        for key, row in fresh.items():
+            self._remember(key, row)
         return ImageCondition(torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows]))
+
+    def _remember(self, key: Tuple[str, int, int], row: Tuple[Tensor, Tensor]) -> None:
+        size = sum(t.numel() * t.element_size() for t in row)
+        limit = self.max_cache_bytes
+        if limit is not None and size > limit:
+            return
+        self._cache[key] = row
+        self._cache_bytes += size
+        while limit is not None and self._cache_bytes > limit:
+            _, dropped = self._cache.popitem(last=False)
+            self._cache_bytes -= sum(t.numel() * t.element_size() for t in dropped)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the conditions held now."""
+        return self._cache_bytes

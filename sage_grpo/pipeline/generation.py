@@ -343,8 +343,9 @@ class VideoGenerator:
 
             if on_cpu and not accel.model_offload:
                 self.components.image_encoder.to(self.device)
+            # a CSV's rows come back only for their extra seeds: 1 GiB (~580 conditions at 352x624) is plenty
             self.images = ImageConditionEncoder(self.components.image_encoder, self.components.feature_extractor,
-                                                self.components.vae)
+                                                self.components.vae, max_cache_bytes=2 ** 30)
 
     @contextlib.contextmanager
     def _stage(self, modules: Sequence[torch.nn.Module]) -> Iterator[None]:
