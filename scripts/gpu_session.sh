@@ -8,7 +8,7 @@
 # $OUT/env.txt, then runs each PART, writing its output to $OUT/<part>.log and one line per command (part, label, exit
 # status, seconds, command) to $OUT/summary.tsv. OUT defaults to ./gpu_out.
 #
-# Each part has a time budget (seconds, under 9 minutes; SAGE_GPU_BUDGET_<PART> overrides it) and every command runs
+# Each part has a time budget (seconds, at most 5.5 minutes; SAGE_GPU_BUDGET_<PART> overrides it) and every command runs
 # under `timeout`, cut to what is left of its part's budget, so a hang ends the command and not the session; a command
 # that fails or times out is recorded and the next one runs. `timeout` first sends SIGINT, so pytest and the scripts
 # unwind (tests/procs.py kills its process groups), then SIGKILL 20 s later.
@@ -56,8 +56,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTH
 SUMMARY="$OUT/summary.tsv"
 FAILED=0
 
-declare -A BUDGET=([check]=${SAGE_GPU_BUDGET_CHECK:-150} [tests]=${SAGE_GPU_BUDGET_TESTS:-510}
-                   [kernels]=${SAGE_GPU_BUDGET_KERNELS:-510} [step]=${SAGE_GPU_BUDGET_STEP:-510}
+# docs/gpu_runbook.md: `check tests` (420 s), `kernels step` (550 s) and `generate` (300 s) are one run call each
+declare -A BUDGET=([check]=${SAGE_GPU_BUDGET_CHECK:-90} [tests]=${SAGE_GPU_BUDGET_TESTS:-330}
+                   [kernels]=${SAGE_GPU_BUDGET_KERNELS:-290} [step]=${SAGE_GPU_BUDGET_STEP:-260}
                    [generate]=${SAGE_GPU_BUDGET_GENERATE:-300})
 
 install_wheels() {
@@ -120,40 +121,41 @@ run_cmd() {
 }
 
 part_check() {
-    run_cmd gpu_check 140 "$PY" scripts/gpu_check.py --device "$DEVICE"
+    run_cmd gpu_check 85 "$PY" scripts/gpu_check.py --device "$DEVICE"
 }
 
 part_tests() {
     # issue 16 item 1: the device tier (tests/conftest.py's --device option and `device` marker) on the GPU
-    run_cmd device_tier 300 "$PY" -m pytest tests --device "$DEVICE" -m device -q -rfE -p no:cacheprovider
+    run_cmd device_tier 220 "$PY" -m pytest tests --device "$DEVICE" -m device -q -rfE -p no:cacheprovider
     # the unit tier on this machine's CPU under its torch (2.11 on the image): what CI would see with these versions
-    run_cmd unit_tier_cpu 240 env CUDA_VISIBLE_DEVICES= "$PY" -m pytest tests -m unit -q -rfE -p no:cacheprovider
+    run_cmd unit_tier_cpu 180 env CUDA_VISIBLE_DEVICES= "$PY" -m pytest tests -m unit -q -rfE -p no:cacheprovider
 }
 
 part_kernels() {
     # docs/benchmarks.md "GPU commands" 3 (attention backends) and 4 (transformer forward + backward, MFU)
-    run_cmd attention_cfg 120 "$PY" scripts/benchmark_attention.py --geometry real --blocks 4 --device cuda \
+    run_cmd attention_cfg 90 "$PY" scripts/benchmark_attention.py --geometry real --blocks 4 --device cuda \
         --dtype bf16 --repeats 3
-    run_cmd attention_positive 100 "$PY" scripts/benchmark_attention.py --geometry real --blocks 4 --device cuda \
+    run_cmd attention_positive 70 "$PY" scripts/benchmark_attention.py --geometry real --blocks 4 --device cuda \
         --dtype bf16 --repeats 3 --guidance_scale 1
-    run_cmd transformer_54_ckpt 150 "$PY" scripts/benchmark_transformer.py --geometry real --device cuda \
+    run_cmd transformer_54_ckpt 90 "$PY" scripts/benchmark_transformer.py --geometry real --device cuda \
         --dtype bf16 --checkpointing on --repeats 3
-    run_cmd transformer_8 130 "$PY" scripts/benchmark_transformer.py --geometry real --blocks 8 --device cuda \
+    run_cmd transformer_8 80 "$PY" scripts/benchmark_transformer.py --geometry real --blocks 8 --device cuda \
         --dtype bf16 --repeats 3
 }
 
 part_step() {
     # issue 16 item 3: one GRPO step at real width, 4 blocks (benchmark_step's --geometry real), then the rollout
     # of docs/benchmarks.md GPU command 1 (54 blocks, ours against diffusers' pipeline)
-    run_cmd step_real_4 300 "$PY" scripts/benchmark_step.py --geometry real --blocks 4 --device cuda --dtype bf16 \
+    run_cmd step_real_4 150 "$PY" scripts/benchmark_step.py --geometry real --blocks 4 --device cuda --dtype bf16 \
         --repeats 2
-    run_cmd rollout_real 200 "$PY" scripts/benchmark_rollout.py --geometry real --device cuda --dtype bf16 \
-        --batch 1 --steps 8 --repeats 2 --warmup 1 --diffusers_joint_attention
+    run_cmd rollout_real 150 "$PY" scripts/benchmark_rollout.py --geometry real --device cuda --dtype bf16 \
+        --batch 1 --steps 8 --repeats 1 --warmup 1 --diffusers_joint_attention
 }
 
 part_generate() {
     # issue 16 item 4: generate.py's speed flags at real width, 4 blocks
-    run_cmd generate_real_4 290 "$PY" scripts/benchmark_generate.py --geometry real --blocks 4 --device cuda
+    run_cmd generate_real_4 290 "$PY" scripts/benchmark_generate.py --geometry real --blocks 4 --device cuda \
+        --steps 8 --repeats 1 --warmup 1
 }
 
 install_wheels
