@@ -36,6 +36,7 @@ def test_runner_refuses_bad_parts_before_doing_anything(tmp_path, args, message)
     assert not out.exists()  # nothing installed, described or run
 
 
+@pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="not a git checkout (the device machine's copy)")
 def test_carried_wheels_and_runner_output_stay_out_of_git():
     proc = run_group(["git", "check-ignore", ".whl/diffusers-0.42.1-py3-none-any.whl", "gpu_out/check.log"],
                      cwd=REPO_ROOT, timeout=30)
