@@ -96,6 +96,28 @@ def test_single_process_needs_no_process_group(monkeypatch):
     assert model.weight.grad is not None
 
 
+def test_sp_all_gather_resolves_on_old_and_new_torch():
+    """torch 2.11 (the GPU image's) lacks ``all_gather_single_autograd``; the SP hooks must then use the older name
+    rather than fail at the first gather. The multi-process SP tests below run whichever this torch has."""
+    from types import SimpleNamespace
+
+    from torch.distributed import _functional_collectives as funcol
+
+    from sage_grpo.distributed.sequence_parallel import differentiable_all_gather
+
+    def old(tensor, gather_dim, group):
+        return "old"
+
+    def new(tensor, gather_dim, group):
+        return "new"
+
+    assert differentiable_all_gather(SimpleNamespace(all_gather_tensor_autograd=old)) is old
+    assert differentiable_all_gather(SimpleNamespace(all_gather_tensor_autograd=old,
+                                                     all_gather_single_autograd=new)) is new
+    expected = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+    assert differentiable_all_gather() is expected
+
+
 # ---------------------------------------------------------------- multi-process (torchrun, gloo)
 
 def _free_port() -> int:

@@ -43,6 +43,18 @@ from sage_grpo.models.attention import dispatch, joint_projections, key_padding_
 _STATE_ATTR = "_sage_sequence_parallel"
 
 
+def differentiable_all_gather(collectives=funcol):
+    """torch's differentiable all-gather along dim 0, under this torch's name for it.
+
+    torch 2.13 calls it ``all_gather_single_autograd`` and keeps ``all_gather_tensor_autograd`` only as a deprecated
+    alias (a FutureWarning on every call); torch 2.11, the GPU image's, has only ``all_gather_tensor_autograd``.
+    Both take ``(tensor, gather_dim, group)`` and return the same concatenation."""
+    return getattr(collectives, "all_gather_single_autograd", None) or collectives.all_gather_tensor_autograd
+
+
+_all_gather_autograd = differentiable_all_gather()
+
+
 def _seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, sp: int) -> torch.Tensor:
     """(B, N/sp, H, D) sequence-sharded -> (B, N, H/sp, D) head-sharded. The all-to-all's first dimension is the
     rank: rank r is sent head group r of this sequence chunk and returns its own head group of chunk r."""
@@ -60,7 +72,7 @@ def _heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, sp: int) -> torch.T
 
 def _all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup, sp: int) -> torch.Tensor:
     """Concatenate the group's tensors along ``dim`` in rank order (differentiable: backward is reduce-scatter-sum)."""
-    stacked = funcol.all_gather_single_autograd(x.contiguous(), 0, group)  # (sp * x.shape[0], ...)
+    stacked = _all_gather_autograd(x.contiguous(), 0, group)  # (sp * x.shape[0], ...)
     return torch.cat(stacked.chunk(sp, dim=0), dim=dim)
 
 
