@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The commands of a GPU session for issue 16 (docs/gpu_runbook.md says which `run` call runs which part).
 #
-#   bash scripts/gpu_session.sh [--cpu] PART [PART ...]      PART: check | tests | kernels | step | generate | all
+#   bash scripts/gpu_session.sh [--cpu] PART [PART ...]   PART: check | tests | kernels | step | generate | extra | all
 #
 # On the GPU machine (the image's python3: torch 2.11.0+cu130, no diffusers) it first installs the wheels carried in
 # .whl/ (made here by scripts/gpu_wheels.sh) into /tmp/site, then prints the device, the versions and nvidia-smi to
 # $OUT/env.txt, then runs each PART, writing its output to $OUT/<part>.log and one line per command (part, label, exit
 # status, seconds, command) to $OUT/summary.tsv. OUT defaults to ./gpu_out.
 #
-# Each part has a time budget (seconds, at most 5.5 minutes; SAGE_GPU_BUDGET_<PART> overrides it) and every command runs
+# Each part has a time budget (seconds, SAGE_GPU_BUDGET_<PART> overrides it) and every command runs
 # under `timeout`, cut to what is left of its part's budget, so a hang ends the command and not the session; a command
 # that fails or times out is recorded and the next one runs. `timeout` first sends SIGINT, so pytest and the scripts
 # unwind (tests/procs.py kills its process groups), then SIGKILL 20 s later.
@@ -24,7 +24,8 @@ if [[ ${1:-} == --cpu ]]; then
     shift
 fi
 if [[ $# -eq 0 ]]; then
-    echo "usage: bash scripts/gpu_session.sh [--cpu] PART [PART ...]; PART: check tests kernels step generate all" >&2
+    echo "usage: bash scripts/gpu_session.sh [--cpu] PART [PART ...]; PART: check tests kernels step generate extra" \
+         "all" >&2
     exit 2
 fi
 case $DEVICE in
@@ -38,9 +39,9 @@ esac
 PARTS=()
 for arg in "$@"; do
     case $arg in
-        check | tests | kernels | step | generate) PARTS+=("$arg") ;;
-        all) PARTS+=(check tests kernels step generate) ;;
-        *) echo "error: unknown part '$arg': use check, tests, kernels, step, generate or all" >&2; exit 2 ;;
+        check | tests | kernels | step | generate | extra) PARTS+=("$arg") ;;
+        all) PARTS+=(check tests kernels step generate extra) ;;
+        *) echo "error: unknown part '$arg': use check, tests, kernels, step, generate, extra or all" >&2; exit 2 ;;
     esac
 done
 for PART in "${PARTS[@]}"; do
@@ -56,10 +57,14 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTH
 SUMMARY="$OUT/summary.tsv"
 FAILED=0
 
-# docs/gpu_runbook.md: `check tests` (420 s), `kernels step` (550 s) and `generate` (300 s) are one run call each
-declare -A BUDGET=([check]=${SAGE_GPU_BUDGET_CHECK:-90} [tests]=${SAGE_GPU_BUDGET_TESTS:-330}
-                   [kernels]=${SAGE_GPU_BUDGET_KERNELS:-290} [step]=${SAGE_GPU_BUDGET_STEP:-260}
-                   [generate]=${SAGE_GPU_BUDGET_GENERATE:-300})
+# docs/gpu_runbook.md: `check tests` (300 s), `kernels` (540 s) and `step generate` (530 s) are one run call each;
+# `extra` (540 s) is a fourth call when device time is left
+declare -A BUDGET=([check]=${SAGE_GPU_BUDGET_CHECK:-60} [tests]=${SAGE_GPU_BUDGET_TESTS:-240}
+                   [kernels]=${SAGE_GPU_BUDGET_KERNELS:-540} [step]=${SAGE_GPU_BUDGET_STEP:-300}
+                   [generate]=${SAGE_GPU_BUDGET_GENERATE:-230} [extra]=${SAGE_GPU_BUDGET_EXTRA:-540})
+# the 8-block real-width checkpoint the step and generate parts share (written once per machine)
+DEFAULT_REAL_CKPT=/tmp/sage_gpu_real8
+REAL_CKPT=${SAGE_GPU_REAL_CKPT:-$DEFAULT_REAL_CKPT}
 
 install_wheels() {
     if [[ $DEVICE == cpu ]]; then
@@ -121,41 +126,76 @@ run_cmd() {
 }
 
 part_check() {
-    run_cmd gpu_check 85 "$PY" scripts/gpu_check.py --device "$DEVICE"
+    run_cmd gpu_check 60 "$PY" scripts/gpu_check.py --device "$DEVICE"
 }
 
 part_tests() {
     # issue 16 item 1: the device tier (tests/conftest.py's --device option and `device` marker) on the GPU
-    run_cmd device_tier 220 "$PY" -m pytest tests --device "$DEVICE" -m device -q -rfE -p no:cacheprovider
+    run_cmd device_tier 150 "$PY" -m pytest tests --device "$DEVICE" -m device -q -rfE -p no:cacheprovider
     # the unit tier on this machine's CPU under its torch (2.11 on the image): what CI would see with these versions
-    run_cmd unit_tier_cpu 180 env CUDA_VISIBLE_DEVICES= "$PY" -m pytest tests -m unit -q -rfE -p no:cacheprovider
+    run_cmd unit_tier_cpu 150 env CUDA_VISIBLE_DEVICES= "$PY" -m pytest tests -m unit -q -rfE -p no:cacheprovider
 }
 
+TRANSFORMER=(scripts/benchmark_transformer.py --geometry real --device cuda --dtype bf16 --repeats 3)
+
 part_kernels() {
-    # docs/benchmarks.md "GPU commands" 3 (attention backends) and 4 (transformer forward + backward, MFU)
-    run_cmd attention_cfg 90 "$PY" scripts/benchmark_attention.py --geometry real --blocks 4 --device cuda \
+    # issue 16 item 2 (docs/benchmarks.md GPU commands 3 and 4): forward + backward of 4 real-width blocks, MFU and
+    # each block's saved bytes against the planner, checkpointing off and on; the most telling runs first
+    run_cmd transformer_native_sp1 90 "$PY" "${TRANSFORMER[@]}" --blocks 4 --attention_backend native --sp 1
+    run_cmd transformer_native_sp2 60 "$PY" "${TRANSFORMER[@]}" --blocks 4 --attention_backend native --sp 2
+    run_cmd transformer_cudnn_sp1 60 "$PY" "${TRANSFORMER[@]}" --blocks 4 --attention_backend _native_cudnn --sp 1
+    run_cmd transformer_efficient_sp1 60 "$PY" "${TRANSFORMER[@]}" --blocks 4 --attention_backend _native_efficient \
+        --sp 1
+    run_cmd attention_cfg 60 "$PY" scripts/benchmark_attention.py --geometry real --blocks 4 --device cuda \
         --dtype bf16 --repeats 3
-    run_cmd attention_positive 70 "$PY" scripts/benchmark_attention.py --geometry real --blocks 4 --device cuda \
-        --dtype bf16 --repeats 3 --guidance_scale 1
-    run_cmd transformer_54_ckpt 90 "$PY" scripts/benchmark_transformer.py --geometry real --device cuda \
-        --dtype bf16 --checkpointing on --repeats 3
-    run_cmd transformer_8 80 "$PY" scripts/benchmark_transformer.py --geometry real --blocks 8 --device cuda \
-        --dtype bf16 --repeats 3
+    run_cmd transformer_54_ckpt 90 "$PY" "${TRANSFORMER[@]}" --checkpointing on
+    # inductor's compile time on a GPU is unknown: last, with what is left of the budget
+    run_cmd transformer_compile_sp1 480 "$PY" "${TRANSFORMER[@]}" --blocks 4 --compile both --sp 1
+}
+
+real_checkpoint() {
+    # docs/benchmarks.md GPU command 5: written once per machine (CPU work, ~90 s), shared by step and generate
+    if [[ -f $REAL_CKPT/.written ]]; then
+        echo "=== $PART: reusing $REAL_CKPT" | tee -a "$LOG"
+        return 0
+    fi
+    if [[ -e $REAL_CKPT ]]; then  # a write cut short by its timeout: ours to remove only at the default path
+        if [[ $REAL_CKPT != "$DEFAULT_REAL_CKPT" ]]; then
+            echo "=== $PART: $REAL_CKPT exists but was not written by this script: remove it or set" \
+                 "SAGE_GPU_REAL_CKPT to a new folder" | tee -a "$LOG"
+            return 0
+        fi
+        rm -rf "$REAL_CKPT"
+    fi
+    run_cmd real_checkpoint 150 bash -c '"$0" scripts/make_tiny_checkpoint.py --output "$1" --real_width_blocks 8 \
+        --vae real && touch "$1/.written"' "$PY" "$REAL_CKPT"
 }
 
 part_step() {
-    # issue 16 item 3: one GRPO step at real width, 4 blocks (benchmark_step's --geometry real), then the rollout
-    # of docs/benchmarks.md GPU command 1 (54 blocks, ours against diffusers' pipeline)
-    run_cmd step_real_4 150 "$PY" scripts/benchmark_step.py --geometry real --blocks 4 --device cuda --dtype bf16 \
-        --repeats 2
-    run_cmd rollout_real 150 "$PY" scripts/benchmark_rollout.py --geometry real --device cuda --dtype bf16 \
-        --batch 1 --steps 8 --repeats 1 --warmup 1 --diffusers_joint_attention
+    # issue 16 item 3 (GPU command 6): one GRPO step at real width, 8 blocks, 81x352x624, time and peak per phase
+    # against the planner
+    real_checkpoint
+    run_cmd step_real_8 280 "$PY" scripts/benchmark_step.py --geometry real --checkpoint_root "$REAL_CKPT" \
+        --device cuda --repeats 2 --warmup 1
 }
 
 part_generate() {
-    # issue 16 item 4: generate.py's speed flags at real width, 4 blocks
-    run_cmd generate_real_4 290 "$PY" scripts/benchmark_generate.py --geometry real --blocks 4 --device cuda \
-        --steps 8 --repeats 1 --warmup 1
+    # issue 16 item 4 (GPU command 7): generate.py's variants that share the loaded models
+    real_checkpoint
+    run_cmd generate_shared 230 "$PY" scripts/benchmark_generate.py --geometry real --checkpoint_root "$REAL_CKPT" \
+        --device cuda --steps 20 --repeats 1 --warmup 1 --variants baseline,attention,cfg_distilled,vae_tiling
+}
+
+part_extra() {
+    # when device time is left: the rest of GPU commands 1, 4 and 7-8
+    real_checkpoint
+    run_cmd generate_moving 200 "$PY" scripts/benchmark_generate.py --geometry real --checkpoint_root "$REAL_CKPT" \
+        --device cuda --steps 20 --repeats 1 --warmup 1 \
+        --variants baseline,offloading,group_offloading,cache_deepcache,cache_taylorcache,step_distill,sparse_attn
+    run_cmd transformer_8 80 "$PY" "${TRANSFORMER[@]}" --blocks 8
+    run_cmd rollout_real 150 "$PY" scripts/benchmark_rollout.py --geometry real --device cuda --dtype bf16 \
+        --batch 1 --steps 8 --repeats 1 --warmup 1 --diffusers_joint_attention
+    run_cmd transformer_compile_sp2 240 "$PY" "${TRANSFORMER[@]}" --blocks 4 --compile both --sp 2
 }
 
 install_wheels

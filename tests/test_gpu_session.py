@@ -26,7 +26,7 @@ def _summary(out_dir: Path) -> list:
 
 @pytest.mark.parametrize("args, message", [
     ([], "usage: bash scripts/gpu_session.sh"),
-    (["bogus"], "unknown part 'bogus': use check, tests, kernels, step, generate or all"),
+    (["bogus"], "unknown part 'bogus': use check, tests, kernels, step, generate, extra or all"),
     (["--cpu", "check", "kernels"], "part kernels times the real-width model and needs a GPU"),
 ])
 def test_runner_refuses_bad_parts_before_doing_anything(tmp_path, args, message):
