@@ -32,7 +32,7 @@ pytestmark = pytest.mark.device
 
 PROMPTS = ["A cat walks on the grass"]
 SEEDS = [11]
-NUM_STEPS = 3
+NUM_STEPS = 2
 
 
 def tiny_train_config(root, device: torch.device, precision: str, **changes) -> TrainConfig:
