@@ -78,6 +78,21 @@ def test_replay_reproduces_rollout_log_probs_exactly(bundle, sde_type, device):
         assert torch.equal(replayed.log_prob, out.log_probs[:, k]), (sde_type, bundle.cfg.dtype, k)
 
 
+
+def test_shuffled_micro_batches_replay_exactly(bundle, device):
+    """--mini_batch_size_per_update 2: the update replays shuffled samples, each at its own permuted step, two per
+    call, as the rollout ran them two per call at one shared step; the log-probs still agree bit for bit (the
+    kernels' results per row do not depend on the row's place or its neighbours' step, at equal batch size)."""
+    sampler = replace(sampler_of(bundle.cfg), micro_batch_size=2)
+    embeds = bundle.encode(PROMPTS + ['A girl holding a paper with words "Hello, world!"'])
+    out = sampler.rollout(bundle.policy, bundle.vae, embeds, SEEDS + [12], decode=False, **TINY_VIDEO)
+    rows = torch.tensor([1, 0])
+    for steps in (torch.tensor([0, 1]), torch.tensor([1, 0])):
+        replayed = sampler.replay(bundle.policy, out.latents[rows, steps], out.latents[rows, steps + 1],
+                                  steps.to(device), embeds.select(rows.tolist()))
+        assert_on(device, replayed.log_prob)
+        assert torch.equal(replayed.log_prob, out.log_probs[rows, steps]), (bundle.cfg.dtype, steps)
+
 def test_first_policy_step_has_ratio_one_and_zero_stepwise_kl(bundle, device):
     """The trainer's first update on its own rollout (one sample, as the rollout's micro-batches of the default
     --mini_batch_size_per_update 1): r = exp(log p_new - log p_old) = 1 exactly (no clipping) and the step-wise KL
