@@ -239,14 +239,6 @@ def read_adapter_folder(folder: Path):
     return config, strip_key_prefix(load_file(str(weights)))
 
 
-def load_adapter_folder(transformer: torch.nn.Module, folder: Path, adapter: str = POLICY_ADAPTER):
-    """Inject ``adapter`` with the folder's config and copy its weights in strictly; returns the config."""
-    config, state = read_adapter_folder(folder)
-    add_adapter(transformer, config, adapter)
-    load_adapter_state(transformer, state, adapter)
-    return config
-
-
 def merge_adapter(transformer: torch.nn.Module, adapter: str = POLICY_ADAPTER) -> torch.nn.Module:
     """Fold ``adapter`` into the base weights (W += alpha/r * B A) and remove every LoRA layer: a plain transformer."""
     transformer.fuse_lora(lora_scale=1.0, adapter_names=[adapter])
@@ -272,13 +264,17 @@ class LoraTraining:
     def create(cls, transformer: torch.nn.Module, *, r: int, alpha: float, dropout: float,
                target_modules: Optional[Sequence[str]], pretrained_path: Optional[str], with_anchor: bool,
                seed: int, dtype: torch.dtype) -> "LoraTraining":
-        """Freeze ``transformer`` and add the adapters (new, or loaded from ``pretrained_path``) in ``dtype``."""
+        """Freeze ``transformer`` and add the adapters (new, or loaded from ``pretrained_path``) in ``dtype``.
+
+        A pretrained adapter is copied in after the cast: peft creates the adapter layers in the base weights' dtype,
+        so copying first would round fp32 adapter weights to a bf16 base's precision."""
         transformer.requires_grad_(False)
         if pretrained_path:
-            config = load_adapter_folder(transformer, Path(pretrained_path), POLICY_ADAPTER)
+            config, state = read_adapter_folder(Path(pretrained_path))
         else:
+            state = None
             config = make_lora_config(r, alpha, dropout, resolve_target_modules(transformer, target_modules))
-            add_adapter(transformer, config, POLICY_ADAPTER, seed)
+        add_adapter(transformer, config, POLICY_ADAPTER, seed)
         if with_anchor:
             add_adapter(transformer, config, ANCHOR_ADAPTER, seed)
         transformer.set_adapter(POLICY_ADAPTER)
@@ -286,6 +282,8 @@ class LoraTraining:
             for param in adapter_parameters(transformer, adapter).values():
                 param.data = param.data.to(dtype)
                 param.requires_grad_(adapter == POLICY_ADAPTER)
+        if state is not None:
+            load_adapter_state(transformer, state, POLICY_ADAPTER)
         return cls(transformer, transformer.peft_config[POLICY_ADAPTER], with_anchor)
 
     # ------------------------------------------------------------------ policy adapter

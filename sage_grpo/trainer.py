@@ -89,7 +89,7 @@ from sage_grpo.trackers import ROLLOUT_VIDEOS, VALIDATION_VIDEOS, LoggedVideo, c
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
 from sage_grpo.models.attention import check_attention_backend
-from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, sampler_of
+from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, resolve_device, sampler_of
 from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
 
@@ -116,13 +116,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, List[str]]:
     """Join the torchrun job (if any) and check the configuration and the parallel layout (spec §3.4) before any
     model loads; returns the layout and the validation notes."""
-    device = torch.device(cfg.device) if cfg.device else None
-    env = init_distributed(backend="gloo" if device is not None and device.type == "cpu" else None)
+    device = resolve_device(cfg)
+    env = init_distributed(backend="gloo" if device.type == "cpu" else None)
     geometry = read_model_geometry(cfg)
     heads = geometry.num_attention_heads if geometry is not None else None
     notes = validate_train_config(cfg, world_size=env.world_size, num_attention_heads=heads)
     dims = ParallelDims(world_size=env.world_size, sp_size=cfg.sp_size, dp_replicate=cfg.dp_replicate,
-                        rank=env.rank, device=device or env.device, batch_size=cfg.batch_size,
+                        rank=env.rank, device=device, batch_size=cfg.batch_size,
                         num_generations=cfg.num_generations, num_attention_heads=heads)
     for tokens in (geometry.video_tokens.values() if geometry is not None else ()):
         dims.check_tokens(tokens)

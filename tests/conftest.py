@@ -20,12 +20,43 @@ TIERS = {
     "unit": "fast in-process tests of one module on tiny real-class configs (every test not marked otherwise)",
     "e2e": "whole-loop runs of the real entry points (post_train.py, generate.py, the download and export scripts)",
     "distributed": "multi-process runs under torchrun on gloo (2 and 4 processes on the CPU)",
+    "device": "runs on the device given by --device; CI runs it on the CPU (also unit)",
 }
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu", help="device of the tests marked 'device': cpu (default), cuda, "
+                     "cuda:1; e.g. bash scripts/test.sh --device cuda -m device")
+
+
+def parse_test_device(name: str) -> torch.device:
+    """The torch.device of ``--device``: the CPU, or a CUDA device that exists here."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"--device {name!r} is not a torch device ({error}); use cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"--device {name!r}: the device tests run on cpu or cuda[:N], not {device.type}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {name!r} asks for CUDA, which this torch ({torch.__version__}) cannot use on "
+                         "this machine; run with --device cpu")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"--device {name!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+
+
 def pytest_configure(config):
+    import pytest
+
     for name, meaning in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
+    try:
+        config.test_device = parse_test_device(config.getoption("--device"))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,6 +71,12 @@ def pytest_collection_modifyitems(config, items):
 import pytest  # noqa: E402
 
 from model_fixtures import TINY_TEXT, tiny_checkpoint, tiny_i2v_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig) -> torch.device:
+    """The device of ``--device`` (default: the CPU), with an index when it is CUDA (tensors report cuda:0)."""
+    return pytestconfig.test_device
 
 
 @pytest.fixture(scope="session")

@@ -217,6 +217,30 @@ def test_speed_flags_are_checked_before_loading(tmp_path):
     assert parse_block_ids("0-53", "--sage_blocks_range") == tuple(range(54))
 
 
+
+def test_cuda_speed_flags_follow_the_gpu_memory(monkeypatch):
+    """plan_acceleration's CUDA branch on the CPU, with a fake GPU: group offloading by default below 60 GiB (the
+    reference's rule), model offloading when asked; explicit flags win."""
+    from types import SimpleNamespace
+
+    from sage_grpo.pipeline.generation import GROUP_OFFLOAD_BELOW_BYTES, plan_acceleration
+
+    asked = []
+
+    def fake_properties(device):
+        asked.append(device)
+        return SimpleNamespace(total_memory=memory)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", fake_properties)
+    cuda = torch.device("cuda", 0)
+    for memory, expected in ((GROUP_OFFLOAD_BELOW_BYTES - 1, True), (GROUP_OFFLOAD_BELOW_BYTES, False)):
+        acceleration, notes = plan_acceleration(GenerateConfig(prompt="A cat"), cuda)
+        assert acceleration.group_offload is expected and acceleration.model_offload is True and not notes
+    assert asked == [cuda, cuda]
+    memory = GROUP_OFFLOAD_BELOW_BYTES - 1
+    explicit, _ = plan_acceleration(GenerateConfig(prompt="A cat", group_offloading=False, offloading=False), cuda)
+    assert (explicit.group_offload, explicit.model_offload) == (False, False) and len(asked) == 2
+
 @pytest.mark.e2e
 def test_offloading_paths_and_the_cache_run_on_cpu(tiny_root):
     """Model offload and block-group offload (onloading to the CPU here) leave the video unchanged; the feature

@@ -1,6 +1,6 @@
 """Memory placement (issue 13): the ``auto`` rules of ``sage_grpo.plan.resolve_placement``, tiled decoding, text
 encoders that visit the compute device only to encode, and reference means batched by
-``--mini_batch_size_per_update`` (equal to one transition per forward)."""
+``--mini_batch_size_per_update`` (equal to one transition per forward); the process's device, decided once."""
 
 from dataclasses import replace
 
@@ -119,3 +119,22 @@ def test_reference_means_batched_equal_one_transition_per_forward(tiny_component
                                                       embeds.select([i])).mean for k in range(3)]) for i in range(2)])
     assert torch.equal(one, expected)
     torch.testing.assert_close(batched, one, rtol=1e-4, atol=1e-5)  # observed <= 2e-6: summation order
+
+
+def test_the_device_is_decided_once_and_a_cuda_device_has_its_index(monkeypatch, tiny_root):
+    """--device cuda under torchrun is this process's cuda:LOCAL_RANK, for the models and the parallel layout alike
+    (the NCCL barrier needs the index); checked on the CPU with a faked CUDA."""
+    from sage_grpo.models.bundle import resolve_device
+    from sage_grpo.trainer import start_processes
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine: no set_device(3) below
+    assert resolve_device(TrainConfig(device="cuda")) == torch.device("cuda", 3)
+    assert resolve_device(TrainConfig(device="cuda:1")) == torch.device("cuda", 1)
+    assert resolve_device(TrainConfig(device="cpu")) == torch.device("cpu")
+    assert resolve_device(TrainConfig()) == torch.device("cpu")
+    dims, _ = start_processes(TrainConfig(device="cuda", pretrained_model_root=str(tiny_root), sp_size=1,
+                                          num_generations=2))
+    assert dims.device == torch.device("cuda", 3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device(TrainConfig()) == torch.device("cuda", 3)

@@ -76,10 +76,15 @@ def sampler_of(cfg: TrainConfig) -> Sampler:
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:
+    """This process's device, decided once: ``--device``, else CUDA when available, else the CPU. A CUDA device
+    always carries its index, this process's ``cuda:LOCAL_RANK`` when ``--device cuda`` names none: the NCCL barrier
+    needs the index, and tensors report ``cuda:N``, which never equals a bare ``cuda``."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if cfg.device:
-        return torch.device(cfg.device)
+        device = torch.device(cfg.device)
+        return torch.device("cuda", local_rank) if device.type == "cuda" and device.index is None else device
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
