@@ -78,14 +78,25 @@ def capture_rng_state() -> dict:
     return state
 
 
-def restore_rng_state(state: dict) -> None:
+def restore_rng_state(state: dict) -> List[str]:
+    """Set the global RNGs to ``state``; returns notes on what could not be restored. The CUDA states go to the
+    devices this process sees, by index: a machine that sees fewer GPUs than the one that saved (another
+    ``CUDA_VISIBLE_DEVICES``) restores the first ones and says which were left (rollout noise comes from CPU
+    generators, so only CUDA-side randomness such as dropout on the missing devices differs)."""
+    notes: List[str] = []
     random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
     name, keys, position, has_gauss, cached = state["numpy"]
     keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)  # earlier versions: a NumPy array
     np.random.set_state((name, keys.astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        saved, visible = state["cuda"], torch.cuda.device_count()
+        for index, device_state in enumerate(saved[:visible]):
+            torch.cuda.set_rng_state(device_state, index)
+        if len(saved) > visible:
+            notes.append(f"note: the checkpoint holds CUDA RNG states of {len(saved)} GPUs and this process sees "
+                         f"{visible}: those of cuda:{visible} to cuda:{len(saved) - 1} are not restored")
+    return notes
 
 
 def seed_everything(seed: int) -> None:
@@ -348,10 +359,10 @@ class CheckpointManager:
     def _restore_rng(self, training_state: dict) -> None:
         """This rank's global RNG states. After a change of world size the ranks keep their fresh ``seed + dp_rank``
         seeding (the trainer's own randomness comes from explicitly seeded generators and does not depend on it)."""
-        if "rng" in training_state:
-            restore_rng_state(training_state["rng"])
-        elif len(training_state["rng_per_rank"]) == self.dims.world_size:
-            restore_rng_state(training_state["rng_per_rank"][self.dims.rank])
+        if "rng" in training_state or len(training_state["rng_per_rank"]) == self.dims.world_size:
+            state = training_state["rng"] if "rng" in training_state else training_state["rng_per_rank"][self.dims.rank]
+            for note in restore_rng_state(state):
+                self.log(note)
         else:
             self.log(f"note: the checkpoint was written by {len(training_state['rng_per_rank'])} processes; global "
                      "RNG states are not restored")

@@ -437,8 +437,10 @@ def device_memory_gib(cfg: TrainConfig) -> float:
     if cfg.gpu_memory_gb is not None:
         return cfg.gpu_memory_gb
     if torch.cuda.is_available():
-        index = torch.device(cfg.device).index if cfg.device else int(os.environ.get("LOCAL_RANK", "0"))
-        return torch.cuda.get_device_properties(index or 0).total_memory / GIB
+        index = torch.device(cfg.device).index if cfg.device else None
+        if index is None:  # no --device, or a bare "cuda": this process's GPU, as resolve_device picks it
+            index = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.cuda.get_device_properties(index).total_memory / GIB
     return DEFAULT_GPU_MEMORY_GIB
 
 

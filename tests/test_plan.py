@@ -12,6 +12,7 @@ import re
 import sys
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -369,3 +370,22 @@ def test_post_train_refuses_before_loading(tiny_root, tmp_path):
     assert re.search(r"error: \[memory-plan\] the launch needs \d+\.\d GB per GPU", result.stderr)
     assert "| component" in result.stderr and "runtime overhead" in result.stderr
     assert not out_dir.exists()
+
+
+def test_device_memory_is_read_from_this_process_gpu(monkeypatch):
+    """Without --gpu_memory_gb the budget is this process's GPU's memory: cuda:N's for --device cuda:N, and
+    LOCAL_RANK's for a bare --device cuda or none (every rank of a node reads its own GPU, not cuda:0)."""
+    asked = []
+
+    def properties(index):
+        asked.append(index)
+        return SimpleNamespace(total_memory=(40 + index) * planner.GIB)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert planner.device_memory_gib(TrainConfig(device="cuda")) == 43.0
+    assert planner.device_memory_gib(TrainConfig()) == 43.0
+    assert planner.device_memory_gib(TrainConfig(device="cuda:1")) == 41.0
+    assert asked == [3, 3, 1]
+    assert planner.device_memory_gib(TrainConfig(device="cuda", gpu_memory_gb=70.0)) == 70.0

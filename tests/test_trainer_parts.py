@@ -317,3 +317,23 @@ def test_rng_state_roundtrip():
     first = torch.rand(3)
     restore_rng_state(state)
     assert torch.equal(torch.rand(3), first)
+
+
+def test_cuda_rng_states_restore_onto_fewer_visible_gpus(monkeypatch):
+    """A checkpoint saved where 4 GPUs were visible resumes where 2 are: the first two states are set, by index, and
+    a note names the two left (torch.cuda.set_rng_state_all would stop with an IndexError)."""
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.__setitem__(device, state))
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.full((4,), i, dtype=torch.uint8)
+                                                                  for i in range(4)])
+    state = capture_rng_state()
+    assert len(state["cuda"]) == 4
+    notes = restore_rng_state(state)
+    assert sorted(restored) == [0, 1] and all(torch.equal(restored[i], state["cuda"][i]) for i in (0, 1))
+    assert notes == ["note: the checkpoint holds CUDA RNG states of 4 GPUs and this process sees 2: those of cuda:2 "
+                     "to cuda:3 are not restored"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    restored.clear()
+    assert restore_rng_state(state) == [] and sorted(restored) == [0, 1, 2, 3]
