@@ -82,6 +82,8 @@ from sage_grpo.models.geometry import read_model_geometry, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim import LRSchedule, build_optimizer
+from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
+from sage_grpo.rl.sde_window import SDEWindow, window_transition_means
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
 from sage_grpo.safe_io import CheckpointError
@@ -97,11 +99,6 @@ from sage_grpo.video_io import sanitize_name, write_video
 # one line instead of a traceback.
 USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure)
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
-
-
-def derived_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (Python hashes tuples of ints deterministically across processes)."""
-    return hash(tuple(int(p) for p in parts)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -174,7 +171,8 @@ class GRPOTrainer:
                                                    tasks=[item.task for item in self.items])
         try:
             self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps,
-                                          total_updates=cfg.max_steps // cfg.gradient_accumulation_steps,
+                                          total_updates=(cfg.max_steps * cfg.num_inner_epochs
+                                                         // cfg.gradient_accumulation_steps),
                                           num_cycles=cfg.lr_num_cycles, power=cfg.lr_power)
         except ValueError as err:  # e.g. polynomial decay to diffusers' 1e-7 from a smaller learning rate
             raise ConfigError(f"--lr_scheduler {cfg.lr_scheduler}: {err}") from None
@@ -193,7 +191,8 @@ class GRPOTrainer:
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
         self.eq_scales = self.sampler.grad_balance_scales() if cfg.use_grad_balancing else None
-        self.num_train_steps = max(int(cfg.grpo_sampling_steps * cfg.timestep_fraction), 1)
+        self.window = SDEWindow(cfg.sde_window_size, cfg.sde_window_stride, cfg.grpo_sampling_steps)
+        self.num_train_steps = max(int(self.window.steps(0).numel() * cfg.timestep_fraction), 1)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps whose reward failed on every sample
@@ -289,7 +288,8 @@ class GRPOTrainer:
         noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
                                        num_frames=cfg.sample_n_frames, height=height, width=width,
-                                       sde_generators=noise_generators, decode=False)
+                                       sde_generators=noise_generators, decode=False,
+                                       deterministic=self.window.deterministic(self.update_steps))
         share_rollout(rollout, self.dims)
         # decoded by the SP group's ranks together, for the SP leader, which scores them and writes the rollout media
         final = rollout.latents[:, -1]
@@ -310,7 +310,8 @@ class GRPOTrainer:
         timings["ref_model_time"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        metrics = self.policy_update(rollout, embeds, advantages, ref_means)
+        metrics = run_inner_epochs(cfg.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
+                                                                  ref_means, self.window.steps(self.update_steps)))
         timings["grpo_loop_time"] = time.perf_counter() - start
 
         metrics = mean_over_world({**metrics, **timings}, self.device)
@@ -367,24 +368,18 @@ class GRPOTrainer:
         if self.models.reference is None or self.kl_controller is None:
             return None
         with self.models.reference_on_device() as reference:
+            if self.window.enabled:  # only the window's transitions are trained
+                return window_transition_means(self.sampler, reference, rollout.latents, embeds, self.device,
+                                               self.window.steps(self.update_steps))
             return self.sampler.transition_means(reference, rollout.latents, embeds, self.device)
 
-    def _permutations(self, batch: int) -> tuple:
-        """Sample shuffle (B,) and per-sample step order (B, N), from a generator seeded by (seed, rank, step)."""
-        generator = _generator(derived_seed(self.cfg.seed, self.dp_rank, self.global_step, 7))
-        num_steps = self.cfg.grpo_sampling_steps
-        shuffle = torch.randperm(batch, generator=generator)
-        if self.cfg.enable_timestep_permutation:
-            order = torch.stack([torch.randperm(num_steps, generator=generator) for _ in range(batch)])
-        else:  # the reference crashes here with the equalizer on (spec §10.8); a (B, N) identity order works
-            order = torch.arange(num_steps).repeat(batch, 1)
-        return shuffle, order
-
-    def policy_update(self, rollout, embeds, advantages: torch.Tensor,
-                      ref_means: Optional[torch.Tensor]) -> Dict[str, float]:
+    def policy_update(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
+                      trained_steps: torch.Tensor, pass_index: int = 0) -> Dict[str, float]:
+        """One pass (``rl.inner_epochs``) over the rollout's (sample, step) pairs of ``trained_steps``."""
         cfg = self.cfg
         batch = rollout.latents.shape[0]
-        shuffle, order = self._permutations(batch)
+        shuffle, order = shuffled_pairs(pass_seed(cfg.seed, self.dp_rank, self.global_step, pass_index), batch,
+                                        trained_steps, cfg.enable_timestep_permutation)
         check_same_in_sp_group(self.dims, shuffle=shuffle.tolist(), order=order.tolist())
         micro = cfg.mini_batch_size_per_update
         # One backward per (mini-batch, trained step); dividing by the number of backward passes of the whole
