@@ -93,7 +93,7 @@ from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepar
 from sage_grpo.models.attention import check_attention_backend
 from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, resolve_device, sampler_of
 from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
-from sage_grpo.video_io import sanitize_name, write_video
+from sage_grpo.video_io import BackgroundWriter, sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
@@ -196,6 +196,7 @@ class GRPOTrainer:
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps whose reward failed on every sample
+        self.media = BackgroundWriter()  # rollout mp4s and JSON, off the training thread
 
         # Models and reward are loaded: only now does the run directory change.
         self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
@@ -254,6 +255,7 @@ class GRPOTrainer:
             if self.global_step % cfg.save_interval == 0 or self.global_step == cfg.max_steps:
                 self.save()
         progress.close()
+        self._flush_media()
         self.logger.info(f"training finished at step {self.global_step}; outputs in {self.run_dir}")
         self.logger.close()
 
@@ -280,8 +282,7 @@ class GRPOTrainer:
                              cfg.use_same_noise)
         check_same_in_sp_group(self.dims, items=[item.index for item in items], seeds=seeds)
         timings: Dict[str, float] = {}
-
-        start = time.perf_counter()
+        step_start = start = time.perf_counter()
         height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
         embeds = self._encode(items, (height, width))
         first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
@@ -303,7 +304,9 @@ class GRPOTrainer:
         advantages = rl.local_advantages(group_rewards, cfg.num_generations, self.ranks_per_group,
                                          self.dp_rank % self.ranks_per_group, cfg.batch_size,
                                          self.reward_plan.aggregation)
+        start = time.perf_counter()
         self._write_rollout_media(items, seeds, videos, rewards, advantages)
+        timings["media_time"] = time.perf_counter() - start  # handing them to the writer (waiting when it lags)
 
         start = time.perf_counter()
         ref_means = self.reference_means(rollout, embeds)
@@ -313,6 +316,9 @@ class GRPOTrainer:
         metrics = run_inner_epochs(cfg.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
                                                                   ref_means, self.window.steps(self.update_steps)))
         timings["grpo_loop_time"] = time.perf_counter() - start
+        timings["other_time"] = time.perf_counter() - step_start - sum(timings.values())  # the phases add up
+        if self.media.seconds:  # the writer's own time, overlapping the phases above (not part of the step)
+            timings["background_media_time"] = self.media.seconds
 
         metrics = mean_over_world({**metrics, **timings}, self.device)
         metrics.update(self._reward_metrics(gather_step_rewards(rewards, self.dims)))
@@ -479,10 +485,19 @@ class GRPOTrainer:
         """Rollout videos and per-group reward JSON under rl_samples/, written by every SP leader for its samples.
 
         When a group spans several DP ranks each writes its share, ``..._group_{g}_dp_{d}_rewards.json``."""
-        cfg = self.cfg
-        if not (cfg.save_rollout_videos and self.dims.is_sp_leader):
+        if not (self.cfg.save_rollout_videos and self.dims.is_sp_leader):
             return
-        step_dir = self.run_dir / "rl_samples" / f"{self.update_steps:07d}"
+        self._log_written_media()
+        # written by the background writer; logged to the trackers at the step these metrics are logged at
+        self.media.submit(partial(self._write_media_files, self.update_steps, self.global_step + 1, items, seeds,
+                                  videos, rewards, advantages))
+
+    def _write_media_files(self, update_steps: int, step: int, items: List[PromptItem], seeds: List[int],
+                           videos: torch.Tensor, rewards: Dict[str, torch.Tensor],
+                           advantages: torch.Tensor) -> Tuple[int, List[LoggedVideo]]:
+        """The media of one step (a job of the background writer): returns what the trackers get, and when."""
+        cfg = self.cfg
+        step_dir = self.run_dir / "rl_samples" / f"{update_steps:07d}"
         spread = self.ranks_per_group > 1
         group = cfg.batch_size if spread else cfg.num_generations  # members of one group on this rank
         groups_per_rank = max(cfg.batch_size // cfg.num_generations, 1)
@@ -512,9 +527,17 @@ class GRPOTrainer:
             share = f"_dp_{self.dp_rank}" if spread else ""
             path = group_dir / f"index_{items[first].index}_group_{group_index}{share}_rewards.json"
             path.write_text(json.dumps(records, indent=2))
-        self.logger.log_videos(ROLLOUT_VIDEOS, logged, self.global_step + 1)  # the step these metrics are logged at
         if self.is_main:
             prune_rollout_media(self.run_dir, cfg.keep_rollout_steps)
+        return step, logged
+
+    def _log_written_media(self, flush: bool = False) -> None:
+        """Hand the media the writer finished (all of it with ``flush``) to the trackers, on this thread."""
+        for step, logged in (self.media.flush() if flush else self.media.completed()):
+            self.logger.log_videos(ROLLOUT_VIDEOS, logged, step)
+
+    def _flush_media(self) -> None:
+        self._log_written_media(flush=True)
 
     # ------------------------------------------------------------------ validation
     def _validation_items(self) -> List[PromptItem]:
@@ -566,6 +589,7 @@ class GRPOTrainer:
 
     def save(self) -> Path:
         """Write ``checkpoint-{global_step}``: called by every rank."""
+        self._flush_media()  # a checkpoint's step has all of its media on disk
         path = self.checkpoints.save(self.global_step)
         self.logger.info(f"checkpoint saved to {path}")
         return path

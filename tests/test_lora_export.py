@@ -22,7 +22,7 @@ from sage_grpo.export import export_checkpoint, read_trained_weights
 from sage_grpo.models import load_components, load_transformer
 from sage_grpo.pipeline.generation import GenerationItem, VideoGenerator, plan_generation
 from sage_grpo.pipeline.rollout import draw_initial_noise, latent_shape, rollout, sample_generators
-from sage_grpo.tracking import read_metrics
+from sage_grpo.tracking import TIMING_METRICS, read_metrics
 from sage_grpo.models.bundle import build_models, kl_mode_of
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT, SEED = 'A cat holds a sign that says "hi"', 11
 VIDEO = dict(num_frames=5, height=16, width=16)
 NUM_STEPS, GUIDANCE = 3, 6.0
-TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
+TIMING_KEYS = set(TIMING_METRICS)
 LORA_FLAGS = ["--use_lora", "true", "--lora_r", "4", "--lora_alpha", "8", "--update_ref_model_step", "1"]
 NUM_BLOCK_LINEARS = 14  # per dual-stream block (feasibility §5)
 
