@@ -234,3 +234,7 @@ class TrainConfig:
     run_name: Optional[str] = config_field(
         None, "Name of the wandb / SwanLab run (default: the --output_dir folder name)")
     device: Optional[str] = config_field(None, "Device (default: cuda:LOCAL_RANK when available, else cpu)")
+    cpu_threads: int = config_field(
+        0, "torch threads of a CPU run (post_train.py sets them once at start-up and prints them); 0: "
+        "$OMP_NUM_THREADS when set, else 1 (torch's one per core, spinning, ran a toy rollout step 40x slower on a "
+        "busy 2-core machine: docs/toy_study.md)")

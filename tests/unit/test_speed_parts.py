@@ -76,3 +76,20 @@ def test_a_failed_write_surfaces_on_the_training_thread():
     with pytest.raises(RuntimeError, match="disk full"):
         writer.flush()
     assert writer.close() == ["later"]
+
+
+def test_a_cpu_run_gets_one_thread_unless_told(monkeypatch):
+    from sage_grpo.cli.train import apply_cpu_thread_policy
+    from sage_grpo.config import TrainConfig, parse_cli
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        assert "CPU threads: 1," in apply_cpu_thread_policy(parse_cli(TrainConfig, ["--device", "cpu"]))
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert "2, from OMP_NUM_THREADS" in apply_cpu_thread_policy(parse_cli(TrainConfig, ["--device", "cpu"]))
+        line = apply_cpu_thread_policy(parse_cli(TrainConfig, ["--device", "cpu", "--cpu_threads", "3"]))
+        assert "3, from --cpu_threads" in line and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
