@@ -39,6 +39,7 @@ ARMS: Dict[str, Dict] = {  # name -> post_train.py settings that differ from con
     "k4": {"num_inner_epochs": 4},
     "window": {"sde_window_size": 4, "sde_window_stride": 2},
     "frac05": {"timestep_fraction": 0.5},
+    "window_frac05": {"sde_window_size": 4, "sde_window_stride": 2, "timestep_fraction": 0.5},
     "k2_window": {"num_inner_epochs": 2, "sde_window_size": 4, "sde_window_stride": 2},
     "k4_frac05": {"num_inner_epochs": 4, "timestep_fraction": 0.5},
     "k2_moving": {"num_inner_epochs": 2, "use_dual_kl": False},
@@ -135,27 +136,35 @@ def report(args) -> None:
         values = [v for v in values if v is not None]
         return statistics.fmean(values) if values else None
 
+    def spread(values, form="{:.0f}", scale=1.0):
+        """'mean ± std' over the seeds that have the value (population std), 'n/a' for none."""
+        values = [v / scale for v in values if v is not None]
+        if not values:
+            return "n/a"
+        text = form.format(statistics.fmean(values))
+        return text + (f" ± {form.format(statistics.pstdev(values))}" if len(values) > 1 else "")
+
     base_cpu, base_flops = mean([r.get("cpu") for r in base]), mean([r.get("flops") for r in base])
     lines = ["| arm | flags | seeds | reached at step | model TFLOPs | CPU s | wall s | CPU vs default | FLOPs vs "
-             "default | manifold error | best 5-step reward |", "|" + "---|" * 11]
+             "default | manifold error (max) | best 5-step reward |", "|" + "---|" * 11]
     for name in [a for a in ARMS if a in results]:
         runs = results[name]
         done = [r for r in runs if r["reached_at_step"] is not None]
-        fmt = lambda v, f="{:.0f}": "n/a" if v is None else f.format(v)  # noqa: E731
         cpu, flops = mean([r.get("cpu") for r in done]), mean([r.get("flops") for r in done])
         reached = ", ".join(str(r["reached_at_step"] or f"not in {len(r['steps'])}") for r in runs)
-        if not done:  # not reached: what the whole run cost, as a lower bound
+        if done:
+            cost = (spread([r["flops"] for r in done], "{:.2f}", 1e12), spread([r["cpu"] for r in done]),
+                    spread([r["wall"] for r in done]), f"{cpu / base_cpu:.2f}x" if base_cpu else "n/a",
+                    f"{flops / base_flops:.2f}x" if base_flops else "n/a",
+                    spread([r["manifold_error"] for r in done], "{:.4f}")
+                    + f" ({max(r['manifold_error'] for r in done):.4f})")
+        else:  # not reached: what the whole run cost, as a lower bound
             spent = [r["steps"][-1] for r in runs]
-            low_cpu, low_flops = mean([s["cum_cpu"] for s in spent]), mean([s["cum_flops"] for s in spent])
-        lines.append(
-            f"| {name} | {' '.join(f'--{k} {v}' for k, v in runs[0]['flags'].items()) or '(demo)'} | "
-            f"{','.join(str(r['seed']) for r in runs)} | {reached} | "
-            f"{fmt(flops and flops / 1e12, '{:.2f}') if done else f'> {low_flops / 1e12:.2f}'} | "
-            f"{fmt(cpu) if done else f'> {low_cpu:.0f}'} | {fmt(mean([r.get('wall') for r in done]))} | "
-            f"{fmt(cpu and base_cpu and cpu / base_cpu, '{:.2f}x')} | "
-            f"{fmt(flops and base_flops and flops / base_flops, '{:.2f}x')} | "
-            f"{fmt(mean([r.get('manifold_error') for r in done]), '{:.4f}')} | "
-            f"{fmt(mean([r['best_5step_reward'] for r in runs]), '{:.3f}')} |")
+            cost = (f"> {mean([s['cum_flops'] for s in spent]) / 1e12:.2f}",
+                    f"> {mean([s['cum_cpu'] for s in spent]):.0f}", "n/a", "n/a", "n/a", "n/a")
+        flags = " ".join(f"--{k} {v}" for k, v in runs[0]["flags"].items()) or "(demo)"
+        lines.append(f"| {name} | {flags} | {','.join(str(r['seed']) for r in runs)} | {reached} | "
+                     + " | ".join(cost) + f" | {spread([r['best_5step_reward'] for r in runs], '{:.3f}')} |")
     Path(args.report).write_text("\n".join(lines) + "\n")
     curves = {"flops": [], "cpu": []}
     for name, runs in results.items():
