@@ -104,7 +104,7 @@ def run_units(plan: EvaluationPlan, scorers, config, rank: int = 0, world_size: 
             scores = scorers(video, prompt)
             record = {"checkpoint": checkpoint.label, "prompt": prompt, "prompt_index": index, "seed": seed,
                       "scores": scores, "sampling_s": sampled_at - start,
-                      "scoring_s": time.perf_counter() - sampled_at, "fingerprint": fingerprint}
+                      "scoring_s": time.perf_counter() - sampled_at, "rank": rank, "fingerprint": fingerprint}
             write_unit(unit_path(plan, checkpoint, prompt, seed), record,
                        frame_strip(video, config.picture_frames, config.picture_height))
             sampled += 1
