@@ -51,6 +51,7 @@ def test_launcher_defaults_yield_to_the_config(tmp_path):
     plain = subprocess.run(["bash", "run_post_train.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                            timeout=60, check=True).stdout
     assert "--sde_type sage_grpo" in plain and "--enable_fsdp" in plain  # without --config: unchanged
-    paper = subprocess.run(["bash", "run_post_train.sh", "--config", str(PAPER[0])], cwd=REPO_ROOT, env=env,
+    dual = REPO_ROOT / "configs" / "paper" / "b_sage_grpo_dual_kl.yaml"
+    paper = subprocess.run(["bash", "run_post_train.sh", "--config", str(dual)], cwd=REPO_ROOT, env=env,
                            capture_output=True, text=True, timeout=60, check=True).stdout
-    assert paper.split(" post_train.py ")[1].strip() == f"--config {PAPER[0]}"  # it sets every reference flag
+    assert paper.split(" post_train.py ")[1].strip() == f"--config {dual}"  # it sets every reference flag
