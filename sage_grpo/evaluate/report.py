@@ -69,7 +69,8 @@ def markdown_table(results: Dict) -> str:
              f"{settings['height']}x{settings['width']}x{settings['video_length']} frames, CFG "
              f"{settings['guidance_scale']}, shift {settings['flow_shift']}, {settings['dtype']}; "
              f"{len(results['prompts'])} prompts x {len(results['seeds'])} seeds {results['seeds']}; "
-             "mean ± standard error over the (prompt, seed) samples. Overall = VQ + MQ + TA.", "",
+             "mean ± standard error over the (prompt, seed) samples."
+             + (" Overall = VQ + MQ + TA." if any(key == "Overall" for key, _ in columns) else ""), "",
              "| Model | " + " | ".join(header for _, header in columns) + " |",
              "|---|" + "---:|" * len(columns)]
     for label, entry in results["checkpoints"].items():
@@ -105,7 +106,8 @@ def side_by_side(plan: EvaluationPlan, strips: Dict, folder: Path) -> List[Path]
         draw.text((6, 4), f"{prompt[:150]}  (seed {plan.seeds[0]})", fill="black")
         for number, (checkpoint, row) in enumerate(zip(plan.checkpoints, rows)):
             y = 20 + number * (height + 4)
-            draw.text((6, y + height // 2 - 6), checkpoint.label[-34:], fill="black")
+            label = checkpoint.label if len(checkpoint.label) <= 34 else "..." + checkpoint.label[-31:]
+            draw.text((6, y + height // 2 - 6), label, fill="black")
             canvas.paste(Image.fromarray(row), (label_width, y))
         path = folder / f"{index:03d}_{sanitize_name(prompt, 40) or 'prompt'}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
