@@ -79,3 +79,15 @@ def test_markdown_is_table2_first():
     assert lines[2] == "| Model | VQ | MQ | TA | Overall | CLIPScore | PickScore | toy_red |"
     assert lines[4].startswith("| base | -0.7500 ± 0.5000 | -0.5900 ± 0.5000 | 1.4100 ± 0.5000 | 0.0700 ± 0.5000 |")
     assert "40 steps" in lines[0]
+
+
+def test_bar_chart_draws_each_bar_in_its_colour(tmp_path):
+    from PIL import Image
+
+    from sage_grpo.plots import COLOURS, BarPanel, plot_bars
+
+    path = plot_bars([BarPanel("VQ", ["base", "run"], [1.0, -0.5], [0.1, 0.0])], tmp_path / "bars.png", columns=1,
+                     panel_width=300, panel_height=260)
+    image = Image.open(path).convert("RGB")
+    colours = {image.getpixel((x, y)) for x in range(image.width) for y in range(40, image.height)}
+    assert COLOURS[0] in colours and COLOURS[1] in colours and image.size[0] == 300
