@@ -81,16 +81,18 @@ from sage_grpo.faults import fault_point
 from sage_grpo.models.geometry import read_model_geometry, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
-from sage_grpo.optim import LRSchedule, build_optimizer
+from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
 from sage_grpo.safe_io import CheckpointError
-from sage_grpo.trackers import ROLLOUT_VIDEOS, VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
-from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
-                                truncate_metrics)
+from sage_grpo.tracking.trackers import ROLLOUT_VIDEOS, VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
+from sage_grpo.tracking.run_dir import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir,
+                                        prune_rollout_media, truncate_metrics)
 from sage_grpo.models.attention import check_attention_backend
-from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, resolve_device, sampler_of
-from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
+from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, resolve_device
+from sage_grpo.pipeline.sampler import sampler_of
+from sage_grpo.plan.memory import placement_of
+from sage_grpo.rewards.setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
@@ -181,7 +183,7 @@ class GRPOTrainer:
 
         self.dims.build_meshes()
         seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
-        self.models: ModelBundle = build_models(cfg, self.kl_mode)
+        self.models: ModelBundle = build_models(cfg, self.kl_mode, placement_of(cfg, resolve_device(cfg)))
         parallelize_models(self.models, self.dims, cfg)
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device

@@ -106,7 +106,7 @@ def test_trainer_refuses_a_missing_backend_before_loading(tiny_root, tmp_path, m
     from sage_grpo import trainer as trainer_module
     from sage_grpo.config import parse_cli
 
-    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode: pytest.fail("models loaded"))
+    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
     cfg = parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run", "--attention_backend", "flash"))
     with pytest.raises(ConfigError, match="--attention_backend: attention backend 'flash' is not usable"):
         trainer_module.GRPOTrainer(cfg)

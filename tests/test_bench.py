@@ -1,4 +1,4 @@
-"""The benchmarks (scripts/benchmark_*.py, sage_grpo/bench*.py; issue 13 item 8, issue 16 item 2): the analytic FLOP
+"""The benchmarks (benchmarks/benchmark_*.py, sage_grpo/bench*.py; issue 13 item 8, issue 16 item 2): the analytic FLOP
 count against torch's FlopCounterMode (one device and one emulated SP rank), the real geometry's size and its refusal
 on the CPU, each dual-stream block's saved bytes against the memory planner's per-block formula, and each script run
 at the smallest size with one repeat, its printed lines parsed."""
@@ -14,8 +14,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from sage_grpo import bench, bench_memory
-from sage_grpo.bench_sp import emulate_sp_rank
+from benchmarks import common as bench, memory as bench_memory
+from benchmarks.sp_emulation import emulate_sp_rank
 from sage_grpo.config import ConfigError
 from sage_grpo.models.attention import install_joint_attention, remove_joint_attention
 
@@ -254,7 +254,8 @@ def test_step_phases_are_the_best_of_the_measured_steps():
 def test_step_memory_lines_against_the_plan():
     """measured / planned is taken against the planner's phase without its runtime overhead (which the CUDA peak
     counter does not see); a phase the plan lacks falls back (reference means: rollout) or says so (encode)."""
-    from sage_grpo.plan import Component, MemoryPlan, Phase, Placement
+    from sage_grpo.models.placement import Placement
+    from sage_grpo.plan.memory import Component, MemoryPlan, Phase
 
     step = _script("benchmark_step")
     gib = 2 ** 30
@@ -331,9 +332,11 @@ def test_generate_variants_name_the_unusable_backends():
 def real_width_root(tmp_path_factory):
     """One real-width checkpoint (1 block, the narrow VAE) shared by the e2e runs below."""
     from sage_grpo.models.real_width import NARROW_VAE_CONFIG, write_real_width_hunyuan
+    from sage_grpo.rewards.tiny import write_tiny_video_reward
 
-    return write_real_width_hunyuan(tmp_path_factory.mktemp("real_width"), num_layers=1,
-                                    vae_config=NARROW_VAE_CONFIG)
+    root = write_real_width_hunyuan(tmp_path_factory.mktemp("real_width"), num_layers=1, vae_config=NARROW_VAE_CONFIG)
+    write_tiny_video_reward(root)
+    return root
 
 
 # 8 video tokens and short text streams: the real width's weights at the smallest activations

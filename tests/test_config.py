@@ -180,7 +180,8 @@ def test_validation_shift_follows_the_model_version_unless_set():
 def test_empty_reward_weights_select_the_fallback_weights():
     """One parser of --reward_weights with the reference's rule: "" is the empty dict, i.e. the reward's fallback
     sub-reward weights (VideoAlign: VQ = MQ = TA = 1), in validation as in the reward plan."""
-    from sage_grpo.rewards import parse_reward_weights, plan_reward_models
+    from sage_grpo.config.reward_weights import parse_reward_weights
+    from sage_grpo.rewards import plan_reward_models
 
     validate_train_config(_cfg(batch_size=4, num_generations=4, reward_weights=""))
     assert parse_reward_weights("") == parse_reward_weights("{}") == {}

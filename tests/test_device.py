@@ -20,12 +20,14 @@ from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, TINY_VIDEO
 
 from sage_grpo import rl, sde
 from sage_grpo.config import TrainConfig
-from sage_grpo.export import export_checkpoint, read_trained_weights
-from sage_grpo.lora import LoraTraining
+from sage_grpo.export.weights import export_checkpoint, read_trained_weights
+from sage_grpo.models.lora import LoraTraining
 from sage_grpo.models.attention import install_joint_attention
-from sage_grpo.models.bundle import build_models, kl_mode_of, sampler_of
+from sage_grpo.models.bundle import build_models, kl_mode_of, resolve_device
+from sage_grpo.pipeline.sampler import sampler_of
+from sage_grpo.plan.memory import placement_of
 from sage_grpo.models.loading import load_transformer
-from sage_grpo.optim import build_optimizer
+from sage_grpo.optim.optimizers import build_optimizer
 from sage_grpo.pipeline import cfg_velocity, step_timesteps
 
 pytestmark = pytest.mark.device
@@ -52,7 +54,7 @@ def assert_on(device: torch.device, *tensors: torch.Tensor) -> None:
 def bundle(request, tiny_root, device):
     """The policy (fp32 masters), the dual-KL reference (in --dtype) and the encoder of a tiny run on ``device``."""
     cfg = tiny_train_config(tiny_root, device, request.param, kl_weight=1e-3, use_dual_kl=True)
-    models = build_models(cfg, kl_mode_of(cfg))
+    models = build_models(cfg, kl_mode_of(cfg), placement_of(cfg, resolve_device(cfg)))
     assert models.device == device and models.policy.dtype == torch.float32
     assert models.reference.dtype == (torch.bfloat16 if request.param == "bf16" else torch.float32)
     assert_on(device, *models.policy.parameters(), *models.reference.parameters(), *models.vae.parameters())
@@ -137,7 +139,7 @@ def lora_run(tiny_root, device, tmp_path_factory):
     """One LoRA update of a --dtype bf16 run (bf16 base, fp32 adapters under bf16 autocast) on the device; the
     model, the peft adapter folder it saved, the prompt embeddings, a latent and the parameters before the update."""
     cfg = tiny_train_config(tiny_root, device, "bf16", use_lora=True, lora_r=4, lora_alpha=8, kl_weight=0.0)
-    models = build_models(cfg, kl_mode_of(cfg))
+    models = build_models(cfg, kl_mode_of(cfg), placement_of(cfg, resolve_device(cfg)))
     assert_on(device, *models.policy.parameters())
     before = {name: param.detach().clone() for name, param in models.policy.named_parameters()}
     sampler = sampler_of(cfg)

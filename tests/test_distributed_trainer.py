@@ -37,7 +37,7 @@ from safetensors.torch import load_file
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.distributed import ParallelDims
 from sage_grpo.models.geometry import read_model_geometry
-from sage_grpo.tracking import read_metrics
+from sage_grpo.tracking.run_dir import read_metrics
 
 pytestmark = pytest.mark.distributed
 

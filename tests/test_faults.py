@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from sage_grpo.faults import FAULT_ENV
 from sage_grpo.safe_io import load_plain
-from sage_grpo.tracking import read_metrics
+from sage_grpo.tracking.run_dir import read_metrics
 
 pytestmark = pytest.mark.e2e
 

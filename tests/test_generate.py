@@ -141,7 +141,7 @@ def test_generate_with_trained_weights(tiny_root, tmp_path):
 
 @pytest.mark.e2e
 def test_make_tiny_checkpoint_and_generate_end_to_end(tmp_path):
-    """The two real entry points as subprocesses (timed by scripts/benchmark_tiny_generate.sh, not here)."""
+    """The two real entry points as subprocesses (timed by benchmarks/benchmark_tiny_generate.sh, not here)."""
     ckpts, video = tmp_path / "ckpts", tmp_path / "cat.mp4"
     made = run_group([sys.executable, "scripts/make_tiny_checkpoint.py", "--output", str(ckpts), "--no_reward"],
                      cwd=REPO_ROOT, timeout=TIMEOUT)
@@ -173,7 +173,7 @@ def _small_config(root, **overrides):
 def test_sharded_dcp_checkpoint_loads_like_the_single_file(tiny_root, tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from sage_grpo.export import read_dcp_state_dict
+    from sage_grpo.export.weights import read_dcp_state_dict
 
     state = load_transformer(tiny_root, dtype=torch.float32).state_dict()
     generator = torch.Generator().manual_seed(1)

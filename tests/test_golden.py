@@ -18,7 +18,7 @@ import torch
 from model_fixtures import tiny_args
 
 from sage_grpo.config import TrainConfig, parse_cli
-from sage_grpo.tracking import PHASE_TIMES, read_metrics
+from sage_grpo.tracking.run_dir import PHASE_TIMES, read_metrics
 from sage_grpo.trainer import GRPOTrainer
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from test_distributed_trainer import (LOSS_ATOL, LOSS_KEYS, METRIC_RTOL, TIMING_
                                       tiny_flags)
 
 from sage_grpo.models.loading import load_transformer
-from sage_grpo.tracking import read_metrics
+from sage_grpo.tracking.run_dir import read_metrics
 
 pytestmark = pytest.mark.distributed
 

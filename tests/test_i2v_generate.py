@@ -57,15 +57,15 @@ def test_generate_matches_diffusers_i2v_pipeline(tiny_i2v_root, tmp_path, monkey
     from diffusers import ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler, HunyuanVideo15ImageToVideoPipeline
     from PIL import Image
 
-    rollout_module = importlib.import_module("sage_grpo.pipeline.rollout")  # the module, not the function
+    vae_module = importlib.import_module("sage_grpo.models.vae")  # the module, not the function
 
     image_file = write_image(tmp_path / "wide.png", 30, 50, seed=3)
     config = _config(tiny_i2v_root, image_path=str(image_file), fixed_size="48x80")
     plan = plan_generation(config)
     generator = VideoGenerator(config, plan)
     decoded = []
-    decode = rollout_module.decode_latents
-    monkeypatch.setattr(rollout_module, "decode_latents", lambda vae, x, **kw: decoded.append(x) or decode(vae, x))
+    decode = vae_module.decode_latents
+    monkeypatch.setattr(vae_module, "decode_latents", lambda vae, x, **kw: decoded.append(x) or decode(vae, x))
     video = generator.render(plan.items[0])
     ours = decoded[0]
     assert video.shape == (3, 5, 48, 80)

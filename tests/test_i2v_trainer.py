@@ -10,7 +10,7 @@ from model_fixtures import tiny_args, write_image
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, video_size
-from sage_grpo.tracking import read_metrics
+from sage_grpo.tracking.run_dir import read_metrics
 from sage_grpo.trainer import GRPOTrainer
 
 TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}

@@ -14,16 +14,17 @@ from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT
 from safetensors.torch import load_file
 
 import post_train
-from sage_grpo import lora
+from sage_grpo.models import lora
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import from_dict, load_yaml
-from sage_grpo.export import export_checkpoint, read_trained_weights
+from sage_grpo.export.weights import export_checkpoint, read_trained_weights
 from sage_grpo.models import load_components, load_transformer
 from sage_grpo.pipeline.generation import GenerationItem, VideoGenerator, plan_generation
 from sage_grpo.pipeline.rollout import draw_initial_noise, latent_shape, rollout, sample_generators
-from sage_grpo.tracking import read_metrics
-from sage_grpo.models.bundle import build_models, kl_mode_of
+from sage_grpo.tracking.run_dir import read_metrics
+from sage_grpo.models.bundle import build_models, kl_mode_of, resolve_device
+from sage_grpo.plan.memory import placement_of
 
 pytestmark = pytest.mark.e2e
 
@@ -168,7 +169,7 @@ def test_lora_references_need_no_second_model(runs, tiny_root, tmp_path):
     values = load_yaml(str(runs / "lora" / "run_config.yaml"))
     values.update(pretrained_lora_path=str(adapter), output_dir=str(tmp_path / "unused"))
     cfg = from_dict(TrainConfig, values)
-    bundle = build_models(cfg, kl_mode_of(cfg))
+    bundle = build_models(cfg, kl_mode_of(cfg), placement_of(cfg, resolve_device(cfg)))
     assert bundle.reference is bundle.policy and bundle.lora is not None and not bundle.lora.anchor_ready
     trained = load_file(str(runs / "lora" / "checkpoint-2" / "transformer" / "model.safetensors"))
     assert all(torch.equal(bundle.trainable_state_dict()[k], v) for k, v in trained.items())  # pretrained_lora_path

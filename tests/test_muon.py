@@ -1,4 +1,4 @@
-"""Muon (sage_grpo/muon.py): torch's math on plain tensors, Newton-Schulz precision by device, fp32 vs bf16 agreement.
+"""Muon (sage_grpo/optim/muon.py): torch's math on plain tensors, Newton-Schulz precision by device, fp32 vs bf16 agreement.
 
 The sharded (FSDP2) behaviour is checked on 2 and 4 processes in tests/distributed_scripts/{two,four}_ranks.py.
 """
@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from sage_grpo.muon import Muon, newton_schulz_dtype, newton_schulz_orthogonalize
+from sage_grpo.optim.muon import Muon, newton_schulz_dtype, newton_schulz_orthogonalize
 
 NS = dict(coefficients=(3.4445, -4.7750, 2.0315), steps=5, eps=1e-7)
 HYPER = dict(lr=2e-2, weight_decay=0.1, momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw")

@@ -12,8 +12,10 @@ from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import parse_size
 from sage_grpo.models import PromptEncoder, load_components
 from sage_grpo.models.loading import load_transformer
-from sage_grpo.pipeline import (bucket_hw, cfg_velocity, decode_latents, latent_shape, replay_step,
-                                resolution_hw, rollout, step_timesteps)
+from sage_grpo.models.resolution import bucket_hw, resolution_hw
+from sage_grpo.models.vae import decode_latents
+from sage_grpo.pipeline import cfg_velocity, latent_shape, replay_step, rollout, step_timesteps
+from sage_grpo.rl.grad_balance import grad_balance_scales
 
 PROMPTS = ["A cat walks on the grass", 'A girl holding a paper with words "Hello, world!"', "A dog runs on a beach"]
 SEEDS = [11, 12, 13]
@@ -171,13 +173,15 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
     """The trainer's reference means and dual KL (trainer.reference_means / policy_update) on a policy that has moved
     away from the base: KL_pos > 0 against the base, exactly 0 once the anchor is refreshed from the policy, when
     policy and reference run at the same precision (bf16: bf16 weights under bf16 autocast)."""
-    from sage_grpo.models.bundle import build_models, kl_mode_of, sampler_of
+    from sage_grpo.models.bundle import build_models, kl_mode_of, resolve_device
+    from sage_grpo.pipeline.sampler import sampler_of
+    from sage_grpo.plan.memory import placement_of
 
     cfg = TrainConfig(pretrained_model_root=str(tiny_root), dtype=precision, master_weight_type=precision,
                       device="cpu", kl_weight=1e-5, enable_gradient_checkpointing=False,
                       vision_num_semantic_tokens=TINY_IMAGE_TOKENS,
                       text_max_length=TINY_TEXT.max_length, byt5_max_length=TINY_TEXT.max_length_2)
-    bundle = build_models(cfg, kl_mode_of(cfg))
+    bundle = build_models(cfg, kl_mode_of(cfg), placement_of(cfg, resolve_device(cfg)))
     noise = torch.Generator().manual_seed(5)
     with torch.no_grad():  # stands in for some optimizer updates
         for param in bundle.policy.parameters():
@@ -292,8 +296,7 @@ def test_sizes_and_resolution_table(tiny_components):
 
 
 def test_the_sampler_is_decided_once():
-    from sage_grpo.models.bundle import sampler_of
-    from sage_grpo.pipeline.sampler import Sampler
+    from sage_grpo.pipeline.sampler import Sampler, sampler_of
 
     cfg = TrainConfig(sde_type="cps", eta=0.7, grpo_sampling_steps=6, infer_flow_shift_video=3.0, cfg_scale=4.0,
                       dtype="bf16", vision_num_semantic_tokens=4, mini_batch_size_per_update=1)
@@ -303,6 +306,6 @@ def test_the_sampler_is_decided_once():
     assert torch.equal(sampler.sigmas, sde.shifted_sigmas(6, 3.0))
     validation = sampler.with_schedule(10, 5.0)
     assert validation.num_steps == 10 and validation.sde_type == "cps" and validation.guidance_scale == 4.0
-    assert torch.equal(sampler.grad_balance_scales(), sde.grad_balance_scales("cps", sampler.sigmas, 0.7))
+    assert torch.equal(sampler.grad_balance_scales(), grad_balance_scales("cps", sampler.sigmas, 0.7))
     with pytest.raises(ValueError):
         Sampler.build("flow_grpo", 0.0, 6, 3.0, 4.0)  # no noise: no log-probability

@@ -1,4 +1,4 @@
-"""Memory placement (issue 13): the ``auto`` rules of ``sage_grpo.plan.resolve_placement``, tiled decoding, text
+"""Memory placement (issue 13): the ``auto`` rules of ``sage_grpo.plan.memory.resolve_placement``, tiled decoding, text
 encoders that visit the compute device only to encode, and reference means batched by
 ``--mini_batch_size_per_update`` (equal to one transition per forward); the process's device, decided once."""
 
@@ -10,9 +10,10 @@ from model_fixtures import TINY_IMAGE_TOKENS
 
 from sage_grpo.config import TrainConfig
 from sage_grpo.models import PromptEncoder
-from sage_grpo.pipeline import decode_latents
+from sage_grpo.models.vae import decode_latents
 from sage_grpo.pipeline.sampler import Sampler
-from sage_grpo.plan import VAE_TILING_PIXELS, Placement, resolve_placement
+from sage_grpo.models.placement import VAE_TILING_PIXELS, Placement
+from sage_grpo.plan.memory import resolve_placement
 
 
 def _placement(sharded=True, **flags) -> Placement:

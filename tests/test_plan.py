@@ -1,4 +1,4 @@
-"""The memory planner (sage_grpo/plan.py): its estimates against bytes measured on the tiny model, its decisions, its
+"""The memory planner (sage_grpo/plan/memory.py): its estimates against bytes measured on the tiny model, its decisions, its
 refusal and its command line.
 
 Tolerances: parameters, optimizer state and gradients are exact (the same formulas count the same tensors);
@@ -20,8 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from sage_grpo.config import ConfigError, TrainConfig
-from sage_grpo import plan as planner
-from sage_grpo.optim import build_optimizer
+from sage_grpo.models.placement import Placement
+from sage_grpo.plan import memory as planner, report as plan_report, sizes as plan_sizes
+from sage_grpo.optim.optimizers import build_optimizer
 from sage_grpo.pipeline.velocity import t2v_model_input
 
 from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT
@@ -97,7 +98,7 @@ def tiny_transformer(tiny_root):
 
 def _plan(cfg, world_size=1, gpu=80.0, per_backward=False, on_cpu=False):
     sizes = planner.sizes_of(cfg)
-    placement = planner.Placement(per_backward, on_cpu, cfg.vae_tiling)
+    placement = Placement(per_backward, on_cpu, cfg.vae_tiling)
     return planner.plan_memory(cfg, sizes, world_size, gpu, placement), sizes
 
 
@@ -121,7 +122,7 @@ def test_sizes_are_the_instantiated_models(tiny_root, tiny_transformer):
 
 def test_released_sizes_are_the_known_counts(tmp_path):
     """No configs under the root: the released models' exact sizes (8.33B, 1.26B, 7.07B, 0.22B, 2.21B)."""
-    sizes = planner.read_model_sizes(str(tmp_path), "480p_t2v", True)
+    sizes = plan_sizes.read_model_sizes(str(tmp_path), "480p_t2v", True)
     t = sizes.transformer
     assert (t.config["num_layers"], t.hidden, t.num_params) == (54, 2048, 8_326_608_160)
     assert sizes.vae_params == 1_260_634_115
@@ -134,10 +135,10 @@ def test_released_sizes_are_the_known_counts(tmp_path):
 def test_weights_optimizer_and_gradient_bytes_are_exact(tiny_root, tiny_transformer, monkeypatch):
     """One backward and one Muon + AdamW step on the tiny transformer: the bytes of its parameters, gradients and
     optimizer state equal the plan's components (fp32, one process, so Z = 1)."""
-    import sage_grpo.muon
+    import sage_grpo.optim.muon
 
     # Newton-Schulz on the 2048x2048 byT5 projection takes seconds in fp32 on the CPU; the state it leaves is the same
-    monkeypatch.setattr(sage_grpo.muon, "newton_schulz_orthogonalize", lambda matrix, *args, **kwargs: matrix.clone())
+    monkeypatch.setattr(sage_grpo.optim.muon, "newton_schulz_orthogonalize", lambda matrix, *args, **kwargs: matrix.clone())
     cfg = tiny_cfg(tiny_root)
     plan, sizes = _plan(cfg)
     model = tiny_transformer
@@ -176,10 +177,10 @@ def test_activation_estimate_matches_saved_tensors(tiny_root, tiny_transformer, 
             measured, weight_casts = saved_activation_bytes(model, inputs, kwargs, weight_shapes)
     finally:
         model.disable_gradient_checkpointing()
-    tokens = planner.video_token_count(sizes, cfg.sample_n_frames, cfg.rollout_height, cfg.rollout_width)
+    tokens = plan_sizes.video_token_count(sizes, cfg.sample_n_frames, cfg.rollout_height, cfg.rollout_width)
     assert tokens == inputs[0, 0].numel()
     bytes_per_element = 2 * planner.AUTOCAST_ACTIVATION_FACTOR if autocast else 4
-    estimate = 2 * bytes_per_element * planner.forward_saved_elements(sizes.transformer, tokens, cfg, 1,
+    estimate = 2 * bytes_per_element * plan_sizes.forward_saved_elements(sizes.transformer, tokens, cfg, 1,
                                                                       checkpointing)
     print(f"activations, checkpointing {checkpointing}, autocast {autocast}: estimate {estimate:.0f} B, measured "
           f"{measured} B, ratio {estimate / measured:.3f}")
@@ -202,11 +203,11 @@ def test_reference_launch_fits_in_80_gb():
     plan = planner.plan_launch(cfg, world_size=8, gpu_memory_gib=80.0)
     assert plan.peak_gib <= 70.0
     # bf16 gathers and trimmed text leave room for the unsharded gradients: one reduction per update
-    assert plan.placement == planner.Placement(reduce_per_backward=False, reference_on_cpu=False, vae_tiling="auto")
+    assert plan.placement == Placement(reduce_per_backward=False, reference_on_cpu=False, vae_tiling="auto")
     train = next(p for p in plan.phases if p.name == "train")
     assert any(c.name.startswith("gradients (unsharded") for c in train.components)
     per_backward = planner.plan_memory(cfg, planner.sizes_of(cfg), 8, 80.0,
-                                       planner.Placement(True, False, "auto"))
+                                       Placement(True, False, "auto"))
     assert per_backward.peak_gib < plan.peak_gib - 20  # the fallback when a larger launch does not fit
 
 
@@ -252,9 +253,9 @@ def test_tiling_and_offloading_lower_their_phases():
     tiled, _ = _plan(dataclasses.replace(cfg, vae_tiling="true"), world_size=8)
     untiled, _ = _plan(dataclasses.replace(cfg, vae_tiling="false"), world_size=8)
     assert _component(tiled, "decode + reward", "VAE decode") < _component(untiled, "decode + reward", "VAE decode") / 2
-    offloaded = planner.plan_memory(cfg, planner.sizes_of(cfg), 8, 80.0, planner.Placement(True, False))
+    offloaded = planner.plan_memory(cfg, planner.sizes_of(cfg), 8, 80.0, Placement(True, False))
     resident = planner.plan_memory(dataclasses.replace(cfg, offload_text_encoders=False), planner.sizes_of(cfg), 8,
-                                   80.0, planner.Placement(True, False))
+                                   80.0, Placement(True, False))
     assert _component(offloaded, "train", "text encoders") == 0
     assert _component(resident, "train", "text encoders") == (7_070_619_136 + planner.sizes_of(cfg).byt5_params) * 2
 
@@ -263,7 +264,7 @@ def test_launch_that_cannot_fit_is_refused_with_the_table(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "8")
     cfg = TrainConfig(sp_size=2, validation_interval=0, gpu_memory_gb=24.0, device="cuda")
     with pytest.raises(ConfigError, match=r"\[memory-plan\].*24\.0 GB.*--ignore_memory_plan true") as err:
-        planner.check_memory_plan(cfg)
+        plan_report.check_memory_plan(cfg)
     assert "| component" in str(err.value) and "| encode (peak) |" in str(err.value)
     assert "no single placement flag is enough" in str(err.value)  # 24 GB is too small whatever the placement
     # a budget in which the reference's shards on the device do not fit and their offload does
@@ -273,13 +274,13 @@ def test_launch_that_cannot_fit_is_refused_with_the_table(monkeypatch):
     roomier = dataclasses.replace(cfg, gpu_memory_gb=budget)
     assert planner.plan_launch(roomier, 8, budget).placement.reference_on_cpu is False  # no --reference_mode_offload
     with pytest.raises(ConfigError, match=r"Fix: use --reference_placement cpu \(peak \d+\.\d GB\)"):
-        planner.check_memory_plan(roomier)
-    assert planner.check_memory_plan(dataclasses.replace(cfg, ignore_memory_plan=True)) is None
-    assert planner.check_memory_plan(dataclasses.replace(cfg, device="cpu")) is None  # no GPU budget on the CPU
+        plan_report.check_memory_plan(roomier)
+    assert plan_report.check_memory_plan(dataclasses.replace(cfg, ignore_memory_plan=True)) is None
+    assert plan_report.check_memory_plan(dataclasses.replace(cfg, device="cpu")) is None  # no GPU budget on the CPU
 
 
 def test_command_line_ends_with_the_peak(tiny_root, capsys):
-    planner.main(["--world_size", "1", "--gpu_memory_gb", "1", "--pretrained_model_root", str(tiny_root),
+    plan_report.main(["--world_size", "1", "--gpu_memory_gb", "1", "--pretrained_model_root", str(tiny_root),
                   "--sp_size", "1", "--batch_size", "2", "--num_generations", "2", "--sample_n_frames", "5",
                   "--rollout_height", "16", "--rollout_width", "16", "--text_max_length", "16", "--byt5_max_length",
                   "8", "--vision_num_semantic_tokens", "4", "--reward_model", "target_color",
@@ -295,7 +296,7 @@ def test_command_line_ends_with_the_peak(tiny_root, capsys):
 
 def test_command_line_rejects_a_bad_layout(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        planner.main(["--world_size", "6", "--sp_size", "4", "--validation_interval", "0"])
+        plan_report.main(["--world_size", "6", "--sp_size", "4", "--validation_interval", "0"])
     assert exit_info.value.code == 2
     assert "sp-divides-world" in capsys.readouterr().err
 
@@ -350,7 +351,7 @@ def test_vae_decode_estimate_matches_the_live_bytes(tiny_components, tiled):
     finally:
         for name, value in saved.items():
             setattr(vae, name, value)
-    estimate = planner.vae_decode_bytes(config, frames, height, width, 4, tiled, tile=32)
+    estimate = plan_sizes.vae_decode_bytes(config, frames, height, width, 4, tiled, tile=32)
     print(f"VAE decode, tiled {tiled}: estimate {estimate:.0f} B, measured {tracker.peak} B, "
           f"ratio {estimate / tracker.peak:.3f}")
     assert abs(estimate / tracker.peak - 1) <= ACTIVATION_TOLERANCE

@@ -20,7 +20,7 @@ NARROW = dict(REAL_TRANSFORMER_CONFIG, num_attention_heads=2, attention_head_dim
 
 def _write(root, seed=0):
     return write_real_width_hunyuan(root, num_layers=2, vae_config=NARROW_VAE_CONFIG, seed=seed,
-                                    transformer_config=NARROW, reward=False)
+                                    transformer_config=NARROW)
 
 
 def _tensors(folder):
@@ -70,7 +70,7 @@ def test_a_seed_gives_identical_files(tmp_path):
 def test_planner_reads_the_reduced_depth(tmp_path):
     """read_model_sizes takes the transformer and VAE sizes from the written configs: the parameters of the loaded
     models, not the released 8.33B and 1.26B."""
-    from sage_grpo.plan import read_model_sizes
+    from sage_grpo.plan.sizes import read_model_sizes
 
     root = _write(tmp_path / "a")
     sizes = read_model_sizes(str(root), layout.DEFAULT_TRANSFORMER_VERSION, False)

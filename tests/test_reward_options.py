@@ -27,14 +27,14 @@ from sage_grpo.rewards.toys import ToySuiteReward
 from sage_grpo.rewards.videoalign import VideoAlignReward
 from sage_grpo.rewards.videoalign_inputs import FrameSampler, SamplingOverrides
 from sage_grpo.rl import RewardAggregation, group_advantages, local_advantages
-from sage_grpo.trainer_setup import check_reward_config
+from sage_grpo.rewards.setup import check_reward_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["A cat walks on the grass.", "The camera pans over a city at night."]
 
 
 def _benchmark_script():
-    """scripts/benchmark_videoalign_preprocess.py, which keeps the old preprocessing path as the reference."""
+    """benchmarks/benchmark_videoalign_preprocess.py, which keeps the old preprocessing path as the reference."""
     path = REPO_ROOT / "scripts" / "benchmark_videoalign_preprocess.py"
     spec = importlib.util.spec_from_file_location("benchmark_videoalign_preprocess", path)
     module = importlib.util.module_from_spec(spec)

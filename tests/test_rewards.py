@@ -467,7 +467,7 @@ def test_builtin_metric_table_matches_the_callables():
     assert VIDEOALIGN_METRICS == VideoAlignReward.metric_names
     assert sorted(BUILTIN_REWARDS) == ["brightness", "target_color", "temporal_smoothness", "toy_large", "toy_red",
                                        "toy_redness", "toy_suite", "videoalign_local"]
-    from sage_grpo.toy.rewards import TOY_REWARDS
+    from sage_grpo.rewards.toys import TOY_REWARDS
 
     for name, cls in TOY_REWARDS.items():
         assert BUILTIN_REWARDS[name].metric_names == cls.metric_names

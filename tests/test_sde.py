@@ -7,12 +7,11 @@ import torch
 from sage_grpo.sde import (
     SDE_TYPES,
     check_schedule,
-    grad_balance_scales,
-    grad_norm_proxies,
     shifted_sigmas,
     step,
     timesteps_from_sigmas,
 )
+from sage_grpo.rl.grad_balance import grad_balance_scales, grad_norm_proxies
 
 ETA = 0.5
 SIGMAS = shifted_sigmas(20, 5.0)

@@ -11,7 +11,7 @@ from sage_grpo import sde
 from sage_grpo.toy import world
 from sage_grpo.toy.analytic import GaussianMixture, noise_std_per_step, terminal_errors
 from sage_grpo.toy.manifold import fit_manifold, prompt_adherence
-from sage_grpo.toy.rewards import ToyLargeReward, ToyRednessReward
+from sage_grpo.rewards.toys import ToyLargeReward, ToyRednessReward
 
 ON_MANIFOLD_MAX = 0.003  # measured: <= 0.0015 on 32 random videos (RMS in [0, 1] pixel units)
 
@@ -162,7 +162,7 @@ def test_grpo_raises_a_toy_reward_in_a_few_steps(reduced_toy, tmp_path):
     reward's last two steps above its first two (on this barely trained model the trust region is off: the point is
     that the toy reward path trains, not that it stays on the manifold)."""
     import post_train
-    from sage_grpo.tracking import read_metrics
+    from sage_grpo.tracking.run_dir import read_metrics
 
     root, _ = reduced_toy
     out = tmp_path / "run"

@@ -16,9 +16,9 @@ from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
-from sage_grpo.trackers import (RUN_IDS_FILE, LoggedVideo, TensorBoardTracker, TrackerRun, check_report_to,
+from sage_grpo.tracking.trackers import (RUN_IDS_FILE, LoggedVideo, TensorBoardTracker, TrackerRun, check_report_to,
                                 parse_report_to, start_trackers)
-from sage_grpo.tracking import MetricsLogger, read_metrics
+from sage_grpo.tracking.run_dir import MetricsLogger, read_metrics
 from sage_grpo.trainer import GRPOTrainer
 from sage_grpo.video_io import write_video
 
@@ -135,7 +135,7 @@ def test_missing_tracker_package_names_the_install(monkeypatch, name):
 @pytest.mark.e2e
 def test_missing_tracker_package_fails_before_any_model_loads(tiny_root, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
-    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode: pytest.fail("models loaded"))
+    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
     with pytest.raises(ConfigError, match="pip install wandb"):
         GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run", "--report_to", "wandb")))
     assert not (tmp_path / "run").exists()

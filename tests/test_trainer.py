@@ -10,7 +10,7 @@ from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
-from sage_grpo.tracking import read_metrics
+from sage_grpo.tracking.run_dir import read_metrics
 from sage_grpo.trainer import GRPOTrainer
 
 pytestmark = pytest.mark.e2e
@@ -140,7 +140,7 @@ def test_run_directory_contents(tiny_root, tmp_path):
     (["--batch_size", "3"], "groups-fill-the-step"),
 ])
 def test_errors_before_any_model_loads(tiny_root, tmp_path, monkeypatch, extra, match):
-    def no_models(cfg, kl_mode):
+    def no_models(cfg, kl_mode, placement):
         raise AssertionError("models must not load when the configuration is invalid")
 
     monkeypatch.setattr(trainer_module, "build_models", no_models)
@@ -151,6 +151,6 @@ def test_errors_before_any_model_loads(tiny_root, tmp_path, monkeypatch, extra, 
 def test_output_dir_holding_another_run_is_refused(tiny_root, tmp_path, monkeypatch):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "run_config.yaml").write_text("seed: 1\n")
-    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode: pytest.fail("models loaded"))
+    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
     with pytest.raises(ConfigError, match="already holds a run"):
         make_trainer(tiny_root, tmp_path / "run")

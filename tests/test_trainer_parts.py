@@ -11,11 +11,11 @@ from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.data import GroupedPromptSampler, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import ParallelDims
-from sage_grpo.optim import LRSchedule, MuonWithAdamW, build_optimizer
+from sage_grpo.optim.optimizers import LRSchedule, MuonWithAdamW, build_optimizer
 from sage_grpo.rl import AdaptiveKLController, MovingAnchorSchedule
 from sage_grpo.safe_io import UnsafeFileError, load_plain
-from sage_grpo.trackers import TensorBoardTracker, TrackerRun
-from sage_grpo.tracking import MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics, tensorboard_tag
+from sage_grpo.tracking.trackers import TensorBoardTracker, TrackerRun
+from sage_grpo.tracking.run_dir import MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics, tensorboard_tag
 from sage_grpo.trainer import GRPOTrainer
 
 

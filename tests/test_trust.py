@@ -17,10 +17,10 @@ from sage_grpo.checkpoint import write_checkpoint_files
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, to_dict
 from sage_grpo.config.schema import from_dict
 from sage_grpo.data import read_prompt_csvs
-from sage_grpo.export import read_dcp_state_dict
+from sage_grpo.export.weights import read_dcp_state_dict
 from sage_grpo.rewards import build_reward_fn, import_object
 from sage_grpo.safe_io import CheckpointError, UnsafeFileError, dcp_load, load_plain, read_dcp_metadata
-from sage_grpo.tracking import read_metrics, truncate_metrics
+from sage_grpo.tracking.run_dir import read_metrics, truncate_metrics
 from sage_grpo.trainer import GRPOTrainer
 
 
@@ -156,7 +156,7 @@ def test_plugins_need_the_reward_plugin_mark(tmp_path, monkeypatch, marker):
 
 
 def test_a_config_naming_popen_is_refused_before_models_load(tmp_path, monkeypatch, marker):
-    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode: pytest.fail("models loaded"))
+    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
     config = tmp_path / "evil.yaml"
     config.write_text(yaml.safe_dump({"reward_model": "subprocess:Popen", "reward_weights": "{}",
                                       "reward_kwargs": f'{{"args": "touch {marker}", "shell": true}}'}))
@@ -172,7 +172,7 @@ def test_a_config_naming_popen_is_refused_before_models_load(tmp_path, monkeypat
 @pytest.fixture
 def no_models(monkeypatch):
     monkeypatch.setattr(trainer_module, "build_models",
-                        lambda cfg, kl_mode: pytest.fail("models loaded although the input is invalid"))
+                        lambda cfg, kl_mode, placement: pytest.fail("models loaded although the input is invalid"))
 
 
 def _csv(tmp_path, text: bytes) -> str:

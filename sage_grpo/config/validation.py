@@ -9,6 +9,7 @@ import math
 import re
 from typing import Dict, List, Optional, Tuple
 
+from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
 
 
@@ -175,10 +176,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
 
 
 def _check_reward_weights(text: str) -> None:
-    """``--reward_weights`` through the reward registry's parser, the one that also builds the reward (imported here
-    because the registry imports torch and this package must not)."""
-    from sage_grpo.rewards.registry import parse_reward_weights
-
+    """``--reward_weights`` through the one parser of the flag, the one the reward registry builds with."""
     try:
         parse_reward_weights(text)
     except ValueError as err:

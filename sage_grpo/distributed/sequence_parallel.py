@@ -76,7 +76,8 @@ def _all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup, sp: int) ->
     return torch.cat(stacked.chunk(sp, dim=0), dim=dim)
 
 
-def _local_chunk(x: torch.Tensor, dim: int, sp: int, sp_rank: int) -> torch.Tensor:
+def local_chunk(x: torch.Tensor, dim: int, sp: int, sp_rank: int) -> torch.Tensor:
+    """Rank ``sp_rank``'s contiguous chunk of ``x`` along ``dim`` (the token count checked divisible by ``sp``)."""
     check_sequence_parallel_tokens(x.shape[dim], sp)
     return x.chunk(sp, dim=dim)[sp_rank]
 
@@ -97,14 +98,13 @@ class UlyssesAttnProcessor:
                  image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
         if encoder_hidden_states is None:
             raise ValueError("UlyssesAttnProcessor serves HunyuanVideo-1.5 joint attention; text tokens are required")
-        sp, group = self.sp_size, self.group
-        heads_local = attn.heads // sp
+        heads_local = attn.heads // self.sp_size
 
         # Image stream: local tokens, all heads (RoPE rows were sharded to match by the rope hook); text stream:
         # replicated tokens, of which this rank keeps the head slice it receives for the image stream.
         (query, key, value), (text_q, text_k, text_v) = joint_projections(attn, hidden_states, encoder_hidden_states,
                                                                           image_rotary_emb)
-        query, key, value = (_seq_to_heads(t, group, sp) for t in (query, key, value))  # (B, N, H/sp, D)
+        query, key, value = (self.seq_to_heads(t) for t in (query, key, value))  # (B, N, H/sp, D)
         num_image_tokens = query.shape[1]
         heads = slice(self.sp_rank * heads_local, (self.sp_rank + 1) * heads_local)
         query = torch.cat([query, text_q[:, :, heads]], dim=1)
@@ -115,11 +115,21 @@ class UlyssesAttnProcessor:
         out = dispatch(query, key, value, key_padding_mask(attention_mask, num_image_tokens), self._attention_backend)
         out = out.to(query.dtype)  # (B, N + L, H/sp, D)
 
-        image_out = _heads_to_seq(out[:, :num_image_tokens], group, sp).flatten(2, 3)  # (B, N/sp, H*D)
+        image_out = self.heads_to_seq(out[:, :num_image_tokens]).flatten(2, 3)  # (B, N/sp, H*D)
         image_out = attn.to_out[1](attn.to_out[0](image_out))
-        text_out = _all_gather(out[:, num_image_tokens:], 2, group, sp).flatten(2, 3)  # (B, L, H*D)
+        text_out = self.gather_heads(out[:, num_image_tokens:]).flatten(2, 3)  # (B, L, H*D)
         text_out = attn.to_add_out(text_out)
         return image_out, text_out
+
+    # The three collectives, one method each (benchmarks/sp_emulation.py replaces them by local copies).
+    def seq_to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return _seq_to_heads(x, self.group, self.sp_size)
+
+    def heads_to_seq(self, x: torch.Tensor) -> torch.Tensor:
+        return _heads_to_seq(x, self.group, self.sp_size)
+
+    def gather_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return _all_gather(x, 2, self.group, self.sp_size)
 
 
 @dataclass
@@ -152,10 +162,10 @@ def apply_sequence_parallel(transformer: torch.nn.Module, sp_group: Optional[dis
     handles = [
         # (B, N, C) -> (B, N/sp, C)
         transformer.x_embedder.register_forward_hook(
-            lambda module, args, out: _local_chunk(out, 1, sp, sp_rank)),
+            lambda module, args, out: local_chunk(out, 1, sp, sp_rank)),
         # (cos, sin), each (N, D) -> (N/sp, D)
         transformer.rope.register_forward_hook(
-            lambda module, args, out: tuple(_local_chunk(t, 0, sp, sp_rank) for t in out)),
+            lambda module, args, out: tuple(local_chunk(t, 0, sp, sp_rank) for t in out)),
         # (B, N/sp, C_out) -> (B, N, C_out) on every rank
         transformer.proj_out.register_forward_hook(
             lambda module, args, out: _all_gather(out, 1, sp_group, sp)),

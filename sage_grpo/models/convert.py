@@ -279,7 +279,7 @@ def _save(model: torch.nn.Module, state: StateDict, folder: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- components
 def _resolution(version: str) -> str:
-    from sage_grpo.pipeline.resolution import RESOLUTION_BUCKET_BASE
+    from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE
 
     resolution = version.split("_")[0]
     if resolution not in RESOLUTION_BUCKET_BASE:
@@ -290,7 +290,7 @@ def _resolution(version: str) -> str:
 
 def transformer_config(reference: Dict, state: StateDict, version: str) -> Dict:
     """diffusers' ``HunyuanVideo15Transformer3DModel`` config from Tencent's config.json and the weights' shapes."""
-    from sage_grpo.pipeline.resolution import RESOLUTION_BUCKET_BASE
+    from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE
 
     needed = ("hidden_size", "heads_num", "mm_double_blocks_depth", "rope_dim_list", "patch_size", "text_states_dim",
               "vision_states_dim", "mlp_width_ratio")

@@ -38,7 +38,8 @@ from tqdm.auto import tqdm
 
 from sage_grpo import sde
 from sage_grpo.models.text_encoding import PromptEmbeds
-from sage_grpo.pipeline.resolution import bucket_hw
+from sage_grpo.models.vae import decode_latents
+from sage_grpo.models.resolution import bucket_hw
 from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS, cfg_velocity, step_timesteps
 
 DEFAULT_HEIGHT, DEFAULT_WIDTH = bucket_hw(480)  # 352 x 624
@@ -81,28 +82,6 @@ def sample_generators(seeds: Sequence[int]) -> List[torch.Generator]:
 def draw_initial_noise(generators: Sequence[torch.Generator], shape: Sequence[int]) -> Tensor:
     """(B, *shape) fp32 standard normal noise on the CPU, one row per generator."""
     return torch.stack([torch.randn(tuple(shape), generator=g, dtype=torch.float32) for g in generators])
-
-
-@torch.no_grad()
-def decode_latents(vae, latents: Tensor, *, tiling: Optional[bool] = None) -> Tensor:
-    """(B, C, T, h, w) latents -> (B, 3, F, H, W) float video in [0, 1] on the CPU, one sample at a time.
-
-    ``tiling``: decode tile by tile (diffusers' overlapping spatial tiles, blended; bounded memory at real sizes) or
-    not; None leaves the VAE's own setting. The VAE's setting is restored afterwards.
-    """
-    saved = getattr(vae, "use_tiling", None)
-    if tiling is not None:
-        vae.use_tiling = bool(tiling)
-    try:
-        videos = []
-        for latent in latents:
-            scaled = latent[None].to(vae.dtype) / vae.config.scaling_factor  # divided ONCE (reference: twice)
-            decoded = vae.decode(scaled, return_dict=False)[0]
-            videos.append((decoded.float() / 2 + 0.5).clamp(0, 1).cpu())
-    finally:
-        if tiling is not None:
-            vae.use_tiling = saved
-    return torch.cat(videos)
 
 
 def _per_step_flags(deterministic: Union[bool, Sequence[bool]], num_steps: int) -> List[bool]:

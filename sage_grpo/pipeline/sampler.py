@@ -14,10 +14,13 @@ import torch
 from torch import Tensor
 
 from sage_grpo import sde
+from sage_grpo.config import TrainConfig
+from sage_grpo.dtypes import autocast_dtype_of
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.pipeline.replay import replay_step
 from sage_grpo.pipeline.rollout import RolloutOutput, rollout
 from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS
+from sage_grpo.rl.grad_balance import grad_balance_scales
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Sampler:
 
     def grad_balance_scales(self) -> Tensor:
         """The gradient-norm equalizer's (N,) per-step scales for this SDE, η and schedule."""
-        return sde.grad_balance_scales(self.sde_type, self.sigmas, self.eta)
+        return grad_balance_scales(self.sde_type, self.sigmas, self.eta)
 
     def rollout(self, transformer, vae, embeds: PromptEmbeds, seeds: Sequence[int], *, num_frames: int, height: int,
                 width: int, deterministic: Union[bool, Sequence[bool]] = False,
@@ -82,3 +85,12 @@ class Sampler:
                               steps.to(device), embeds.select(rows.tolist()).to(device))
             means[rows, steps] = out.mean.float().cpu()
         return means
+
+
+def sampler_of(cfg: TrainConfig) -> Sampler:
+    """The rollout sampler of the run: ``--sde_type``, ``--eta``, ``--grpo_sampling_steps`` on the
+    ``--infer_flow_shift_video`` schedule, ``--cfg_scale``; built once, before any model loads (a schedule the SDE
+    cannot use is refused here)."""
+    return Sampler.build(cfg.sde_type, cfg.eta, cfg.grpo_sampling_steps, cfg.infer_flow_shift_video, cfg.cfg_scale,
+                         autocast_dtype=autocast_dtype_of(cfg), num_image_tokens=cfg.vision_num_semantic_tokens,
+                         micro_batch_size=cfg.mini_batch_size_per_update)

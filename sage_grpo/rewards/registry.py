@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -46,9 +45,11 @@ from pathlib import Path
 
 import torch
 
+from sage_grpo.config.reward_weights import json_dict, number_dict, parse_reward_weights
+
 from .base import RewardFn, metric_names_of, score_with_fallback
 from .remote import RemoteReward, RemoteSettings
-from .toys import BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
+from .toys import TOY_REWARDS, BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
 from .videoalign_inputs import SamplingOverrides
 
 DEFAULT_VIDEOALIGN_WEIGHTS = {"VQ": 0.5, "MQ": 0.5, "TA": 1.0}  # reference --reward_weights default
@@ -107,10 +108,9 @@ BUILTIN_REWARDS: dict[str, RewardSpec] = {
 
 
 def _toy_world_spec(name: str) -> RewardSpec:
-    """A toy-world reward (``sage_grpo.toy.rewards``): its score is the GRPO reward, the diagnostics weigh 0."""
+    """A toy-world reward (:data:`sage_grpo.rewards.toys.TOY_REWARDS`): its score is the GRPO reward, the diagnostics
+    weigh 0."""
     def build(ctx: RewardContext, kwargs: dict) -> RewardFn:
-        from sage_grpo.toy.rewards import TOY_REWARDS
-
         return TOY_REWARDS[name](**kwargs)
 
     metrics = (name, "manifold_error", "prompt_adherence")
@@ -268,38 +268,6 @@ def make_reward(name: str, ctx: RewardContext, kwargs: dict | None = None) -> Re
     return _instantiate(target, kwargs, name)
 
 
-def _json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
-    """A dict given directly or as a JSON string (an empty string is an empty dict)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{label} is not valid JSON ({exc}): {value!r}; e.g. '{example}'") from exc
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{label} must be a dict (or its JSON), got {value!r}; e.g. '{example}'")
-    return value
-
-
-def parse_reward_weights(value: Mapping | str | None) -> dict[str, float] | None:
-    """``--reward_weights`` as a dict of metric -> weight (JSON strings are parsed); None stays None.
-
-    The one parser of the flag (config validation calls it too). An empty string is the empty dict, which selects
-    the model's fallback weights (the reference's rule, see :func:`build_reward_fn`); None its default weights.
-    """
-    if value is None:
-        return None
-    return _number_dict(_json_dict(value, "reward_weights", '{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}'), "reward_weights")
-
-
-def _number_dict(value: Mapping, label: str) -> dict[str, float]:
-    out = {}
-    for key, weight in value.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ValueError(f"{label}[{key!r}] must be a number, got {weight!r}")
-        out[str(key)] = float(weight)
-    return out
-
-
 def _validate_entry(name: str, entry) -> dict:
     if not isinstance(entry, Mapping):
         raise ValueError(f"reward model entry {name!r} must be a dict like {{'weight': 1.0}}, got {entry!r}")
@@ -308,7 +276,7 @@ def _validate_entry(name: str, entry) -> dict:
         raise ValueError(
             f"reward model entry {name!r} needs 'weight' and may have {ENTRY_KEYS[1:]}; got keys {sorted(entry)}"
         )
-    weight = _number_dict({"weight": entry["weight"]}, name)["weight"]
+    weight = number_dict({"weight": entry["weight"]}, name)["weight"]
     sub_reward = entry.get("sub_reward")
     if sub_reward is not None and not isinstance(sub_reward, Mapping):
         raise ValueError(f"'sub_reward' of {name!r} must be a dict metric -> weight, got {sub_reward!r}")
@@ -318,7 +286,7 @@ def _validate_entry(name: str, entry) -> dict:
     _check_json_data(kwargs, f"'kwargs' of {name!r}")
     return {
         "weight": weight,
-        "sub_reward": _number_dict(sub_reward, f"{name}.sub_reward") if sub_reward is not None else None,
+        "sub_reward": number_dict(sub_reward, f"{name}.sub_reward") if sub_reward is not None else None,
         "kwargs": dict(kwargs),
     }
 
@@ -465,9 +433,9 @@ def plan_reward_models(
         sub_reward = spec.empty_weights if spec else None
     else:
         sub_reward = weights
-    kwargs = _json_dict(reward_kwargs or {}, "reward_kwargs", '{"target_rgb": [0.0, 0.0, 1.0]}')
+    kwargs = json_dict(reward_kwargs or {}, "reward_kwargs", '{"target_rgb": [0.0, 0.0, 1.0]}')
     entries = {name: {"weight": 1.0, "sub_reward": sub_reward, "kwargs": kwargs}}
-    entries.update(_json_dict(extra_models or {}, "extra_models", '{"temporal_smoothness": {"weight": 0.5}}'))
+    entries.update(json_dict(extra_models or {}, "extra_models", '{"temporal_smoothness": {"weight": 0.5}}'))
     models = {model: _validate_entry(model, entry) for model, entry in entries.items()}
     if len(models) == 1 and abs(models[name]["weight"] - 1.0) > 1e-6:
         raise ValueError(

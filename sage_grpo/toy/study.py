@@ -29,7 +29,7 @@ from sage_grpo.config.validation import validation_flow_shift
 from sage_grpo.models.loading import load_transformer
 from sage_grpo.pipeline.replay import replay_step
 from sage_grpo.pipeline.rollout import rollout
-from sage_grpo.tracking import manifold_error_key, read_metrics, summarize_run
+from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics, summarize_run
 from sage_grpo.toy.manifold import fit_manifold, prompt_adherence
 
 KL_YARDSTICK = ("sage_grpo", 0.5)  # the common SDE under which every run's KL to the pretrained model is measured

@@ -15,7 +15,7 @@ from common import (Report, build_transformer, forward, grad_pairs, loss_of, mak
 from sage_grpo.distributed import (ParallelDims, all_gather_in_group, all_gather_world, apply_fsdp,
                                    apply_sequence_parallel, average_gradients, broadcast_from_sp_leader,
                                    broadcast_object_from_sp_leader, init_distributed, mean_over_world)
-from sage_grpo.muon import Muon
+from sage_grpo.optim.muon import Muon
 
 
 def gathered(values) -> list:

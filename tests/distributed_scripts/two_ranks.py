@@ -14,7 +14,7 @@ from sage_grpo.config.validation import ConfigError
 from sage_grpo.distributed import (GradientReductionCounter, ParallelDims, apply_fsdp,
                                    apply_sequence_parallel, average_gradients, gradient_sync, init_distributed,
                                    remove_sequence_parallel)
-from sage_grpo.muon import Muon
+from sage_grpo.optim.muon import Muon
 
 
 def check_sequence_parallel(report: Report, env) -> None:

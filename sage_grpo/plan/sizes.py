@@ -1,4 +1,4 @@
-"""Sizes the memory plan (:mod:`sage_grpo.plan`) counts: the parameters of every model a run loads, and the elements
+"""Sizes the memory plan (:mod:`sage_grpo.plan.memory`) counts: the parameters of every model a run loads, and the elements
 of the activations and the VAE decode, as formulas of the configuration.
 
 **Model sizes** are exact: each model is instantiated on the ``meta`` device (no memory) from the configs under
@@ -10,7 +10,7 @@ Qwen2.5-VL-7B text model, 7.07B; the byT5-small glyph encoder, 0.22B; VideoAlign
 the samples per call), save by save: :func:`block_saved_elements` for one dual-stream block,
 :func:`checkpointed_block_elements` for one under activation checkpointing, :func:`outside_saved_elements` for the
 embedders and output layers, :func:`no_grad_block_elements` for a no-grad forward; :func:`vae_decode_bytes` is the
-peak of a VAE decode. The symbols are those of :mod:`sage_grpo.plan`'s docstring.
+peak of a VAE decode. The symbols are those of :mod:`sage_grpo.plan.memory`'s docstring.
 """
 
 import functools
@@ -269,10 +269,6 @@ def no_grad_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: 
 
 
 # ====================================================================== VAE decode
-
-def decoded_pixels(num_frames: int, height: int, width: int) -> int:
-    return num_frames * height * width
-
 
 def vae_decode_bytes(vae_config: Dict, frames: int, height: int, width: int, dtype_bytes: int, tiled: bool,
                      tile: int = VAE_TILE_PIXELS) -> float:

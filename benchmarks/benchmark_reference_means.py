@@ -1,7 +1,7 @@
 """Time the KL reference's means of one step's rollout, one transition per forward against
 ``--mini_batch_size_per_update`` transitions per forward (issue 13, item 6).
 
-    python scripts/benchmark_reference_means.py [--geometry toy|tiny] [--batch 2] [--steps 16] [--mini_batch 4]
+    python benchmarks/benchmark_reference_means.py [--geometry toy|tiny] [--batch 2] [--steps 16] [--mini_batch 4]
 
 Writes a random-weight checkpoint of the real classes (the toy world's geometry by default: 2 blocks of width 64,
 latents of 4x5x16x16 for the default 17 frames of 64x64) into a temporary directory, and times ``Sampler.transition_means`` on B x N stored transitions

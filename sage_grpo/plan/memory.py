@@ -3,15 +3,16 @@ leave to it.
 
     python -m sage_grpo.plan --world_size 8 --gpu_memory_gb 80 <post_train.py flags>
 
-prints the per-GPU bytes by component for each phase of a step, the largest ``--batch_size``,
-``--mini_batch_size_per_update`` and ``--sample_n_frames`` that fit, and ends with ``peak per GPU: <GB> GB``.
+prints (:mod:`sage_grpo.plan.report`) the per-GPU bytes by component for each phase of a step, the largest
+``--batch_size``, ``--mini_batch_size_per_update`` and ``--sample_n_frames`` that fit, and ends with
+``peak per GPU: <GB> GB``.
 ``post_train.py`` runs the same plan before any model loads on CUDA devices and refuses a launch that does not fit
 (``--ignore_memory_plan true`` goes on).
 
 Units: GB here is 2^30 bytes, the unit ``torch.cuda`` reports (an "80 GB" H100 holds 79.2 of them).
 
 **Model sizes** are exact (counted on the ``meta`` device) and the activation and decode formulas are counted save
-by save, in :mod:`sage_grpo.plan_sizes`; this module turns them into bytes per GPU and decides the placements.
+by save, in :mod:`sage_grpo.plan.sizes`; this module turns them into bytes per GPU and decides the placements.
 
 **Symbols** (per GPU): P transformer parameters, P_g those that get a gradient (all but the last block's unused
 text-stream outputs), P_mat the trained 2-D matrices (Muon), P_blk one dual-stream block, P_root
@@ -28,7 +29,7 @@ momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients 
 unsharded fp32 held across an update's backwards (``per_update``); FSDP's gathered units in flight P_root·g +
 2·P_blk·g (the unit computing and the one prefetched) plus one block's unsharded fp32 gradient; autocast copies
 P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under
-autocast on fp32 weights; activations per block (:func:`~sage_grpo.plan_sizes.block_saved_elements`, counted save
+autocast on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save
 by save and checked against the tensors autograd saves on the tiny model, ``tests/test_plan.py``); the reference's
 bf16 shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while
 encoding when offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP
@@ -42,33 +43,28 @@ stay on the device when the plan fits with them there (no host transfers), else 
 ``--reference_mode_offload`` allows it (the reference's own switch for offloading; without it the plan reports that
 the launch does not fit and names ``--reference_placement cpu``); then gradients are reduced once per update when the
 plan still fits with the unsharded fp32 gradients held, else after every backward. Tiling: ``--vae_tiling auto``
-tiles decodes above :data:`VAE_TILING_PIXELS`. On a CPU device there is no GPU budget: a sharded full fine-tune
+tiles decodes above
+:data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. On a CPU device there is no GPU budget: a sharded full fine-tune
 reduces per backward and the reference stays where the model is.
 """
 
-import argparse
 import dataclasses
 import os
-import sys
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli, validate_train_config
+from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import rollout_size, validation_size
-from sage_grpo.plan_sizes import (  # noqa: F401 (re-exported: sage_grpo.plan stays the planner's one import)
-    BYT5_PROJECTION_WIDTH, REAL_BYT5_CONFIG, REAL_REWARD_CONFIG, REAL_TEXT_ENCODER_CONFIG, VAE_DECODE_LIVE_TENSORS,
-    VAE_TILE_OVERLAP, VAE_TILE_PIXELS, ModelSizes, TransformerSizes, block_saved_elements, checkpointed_block_elements,
-    decoded_pixels, forward_saved_elements, no_grad_block_elements, outside_saved_elements, read_model_sizes,
-    text_token_count, training_activation_elements, transformer_sizes, vae_decode_bytes, video_token_count)
+from sage_grpo.models.placement import Placement
+from sage_grpo.plan.sizes import (ModelSizes, no_grad_block_elements, read_model_sizes,
+                                  text_token_count, training_activation_elements, vae_decode_bytes, video_token_count)
 
 GIB = 2 ** 30
 MARGIN = 0.10  # share of the GPU the auto decisions leave free: allocator fragmentation, NCCL buffers, the unplanned
 RUNTIME_OVERHEAD_GIB = 2.0  # CUDA context (~0.5 GB), NCCL/gloo buffers and the caching allocator's slack
 DEFAULT_GPU_MEMORY_GIB = 80.0  # the CLI's budget when neither --gpu_memory_gb nor a GPU gives one
-# Videos larger than this (frames x height x width) are decoded tile by tile under --vae_tiling auto.
-VAE_TILING_PIXELS = 33 * 480 * 854
 # Under autocast (bf16 compute on fp32 weights) norms, softmax statistics and some products stay fp32, so a forward
 # saves more than its element count times 2 bytes: measured 1.30x without and 1.17x with checkpointing on the tiny
 # model under CPU autocast (tests/test_plan.py). Activation bytes are elements x c x this factor under autocast.
@@ -79,26 +75,6 @@ REWARD_TEXT_TOKENS = 256  # the prompt template and prompt around the video toke
 
 
 # ====================================================================== the plan
-
-@dataclass(frozen=True)
-class Placement:
-    """Resolved memory-placement choices.
-
-    ``reduce_per_backward``: FSDP reduce-scatters the gradients after every backward (sharded gradients only) instead
-    of once per optimizer update; ``reference_on_cpu``: the frozen reference's shards are offloaded to the CPU;
-    ``vae_tiling``: ``--vae_tiling`` (``auto``: tiled above :data:`VAE_TILING_PIXELS`, see :meth:`tile`).
-    """
-
-    reduce_per_backward: bool
-    reference_on_cpu: bool
-    vae_tiling: str = "auto"
-
-    def tile(self, num_frames: int, height: int, width: int) -> bool:
-        """Whether a decode of ``num_frames`` frames of ``height x width`` pixels runs tiled."""
-        if self.vae_tiling == "auto":
-            return decoded_pixels(num_frames, height, width) > VAE_TILING_PIXELS
-        return self.vae_tiling == "true"
-
 
 @dataclass(frozen=True)
 class Component:
@@ -173,8 +149,7 @@ class _Layout:
 
 def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: str) -> _Layout:
     from sage_grpo.distributed.parallelize import policy_param_dtype
-    from sage_grpo.dtypes import DTYPES
-    from sage_grpo.models.bundle import autocast_dtype_of
+    from sage_grpo.dtypes import DTYPES, autocast_dtype_of
     from sage_grpo.rl import resolve_kl_mode
 
     sharded = cfg.enable_fsdp and world_size > 1
@@ -424,6 +399,13 @@ def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,
     return Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling)
 
 
+def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:
+    """The run's memory placement on ``device``, handed to the model builder."""
+    from sage_grpo.models.bundle import is_sharded_run
+
+    return resolve_placement(cfg, sharded=is_sharded_run(cfg), device_type=device.type)
+
+
 def _world_size() -> int:
     import torch.distributed as dist
 
@@ -442,128 +424,3 @@ def device_memory_gib(cfg: TrainConfig) -> float:
             index = int(os.environ.get("LOCAL_RANK", "0"))
         return torch.cuda.get_device_properties(index).total_memory / GIB
     return DEFAULT_GPU_MEMORY_GIB
-
-
-# ====================================================================== what fits
-
-def _fits(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: ModelSizes, **changes) -> bool:
-    changed = dataclasses.replace(cfg, **changes)
-    try:
-        validate_train_config(changed, world_size=world_size)
-        tokens = video_token_count(sizes, changed.sample_n_frames, *rollout_size(changed))
-        if changed.sp_size > 1 and tokens % changed.sp_size:
-            return False
-    except ConfigError:
-        return False
-    return plan_launch(changed, world_size, gpu_memory_gib, sizes).fits()
-
-
-# What the CLI searches: (flag, candidate values of cfg); memory grows with each, and the plan says which fit.
-SEARCHES = (
-    ("batch_size", lambda cfg: range(1, 65)),
-    ("mini_batch_size_per_update", lambda cfg: [d for d in range(1, cfg.batch_size + 1) if cfg.batch_size % d == 0]),
-    ("sample_n_frames", lambda cfg: range(1, 482, 4)),
-)
-
-
-def largest_fitting(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: ModelSizes, flag: str,
-                    candidates: Sequence[int]) -> Optional[int]:
-    """The largest layout-valid value of ``flag`` among ``candidates`` whose plan fits, or None."""
-    fitting = [v for v in candidates if _fits(cfg, world_size, gpu_memory_gib, sizes, **{flag: v})]
-    return max(fitting) if fitting else None
-
-
-def report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> str:
-    """The CLI's text: sources, decisions, the table, what fits, and the last line ``peak per GPU: <GB> GB``."""
-    sizes = sizes_of(cfg)
-    plan = plan_launch(cfg, world_size, gpu_memory_gib, sizes)
-    t = sizes.transformer
-    placement = plan.placement
-    height, width = rollout_size(cfg)
-    tokens = video_token_count(sizes, cfg.sample_n_frames, height, width)
-    lines = [
-        f"memory plan: {world_size} GPUs of {gpu_memory_gib:g} GB, dp {world_size // cfg.sp_size} x sp {cfg.sp_size}, "
-        f"FSDP shard {world_size // cfg.dp_replicate if cfg.enable_fsdp and world_size > 1 else 1}",
-        f"transformer {t.num_params / 1e9:.2f}B ({t.config['num_layers']} blocks, hidden {t.hidden}); VAE "
-        f"{sizes.vae_params / 1e9:.2f}B; text encoders {sizes.text_encoder_params / 1e9:.2f}B + "
-        f"{sizes.byt5_params / 1e9:.2f}B; reward {sizes.reward_params / 1e9:.2f}B",
-        "configs: " + ", ".join(f"{k} from {v}" for k, v in sizes.sources.items()),
-        f"video {cfg.sample_n_frames}x{height}x{width}: {tokens} latent tokens, {tokens // cfg.sp_size} per SP rank "
-        f"+ {text_token_count(cfg)} text tokens",
-        f"decisions: gradient_reduction {'per_backward' if placement.reduce_per_backward else 'per_update'}, "
-        f"reference {'cpu' if placement.reference_on_cpu else 'device'}, rollout decode "
-        f"{'tiled' if placement.tile(cfg.sample_n_frames, height, width) else 'untiled'}, text encoders "
-        f"{'offloaded' if cfg.offload_text_encoders else 'resident'}",
-        "", plan.table(), "",
-    ]
-    train = plan.phase("train")
-    if train is not plan.peak:  # the phase the gradient and activation decisions are about
-        lines += [plan.table(train).split("\n\n")[0], ""]
-    for flag, candidates in SEARCHES:
-        values = list(candidates(cfg))
-        best = largest_fitting(cfg, world_size, gpu_memory_gib, sizes, flag, values)
-        limit = " (the largest tried)" if best == values[-1] else ""
-        lines.append(f"largest --{flag} that fits: {best if best is not None else 'none'}{limit}")
-    lines.append(f"fits in {gpu_memory_gib:g} GB: {'yes' if plan.fits() else 'NO'} (auto decisions keep "
-                 f"{MARGIN:.0%} free)")
-    lines.append(f"peak per GPU: {plan.peak_gib:.2f} GB")
-    return "\n".join(lines)
-
-
-# Flag changes that lower the plan without changing what is trained, tried in this order when a launch does not fit.
-MEMORY_FIXES = (("reference_placement", "cpu"), ("gradient_reduction", "per_backward"),
-                ("offload_text_encoders", True), ("vae_tiling", "true"), ("enable_gradient_checkpointing", True),
-                ("mini_batch_size_per_update", 1))
-
-
-def memory_fixes(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> List[str]:
-    """``--flag value (peak N GB)`` for each single change of :data:`MEMORY_FIXES` with which the plan fits."""
-    sizes = sizes_of(cfg)
-    fixes = []
-    for flag, value in MEMORY_FIXES:
-        if getattr(cfg, flag) == value:
-            continue
-        plan = plan_launch(dataclasses.replace(cfg, **{flag: value}), world_size, gpu_memory_gib, sizes)
-        if plan.fits():
-            fixes.append(f"--{flag} {str(value).lower()} (peak {plan.peak_gib:.1f} GB)")
-    return fixes
-
-
-def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
-    """``post_train.py``'s check before any model loads, on CUDA devices only: a ``ConfigError`` naming the flags
-    that would make it fit, with the table, when the launch does not fit, unless ``--ignore_memory_plan``."""
-    device = torch.device(cfg.device) if cfg.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type != "cuda" or cfg.ignore_memory_plan:
-        return None
-    world_size = _world_size()
-    validate_train_config(cfg, world_size=world_size)
-    gpu = device_memory_gib(cfg)
-    plan = plan_launch(cfg, world_size, gpu)
-    if not plan.fits():
-        fixes = memory_fixes(cfg, world_size, gpu)
-        fix = ("use " + ", or ".join(fixes) if fixes else "no single placement flag is enough: fewer frames, a smaller "
-               "size, a larger --sp_size or more GPUs")
-        raise ConfigError(
-            f"[memory-plan] the launch needs {plan.peak_gib:.1f} GB per GPU in its {plan.peak.name} phase but the GPU "
-            f"has {gpu:.1f} GB (python -m sage_grpo.plan prints the whole plan). Fix: {fix}; or pass "
-            f"--ignore_memory_plan true to start anyway.\n{plan.table()}")
-    return plan
-
-
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
-    known, rest = parser.parse_known_args(argv)
-    cfg = parse_cli(TrainConfig, rest, description="Memory plan of a post_train.py launch: every post_train.py flag, "
-                    "plus --world_size N (GPUs; default $WORLD_SIZE or 1)")
-    gpu = cfg.gpu_memory_gb if cfg.gpu_memory_gb is not None else DEFAULT_GPU_MEMORY_GIB
-    try:
-        validate_train_config(cfg, world_size=known.world_size)
-        print(report(cfg, known.world_size, gpu))
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -10,7 +10,8 @@ import torch
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.dtypes import DTYPES
-from sage_grpo.rewards import avg_term_weights, build_reward_fn, parse_reward_weights, plan_reward_models
+from sage_grpo.config.reward_weights import parse_reward_weights
+from sage_grpo.rewards import avg_term_weights, build_reward_fn, plan_reward_models
 from sage_grpo.rewards.remote import RemoteSettings
 from sage_grpo.rewards.videoalign_inputs import SamplingOverrides
 from sage_grpo.rl import RewardAggregation

@@ -3,7 +3,7 @@
 Only the main process (rank 0) starts trackers and logs to them. Each receives
 
 * every step's scalars under the TensorBoard tags (``Reward/...``, ``KL/...``, ``Time/...``, ``Train/...``,
-  :func:`sage_grpo.tracking.tensorboard_tag`) at the global step (1-based, the x axis of ``metrics.jsonl``);
+  :func:`sage_grpo.tracking.run_dir.tensorboard_tag`) at the global step (1-based, the x axis of ``metrics.jsonl``);
 * the rollout videos the main process wrote under ``rl_samples/`` (``Video/rollout``, captioned with prompt, seed,
   reward and advantage) and the validation videos (``Video/validation``), at the step they belong to: wandb gets the
   mp4 files, SwanLab animated GIFs (the only video format it takes); TensorBoard stays scalars only, as the
@@ -11,7 +11,7 @@ Only the main process (rank 0) starts trackers and logs to them. Each receives
 * the resolved configuration as the run config (wandb, SwanLab; TensorBoard has none: ``run_config.yaml`` is it).
 
 ``metrics.jsonl``, ``train.log`` and the console line are written whatever ``--report_to`` says
-(:class:`sage_grpo.tracking.MetricsLogger`); ``--report_to none`` starts no tracker.
+(:class:`sage_grpo.tracking.run_dir.MetricsLogger`); ``--report_to none`` starts no tracker.
 
 Resume: a tracker with run ids (wandb, SwanLab) records its run's id in ``trackers.json`` of the run directory, and a
 resumed run passes it back (``id=..., resume="allow"``), so an online run continues the same tracker run. Offline,

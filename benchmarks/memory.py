@@ -11,8 +11,8 @@ checkpointing a block keeps only its inputs, which torch's non-reentrant checkpo
 The first block also holds what every block shares (RoPE tables, the timestep embedding, the text mask, and under
 checkpointing the untrimmed text it receives): :attr:`BlockMemory.per_block` is the mean over the blocks after the
 first, or the first alone in a one-block model. :func:`planned_block_bytes` is the planner's figure for it:
-:func:`~sage_grpo.plan_sizes.block_saved_elements` (checkpointing off) or
-:func:`~sage_grpo.plan_sizes.checkpointed_block_elements` (on), per sample, times the rows and the bytes per element.
+:func:`~sage_grpo.plan.sizes.block_saved_elements` (checkpointing off) or
+:func:`~sage_grpo.plan.sizes.checkpointed_block_elements` (on), per sample, times the rows and the bytes per element.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from sage_grpo.plan_sizes import block_saved_elements, checkpointed_block_elements, transformer_sizes
+from sage_grpo.plan.sizes import block_saved_elements, checkpointed_block_elements, transformer_sizes
 
 OUTSIDE = -1  # owner of the storages first saved outside every dual-stream block
 

@@ -1,4 +1,4 @@
-"""What the benchmarks (``scripts/benchmark_*.py``) share: models of the real classes at a chosen geometry, synthetic
+"""What the benchmarks (``benchmarks/benchmark_*.py``) share: models of the real classes at a chosen geometry, synthetic
 conditioning of the real shapes, the analytic FLOP count of the transformer, device flags and timing.
 
 Geometries (:data:`GEOMETRIES`):
@@ -210,15 +210,18 @@ def checkpoint(geometry: Geometry, seed: int = 0, root: Optional[str] = None) ->
     :func:`~sage_grpo.models.real_width.write_real_width_hunyuan` (bf16, its VAE and depth, the tiny VideoReward)."""
     from sage_grpo.models import write_tiny_hunyuan
     from sage_grpo.models.real_width import write_real_width_hunyuan
+    from sage_grpo.rewards.tiny import write_tiny_video_reward
 
     if root is not None:
         yield Path(root)
         return
     with tempfile.TemporaryDirectory(prefix=f"bench_{geometry.name}_") as tmp:
         if geometry.name == "real":
-            yield write_real_width_hunyuan(Path(tmp) / "ckpt", num_layers=geometry.num_layers, seed=seed,
-                                           transformer_config=geometry.transformer_config,
-                                           vae_config=geometry.vae_config)
+            root = write_real_width_hunyuan(Path(tmp) / "ckpt", num_layers=geometry.num_layers, seed=seed,
+                                            transformer_config=geometry.transformer_config,
+                                            vae_config=geometry.vae_config)
+            write_tiny_video_reward(root, seed=seed)
+            yield root
         else:
             yield write_tiny_hunyuan(Path(tmp) / "ckpt", seed=seed, dtype=torch.float32,
                                      transformer_config=geometry.transformer_config, vae_config=geometry.vae_config)

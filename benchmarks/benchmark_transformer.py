@@ -3,14 +3,14 @@ activation checkpointing off and on, optionally compiled and as one sequence-par
 TFLOP/s and the MFU against the device's bf16 peak, and what each dual-stream block saves for its backward next to
 the memory planner's estimate (issue 13 item 8, issue 16 item 2).
 
-    python scripts/benchmark_transformer.py [--geometry toy] [--batch 1] [--checkpointing both|on|off]
-    python scripts/benchmark_transformer.py --geometry real --blocks 4 --device cuda --compile both --sp 2   # GPU
+    python benchmarks/benchmark_transformer.py [--geometry toy] [--batch 1] [--checkpointing both|on|off]
+    python benchmarks/benchmark_transformer.py --geometry real --blocks 4 --device cuda --compile both --sp 2   # GPU
 
 One pass is ``cfg_velocity`` on ``--batch`` samples with CFG (a 2B-row forward: negative and positive prompts) and the
 backward of a scalar of the velocity, on synthetic prompt embeddings of the geometry's shapes, through our joint
 attention (text trimmed to the longest valid length). The weights are the ``--dtype`` (bf16 on a GPU) with gradients.
 
-FLOPs are counted analytically from the configuration (``sage_grpo.bench.transformer_flops``: per block
+FLOPs are counted analytically from the configuration (``benchmarks.common.transformer_flops``: per block
 2·(n + L)·(4 + 2r)·d² for the matmuls plus 4·S²·d/sp for attention, plus the embedders; forward + backward = 3x the
 forward; tests/test_bench.py checks the count against ``torch.utils.flop_counter.FlopCounterMode``). The recompute
 of checkpointing is not counted (model FLOPs, as MFU is usually quoted). MFU uses ``--peak_tflops`` or the known
@@ -25,7 +25,7 @@ outside the compiled region, so the same compiled block serves the forward and t
 pass (compilation included) is printed apart from the timed ones.
 
 Memory (eager passes): the bytes of the tensors autograd saves in one forward, block by block
-(``sage_grpo.bench_memory``, a saved-tensor hook: every device), against the planner's per-block formula
+(``benchmarks.memory``, a saved-tensor hook: every device), against the planner's per-block formula
 (``block_saved_elements`` without checkpointing, ``checkpointed_block_elements`` with it); on CUDA also the
 allocator's bytes kept by the forward and its peak through the backward.
 """
@@ -39,8 +39,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sage_grpo import bench, bench_memory  # noqa: E402
-from sage_grpo.bench_sp import emulate_sp_rank  # noqa: E402
+from benchmarks import common as bench, memory as bench_memory  # noqa: E402
+from benchmarks.sp_emulation import emulate_sp_rank  # noqa: E402
 from sage_grpo.config import ConfigError  # noqa: E402
 
 MIB = 2 ** 20

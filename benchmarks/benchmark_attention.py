@@ -2,8 +2,8 @@
 key-padding mask or none; ``sage_grpo/models/attention.py``) on each attention backend, against diffusers' own
 processor with its dense (B, 1, S, S) mask over the padded joint sequence (issue 13, item 8).
 
-    python scripts/benchmark_attention.py [--geometry toy] [--blocks N] [--backends native,_native_math]
-    python scripts/benchmark_attention.py --geometry real --blocks 4 --device cuda --dtype bf16        # GPU
+    python benchmarks/benchmark_attention.py [--geometry toy] [--blocks N] [--backends native,_native_math]
+    python benchmarks/benchmark_attention.py --geometry real --blocks 4 --device cuda --dtype bf16        # GPU
 
 One pass is the policy update's: ``cfg_velocity`` on ``--batch`` samples with CFG (negative and positive prompts in
 one 2B-row forward, of different valid lengths, so a key mask remains; ``--guidance_scale 1`` runs the positive rows
@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sage_grpo import bench  # noqa: E402
+from benchmarks import common as bench  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -2,8 +2,8 @@
 ``HunyuanVideo15Pipeline`` on the same transformer, the same steps, schedule and guidance and the same seeded
 initial latents (issue 13, item 8).
 
-    python scripts/benchmark_rollout.py [--geometry toy] [--batch 2] [--steps 8]
-    python scripts/benchmark_rollout.py --geometry real --device cuda --dtype bf16 --batch 1 --steps 8    # GPU
+    python benchmarks/benchmark_rollout.py [--geometry toy] [--batch 2] [--steps 8]
+    python benchmarks/benchmark_rollout.py --geometry real --device cuda --dtype bf16 --batch 1 --steps 8    # GPU
 
 Both sides start from the same x_0 (drawn from the seeds as the rollout draws it), get the same conditioning,
 precomputed (synthetic embeddings of the geometry's shapes; text encoding is not timed), and stop at the final
@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sage_grpo import bench  # noqa: E402
+from benchmarks import common as bench  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

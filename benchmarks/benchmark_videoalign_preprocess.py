@@ -1,6 +1,6 @@
 """Time VideoAlign's frame preprocessing before and after picking the sampled frames first (issue 13, item 6).
 
-    python scripts/benchmark_videoalign_preprocess.py [--repeats 5] [--threads 2]
+    python benchmarks/benchmark_videoalign_preprocess.py [--repeats 5] [--threads 2]
 
 Input: a random 81x352x624 uint8 video (a 480p rollout), as a decoded file gives it ``(F, H, W, 3)`` and as the
 trainer gives it (float in [0, 1], ``(3, F, H, W)``). The budget is the released checkpoint's (2 fps -> 6 frames,

@@ -1,8 +1,8 @@
 """generate.py's time and memory with each of its speed flags (issue 16, item 4).
 
-    python scripts/benchmark_generate.py [--geometry tiny|toy] [--steps 4] [--variants baseline,cache_deepcache]
-    python scripts/benchmark_generate.py --geometry real --blocks 8 --device cuda --steps 20 --repeats 1   # GPU
-    python scripts/benchmark_generate.py --geometry real --blocks 1 --vae narrow --frames 5 --height 32 --width 32 \
+    python benchmarks/benchmark_generate.py [--geometry tiny|toy] [--steps 4] [--variants baseline,cache_deepcache]
+    python benchmarks/benchmark_generate.py --geometry real --blocks 8 --device cuda --steps 20 --repeats 1   # GPU
+    python benchmarks/benchmark_generate.py --geometry real --blocks 1 --vae narrow --frames 5 --height 32 --width 32 \
         --steps 2 --repeats 1 --warmup 0 --text_max_length 16   # CPU check of the real-width path
 
 Renders one video (``VideoGenerator.render``: prompt encoding, ``--steps`` Euler ODE steps with CFG, VAE decode), as
@@ -45,7 +45,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sage_grpo import bench  # noqa: E402
+from benchmarks import common as bench  # noqa: E402
 
 PROMPT = "A cat walks on the grass, realistic"
 NOT_REIMPLEMENTED = "generate.py accepts the flag, but the feature is not reimplemented (no effect)"

@@ -1,6 +1,6 @@
 """Optimizers and the learning-rate schedule (reference_spec §2.17).
 
-Default (``--use_muon true``): Muon (:class:`sage_grpo.muon.Muon`, ``torch.optim.Muon``'s math) on the 2-D weight matrices, with the reference's per-matrix learning
+Default (``--use_muon true``): Muon (:class:`sage_grpo.optim.muon.Muon`, ``torch.optim.Muon``'s math) on the 2-D weight matrices, with the reference's per-matrix learning
 rate ``lr * 0.2 * sqrt(max(rows, cols))`` (torch's ``adjust_lr_fn="match_rms_adamw"``), momentum 0.95 with Nesterov,
 5 Newton-Schulz steps with coefficients (3.4445, -4.7750, 2.0315) and decoupled weight decay; AdamW with the
 reference's Muon-side betas (0.95, 0.95) and eps 1e-8 for every other trainable tensor (biases, norms, embeddings of
@@ -12,11 +12,11 @@ the Frobenius norm first, so the orthogonalised update is the same. Tensors with
 patch-embedding convolution) go to AdamW instead of being flattened into Muon, because torch's Muon accepts only
 matrices.
 
-Sharded parameters (FSDP2 ``DTensor`` shards, ``sage_grpo.distributed``): :class:`sage_grpo.muon.Muon` orthogonalizes
+Sharded parameters (FSDP2 ``DTensor`` shards, ``sage_grpo.distributed``): :class:`sage_grpo.optim.muon.Muon` orthogonalizes
 each whole matrix and keeps this rank's rows (``torch.optim.Muon`` would run Newton-Schulz on the shards through
 DTensor propagation, which is wrong for tall matrices); on plain tensors it is ``torch.optim.Muon``'s math. Its
 Newton-Schulz runs in bf16 on GPUs, as the reference's, and in fp32 on the CPU, where bf16 matmuls can be 100x slower
-(``sage_grpo/muon.py``). Build the optimizer *after* the model is sharded.
+(``sage_grpo/optim/muon.py``). Build the optimizer *after* the model is sharded.
 
 Schedule: ``constant`` (the reference's; it ignores ``--warmup_steps``) or ``constant_with_warmup`` (linear warm-up
 from 0 over ``--warmup_steps`` optimizer updates, then constant).
@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 from torch.distributed.tensor import DTensor
 
-from sage_grpo.muon import Muon
+from sage_grpo.optim.muon import Muon
 
 MUON_MOMENTUM = 0.95
 AUX_ADAMW_BETAS = (0.95, 0.95)

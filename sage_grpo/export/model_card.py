@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from sage_grpo.checkpoint_layout import CONFIG_FILE
-from sage_grpo.tracking import read_metrics
+from sage_grpo.tracking.run_dir import read_metrics
 
 CARD_FILE = "README.md"
 BASE_REPO = "tencent/HunyuanVideo-1.5"

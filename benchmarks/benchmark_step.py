@@ -1,9 +1,9 @@
 """Where one GRPO step's time and memory go: encode, rollout, decode, reward, reference means, policy update (issue 13,
 item 8; issue 16, item 3).
 
-    python scripts/benchmark_step.py [--geometry toy|tiny] [--repeats 3] [--warmup 1] [post_train.py flags]
-    python scripts/benchmark_step.py --geometry real --blocks 8 --device cuda --repeats 2   # GPU, 81x352x624
-    python scripts/benchmark_step.py --geometry real --blocks 1 --vae narrow --frames 5 --height 32 --width 32 \
+    python benchmarks/benchmark_step.py [--geometry toy|tiny] [--repeats 3] [--warmup 1] [post_train.py flags]
+    python benchmarks/benchmark_step.py --geometry real --blocks 8 --device cuda --repeats 2   # GPU, 81x352x624
+    python benchmarks/benchmark_step.py --geometry real --blocks 1 --vae narrow --frames 5 --height 32 --width 32 \
         --steps 2 --repeats 1 --warmup 0 --use_lora true   # CPU check of the real-width path
 
 Runs the real trainer (``GRPOTrainer``, as ``post_train.py`` does) on a random-weight checkpoint of the geometry's
@@ -23,7 +23,7 @@ Prints each phase's seconds (the fewest over the measured steps) and its share o
 Memory: on a GPU, ``torch.cuda.max_memory_allocated`` is read and reset at each phase boundary (the rollout's peak
 is what was reached between the end of the encode and the start of the decode), and each phase's largest peak over
 the measured steps is printed next to the memory planner's estimate of the phase it falls in
-(:func:`sage_grpo.plan.plan_memory` for this trainer's configuration, placement and checkpoint, one GPU; the decode
+(:func:`sage_grpo.plan.memory.plan_memory` for this trainer's configuration, placement and checkpoint, one GPU; the decode
 and the reward share the planner's ``decode + reward`` phase) and the ratio measured / planned. The planner's total
 includes its fixed runtime overhead (CUDA context, allocator slack), which the peak counter does not see, so the
 ratio is taken against the planned total without it. On the CPU there is no peak counter: ``n/a``.
@@ -41,7 +41,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sage_grpo import bench  # noqa: E402
+from benchmarks import common as bench  # noqa: E402
 
 PHASES = ("encode", "rollout", "decode", "reward", "reference means", "policy update")
 # the memory planner's phases (sage_grpo.plan) that each phase falls in, the first the plan has: without a separate
@@ -144,7 +144,7 @@ def instrument(trainer, encode: dict, decode: dict) -> PhaseMemory:
 
 def planned_memory(trainer):
     """The memory planner's plan of this trainer's run on one GPU (its configuration, placement and checkpoint)."""
-    from sage_grpo.plan import plan_memory, sizes_of
+    from sage_grpo.plan.memory import plan_memory, sizes_of
 
     device = trainer.device
     gpu_gib = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else 80.0
@@ -185,7 +185,7 @@ def phase_seconds(rows: list, encode: dict, decode: dict, warmup: int) -> dict:
 
 def main(argv=None) -> None:
     from sage_grpo.config import TrainConfig, parse_cli
-    from sage_grpo.tracking import read_metrics
+    from sage_grpo.tracking.run_dir import read_metrics
     from sage_grpo.trainer import GRPOTrainer
 
     args, extra = parse_args(argv)
@@ -228,7 +228,7 @@ def main(argv=None) -> None:
 def plan_sizes_line(cfg, loaded: int) -> str:
     """The planner's transformer size, read from the checkpoint's configs, next to the loaded policy's: equal for a
     full fine-tune (the plan is of the reduced depth)."""
-    from sage_grpo.plan import sizes_of
+    from sage_grpo.plan.memory import sizes_of
 
     sizes = sizes_of(cfg)
     transformer = sizes.transformer

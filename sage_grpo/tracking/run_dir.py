@@ -6,7 +6,7 @@ Run directory (``--output_dir``)::
     train.log                  the console lines
     metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}
     tb/                        TensorBoard scalars, tags grouped as the reference: Reward/, KL/, Time/, Train/
-    wandb/, swanlog/           the wandb and SwanLab run files (--report_to wandb / swanlab; sage_grpo/trackers.py)
+    wandb/, swanlog/           the wandb and SwanLab run files (--report_to wandb / swanlab; sage_grpo/tracking/trackers.py)
     trackers.json              the tracker run ids a resumed run continues
     rl_samples/{step:07d}/group_{g}/   rollout mp4s and index_{i}_group_{g}_rewards.json (newest N steps kept)
     samples/step_{step:06d}/   validation videos
@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.faults import fault_point
-from sage_grpo.trackers import RUN_IDS_FILE, LoggedVideo
+from sage_grpo.tracking.trackers import RUN_IDS_FILE, LoggedVideo
 
 RUN_MARKER = "run_config.yaml"
 
@@ -89,7 +89,7 @@ def console_line(step: int, metrics: Dict[str, float]) -> str:
 
 class MetricsLogger:
     """Console + train.log + metrics.jsonl, always, and the trackers of ``--report_to`` (started by
-    :func:`sage_grpo.trackers.start_trackers`); only the main process writes."""
+    :func:`sage_grpo.tracking.trackers.start_trackers`); only the main process writes."""
 
     def __init__(self, run_dir: Path, *, enabled: bool = True, log_interval: int = 1, trackers: Sequence = ()):
         self.enabled, self.log_interval = enabled, log_interval
