@@ -75,7 +75,7 @@ def test_incomplete_conversions_list_every_problem(tiny_components):
 
 def test_converted_checkpoint_computes_what_the_original_does(converted, tiny_root, tiny_components, tiny_encoder):
     from sage_grpo.models import PromptEncoder, load_components
-    from sage_grpo.models.verify import main as verify_main
+    from sage_grpo.cli.verify import main as verify_main
     from sage_grpo.pipeline.rollout import decode_latents
     from sage_grpo.pipeline.velocity import cfg_velocity
 

@@ -18,7 +18,7 @@ COMMANDS = {  # pyproject.toml [project.scripts]
     "sage-grpo-train": "sage_grpo.cli.train:main",
     "sage-grpo-generate": "sage_grpo.cli.generate:main",
     "sage-grpo-export": "sage_grpo.cli.export:main",
-    "sage-grpo-verify-weights": "sage_grpo.models.verify:main",
+    "sage-grpo-verify-weights": "sage_grpo.cli.verify:main",
     "sage-grpo-convert-reference": "sage_grpo.cli.convert:main",
 }
 BUILD_INPUTS = ("pyproject.toml", "README.md", "requirements.txt", "requirements-dev.txt")

@@ -1,7 +1,7 @@
 """Check a checkpoint root against the expected layout (for ``download_weights.sh`` and humans).
 
-    python -m sage_grpo.models.verify --model_root ckpts [--transformer_versions 480p_t2v 720p_t2v] [--reward]
-    python -m sage_grpo.models.verify --model_root ckpts --missing_components [--reward]
+    python -m sage_grpo.cli.verify --model_root ckpts [--transformer_versions 480p_t2v 720p_t2v] [--reward]
+    python -m sage_grpo.cli.verify --model_root ckpts --missing_components [--reward]
 
 Prints ``complete`` (exit 0) or every missing file (exit 1). ``--reward`` also checks ``VideoReward/`` the way the
 reward loader does (model_config.json, a checkpoint-N/ with its weights, and the base model it names).
