@@ -15,7 +15,7 @@ latents (no decode):
   step (conditional, then unconditional, B rows each) through its guider, latents in the transformer's dtype;
   ``--diffusers_joint_attention`` also times the pipeline on our attention, separating the loop from the attention.
 
-The ODE parity is tests/test_pipeline.py's (``test_ode_rollout_matches_diffusers_pipeline``): the pipeline's
+The ODE parity is tests/unit/test_pipeline.py's (``test_ode_rollout_matches_diffusers_pipeline``): the pipeline's
 scheduler is ``FlowMatchEulerDiscreteScheduler(shift)``, whose sigmas equal ours. Prints both times, the ratio
 diffusers / ours and the largest difference between the final latents (~1e-6 in fp32; bf16 rounds the pipeline's
 latents every step).

@@ -12,7 +12,7 @@ attention (text trimmed to the longest valid length). The weights are the ``--dt
 
 FLOPs are counted analytically from the configuration (``benchmarks.common.transformer_flops``: per block
 2·(n + L)·(4 + 2r)·d² for the matmuls plus 4·S²·d/sp for attention, plus the embedders; forward + backward = 3x the
-forward; tests/test_bench.py checks the count against ``torch.utils.flop_counter.FlopCounterMode``). The recompute
+forward; tests/unit/test_bench.py checks the count against ``torch.utils.flop_counter.FlopCounterMode``). The recompute
 of checkpointing is not counted (model FLOPs, as MFU is usually quoted). MFU uses ``--peak_tflops`` or the known
 peak of the GPU (H100 SXM / H200 989, H100 PCIe 756, A100 312 dense bf16 TFLOP/s); on the CPU only TFLOP/s is printed.
 A setting that runs out of GPU memory prints ``out of memory`` and the others still run.

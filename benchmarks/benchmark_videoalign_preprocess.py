@@ -10,7 +10,7 @@ trainer gives it (float in [0, 1], ``(3, F, H, W)``). The budget is the released
   (and, for tensors, clamped and scaled to [0, 255]) at full size, then the sampled frames are picked and resized;
 * new: ``FrameSampler`` picks the sampled frames first and converts and resizes only those.
 
-Both give identical frames (checked here and in tests/test_rewards.py); the script prints both times and the ratio.
+Both give identical frames (checked here and in tests/unit/test_rewards.py); the script prints both times and the ratio.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@
 # unwind (tests/procs.py kills its process groups), then SIGKILL 20 s later.
 #
 # --cpu (or SAGE_GPU_SESSION_DEVICE=cpu) runs the `check` and `tests` parts on the CPU with SAGE_GPU_PYTHON (default
-# .venv/bin/python, else python3) and installs nothing: the runner's own test (tests/test_gpu_session.py).
+# .venv/bin/python, else python3) and installs nothing: the runner's own test (tests/unit/test_gpu_session.py).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 

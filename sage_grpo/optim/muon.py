@@ -6,14 +6,14 @@ Two departures from ``torch.optim.Muon`` (torch 2.13), each with its reason:
   propagation: about 27 collectives per matrix per step, bf16 partial sums reduced across ranks (so the result
   depends on the world size), and for tall matrices (rows > cols, the transposed branch) on FSDP's dim-0 shards it is
   simply wrong: on a 67x48 weight on 2 ranks the orthogonalized update differs from the single-process one by 0.19 at
-  a scale of 0.30 (checked with gloo; see tests/test_distributed.py). The reference instead calls ``full_tensor()``
+  a scale of 0.30 (checked with gloo; see tests/unit/test_distributed.py). The reference instead calls ``full_tensor()``
   and orthogonalizes the full matrix on every rank (spec §2.17), which is what :class:`Muon` does.
 - **Newton-Schulz precision.** torch and the reference iterate in bf16, which is fast on GPUs. On a CPU without
   AVX-512-BF16/AMX (every AVX2-only x86 CPU, many laptops, this project's CI machines) a bf16 matrix multiply takes
   torch's generic path: 1024x1024 costs 2.3 s in bf16 against 18 ms in fp32 (measured on a 2-core AMD EPYC, AVX2), so
   one Muon step on the tiny model's 2048x2048 byT5 projection took about a minute. :func:`newton_schulz_dtype` picks
   bf16 on accelerators (the reference's numerics) and fp32 on the CPU: the same iteration, more exact, and identical
-  on every CPU. On well-conditioned updates the two agree within 4% (relative Frobenius, ``tests/test_muon.py``); on
+  on every CPU. On well-conditioned updates the two agree within 4% (relative Frobenius, ``tests/unit/test_muon.py``); on
   low-rank ones they differ more, because the iteration amplifies bf16's rounding noise in the near-null space.
 
 Math (op for op ``torch.optim.Muon``'s, so with ``ns_dtype=torch.bfloat16`` a plain tensor gets bit-identical results):

@@ -3,4 +3,5 @@ import sys
 
 from sage_grpo.plan.report import main
 
+sys.argv[0] = "python -m sage_grpo.plan"  # argparse's usage line names the command, not __main__.py
 main(sys.argv[1:])

@@ -30,7 +30,7 @@ unsharded fp32 held across an update's backwards (``per_update``); FSDP's gather
 2·P_blk·g (the unit computing and the one prefetched) plus one block's unsharded fp32 gradient; autocast copies
 P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under
 autocast on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save
-by save and checked against the tensors autograd saves on the tiny model, ``tests/test_plan.py``); the reference's
+by save and checked against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's
 bf16 shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while
 encoding when offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP
 leaders.
@@ -67,7 +67,7 @@ RUNTIME_OVERHEAD_GIB = 2.0  # CUDA context (~0.5 GB), NCCL/gloo buffers and the 
 DEFAULT_GPU_MEMORY_GIB = 80.0  # the CLI's budget when neither --gpu_memory_gb nor a GPU gives one
 # Under autocast (bf16 compute on fp32 weights) norms, softmax statistics and some products stay fp32, so a forward
 # saves more than its element count times 2 bytes: measured 1.30x without and 1.17x with checkpointing on the tiny
-# model under CPU autocast (tests/test_plan.py). Activation bytes are elements x c x this factor under autocast.
+# model under CPU autocast (tests/unit/test_plan.py). Activation bytes are elements x c x this factor under autocast.
 AUTOCAST_ACTIVATION_FACTOR = 1.25
 REWARD_FRAME_PIXELS, REWARD_FPS = 240 * 320, 2.0  # VideoAlign's max_frame_pixels and fps defaults
 REWARD_PATCH, REWARD_MERGE = 14, 2  # Qwen2-VL: 14-pixel patches, 2x2 of them merged into one token

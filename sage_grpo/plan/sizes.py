@@ -211,7 +211,7 @@ def block_saved_elements(t: TransformerSizes, video_tokens: int, text_tokens: in
     conditioning that feeds the modulation, its 6·D output, of which the gates are views, and the two 1 + scale).
     Attention saves q, k, v and its output over the whole sequence S with H/sp heads (4·S·D/sp), its log-sum-exp
     (S·H/sp), and at most a key-padding mask of S (no dense S x S mask, models/attention.py). Checked block by block
-    against the tensors autograd saves (``tests/test_bench.py``: exact in fp32 on the tiny and toy models).
+    against the tensors autograd saves (``tests/unit/test_bench.py``: exact in fp32 on the tiny and toy models).
     """
     d, f, heads = t.hidden, t.mlp_hidden, t.config["num_attention_heads"]
     n, seq = video_tokens // sp, video_tokens + text_tokens

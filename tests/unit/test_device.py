@@ -1,6 +1,6 @@
 """The GPU-relevant paths on the device of ``--device`` (tier ``device``; the CPU by default, so CI runs them too):
 ``bash scripts/test.sh --device cuda -m device`` runs this module and the ODE parity with diffusers
-(``tests/test_pipeline.py``) on a GPU.
+(``tests/unit/test_pipeline.py``) on a GPU.
 
 Models are built the trainer's way (:func:`sage_grpo.models.bundle.build_models` with ``--device``), at the two
 precisions a run can train in:
@@ -65,7 +65,7 @@ def bundle(request, tiny_root, device):
 def test_replay_reproduces_rollout_log_probs_exactly(bundle, sde_type, device):
     """Rollout (no grad) then replay of every transition (grad on, per-sample step index, as the trainer's update):
     the same log-prob bit for bit. One sample: the rollout and the replay must see the same micro-batch composition
-    (--mini_batch_size_per_update, default 1), which tests/test_pipeline.py covers for larger micro-batches."""
+    (--mini_batch_size_per_update, default 1), which tests/unit/test_pipeline.py covers for larger micro-batches."""
     sampler = replace(sampler_of(bundle.cfg), sde_type=sde_type)
     assert sampler.autocast_dtype == (torch.bfloat16 if bundle.cfg.dtype == "bf16" else None)
     embeds = bundle.encode(PROMPTS)

@@ -1,7 +1,7 @@
 """The real-width, reduced-depth checkpoint (sage_grpo/models/real_width.py): bf16 files in the project's layout that
 the loader opens, seeded and fast random weights, text encoders of the transformer's text widths, and the memory
 planner reading the reduced depth from it. A narrowed transformer config keeps these unit tests fast; the real width
-runs in tests/test_bench.py's e2e tests."""
+runs in tests/unit/test_bench.py's e2e tests."""
 
 import json
 
