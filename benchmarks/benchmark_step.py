@@ -20,12 +20,12 @@ The phase times are the trainer's own metrics in ``metrics.jsonl`` (``rollout_ti
 ``rollout_time`` are timed by wrapping the model bundle's ``encode``/``decode`` (synchronizing a GPU around each).
 Prints each phase's seconds (the fewest over the measured steps) and its share of their sum.
 
-Memory: on a GPU, ``torch.cuda.max_memory_allocated`` is read and reset at each phase boundary (the rollout's peak
-is what was reached between the end of the encode and the start of the decode), and each phase's largest peak over
-the measured steps is printed next to the memory planner's estimate of the phase it falls in
-(:func:`sage_grpo.plan.memory.plan_memory` for this trainer's configuration, placement and checkpoint, one GPU; the decode
-and the reward share the planner's ``decode + reward`` phase) and the ratio measured / planned. The planner's total
-includes its fixed runtime overhead (CUDA context, allocator slack), which the peak counter does not see, so the
+Memory: on a GPU, ``torch.cuda.max_memory_allocated`` is read and reset at each phase boundary (the rollout's peak is
+what was reached between the end of the encode and the start of the decode), and each phase's largest peak over the
+measured steps is printed next to the memory planner's estimate of the phase it falls in
+(:func:`sage_grpo.plan.memory.plan_memory` for this trainer's configuration, placement and checkpoint, one GPU; the
+decode and the reward share the planner's ``decode + reward`` phase) and the ratio measured / planned. The planner's
+total includes its fixed runtime overhead (CUDA context, allocator slack), which the peak counter does not see, so the
 ratio is taken against the planned total without it. On the CPU there is no peak counter: ``n/a``.
 """
 

@@ -21,8 +21,9 @@ def json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
 def parse_reward_weights(value: Mapping | str | None) -> dict[str, float] | None:
     """``--reward_weights`` as a dict of metric -> weight (JSON strings are parsed); None stays None.
 
-    The one parser of the flag: config validation checks the flag with it and the reward registry builds with it. An empty string is the empty dict, which selects
-    the model's fallback weights (the reference's rule, see :func:`build_reward_fn`); None its default weights.
+    The one parser of the flag: config validation checks the flag with it and the reward registry builds with it. An
+    empty string is the empty dict, which selects the model's fallback weights (the reference's rule, see
+    :func:`sage_grpo.rewards.registry.build_reward_fn`); None its default weights.
     """
     if value is None:
         return None

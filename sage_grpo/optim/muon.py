@@ -12,8 +12,8 @@ Two departures from ``torch.optim.Muon`` (torch 2.13), each with its reason:
   AVX-512-BF16/AMX (every AVX2-only x86 CPU, many laptops, this project's CI machines) a bf16 matrix multiply takes
   torch's generic path: 1024x1024 costs 2.3 s in bf16 against 18 ms in fp32 (measured on a 2-core AMD EPYC, AVX2), so
   one Muon step on the tiny model's 2048x2048 byT5 projection took about a minute. :func:`newton_schulz_dtype` picks
-  bf16 on accelerators (the reference's numerics) and fp32 on the CPU: the same iteration, more exact, and identical
-  on every CPU. On well-conditioned updates the two agree within 4% (relative Frobenius, ``tests/unit/test_muon.py``); on
+  bf16 on accelerators (the reference's numerics) and fp32 on the CPU: the same iteration, more exact, and identical on
+  every CPU. On well-conditioned updates the two agree within 4% (relative Frobenius, ``tests/unit/test_muon.py``); on
   low-rank ones they differ more, because the iteration amplifies bf16's rounding noise in the near-null space.
 
 Math (op for op ``torch.optim.Muon``'s, so with ``ns_dtype=torch.bfloat16`` a plain tensor gets bit-identical results):

@@ -1,10 +1,11 @@
 """Optimizers and the learning-rate schedule (reference_spec §2.17).
 
-Default (``--use_muon true``): Muon (:class:`sage_grpo.optim.muon.Muon`, ``torch.optim.Muon``'s math) on the 2-D weight matrices, with the reference's per-matrix learning
-rate ``lr * 0.2 * sqrt(max(rows, cols))`` (torch's ``adjust_lr_fn="match_rms_adamw"``), momentum 0.95 with Nesterov,
-5 Newton-Schulz steps with coefficients (3.4445, -4.7750, 2.0315) and decoupled weight decay; AdamW with the
-reference's Muon-side betas (0.95, 0.95) and eps 1e-8 for every other trainable tensor (biases, norms, embeddings of
-other ranks). ``--use_muon false``: AdamW(betas=(0.9, 0.999), eps=1e-8) on everything.
+Default (``--use_muon true``): Muon (:class:`sage_grpo.optim.muon.Muon`, ``torch.optim.Muon``'s math) on the 2-D weight
+matrices, with the reference's per-matrix learning rate ``lr * 0.2 * sqrt(max(rows, cols))`` (torch's
+``adjust_lr_fn="match_rms_adamw"``), momentum 0.95 with Nesterov, 5 Newton-Schulz steps with coefficients (3.4445,
+-4.7750, 2.0315) and decoupled weight decay; AdamW with the reference's Muon-side betas (0.95, 0.95) and eps 1e-8 for
+every other trainable tensor (biases, norms, embeddings of other ranks). ``--use_muon false``: AdamW(betas=(0.9, 0.999),
+eps=1e-8) on everything.
 
 Differences from the reference's Muon (HunyuanVideo-1.5 ``hyvideo/optim/muon.py``): torch keeps the momentum buffer as
 an exponential average, which scales the pre-orthogonalisation update by (1 - momentum); Newton-Schulz normalises by
@@ -12,9 +13,9 @@ the Frobenius norm first, so the orthogonalised update is the same. Tensors with
 patch-embedding convolution) go to AdamW instead of being flattened into Muon, because torch's Muon accepts only
 matrices.
 
-Sharded parameters (FSDP2 ``DTensor`` shards, ``sage_grpo.distributed``): :class:`sage_grpo.optim.muon.Muon` orthogonalizes
-each whole matrix and keeps this rank's rows (``torch.optim.Muon`` would run Newton-Schulz on the shards through
-DTensor propagation, which is wrong for tall matrices); on plain tensors it is ``torch.optim.Muon``'s math. Its
+Sharded parameters (FSDP2 ``DTensor`` shards, ``sage_grpo.distributed``): :class:`sage_grpo.optim.muon.Muon`
+orthogonalizes each whole matrix and keeps this rank's rows (``torch.optim.Muon`` would run Newton-Schulz on the shards
+through DTensor propagation, which is wrong for tall matrices); on plain tensors it is ``torch.optim.Muon``'s math. Its
 Newton-Schulz runs in bf16 on GPUs, as the reference's, and in fp32 on the CPU, where bf16 matmuls can be 100x slower
 (``sage_grpo/optim/muon.py``). Build the optimizer *after* the model is sharded.
 

@@ -389,7 +389,7 @@ def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,
     the reference stays with the model unless ``--reference_placement cpu``.
     """
     if plan is None and device_type == "cuda":
-        plan = plan_launch(cfg, _world_size(), device_memory_gib(cfg))
+        plan = plan_launch(cfg, launch_world_size(), device_memory_gib(cfg))
     if plan is not None:
         placement = plan.placement
         return dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu and device_type != "cpu")
@@ -406,7 +406,8 @@ def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:
     return resolve_placement(cfg, sharded=is_sharded_run(cfg), device_type=device.type)
 
 
-def _world_size() -> int:
+def launch_world_size() -> int:
+    """The processes of this launch: the process group's size, else ``$WORLD_SIZE``, else 1."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -14,7 +14,7 @@ import torch
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, validate_train_config
 from sage_grpo.config.validation import rollout_size
-from sage_grpo.plan.memory import (DEFAULT_GPU_MEMORY_GIB, MARGIN, MemoryPlan, _world_size, device_memory_gib,
+from sage_grpo.plan.memory import (DEFAULT_GPU_MEMORY_GIB, MARGIN, MemoryPlan, device_memory_gib, launch_world_size,
                                    plan_launch, sizes_of)
 from sage_grpo.plan.sizes import ModelSizes, text_token_count, video_token_count
 
@@ -110,7 +110,7 @@ def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
     device = torch.device(cfg.device) if cfg.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" or cfg.ignore_memory_plan:
         return None
-    world_size = _world_size()
+    world_size = launch_world_size()
     validate_train_config(cfg, world_size=world_size)
     gpu = device_memory_gib(cfg)
     plan = plan_launch(cfg, world_size, gpu)

@@ -1,5 +1,5 @@
-"""Sizes the memory plan (:mod:`sage_grpo.plan.memory`) counts: the parameters of every model a run loads, and the elements
-of the activations and the VAE decode, as formulas of the configuration.
+"""Sizes the memory plan (:mod:`sage_grpo.plan.memory`) counts: the parameters of every model a run loads, and the
+elements of the activations and the VAE decode, as formulas of the configuration.
 
 **Model sizes** are exact: each model is instantiated on the ``meta`` device (no memory) from the configs under
 ``--pretrained_model_root`` when it holds them, else from the known released configs (HunyuanVideo-1.5's

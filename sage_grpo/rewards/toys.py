@@ -19,8 +19,9 @@ demo. Selected by name like any reward model (``reward_model: target_color``); c
 The single-metric toys name their metric after themselves, so the composite reports them under the bare name
 (``target_color``, not ``target_color_target_color``) and ``reward_weights: '{"target_color": 1.0}'`` works.
 
-**Toy-world rewards** (the toy video world of :mod:`sage_grpo.toy`): each reward fits the toy world to the videos once (:func:`sage_grpo.toy.manifold.fit_manifold`) and returns, besides
-its score in [0, 1], two diagnostics that do not enter the GRPO reward by default (their ``sub_reward`` weight is 0):
+**Toy-world rewards** (the toy video world of :mod:`sage_grpo.toy`): each reward fits the toy world to the videos once
+(:func:`sage_grpo.toy.manifold.fit_manifold`) and returns, besides its score in [0, 1], two diagnostics that do not
+enter the GRPO reward by default (their ``sub_reward`` weight is 0):
 
 * ``manifold_error``: the RMS distance to the nearest on-manifold video (0 for a perfect toy video); a reward that
   rises while this rises is being earned off the data manifold (the paper's structure collapse);

@@ -6,7 +6,7 @@ Run directory (``--output_dir``)::
     train.log                  the console lines
     metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}
     tb/                        TensorBoard scalars, tags grouped as the reference: Reward/, KL/, Time/, Train/
-    wandb/, swanlog/           the wandb and SwanLab run files (--report_to wandb / swanlab; sage_grpo/tracking/trackers.py)
+    wandb/, swanlog/           the wandb and SwanLab run files (--report_to wandb / swanlab; tracking/trackers.py)
     trackers.json              the tracker run ids a resumed run continues
     rl_samples/{step:07d}/group_{g}/   rollout mp4s and index_{i}_group_{g}_rewards.json (newest N steps kept)
     samples/step_{step:06d}/   validation videos

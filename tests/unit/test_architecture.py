@@ -267,9 +267,8 @@ def test_the_checker_places_a_module_by_its_longest_prefix():
 
 
 def test_the_checker_counts_parameters_without_self(tmp_path):
-    many = ", ".join(f"p{i}" for i in range(13))
+    thirteen, twelve = (", ".join(f"p{i}" for i in range(n)) for n in (13, 12))
     package = _fake_package(tmp_path, {
-        "__init__.py": f"def wide({many}):\n    pass\n\n\nclass C:\n    def method(self, {', '.join(f'p{i}' for i in range(12))}):\n"
-                       "        pass\n",
+        "__init__.py": f"def wide({thirteen}):\n    pass\n\n\nclass C:\n    def method(self, {twelve}):\n        pass\n",
     })
     assert long_signatures(package) == {"__init__.py:wide": 13}

@@ -1,4 +1,4 @@
-"""The benchmarks (benchmarks/benchmark_*.py, sage_grpo/bench*.py; issue 13 item 8, issue 16 item 2): the analytic FLOP
+"""The benchmarks (benchmarks/; issue 13 item 8, issue 16 item 2): the analytic FLOP
 count against torch's FlopCounterMode (one device and one emulated SP rank), the real geometry's size and its refusal
 on the CPU, each dual-stream block's saved bytes against the memory planner's per-block formula, and each script run
 at the smallest size with one repeat, its printed lines parsed."""

@@ -12,8 +12,8 @@ import torch
 import yaml
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
-from sage_grpo.tracking.trackers import (RUN_IDS_FILE, LoggedVideo, TensorBoardTracker, TrackerRun, check_report_to,
-                                parse_report_to, start_trackers)
+from sage_grpo.tracking.trackers import (RUN_IDS_FILE, LoggedVideo, TensorBoardTracker, TrackerRun,
+                                         check_report_to, parse_report_to, start_trackers)
 from sage_grpo.tracking.run_dir import MetricsLogger, read_metrics
 from sage_grpo.video_io import write_video
 

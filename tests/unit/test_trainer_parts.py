@@ -15,7 +15,8 @@ from sage_grpo.optim.optimizers import LRSchedule, MuonWithAdamW, build_optimize
 from sage_grpo.rl import AdaptiveKLController, MovingAnchorSchedule
 from sage_grpo.safe_io import UnsafeFileError, load_plain
 from sage_grpo.tracking.trackers import TensorBoardTracker, TrackerRun
-from sage_grpo.tracking.run_dir import MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics, tensorboard_tag
+from sage_grpo.tracking.run_dir import (MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics,
+                                        tensorboard_tag)
 from sage_grpo.trainer import GRPOTrainer
 
 
