@@ -89,7 +89,7 @@ from sage_grpo.trackers import ROLLOUT_VIDEOS, VALIDATION_VIDEOS, LoggedVideo, c
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 truncate_metrics)
 from sage_grpo.models.attention import check_attention_backend
-from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, resolve_device, sampler_of
+from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device, sampler_of
 from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
 
@@ -149,7 +149,7 @@ class GRPOTrainer:
         check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
                     "--pretrained_transformer_version")
         self._check_i2v_tokens()
-        self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
+        self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)

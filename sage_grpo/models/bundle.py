@@ -52,13 +52,7 @@ from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEnco
 from sage_grpo.pipeline.rollout import decode_latents
 from sage_grpo.pipeline.sampler import Sampler
 from sage_grpo.plan import Placement, resolve_placement
-from sage_grpo.rl import KLMode, resolve_kl_mode
-
-
-def kl_mode_of(cfg: TrainConfig) -> KLMode:
-    """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: the trainer decides it once
-    and hands it to everything that depends on it (model building, resume checks, the update)."""
-    return resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
+from sage_grpo.rl import KLMode
 
 
 def autocast_dtype_of(cfg: TrainConfig) -> Optional[torch.dtype]:

@@ -6,12 +6,13 @@
 
 from sage_grpo.pipeline.replay import replay_step
 from sage_grpo.pipeline.resolution import bucket_hw, resolution_hw
-from sage_grpo.pipeline.rollout import RolloutOutput, decode_latents, latent_shape, rollout
+from sage_grpo.pipeline.rollout import RolloutOutput, VideoSize, decode_latents, latent_shape, rollout
 from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS, cfg_velocity, step_timesteps
 
 __all__ = [
     "T2V_IMAGE_TOKENS",
     "RolloutOutput",
+    "VideoSize",
     "bucket_hw",
     "cfg_velocity",
     "decode_latents",

@@ -1,0 +1,43 @@
+"""Each decision made once and handed on (issue 23 part B): what is decided at setup is not re-decided per step."""
+import pytest
+import torch
+
+from sage_grpo import sde
+from sage_grpo.config import TrainConfig
+from sage_grpo.pipeline.sampler import Sampler
+
+
+def test_the_sde_names_are_listed_once():
+    choices = TrainConfig.__dataclass_fields__["sde_type"].metadata["choices"]
+    assert choices is sde.SDE_TYPES and sde.SDE_TYPES == tuple(sde.SDE_KERNELS)
+
+
+def test_a_sampler_with_an_unknown_sde_fails_at_construction():
+    with pytest.raises(ValueError, match="unknown sde_type 'ddim'; valid choices: sage_grpo, dance_grpo"):
+        Sampler.build("ddim", 0.5, 4, 5.0, 6.0)
+
+
+def test_the_sampler_holds_the_kernel_and_steps_never_look_it_up(monkeypatch):
+    sampler = Sampler.build("cps", 0.5, 4, 5.0, 6.0)
+    assert sampler.kernel is sde.SDE_KERNELS["cps"] and sampler.sde_type == "cps"
+    monkeypatch.setattr(sde.registry, "SDE_KERNELS", {})  # any lookup by name would now fail
+    x, v = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    out = sde.step(sampler.kernel, v, x, sampler.sigmas, 1, sampler.eta, generator=torch.Generator().manual_seed(0))
+    assert out.prev_sample.shape == x.shape and torch.isfinite(out.log_prob).all()
+    sde.check_schedule(sampler.kernel, sampler.sigmas, sampler.eta)
+
+
+def test_the_memory_plan_asks_the_runs_kl_mode_not_the_flags(monkeypatch):
+    from sage_grpo import plan as planner
+    from sage_grpo import rl
+
+    cfg = TrainConfig(kl_weight=1e-5, use_lora=False)  # by the flags: a KL anchor held beside the policy
+    placement = planner.Placement(True, False, "auto")
+
+    def component_names():
+        phases = planner.plan_memory(cfg, planner.sizes_of(cfg), 1, 80.0, placement).phases
+        return {c.name for phase in phases for c in phase.components}
+
+    assert "reference (KL anchor) shards" in component_names()
+    monkeypatch.setattr(rl, "kl_mode_of", lambda config: rl.NO_KL)  # the one decision says: no reference
+    assert "reference (KL anchor) shards" not in component_names()
