@@ -27,6 +27,33 @@ def test_the_sampler_holds_the_kernel_and_steps_never_look_it_up(monkeypatch):
     sde.check_schedule(sampler.kernel, sampler.sigmas, sampler.eta)
 
 
+def test_token_divisibility_is_checked_once_per_shape():
+    from sage_grpo.config.validation import ConfigError, check_sequence_parallel_tokens
+    from sage_grpo.distributed.sequence_parallel import _local_chunk
+
+    check_sequence_parallel_tokens.cache_clear()
+    x = torch.arange(12.0).view(1, 12, 1)
+    for _ in range(5):  # five forwards of one shape: one check, four cache hits
+        assert torch.equal(_local_chunk(x, 1, 2, 1), x[:, 6:])
+    info = check_sequence_parallel_tokens.cache_info()
+    assert (info.misses, info.hits) == (1, 4)
+    for _ in range(2):  # a failing shape is never cached: it raises, with the setup's message, every time
+        with pytest.raises(ConfigError, match=r"\[tokens-divisible-by-sp\] 12 latent tokens per video cannot be split"):
+            _local_chunk(x, 1, 5, 0)
+
+
+def test_the_parallel_layout_has_one_rule_used_by_the_validator_and_parallel_dims():
+    from sage_grpo.config import validation
+    from sage_grpo.distributed import parallel_dims
+
+    assert parallel_dims.check_parallel_layout is validation.check_parallel_layout  # imported, not a second copy
+    expected = r"\[heads-divisible-by-sp\] the transformer has 3 attention heads, not divisible by --sp_size 2"
+    with pytest.raises(validation.ConfigError, match=expected):
+        validation.validate_train_config(TrainConfig(sp_size=2), world_size=2, num_attention_heads=3)
+    with pytest.raises(validation.ConfigError, match=expected):
+        parallel_dims.ParallelDims(world_size=2, sp_size=2, num_attention_heads=3)
+
+
 def test_the_memory_plan_asks_the_runs_kl_mode_not_the_flags(monkeypatch):
     from sage_grpo import plan as planner
     from sage_grpo import rl
