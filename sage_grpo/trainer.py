@@ -188,7 +188,9 @@ class GRPOTrainer:
         self.reward_fn = build_reward(cfg, self.reward_plan, self.device) if self.dims.is_sp_leader else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef)
+        # β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward
+        self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef,
+                                                                 device=self.device)
                               if self.kl_mode.uses_reference else None)
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
@@ -410,17 +412,14 @@ class GRPOTrainer:
                                                            cfg.clip_range, cfg.adv_clip_max, scale)
                 loss = policy_loss
                 if self.kl_controller is not None and ref_means is not None:
-                    beta = self.kl_controller.kl_coef
+                    beta = self.kl_controller.kl_coef  # a device tensor for the whole run (decided at setup)
                     ref_mean = ref_means[rows, steps].to(self.device)
                     effective_kl, parts = rl.dual_kl(out.mean, ref_mean, out.std, old_lp, out.log_prob,
                                                      self.kl_mode.dual, cfg.dual_kl_moving_weight,
                                                      cfg.dual_kl_step_weight)
                     # the world mean, so that every rank's controller follows the same beta; kept on the device
                     self.kl_controller.update(mean_tensor_over_world(effective_kl.detach().to(torch.float64)))
-                    if isinstance(beta, torch.Tensor):  # after the warm-up: a device tensor, >= --kl_min_coef
-                        loss = policy_loss + beta.to(effective_kl.dtype) * effective_kl
-                    elif beta > 0:
-                        loss = policy_loss + beta * effective_kl
+                    loss = policy_loss + beta.to(effective_kl.dtype) * effective_kl
                     metrics.update(kl_loss=effective_kl.detach(), KL_weight=beta, **parts)
                 metrics["total_loss"] = loss.detach()
                 backward_done += 1

@@ -54,6 +54,22 @@ def test_the_parallel_layout_has_one_rule_used_by_the_validator_and_parallel_dim
         parallel_dims.ParallelDims(world_size=2, sp_size=2, num_attention_heads=3)
 
 
+def test_beta_is_a_device_tensor_for_the_whole_run_when_the_controller_has_a_device():
+    from sage_grpo.rl import AdaptiveKLController
+
+    kls = [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 0.0, 0.0, 5.0]
+    make = lambda **kw: AdaptiveKLController.from_flags(1.0, 0.5, 0.2, horizon=4, window=2, **kw)
+    on_floats, on_device = make(), make(device=torch.device("cpu"))
+    assert isinstance(on_device.kl_coef, torch.Tensor) and on_device.kl_coef.dtype == torch.float64  # before any update
+    for kl in kls:  # warm-up and adjustment alike: one type, the same values as the float controller
+        expected = on_floats.update(kl)
+        beta = on_device.update(torch.tensor(kl, dtype=torch.float64))
+        assert isinstance(beta, torch.Tensor) and beta.shape == () and float(beta) == expected
+    resumed = make(device=torch.device("cpu"))
+    resumed.load_state_dict(on_device.state_dict())
+    assert isinstance(resumed.kl_coef, torch.Tensor) and float(resumed.kl_coef) == float(on_device.kl_coef)
+
+
 def test_the_memory_plan_asks_the_runs_kl_mode_not_the_flags(monkeypatch):
     from sage_grpo import plan as planner
     from sage_grpo import rl
