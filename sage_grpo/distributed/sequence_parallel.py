@@ -23,8 +23,9 @@ parameters: each rank's raw parameter gradient is partial, and their **mean** ov
 FSDP2's mean reduction over the flattened ``dp x sp`` mesh performs that mean (see ``parallel_dims.py``); without
 FSDP, average the gradients over ``ParallelDims.sp_group`` yourself.
 
-Requirements: ``num_attention_heads % sp == 0`` (checked here and by ``ParallelDims``) and a latent token count
-``F * H * W`` (after patching) divisible by ``sp`` (checked on every forward; ``ConfigError`` otherwise). Every rank of
+Requirements: ``num_attention_heads % sp == 0`` (decided at setup by ``ParallelDims``; only asserted here) and a latent
+token count ``F * H * W`` (after patching) divisible by ``sp`` (checked once per token count, ``ConfigError``
+otherwise; a forward of a known shape costs a cache lookup). Every rank of
 the SP group must call the model with identical inputs.
 """
 
@@ -37,7 +38,7 @@ from einops import rearrange
 from torch.distributed import _functional_collectives as funcol
 from torch.utils.hooks import RemovableHandle
 
-from sage_grpo.config.validation import ConfigError, check_sequence_parallel_tokens
+from sage_grpo.config.validation import check_sequence_parallel_tokens
 from sage_grpo.models.attention import dispatch, joint_projections, key_padding_mask
 
 _STATE_ATTR = "_sage_sequence_parallel"
@@ -150,9 +151,9 @@ def apply_sequence_parallel(transformer: torch.nn.Module, sp_group: Optional[dis
         raise RuntimeError("sequence parallelism is already applied to this transformer")
     sp, sp_rank = dist.get_world_size(sp_group), dist.get_rank(sp_group)
     num_heads = transformer.config.num_attention_heads
-    if num_heads % sp:
-        raise ConfigError(f"[heads-divisible-by-sp] the transformer has {num_heads} attention heads, not divisible by "
-                          f"--sp_size {sp}. Fix: pick --sp_size among the divisors of the head count.")
+    # Decided at setup (check_parallel_layout, through ParallelDims with the checkpoint's head count); the all-to-all
+    # splits the heads evenly over the group, so an uneven count here means a caller skipped that check.
+    assert num_heads % sp == 0, f"{num_heads} attention heads do not split over sp {sp}; see check_parallel_layout"
 
     original = {}
     for index, block in enumerate(transformer.transformer_blocks):

@@ -51,13 +51,7 @@ from sage_grpo.models.sharded_load import load_sharded_weights, transformer_on_m
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.models.placement import Placement
 from sage_grpo.models.vae import decode_latents
-from sage_grpo.rl import KLMode, resolve_kl_mode
-
-
-def kl_mode_of(cfg: TrainConfig) -> KLMode:
-    """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: the trainer decides it once
-    and hands it to everything that depends on it (model building, resume checks, the update)."""
-    return resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
+from sage_grpo.rl import KLMode
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:

@@ -5,12 +5,13 @@
 """
 
 from sage_grpo.pipeline.replay import replay_step
-from sage_grpo.pipeline.rollout import RolloutOutput, latent_shape, rollout
+from sage_grpo.pipeline.rollout import RolloutOutput, VideoSize, latent_shape, rollout
 from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS, cfg_velocity, step_timesteps
 
 __all__ = [
     "T2V_IMAGE_TOKENS",
     "RolloutOutput",
+    "VideoSize",
     "cfg_velocity",
     "latent_shape",
     "replay_step",

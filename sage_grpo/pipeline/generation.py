@@ -363,7 +363,8 @@ class VideoGenerator:
     def render(self, item: GenerationItem, progress: bool = False) -> torch.Tensor:
         """(3, F, H, W) float video in [0, 1] on the CPU."""
         from sage_grpo.models.vae import decode_latents
-        from sage_grpo.pipeline.rollout import rollout
+        from sage_grpo.pipeline.rollout import VideoSize, rollout
+        from sage_grpo.pipeline.sampler import Sampler
 
         config, plan, c = self.config, self.plan, self.components
         height, width = item.size or (plan.height, plan.width)
@@ -376,10 +377,10 @@ class VideoGenerator:
         transformer_stage = [] if plan.acceleration.group_offload else [self.transformer]
         cache = self.transformer.cache_context("generate") if plan.acceleration.cache else contextlib.nullcontext()
         with self._stage(transformer_stage), cache:
-            result = rollout(self.transformer, c.vae, embeds, [item.seed], num_steps=config.num_inference_steps,
-                             shift=plan.flow_shift, guidance_scale=plan.guidance_scale,
-                             num_frames=config.video_length, height=height, width=width,
-                             deterministic=True, decode=False, num_image_tokens=config.vision_num_semantic_tokens,
+            sampler = Sampler.euler(config.num_inference_steps, plan.flow_shift, plan.guidance_scale,
+                                    num_image_tokens=config.vision_num_semantic_tokens)
+            result = rollout(sampler, self.transformer, c.vae, embeds, [item.seed],
+                             VideoSize(config.video_length, height, width), deterministic=True, decode=False,
                              progress=progress)
         if plan.acceleration.cache:
             self.transformer._reset_stateful_cache()  # the next video starts a fresh cache, as diffusers' pipelines do

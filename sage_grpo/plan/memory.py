@@ -150,7 +150,7 @@ class _Layout:
 def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: str) -> _Layout:
     from sage_grpo.distributed.parallelize import policy_param_dtype
     from sage_grpo.dtypes import DTYPES, autocast_dtype_of
-    from sage_grpo.rl import resolve_kl_mode
+    from sage_grpo.rl import kl_mode_of
 
     sharded = cfg.enable_fsdp and world_size > 1
     t = sizes.transformer
@@ -164,8 +164,7 @@ def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: s
         sp=cfg.sp_size, master=DTYPES[cfg.master_weight_type].itemsize, gathered=gathered, compute=compute,
         activation=compute * (AUTOCAST_ACTIVATION_FACTOR if autocast else 1.0),
         autocast_copies=autocast and not cfg.use_lora and compute < gathered,
-        separate_reference=resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl).uses_reference
-        and not cfg.use_lora,
+        separate_reference=kl_mode_of(cfg).uses_reference and not cfg.use_lora,
         trainable=trainable, offload_encoders=cfg.offload_text_encoders and device_type != "cpu")
 
 

@@ -368,16 +368,10 @@ def build_reward_fn(
     reward_model: str = "videoalign_local",
     reward_weights: Mapping | str | None = None,
     *,
-    model_root: str | Path = "./ckpts",
-    checkpoint_mode: str = "v3",
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    context: RewardContext = RewardContext(),
     reward_kwargs: Mapping | str | None = None,
     extra_models: Mapping[str, Mapping] | str | None = None,
-    video_fps: float = 24.0,
     batch_size: int | None = None,
-    score_from_mp4: bool = False,
-    videoalign_sampling: SamplingOverrides | None = None,
     remote: RemoteSettings | None = None,
 ) -> CompositeReward:
     """Build the trainer's reward: ``fn(videos (B,3,F,H,W) in [0,1], prompts) -> {key: (B,)} incl. "avg"``.
@@ -389,27 +383,24 @@ def build_reward_fn(
             default (``{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}`` for videoalign_local, none otherwise); empty:
             the reference fallback ``{"VQ": 1, "MQ": 1, "TA": 1}`` for videoalign_local, none otherwise. A model
             without sub_reward contributes the mean of its raw metrics to ``avg``.
-        model_root: folder holding ``VideoReward/`` (the trainer's ``--pretrained_model_root``).
-        checkpoint_mode: ``--reward_checkpoint_mode`` (v1/v2/v3) for the VideoReward state dict.
-        device, dtype: where and in which precision VideoReward runs.
+        context: what every model of the composite shares (:class:`RewardContext`): the folder holding
+            ``VideoReward/`` (the trainer's ``--pretrained_model_root``), ``--reward_checkpoint_mode``, the device and
+            dtype VideoReward runs in, the frame rate of the videos passed in (24 for HunyuanVideo-1.5 rollouts),
+            whether VideoAlign scores each video after an mp4 round trip (as the reference does), and VideoAlign's
+            frame sampling overrides.
         reward_kwargs: constructor arguments of the primary model, dict or JSON (e.g. ``{"target_rgb": [0, 0, 1]}``
             for ``target_color``, ``{"checkpoint_step": 11352}`` for ``videoalign_local``).
         extra_models: further models ``{name: {"weight": w, "sub_reward": {...}, "kwargs": {...}}}`` (dict or
             JSON); an entry named like ``reward_model`` replaces the primary entry (to give it a weight other than
             1.0).
-        video_fps: frame rate of the videos passed in (24 for HunyuanVideo-1.5 rollouts).
         batch_size: videos per reward-model call (None: the whole batch; 1: the reference's one at a time).
-        score_from_mp4: VideoAlign scores each video after an mp4 round trip, as the reference does.
-        videoalign_sampling: VideoAlign's frame rate or count and pixel budget, overriding the checkpoint's.
         remote: score ``reward_model`` on the reward server these settings name (:mod:`.remote`) instead of
             building it here; further models (``extra_models``) stay local.
     """
     models = plan_reward_models(reward_model, reward_weights, reward_kwargs, extra_models, batch_size)
-    ctx = RewardContext(model_root, checkpoint_mode, device, dtype, video_fps, score_from_mp4,
-                        videoalign_sampling or SamplingOverrides())
     primary = next(iter(models))
-    fns = {model: (RemoteReward(model, remote, video_fps=video_fps) if remote is not None and model == primary
-                   else make_reward(model, ctx, cfg["kwargs"])) for model, cfg in models.items()}
+    fns = {model: (RemoteReward(model, remote, video_fps=context.video_fps) if remote is not None and model == primary
+                   else make_reward(model, context, cfg["kwargs"])) for model, cfg in models.items()}
     return CompositeReward(models, fns, batch_size)
 
 

@@ -12,6 +12,7 @@ from sage_grpo.config.validation import ConfigError
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.rewards import avg_term_weights, build_reward_fn, plan_reward_models
+from sage_grpo.rewards.registry import RewardContext
 from sage_grpo.rewards.remote import RemoteSettings
 from sage_grpo.rewards.videoalign_inputs import SamplingOverrides
 from sage_grpo.rl import RewardAggregation
@@ -51,9 +52,7 @@ def check_reward_config(cfg: TrainConfig) -> RewardPlan:
 
 
 def build_reward(cfg: TrainConfig, plan: RewardPlan, device: torch.device) -> Callable:
-    return build_reward_fn(cfg.reward_model, plan.weights,
-                           model_root=cfg.pretrained_model_root, checkpoint_mode=cfg.reward_checkpoint_mode,
-                           device=device, dtype=DTYPES[cfg.dtype], video_fps=cfg.video_fps,
-                           batch_size=cfg.reward_batch_size, reward_kwargs=cfg.reward_kwargs,
-                           score_from_mp4=cfg.reward_from_mp4, videoalign_sampling=plan.sampling,
-                           remote=plan.remote)
+    context = RewardContext(cfg.pretrained_model_root, cfg.reward_checkpoint_mode, device, DTYPES[cfg.dtype],
+                            cfg.video_fps, cfg.reward_from_mp4, plan.sampling)
+    return build_reward_fn(cfg.reward_model, plan.weights, context=context, batch_size=cfg.reward_batch_size,
+                           reward_kwargs=cfg.reward_kwargs, remote=plan.remote)

@@ -21,10 +21,12 @@ from sage_grpo.config.schema import from_dict, load_yaml
 from sage_grpo.export.weights import export_checkpoint, read_trained_weights
 from sage_grpo.models import load_components, load_transformer
 from sage_grpo.pipeline.generation import GenerationItem, VideoGenerator, plan_generation
-from sage_grpo.pipeline.rollout import draw_initial_noise, latent_shape, rollout, sample_generators
+from sage_grpo.pipeline.rollout import VideoSize, draw_initial_noise, latent_shape, rollout, sample_generators
+from sage_grpo.pipeline.sampler import Sampler
 from sage_grpo.tracking.run_dir import read_metrics
-from sage_grpo.models.bundle import build_models, kl_mode_of, resolve_device
+from sage_grpo.models.bundle import build_models, resolve_device
 from sage_grpo.plan.memory import placement_of
+from sage_grpo.rl import kl_mode_of
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -179,8 +181,9 @@ def test_lora_references_need_no_second_model(runs, tiny_root, tmp_path):
     embeds = bundle.encode([PROMPT])
 
     def sample(transformer):
-        return rollout(transformer, components.vae, embeds, [SEED], num_steps=NUM_STEPS, deterministic=True,
-                       decode=False, num_image_tokens=TINY_IMAGE_TOKENS, **VIDEO).latents
+        sampler = Sampler.euler(NUM_STEPS, 5.0, GUIDANCE, num_image_tokens=TINY_IMAGE_TOKENS)
+        return rollout(sampler, transformer, components.vae, embeds, [SEED], VideoSize(**VIDEO), deterministic=True,
+                       decode=False).latents
 
     base = sample(load_transformer(tiny_root, dtype=torch.float32))
     with torch.no_grad():

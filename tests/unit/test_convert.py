@@ -11,8 +11,8 @@ from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT
 from reference_layout import GLYPH_COLORS, GLYPH_FONTS, write_reference_layout
 from sage_grpo.cli.convert import main as convert_main
 from sage_grpo.models import layout
-from sage_grpo.models.convert import (TRANSFORMER_KEYS, VAE_KEYS, ConversionError, check_complete, to_diffusers_keys,
-                                      to_reference_keys)
+from sage_grpo.models.convert import ConversionError, check_complete
+from sage_grpo.models.convert_keys import TRANSFORMER_KEYS, VAE_KEYS, to_diffusers_keys, to_reference_keys
 
 PROMPTS = ['A girl holding a paper with words "Hello, world!"', "A cat walks on the grass, realistic."]
 

@@ -23,9 +23,10 @@ from sage_grpo.config import TrainConfig
 from sage_grpo.export.weights import export_checkpoint, read_trained_weights
 from sage_grpo.models.lora import LoraTraining
 from sage_grpo.models.attention import install_joint_attention
-from sage_grpo.models.bundle import build_models, kl_mode_of, resolve_device
+from sage_grpo.models.bundle import build_models, resolve_device
 from sage_grpo.pipeline.sampler import sampler_of
 from sage_grpo.plan.memory import placement_of
+from sage_grpo.rl import kl_mode_of
 from sage_grpo.models.loading import load_transformer
 from sage_grpo.optim.optimizers import build_optimizer
 from sage_grpo.pipeline import cfg_velocity, step_timesteps

@@ -13,7 +13,8 @@ from sage_grpo.models import PromptEncoder
 from sage_grpo.models.image_condition import ImageCondition, ImageConditionEncoder, closest_bucket
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root, required_layouts, version_task
 from sage_grpo.models.loading import load_components
-from sage_grpo.pipeline import replay_step, rollout
+from sage_grpo.pipeline import VideoSize, replay_step, rollout
+from sage_grpo.pipeline.sampler import Sampler
 
 PROMPTS = ["A cat walks on the grass", "A dog runs on a beach"]
 SEEDS = [21, 22]
@@ -141,12 +142,13 @@ def test_the_image_changes_the_velocity(components, i2v_embeds):
 
 @pytest.mark.parametrize("sde_type", sde.SDE_TYPES)
 def test_replay_reproduces_i2v_rollout_log_probs_exactly(components, small_embeds, sde_type):
-    out = rollout(components.transformer, components.vae, small_embeds, SEEDS, sde_type=sde_type,
-                  num_steps=NUM_STEPS, decode=False, micro_batch_size=2, **SMALL_VIDEO)
+    sampler = Sampler.build(sde_type, 0.5, NUM_STEPS, 5.0, 6.0, micro_batch_size=2)
+    out = rollout(sampler, components.transformer, components.vae, small_embeds, SEEDS, VideoSize(**SMALL_VIDEO),
+                  decode=False)
     assert torch.isfinite(out.log_probs).all()
     for k in range(NUM_STEPS):
-        replayed = replay_step(components.transformer, out.latents[:, k], out.latents[:, k + 1], out.sigmas,
-                               torch.tensor([k, k]), small_embeds, sde_type=sde_type, eta=0.5)
+        replayed = replay_step(sampler, components.transformer, out.latents[:, k], out.latents[:, k + 1],
+                               torch.tensor([k, k]), small_embeds)
         assert torch.equal(replayed.log_prob, out.log_probs[:, k]), (sde_type, k)
         assert replayed.log_prob.requires_grad
 
@@ -166,8 +168,8 @@ def test_ode_rollout_matches_diffusers_i2v_pipeline(components, images, i2v_embe
     image = Image.open(images[0]).convert("RGB")
     # diffusers picks the bucket of the transformer's target_size closest to the image's aspect ratio
     assert closest_bucket((image.height, image.width), c.transformer.config.target_size, 8) == (48, 80)
-    ours = rollout(c.transformer, c.vae, i2v_embeds.select([0]), SEEDS[:1], num_steps=NUM_STEPS, deterministic=True,
-                   decode=False, **VIDEO)
+    ours = rollout(Sampler.euler(NUM_STEPS, 5.0, 6.0), c.transformer, c.vae, i2v_embeds.select([0]), SEEDS[:1],
+                   VideoSize(**VIDEO), deterministic=True, decode=False)
     latents = pipe(image=image, prompt=PROMPTS[0], negative_prompt=None, num_frames=VIDEO["num_frames"],
                    num_inference_steps=NUM_STEPS, latents=ours.latents[:, 0].clone(), output_type="latent").frames
     torch.testing.assert_close(pipe.scheduler.sigmas, ours.sigmas, rtol=0, atol=1e-6)

@@ -14,7 +14,8 @@ from sage_grpo.models import PromptEncoder, load_components
 from sage_grpo.models.loading import load_transformer
 from sage_grpo.models.resolution import bucket_hw, resolution_hw
 from sage_grpo.models.vae import decode_latents
-from sage_grpo.pipeline import cfg_velocity, latent_shape, replay_step, rollout, step_timesteps
+from sage_grpo.pipeline import VideoSize, cfg_velocity, latent_shape, replay_step, rollout, step_timesteps
+from sage_grpo.pipeline.sampler import Sampler
 from sage_grpo.rl.grad_balance import grad_balance_scales
 
 PROMPTS = ["A cat walks on the grass", 'A girl holding a paper with words "Hello, world!"', "A dog runs on a beach"]
@@ -28,10 +29,15 @@ def embeds(tiny_encoder):
     return tiny_encoder.encode(PROMPTS)
 
 
-def run(components, embeds, seeds=SEEDS, **kwargs):
-    settings = dict(num_steps=NUM_STEPS, num_image_tokens=TINY_IMAGE_TOKENS, **TINY_VIDEO)
-    settings.update(kwargs)
-    return rollout(components.transformer, components.vae, embeds, seeds, **settings)
+def tiny_sampler(sde_type="sage_grpo", guidance_scale=6.0, **settings):
+    return Sampler.build(sde_type, 0.5, NUM_STEPS, 5.0, guidance_scale, num_image_tokens=TINY_IMAGE_TOKENS, **settings)
+
+
+def run(components, embeds, seeds=SEEDS, sde_type="sage_grpo", guidance_scale=6.0, micro_batch_size=1, sigmas=None,
+        **kwargs):
+    sampler = tiny_sampler(sde_type, guidance_scale, micro_batch_size=micro_batch_size)
+    sampler = sampler if sigmas is None else replace(sampler, sigmas=sigmas)
+    return rollout(sampler, components.transformer, components.vae, embeds, seeds, VideoSize(**TINY_VIDEO), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +77,8 @@ def test_replay_reproduces_rollout_log_probs_exactly(tiny_components, embeds, sd
         for row in range(2):
             sample = slice(row, row + 1)
             for index in (k, torch.tensor([k])):  # shared int index and per-sample LongTensor index
-                replayed = replay_step(transformer, out.latents[sample, k], out.latents[sample, k + 1], out.sigmas,
-                                       index, embeds.select([row]), sde_type=sde_type, eta=0.5,
-                                       num_image_tokens=TINY_IMAGE_TOKENS)  # grad enabled, as in training
+                replayed = replay_step(tiny_sampler(sde_type), transformer, out.latents[sample, k],
+                                       out.latents[sample, k + 1], index, embeds.select([row]))  # grad enabled
                 assert torch.equal(replayed.log_prob, out.log_probs[sample, k]), (sde_type, k, row)
                 assert replayed.log_prob.requires_grad
 
@@ -81,9 +86,8 @@ def test_replay_reproduces_rollout_log_probs_exactly(tiny_components, embeds, sd
 def test_replay_with_micro_batches(tiny_components, embeds):
     out = run(tiny_components, embeds.select([0, 1]), seeds=SEEDS[:2], micro_batch_size=2, decode=False)
     for k in range(NUM_STEPS):
-        replayed = replay_step(tiny_components.transformer, out.latents[:, k], out.latents[:, k + 1], out.sigmas,
-                               torch.tensor([k, k]), embeds.select([0, 1]), sde_type="sage_grpo", eta=0.5,
-                               num_image_tokens=TINY_IMAGE_TOKENS)
+        replayed = replay_step(tiny_sampler(), tiny_components.transformer, out.latents[:, k], out.latents[:, k + 1],
+                               torch.tensor([k, k]), embeds.select([0, 1]))
         assert torch.equal(replayed.log_prob, out.log_probs[:, k])
 
 
@@ -93,8 +97,8 @@ def test_replay_gradients_flow_through_both_cfg_branches(tiny_components, embeds
     conditioning.embeds.requires_grad_(True)
     conditioning.neg_embeds.requires_grad_(True)
     transformer.zero_grad()
-    out = replay_step(transformer, sage_rollout.latents[:1, 1], sage_rollout.latents[:1, 2], sage_rollout.sigmas, 1,
-                      conditioning, sde_type="sage_grpo", eta=0.5, num_image_tokens=TINY_IMAGE_TOKENS)
+    out = replay_step(tiny_sampler(), transformer, sage_rollout.latents[:1, 1], sage_rollout.latents[:1, 2], 1,
+                      conditioning)
     out.log_prob.sum().backward()
     assert conditioning.embeds.grad.abs().sum() > 0 and conditioning.neg_embeds.grad.abs().sum() > 0
     assert transformer.proj_out.weight.grad.abs().sum() > 0
@@ -155,9 +159,8 @@ def test_policy_and_bf16_reference_see_the_same_fp32_timesteps(tiny_root, tiny_c
         try:
             with torch.no_grad():
                 for k in range(NUM_STEPS):
-                    replay_step(model, sage_rollout.latents[:1, k], sage_rollout.latents[:1, k + 1],
-                                sage_rollout.sigmas, k, embeds.select([0]), sde_type="sage_grpo", eta=0.5,
-                                autocast_dtype=autocast_dtype, num_image_tokens=TINY_IMAGE_TOKENS)
+                    replay_step(tiny_sampler(autocast_dtype=autocast_dtype), model, sage_rollout.latents[:1, k],
+                                sage_rollout.latents[:1, k + 1], k, embeds.select([0]))
         finally:
             handle.remove()
     expected = [step_timesteps(sage_rollout.sigmas, k, 2) for k in range(NUM_STEPS)]  # (2,): CFG doubles the batch
@@ -173,9 +176,10 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
     """The trainer's reference means and dual KL (trainer.reference_means / policy_update) on a policy that has moved
     away from the base: KL_pos > 0 against the base, exactly 0 once the anchor is refreshed from the policy, when
     policy and reference run at the same precision (bf16: bf16 weights under bf16 autocast)."""
-    from sage_grpo.models.bundle import build_models, kl_mode_of, resolve_device
+    from sage_grpo.models.bundle import build_models, resolve_device
     from sage_grpo.pipeline.sampler import sampler_of
     from sage_grpo.plan.memory import placement_of
+    from sage_grpo.rl import kl_mode_of
 
     cfg = TrainConfig(pretrained_model_root=str(tiny_root), dtype=precision, master_weight_type=precision,
                       device="cpu", kl_weight=1e-5, enable_gradient_checkpointing=False,

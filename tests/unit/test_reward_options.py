@@ -14,6 +14,7 @@ import torch
 from sage_grpo.config import TrainConfig, parse_cli
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.rewards import avg_term_weights, build_reward_fn, plan_reward_models
+from sage_grpo.rewards.registry import RewardContext
 from sage_grpo.rewards.remote import RemoteReward, RemoteRewardError, RemoteSettings, encode_request
 from sage_grpo.rewards.serving import RequestError, RewardService, ServerLimits, decode_request
 from sage_grpo.rewards.toys import ToySuiteReward
@@ -73,8 +74,9 @@ def test_default_sampling_is_the_checkpoints(videoalign, tiny_reward_root):
 
 def test_overrides_change_the_frames_and_pixels_the_model_sees(videoalign, tiny_reward_root):
     videos = random_videos(2, 9, 112, 168)
-    overridden = build_reward_fn("videoalign_local", model_root=tiny_reward_root, device="cpu", dtype=torch.float32,
-                                 videoalign_sampling=SamplingOverrides(num_frames=8, max_pixels=112 * 168))
+    overridden = build_reward_fn("videoalign_local", context=RewardContext(
+        tiny_reward_root, device="cpu", dtype=torch.float32,
+        videoalign_sampling=SamplingOverrides(num_frames=8, max_pixels=112 * 168)))
     inputs = overridden.fns["videoalign_local"].inputs
     frames = [inputs.frames_from_tensor(v, 24.0) for v in videos]
     assert frames[0].shape == (8, 3, 112, 168)  # 8 of 9 frames, full size fits the new budget
@@ -196,9 +198,11 @@ def test_remote_videoalign_scores_equal_the_local_ones(videoalign, tiny_reward_r
     server = ServerThread(RewardService(videoalign, "videoalign_local", video_fps=24.0))
     try:
         videos = random_videos(2, 9, 64, 96)  # on the 8-bit grid: the uint8 wire format is exact
-        remote = build_reward_fn("videoalign_local", model_root=tiny_reward_root, remote=fast_remote(server.url))
+        remote = build_reward_fn("videoalign_local", context=RewardContext(tiny_reward_root),
+                                 remote=fast_remote(server.url))
         assert isinstance(remote.fns["videoalign_local"], RemoteReward)
-        local = build_reward_fn("videoalign_local", model_root=tiny_reward_root, device="cpu", dtype=torch.float32)
+        local = build_reward_fn("videoalign_local", context=RewardContext(tiny_reward_root, device="cpu",
+                                                                                dtype=torch.float32))
         remote_scores, local_scores = remote(videos, PROMPTS), local(videos, PROMPTS)
         assert list(remote_scores) == list(local_scores) == ["videoalign_local_vq", "videoalign_local_mq",
                                                              "videoalign_local_ta", "videoalign_local_overall", "avg"]

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from sage_grpo.rewards import build_reward_fn, register_reward
 from sage_grpo.rewards.base import score_with_fallback
 from sage_grpo.rewards.prompt_templates import DETAILED_SPECIAL_TEMPLATE, REWARD_TOKENS, build_prompt
-from sage_grpo.rewards.registry import BUILTIN_REWARDS, VIDEOALIGN_METRICS, import_object
+from sage_grpo.rewards.registry import BUILTIN_REWARDS, VIDEOALIGN_METRICS, RewardContext, import_object
 from sage_grpo.rewards.tiny import FULL_STEP, LORA_STEP, RELEASED_NORM_STATS, write_tiny_video_reward
 from sage_grpo.rewards.toys import TargetColorReward, TemporalSmoothnessReward
 from sage_grpo.rewards.video_preprocess import (
@@ -246,8 +246,8 @@ def test_missing_files_are_listed_in_one_error(tiny_reward_root, tmp_path):
 def test_normalisation_overall_and_avg_from_known_logits(tiny_reward_root, monkeypatch):
     logits = torch.tensor([[4.0, 2.0, 3.0], [1.0, 0.5, -1.0]])
     monkeypatch.setattr(VideoAlignReward, "logits", lambda self, batch: logits)
-    fn = build_reward_fn("videoalign_local", '{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}', model_root=tiny_reward_root,
-                         dtype=torch.float32)
+    fn = build_reward_fn("videoalign_local", '{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}',
+                         context=RewardContext(tiny_reward_root, dtype=torch.float32))
     out = fn(smooth_videos(2), PROMPTS[:2])
     s = RELEASED_NORM_STATS
     vq = (logits[:, 0].double() - s["VQ_mean"]) / s["VQ_std"]
@@ -262,11 +262,11 @@ def test_normalisation_overall_and_avg_from_known_logits(tiny_reward_root, monke
     assert list(out) == ["videoalign_local_vq", "videoalign_local_mq", "videoalign_local_ta",
                          "videoalign_local_overall", "avg"]
     # Empty weights: the reference's {VQ: 1, MQ: 1, TA: 1}; lower-case metric names resolve too.
-    torch.testing.assert_close(build_reward_fn("auto", {}, model_root=tiny_reward_root, dtype=torch.float32)(
+    torch.testing.assert_close(build_reward_fn("auto", {}, context=RewardContext(tiny_reward_root, dtype=torch.float32))(
         smooth_videos(2), PROMPTS[:2])["avg"], (vq + mq + ta).float())
     raw = tiny_reward(tiny_reward_root, use_norm=False).scores_from_logits(logits)
     torch.testing.assert_close(raw["Overall"], logits.sum(-1))
-    lower = build_reward_fn("videoalign_local", {"vq": 2.0}, model_root=tiny_reward_root, dtype=torch.float32)
+    lower = build_reward_fn("videoalign_local", {"vq": 2.0}, context=RewardContext(tiny_reward_root, dtype=torch.float32))
     torch.testing.assert_close(lower(smooth_videos(2), PROMPTS[:2])["avg"], (2 * vq).float())
 
 
@@ -324,7 +324,7 @@ def test_failing_sample_is_nan_with_a_warning_and_others_keep_scores(tiny_reward
         return render(self, prompt)
 
     monkeypatch.setattr(VideoAlignInputBuilder, "render_chat", flaky_render)
-    fn = build_reward_fn(model_root=tiny_reward_root, dtype=torch.float32)
+    fn = build_reward_fn(context=RewardContext(tiny_reward_root, dtype=torch.float32))
     with pytest.warns(RuntimeWarning) as record:
         out = fn(smooth_videos(), PROMPTS)
     messages = [str(w.message) for w in record]

@@ -7,6 +7,7 @@ import torch
 from sage_grpo.sde import (
     SDE_TYPES,
     check_schedule,
+    get_kernel,
     shifted_sigmas,
     step,
     timesteps_from_sigmas,
@@ -54,13 +55,13 @@ def test_sage_std_worked_values():
     # step 0: σ = 1 → clamped to 0.997, σ' = 0.989583: std² = .25·(ln(0.010417/0.003) − 0.010417)
     #         = .25·(1.244795 − 0.010417) = 0.308595 → std = 0.55551
     # step 19: σ = 0.208333, σ' = 0: std² = .25·(ln(1/0.791667) − 0.208333) = .25·0.025282 = 0.0063204 → 0.079501
-    assert step("sage_grpo", v, x, SIGMAS, 0, ETA).std.item() == pytest.approx(0.55551, abs=1e-4)
-    assert step("sage_grpo", v, x, SIGMAS, 19, ETA).std.item() == pytest.approx(0.079501, abs=1e-5)
+    assert step(get_kernel("sage_grpo"), v, x, SIGMAS, 0, ETA).std.item() == pytest.approx(0.55551, abs=1e-4)
+    assert step(get_kernel("sage_grpo"), v, x, SIGMAS, 19, ETA).std.item() == pytest.approx(0.079501, abs=1e-5)
 
 
 def test_flow_grpo_first_step_uses_sigma_1():
     v, x = _inputs()
-    out = step("flow_grpo", v, x, SIGMAS, 0, ETA)
+    out = step(get_kernel("flow_grpo"), v, x, SIGMAS, 0, ETA)
     # σ = 1 → σ̃ = σ_1 = 0.989583: std_t = .5·√(1/0.010417) = .5·9.79796 = 4.89898, noise = std_t·√0.010417 = 0.5
     assert out.std.item() == pytest.approx(4.89898, rel=1e-5)
     assert out.noise_std.item() == pytest.approx(0.5, rel=1e-5)
@@ -119,7 +120,7 @@ def test_equalizer_jacobian_matches_autograd_and_spec(sde_type):
     k = 7
     v, x = _inputs()
     v.requires_grad_(True)
-    out = step(sde_type, v, x, SIGMAS, k, ETA, prev_sample=x)
+    out = step(get_kernel(sde_type), v, x, SIGMAS, k, ETA, prev_sample=x)
     (jacobian,) = torch.autograd.grad(out.mean.sum(), v)  # μ is elementwise affine in v: ∂μ/∂v is constant
     assert torch.allclose(jacobian, jacobian.flatten()[0])
     expected = _spec_jacobian(sde_type, SIGMAS[k].item(), SIGMAS[k + 1].item(), ETA)
@@ -134,12 +135,12 @@ def test_equalizer_jacobian_matches_autograd_and_spec(sde_type):
 @pytest.mark.parametrize("sde_type", SDE_TYPES)
 def test_shapes_and_float32_outputs(sde_type):
     v, x = _inputs(dtype=torch.bfloat16)
-    out = step(sde_type, v, x, SIGMAS, 4, ETA)
+    out = step(get_kernel(sde_type), v, x, SIGMAS, 4, ETA)
     for name in ("prev_sample", "pred_x0", "mean"):
         assert getattr(out, name).shape == SHAPE and getattr(out, name).dtype == torch.float32
     assert out.log_prob.shape == (2,) and out.log_prob.dtype == torch.float32
     assert out.std.shape == () and out.noise_std.shape == () and out.std.dtype == torch.float32
-    per_sample = step(sde_type, v, x, SIGMAS, torch.tensor([4, 9]), ETA)
+    per_sample = step(get_kernel(sde_type), v, x, SIGMAS, torch.tensor([4, 9]), ETA)
     assert per_sample.std.shape == (2,) and per_sample.noise_std.shape == (2,)
 
 
@@ -147,8 +148,8 @@ def test_shapes_and_float32_outputs(sde_type):
 def test_bf16_inputs_are_upcast_before_any_math(sde_type):
     v, x = _inputs(dtype=torch.bfloat16)
     stored = torch.randn(SHAPE, generator=torch.Generator().manual_seed(5))
-    low = step(sde_type, v, x, SIGMAS, 6, ETA, prev_sample=stored.bfloat16())
-    high = step(sde_type, v.float(), x.float(), SIGMAS, 6, ETA, prev_sample=stored.bfloat16().float())
+    low = step(get_kernel(sde_type), v, x, SIGMAS, 6, ETA, prev_sample=stored.bfloat16())
+    high = step(get_kernel(sde_type), v.float(), x.float(), SIGMAS, 6, ETA, prev_sample=stored.bfloat16().float())
     assert torch.equal(low.mean, high.mean) and torch.equal(low.log_prob, high.log_prob)
 
 
@@ -156,14 +157,14 @@ def test_bf16_inputs_are_upcast_before_any_math(sde_type):
 def test_int_and_per_sample_index_agree(sde_type):
     v, x = _inputs()
     stored = x + 0.1
-    shared = step(sde_type, v, x, SIGMAS, 3, ETA, prev_sample=stored)
-    same = step(sde_type, v, x, SIGMAS, torch.tensor([3, 3]), ETA, prev_sample=stored)
+    shared = step(get_kernel(sde_type), v, x, SIGMAS, 3, ETA, prev_sample=stored)
+    same = step(get_kernel(sde_type), v, x, SIGMAS, torch.tensor([3, 3]), ETA, prev_sample=stored)
     torch.testing.assert_close(same.mean, shared.mean)
     torch.testing.assert_close(same.log_prob, shared.log_prob)
     torch.testing.assert_close(same.std, shared.std.expand(2))
-    mixed = step(sde_type, v, x, SIGMAS, torch.tensor([3, 17]), ETA, prev_sample=stored)
+    mixed = step(get_kernel(sde_type), v, x, SIGMAS, torch.tensor([3, 17]), ETA, prev_sample=stored)
     for i, k in enumerate((3, 17)):
-        alone = step(sde_type, v[i : i + 1], x[i : i + 1], SIGMAS, k, ETA, prev_sample=stored[i : i + 1])
+        alone = step(get_kernel(sde_type), v[i : i + 1], x[i : i + 1], SIGMAS, k, ETA, prev_sample=stored[i : i + 1])
         torch.testing.assert_close(mixed.mean[i : i + 1], alone.mean)
         torch.testing.assert_close(mixed.log_prob[i : i + 1], alone.log_prob)
         torch.testing.assert_close(mixed.noise_std[i], alone.noise_std)
@@ -172,9 +173,10 @@ def test_int_and_per_sample_index_agree(sde_type):
 @pytest.mark.parametrize("sde_type", SDE_TYPES)
 def test_rescoring_a_rollout_is_bit_identical(sde_type):
     v, x = _inputs()
-    rollout = step(sde_type, v, x, SIGMAS, 5, ETA, generator=torch.Generator().manual_seed(1))
-    rescored = step(sde_type, v.clone(), x.clone(), SIGMAS, torch.tensor([5, 5]), ETA, prev_sample=rollout.prev_sample)
-    rescored_int = step(sde_type, v.clone(), x.clone(), SIGMAS, 5, ETA, prev_sample=rollout.prev_sample)
+    rollout = step(get_kernel(sde_type), v, x, SIGMAS, 5, ETA, generator=torch.Generator().manual_seed(1))
+    rescored = step(get_kernel(sde_type), v.clone(), x.clone(), SIGMAS, torch.tensor([5, 5]), ETA,
+                    prev_sample=rollout.prev_sample)
+    rescored_int = step(get_kernel(sde_type), v.clone(), x.clone(), SIGMAS, 5, ETA, prev_sample=rollout.prev_sample)
     assert torch.equal(rescored_int.log_prob, rollout.log_prob)
     assert torch.equal(torch.exp(rescored_int.log_prob - rollout.log_prob), torch.ones(2))  # first PPO ratio = 1
     torch.testing.assert_close(rescored.log_prob, rollout.log_prob)
@@ -183,7 +185,8 @@ def test_rescoring_a_rollout_is_bit_identical(sde_type):
 @pytest.mark.parametrize("sde_type", SDE_TYPES)
 def test_generator_determinism_and_per_sample_generators(sde_type):
     v, x = _inputs(shape=(3, 2, 4))
-    draw = lambda gen, sl=slice(None): step(sde_type, v[sl], x[sl], SIGMAS, 2, ETA, generator=gen).prev_sample
+    kernel = get_kernel(sde_type)
+    draw = lambda gen, sl=slice(None): step(kernel, v[sl], x[sl], SIGMAS, 2, ETA, generator=gen).prev_sample
     assert torch.equal(draw(torch.Generator().manual_seed(7)), draw(torch.Generator().manual_seed(7)))
     assert not torch.equal(draw(torch.Generator().manual_seed(7)), draw(torch.Generator().manual_seed(8)))
     seeds = (11, 12, 13)
@@ -197,13 +200,13 @@ def test_generator_determinism_and_per_sample_generators(sde_type):
 @pytest.mark.parametrize("sde_type", SDE_TYPES)
 def test_deterministic_branch_is_euler_scored_under_the_sde(sde_type):
     v, x = _inputs()
-    out = step(sde_type, v, x, SIGMAS, 8, ETA, deterministic=True)
+    out = step(get_kernel(sde_type), v, x, SIGMAS, 8, ETA, deterministic=True)
     dt = SIGMAS[9] - SIGMAS[8]
     assert torch.equal(out.prev_sample, x + dt * v)
-    rescored = step(sde_type, v, x, SIGMAS, 8, ETA, prev_sample=x + dt * v)
+    rescored = step(get_kernel(sde_type), v, x, SIGMAS, 8, ETA, prev_sample=x + dt * v)
     assert torch.equal(out.log_prob, rescored.log_prob)
     with pytest.raises(ValueError, match="deterministic"):
-        step(sde_type, v, x, SIGMAS, 8, ETA, deterministic=True, prev_sample=x)
+        step(get_kernel(sde_type), v, x, SIGMAS, 8, ETA, deterministic=True, prev_sample=x)
 
 
 @pytest.mark.parametrize("sde_type", SDE_TYPES)
@@ -211,7 +214,7 @@ def test_gradient_reaches_model_output_through_the_mean_only(sde_type):
     v, x = _inputs()
     v.requires_grad_(True)
     stored = (x + 0.05).requires_grad_(True)
-    out = step(sde_type, v, x, SIGMAS, 10, ETA, prev_sample=stored)
+    out = step(get_kernel(sde_type), v, x, SIGMAS, 10, ETA, prev_sample=stored)
     out.log_prob.sum().backward()
     assert v.grad is not None and torch.all(torch.isfinite(v.grad)) and v.grad.abs().sum() > 0
     assert stored.grad is None and not out.prev_sample.requires_grad
@@ -222,7 +225,7 @@ def test_sampled_noise_has_the_documented_std(sde_type):
     shape = (4, 50_000)  # 200k elements: the sample std is within ~0.3% (3σ) of the truth
     v, x = _inputs(shape=shape)
     for k in (1, 12):
-        out = step(sde_type, v, x, SIGMAS, k, ETA, generator=torch.Generator().manual_seed(k))
+        out = step(get_kernel(sde_type), v, x, SIGMAS, k, ETA, generator=torch.Generator().manual_seed(k))
         noise = out.prev_sample - out.mean
         assert noise.std().item() == pytest.approx(out.noise_std.item(), rel=0.01)
         assert abs(noise.mean().item()) < 0.01 * out.noise_std.item()
@@ -239,7 +242,7 @@ def test_dance_log_prob_hand_computed():
     # log_prob = mean = (.28174 + .55746)/2 = .41960
     v = torch.tensor([[1.0, 2.0]])
     x = torch.tensor([[0.5, -1.0]])
-    out = step("dance_grpo", v, x, SIGMAS, 19, ETA, prev_sample=torch.tensor([[0.3, -1.5]]))
+    out = step(get_kernel("dance_grpo"), v, x, SIGMAS, 19, ETA, prev_sample=torch.tensor([[0.3, -1.5]]))
     torch.testing.assert_close(out.mean, torch.tensor([[0.1302083, -1.4895833]]))
     assert out.std.item() == pytest.approx(0.2282177, rel=1e-6)
     assert out.log_prob.item() == pytest.approx(0.41960, abs=2e-5)
@@ -247,11 +250,12 @@ def test_dance_log_prob_hand_computed():
 
 def test_cps_log_prob_has_no_constants_or_variance():
     v, x = _inputs()
-    mean = step("cps", v, x, SIGMAS, 6, ETA, prev_sample=x).mean
-    assert torch.equal(step("cps", v, x, SIGMAS, 6, ETA, prev_sample=mean).log_prob, torch.zeros(2))
+    mean = step(get_kernel("cps"), v, x, SIGMAS, 6, ETA, prev_sample=x).mean
+    assert torch.equal(step(get_kernel("cps"), v, x, SIGMAS, 6, ETA, prev_sample=mean).log_prob, torch.zeros(2))
     # every element off by .5: log p = −.5² = −.25 whatever the std
-    assert torch.allclose(step("cps", v, x, SIGMAS, 6, ETA, prev_sample=mean + 0.5).log_prob, torch.full((2,), -0.25))
-    last = step("cps", v, x, SIGMAS, 19, ETA)  # σ' = 0: no noise, x' = μ = x̂0
+    shifted = step(get_kernel("cps"), v, x, SIGMAS, 6, ETA, prev_sample=mean + 0.5)
+    assert torch.allclose(shifted.log_prob, torch.full((2,), -0.25))
+    last = step(get_kernel("cps"), v, x, SIGMAS, 19, ETA)  # σ' = 0: no noise, x' = μ = x̂0
     assert last.noise_std.item() == 0.0 and torch.equal(last.log_prob, torch.zeros(2))
     torch.testing.assert_close(last.prev_sample, last.pred_x0)
 
@@ -259,8 +263,8 @@ def test_cps_log_prob_has_no_constants_or_variance():
 @pytest.mark.parametrize("sde_type", SDE_TYPES)
 def test_sde_solver_flag(sde_type):
     v, x = _inputs()
-    without = step(sde_type, v, x, SIGMAS, 4, ETA, prev_sample=x, sde_solver=False).mean
-    with_solver = step(sde_type, v, x, SIGMAS, 4, ETA, prev_sample=x).mean
+    without = step(get_kernel(sde_type), v, x, SIGMAS, 4, ETA, prev_sample=x, sde_solver=False).mean
+    with_solver = step(get_kernel(sde_type), v, x, SIGMAS, 4, ETA, prev_sample=x).mean
     if sde_type in ("sage_grpo", "dance_grpo"):  # the flag drops the score correction: μ = x + dt·v
         assert torch.equal(without, x + (SIGMAS[5] - SIGMAS[4]) * v)
         assert not torch.allclose(without, with_solver)
@@ -271,23 +275,23 @@ def test_sde_solver_flag(sde_type):
 def test_invalid_arguments_raise():
     v, x = _inputs()
     with pytest.raises(ValueError, match="sage_grpo, dance_grpo, flow_grpo, cps"):
-        step("ddim", v, x, SIGMAS, 0, ETA)
+        get_kernel("ddim")
     with pytest.raises(ValueError, match="outside"):
-        step("sage_grpo", v, x, SIGMAS, 20, ETA)
+        step(get_kernel("sage_grpo"), v, x, SIGMAS, 20, ETA)
     with pytest.raises(ValueError, match="integer"):
-        step("sage_grpo", v, x, SIGMAS, torch.tensor([0.0, 1.0]), ETA)
+        step(get_kernel("sage_grpo"), v, x, SIGMAS, torch.tensor([0.0, 1.0]), ETA)
     with pytest.raises(ValueError, match="sde_type"):
         grad_balance_scales("ddim", SIGMAS, ETA)
 
 
 def test_check_schedule():
     for sde_type in SDE_TYPES:
-        check_schedule(sde_type, SIGMAS, ETA)
-    check_schedule("cps", SIGMAS, 0.0)  # cps' log-prob has no variance: η = 0 is a valid (DDIM) sampler
+        check_schedule(get_kernel(sde_type), SIGMAS, ETA)
+    check_schedule(get_kernel("cps"), SIGMAS, 0.0)  # cps' log-prob has no variance: η = 0 is a valid (DDIM) sampler
     for sde_type in ("sage_grpo", "dance_grpo", "flow_grpo"):
         with pytest.raises(ValueError, match="steps"):
-            check_schedule(sde_type, SIGMAS, 0.0)
+            check_schedule(get_kernel(sde_type), SIGMAS, 0.0)
     with pytest.raises(ValueError, match=r"steps \[0, 1"):  # σ' > 1 − 3e-3 makes sage's std² negative
-        check_schedule("sage_grpo", shifted_sigmas(1000, 5.0), ETA)
+        check_schedule(get_kernel("sage_grpo"), shifted_sigmas(1000, 5.0), ETA)
     with pytest.raises(ValueError, match="decrease"):
-        check_schedule("dance_grpo", SIGMAS.flip(0), ETA)
+        check_schedule(get_kernel("dance_grpo"), SIGMAS.flip(0), ETA)
