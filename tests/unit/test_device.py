@@ -67,7 +67,7 @@ def test_replay_reproduces_rollout_log_probs_exactly(bundle, sde_type, device):
     """Rollout (no grad) then replay of every transition (grad on, per-sample step index, as the trainer's update):
     the same log-prob bit for bit. One sample: the rollout and the replay must see the same micro-batch composition
     (--mini_batch_size_per_update, default 1), which tests/unit/test_pipeline.py covers for larger micro-batches."""
-    sampler = replace(sampler_of(bundle.cfg), sde_type=sde_type)
+    sampler = replace(sampler_of(bundle.cfg), kernel=sde.get_kernel(sde_type))
     assert sampler.autocast_dtype == (torch.bfloat16 if bundle.cfg.dtype == "bf16" else None)
     embeds = bundle.encode(PROMPTS)
     out = sampler.rollout(bundle.policy, bundle.vae, embeds, SEEDS, decode=False, **TINY_VIDEO)
