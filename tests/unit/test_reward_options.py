@@ -32,7 +32,7 @@ PROMPTS = ["A cat walks on the grass.", "The camera pans over a city at night."]
 
 def _benchmark_script():
     """benchmarks/benchmark_videoalign_preprocess.py, which keeps the old preprocessing path as the reference."""
-    path = REPO_ROOT / "scripts" / "benchmark_videoalign_preprocess.py"
+    path = REPO_ROOT / "benchmarks" / "benchmark_videoalign_preprocess.py"
     spec = importlib.util.spec_from_file_location("benchmark_videoalign_preprocess", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
