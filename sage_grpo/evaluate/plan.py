@@ -19,8 +19,8 @@ from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.models import layout
 from sage_grpo.pipeline.generation import GenerationPlan, plan_generation
 from sage_grpo.rewards.clip_score import resolve_model_folder
-from sage_grpo.rewards.registry import DEFAULT_VIDEOALIGN_WEIGHTS, VIDEOALIGN_METRICS, parse_reward_weights, \
-    resolve_reward
+from sage_grpo.config.reward_weights import parse_reward_weights
+from sage_grpo.rewards.registry import DEFAULT_VIDEOALIGN_WEIGHTS, VIDEOALIGN_METRICS, resolve_reward
 
 BASE = "base"
 VIDEOALIGN_NAMES = ("videoalign", "videoalign_local")

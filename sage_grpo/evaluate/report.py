@@ -80,7 +80,7 @@ def markdown_table(results: Dict) -> str:
 
 
 def bar_chart(results: Dict, path: Path) -> Path:
-    from sage_grpo.plots import BarPanel, plot_bars
+    from sage_grpo.tracking.plots import BarPanel, plot_bars
 
     labels = list(results["checkpoints"])
     panels = []

@@ -7,14 +7,12 @@ import socket
 import sys
 from pathlib import Path
 
-import pytest
 import torch
-from eval_fixtures import make_eval_setup, scores_only
+from eval_support import make_eval_setup, scores_only
 from procs import run_group, scaled
 
 from sage_grpo.evaluate import main
 
-pytestmark = pytest.mark.distributed
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,8 +22,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_processes_equal_one(tiny_root, tmp_path):
-    setup = make_eval_setup(tiny_root, tmp_path / "setup")
+def test_two_processes_equal_one(tiny_root, tiny_reward_root, tmp_path):
+    setup = make_eval_setup(tiny_root, tiny_reward_root, tmp_path / "setup")
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny shapes: see tests/e2e/test_evaluate.py
     try:

@@ -8,12 +8,10 @@ import shutil
 import threading
 from pathlib import Path
 
-import pytest
 from procs import run_group
 
 from sage_grpo.rewards.clip_score import resolve_model_folder
 
-pytestmark = pytest.mark.e2e
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # fake `hf download REPO --revision REV --local-dir DIR [--include GLOB]...`: copies the matching top-level files of
 # $FAKE_HUB/<owner>__<name>/ and logs the call

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from eval_fixtures import PROMPTS, make_eval_setup, scores_only
+from eval_support import PROMPTS, make_eval_setup, scores_only
 from PIL import Image
 
 from sage_grpo.config.schema import parse_cli
@@ -15,7 +15,6 @@ from sage_grpo.evaluate.command import run_evaluation
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.evaluate.plan import plan_evaluation
 
-pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,8 +28,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_root, tmp_path_factory):
-    return make_eval_setup(tiny_root, tmp_path_factory.mktemp("evaluate"))
+def setup(tiny_root, tiny_reward_root, tmp_path_factory):
+    return make_eval_setup(tiny_root, tiny_reward_root, tmp_path_factory.mktemp("evaluate"))
 
 
 @pytest.fixture(scope="module")

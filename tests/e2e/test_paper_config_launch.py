@@ -6,13 +6,11 @@ import os
 import socket
 from pathlib import Path
 
-import pytest
 import yaml
+from eval_support import linked_root
 from procs import run_group, scaled
 
-from sage_grpo.rewards.tiny import write_tiny_video_reward
 
-pytestmark = pytest.mark.e2e
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/paper/b_sage_grpo_dual_kl.yaml"
 
@@ -23,12 +21,8 @@ def _free_port() -> int:
         return str(sock.getsockname()[1])
 
 
-def test_paper_config_runs_one_tiny_step(tiny_root, tmp_path):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    for child in tiny_root.iterdir():
-        (root / child.name).symlink_to(child.resolve())
-    write_tiny_video_reward(root, seed=0)
+def test_paper_config_runs_one_tiny_step(tiny_root, tiny_reward_root, tmp_path):
+    root = linked_root(tmp_path / "ckpts", tiny_root, tiny_reward_root)
     tiny = ["--pretrained_model_root", str(root), "--output_dir", str(tmp_path / "run"), "--dtype", "fp32",
             "--device", "cpu", "--sp_size", "1", "--enable_fsdp", "false", "--enable_gradient_checkpointing", "false",
             "--batch_size", "2", "--num_generations", "2", "--grpo_sampling_steps", "2", "--sample_n_frames", "5",

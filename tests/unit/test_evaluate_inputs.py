@@ -84,7 +84,7 @@ def test_markdown_is_table2_first():
 def test_bar_chart_draws_each_bar_in_its_colour(tmp_path):
     from PIL import Image
 
-    from sage_grpo.plots import COLOURS, BarPanel, plot_bars
+    from sage_grpo.tracking.plots import COLOURS, BarPanel, plot_bars
 
     path = plot_bars([BarPanel("VQ", ["base", "run"], [1.0, -0.5], [0.1, 0.0])], tmp_path / "bars.png", columns=1,
                      panel_width=300, panel_height=260)
