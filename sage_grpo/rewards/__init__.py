@@ -7,9 +7,10 @@ Contract: a reward callable maps ``videos (B, 3, F, H, W)`` in [0, 1] and B prom
 Modules: ``base`` (contract, failure policy), ``registry`` (name table, plug-ins, composite), ``toys``,
 ``videoalign`` (the reward callable) with ``videoalign_checkpoint`` (files, key remapping, loading),
 ``videoalign_model`` (network, pooling), ``videoalign_inputs`` (batch assembly), ``video_preprocess``
-(torch-only frame sampling/resize/patchify, mp4 IO), ``prompt_templates``, ``tiny`` (tiny checkpoint), and
+(torch-only frame sampling/resize/patchify, mp4 IO), ``prompt_templates``, ``tiny`` (tiny checkpoints),
+``clip_score`` / ``pick_score`` (the evaluation's CLIPScore and PickScore), and
 ``remote`` / ``serving`` (the ``--remote_reward_url`` client and the reward server behind it).
-``videoalign`` and ``tiny`` import transformers/peft and are not imported here.
+``videoalign``, ``clip_score``, ``pick_score`` and ``tiny`` import transformers/peft and are not imported here.
 """
 
 from .base import RewardFn, score_with_fallback

@@ -1,7 +1,8 @@
-"""Line charts as PNG with Pillow (already installed with diffusers/imageio), so no plotting library is required.
+"""Line and bar charts as PNG with Pillow (already installed with diffusers/imageio), so no plotting library is required.
 
 ``plot_panels`` draws one or more panels stacked vertically, each with several named series (x, y) and an optional
-shaded band (mean ± spread). It is enough for training curves; for anything fancier, read ``metrics.jsonl``.
+shaded band (mean ± spread); ``plot_bars`` draws bar panels with error whiskers (the evaluation's chart). Enough for
+training curves and result summaries; for anything fancier, read the JSON they come from.
 """
 
 from __future__ import annotations
@@ -112,6 +113,69 @@ def plot_panels(panels: Sequence[Panel], path, *, title: str = "", width: int = 
             legend_y = box[1] + 4 + 14 * number
             draw.line((box[2] - 170, legend_y + 6, box[2] - 150, legend_y + 6), fill=colour, width=3)
             draw.text((box[2] - 145, legend_y), series.name[:24], fill="black")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return path
+
+
+@dataclass
+class BarPanel:
+    """One metric: a bar per name (e.g. per checkpoint) with an optional error whisker (e.g. the standard error)."""
+
+    title: str
+    names: Sequence[str]
+    values: Sequence[float]
+    errors: Optional[Sequence[float]] = None
+
+
+def plot_bars(panels: Sequence[BarPanel], path, *, title: str = "", columns: int = 3, panel_width: int = 300,
+              panel_height: int = 260) -> Path:
+    """Bar charts, one panel per metric laid out in ``columns``, bars coloured by name (legend on top); one PNG."""
+    from PIL import Image, ImageDraw
+
+    names = list(dict.fromkeys(name for panel in panels for name in panel.names))
+    legend = 16 * len(names) + 8
+    top = (30 if title else 10) + legend
+    rows = max(1, math.ceil(len(panels) / columns))
+    image = Image.new("RGB", (panel_width * min(columns, max(len(panels), 1)), top + panel_height * rows), "white")
+    draw = ImageDraw.Draw(image)
+    if title:
+        draw.text((10, 8), title, fill="black")
+    for number, name in enumerate(names):
+        y = top - legend + 16 * number
+        draw.rectangle((10, y + 2, 22, y + 12), fill=COLOURS[number % len(COLOURS)])
+        draw.text((28, y), name[:80], fill="black")
+    for index, panel in enumerate(panels):
+        x0, y0 = (index % columns) * panel_width, top + (index // columns) * panel_height
+        box = (x0 + 60, y0 + 24, x0 + panel_width - 10, y0 + panel_height - 16)
+        errors = panel.errors or [0.0] * len(panel.values)
+        finite = [(v, e if math.isfinite(e) else 0.0) for v, e in zip(panel.values, errors) if math.isfinite(v)]
+        low = min([0.0] + [v - e for v, e in finite])
+        high = max([0.0] + [v + e for v, e in finite])
+        pad = 0.05 * (high - low or 1.0)
+        low, high = low - (pad if low < 0 else 0), high + (pad if high > 0 else 0)
+
+        def to_py(y):
+            return box[3] - (y - low) / (high - low) * (box[3] - box[1])
+
+        draw.text((box[0], y0 + 6), panel.title, fill="black")
+        draw.rectangle(box, outline=(90, 90, 90))
+        for tick in _ticks(low, high):
+            draw.line((box[0] - 4, to_py(tick), box[2], to_py(tick)), fill=(225, 225, 225))
+            draw.text((x0 + 6, to_py(tick) - 6), _format(tick), fill="black")
+        draw.line((box[0], to_py(0.0), box[2], to_py(0.0)), fill=(90, 90, 90))
+        slot = (box[2] - box[0]) / max(len(panel.values), 1)
+        for number, (name, value, error) in enumerate(zip(panel.names, panel.values, errors)):
+            if not math.isfinite(value):
+                continue
+            left = box[0] + number * slot + 0.15 * slot
+            right = box[0] + (number + 1) * slot - 0.15 * slot
+            draw.rectangle((left, min(to_py(value), to_py(0.0)), right, max(to_py(value), to_py(0.0))),
+                           fill=COLOURS[names.index(name) % len(COLOURS)])
+            if math.isfinite(error) and error > 0:
+                middle = (left + right) / 2
+                draw.line((middle, to_py(value - error), middle, to_py(value + error)), fill="black", width=1)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path)

@@ -20,6 +20,7 @@ COMMANDS = {  # pyproject.toml [project.scripts]
     "sage-grpo-export": "sage_grpo.cli.export:main",
     "sage-grpo-verify-weights": "sage_grpo.cli.verify:main",
     "sage-grpo-convert-reference": "sage_grpo.cli.convert:main",
+    "sage-grpo-evaluate": "sage_grpo.evaluate:main",
 }
 BUILD_INPUTS = ("pyproject.toml", "README.md", "requirements.txt", "requirements-dev.txt")
 
@@ -96,6 +97,7 @@ def test_root_scripts_are_wrappers_of_the_package_functions():
 
     assert post_train.main is train_cli.main and generate.main is generate_cli.main
     for script, target in (("export_checkpoint.py", "sage_grpo.cli.export"),
-                           ("convert_reference_checkpoint.py", "sage_grpo.cli.convert")):
+                           ("convert_reference_checkpoint.py", "sage_grpo.cli.convert"),
+                           ("evaluate.py", "sage_grpo.evaluate")):
         text = (REPO_ROOT / "scripts" / script).read_text()
         assert f"from {target} import main" in text, script
