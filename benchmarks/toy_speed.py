@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from sage_grpo.config import TrainConfig  # noqa: E402
 from sage_grpo.config.schema import from_dict, load_yaml  # noqa: E402
-from sage_grpo.tracking import manifold_error_key, read_metrics  # noqa: E402
+from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics  # noqa: E402
 
 ARMS: Dict[str, Dict] = {  # name -> post_train.py settings that differ from configs/toy_cpu.yaml
     "default": {},
@@ -124,7 +124,7 @@ def run_arm(name: str, seed: int, args) -> Dict:
 
 def report(args) -> None:
     """The markdown table (mean and spread over seeds) and the reward-vs-FLOPs/CPU-time plot."""
-    from sage_grpo.plots import Panel, Series, plot_panels
+    from sage_grpo.tracking.plots import Panel, Series, plot_panels
 
     results: Dict[str, List[Dict]] = {}
     for path in sorted(Path(args.runs).glob("*/speed.json")):

@@ -8,7 +8,7 @@ import torch
 from model_fixtures import tiny_args
 
 from sage_grpo.config import TrainConfig, parse_cli
-from sage_grpo.tracking import PHASE_TIMES, read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
 from sage_grpo.trainer import GRPOTrainer
 
 pytestmark = pytest.mark.e2e
@@ -44,8 +44,8 @@ def test_resume_with_inner_epochs_and_a_moving_window_continues_exactly(tiny_roo
     assert resumed.window.steps(2).tolist() == [1, 2]  # where the resumed step 2 trained
     rows_straight, rows_split = read_metrics(straight.run_dir), read_metrics(resumed.run_dir)
     assert [r["step"] for r in rows_split] == [1, 2]
-    comparable = [{k: v for k, v in row.items() if k not in PHASE_TIMES} for row in rows_split]
-    assert comparable == [{k: v for k, v in row.items() if k not in PHASE_TIMES} for row in rows_straight]
+    comparable = [{k: v for k, v in row.items() if k not in TIMING_METRICS} for row in rows_split]
+    assert comparable == [{k: v for k, v in row.items() if k not in TIMING_METRICS} for row in rows_straight]
     assert rows_split[1]["inner_epoch_1/ratio_mean"] != 1.0
     for name, value in straight.models.policy.named_parameters():
         assert torch.equal(value, dict(resumed.models.policy.named_parameters())[name]), name

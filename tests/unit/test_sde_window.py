@@ -71,7 +71,7 @@ def test_windowed_rollout_replays_exactly_and_its_ode_steps_are_deterministic(ti
             x = out.latents[sample, k]
             velocity = cfg_velocity(transformer, x, step_timesteps(out.sigmas, k, 1), embeds.select([row]), 6.0,
                                     num_image_tokens=TINY_IMAGE_TOKENS)
-            euler = sde.step(sde_type, velocity, x, out.sigmas, k, 0.5, deterministic=True).prev_sample
+            euler = sde.step(sampler.kernel, velocity, x, out.sigmas, k, 0.5, deterministic=True).prev_sample
             assert torch.equal(euler, out.latents[sample, k + 1]), (sde_type, k, row)
     means = window_transition_means(sampler, transformer, out.latents, embeds, torch.device("cpu"),
                                     window.steps(1))
