@@ -553,13 +553,21 @@ def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
+    parser.add_argument("--simulate", action="store_true")
+    parser.add_argument("--simulate_layers", type=int, default=None)
     known, rest = parser.parse_known_args(argv)
     cfg = parse_cli(TrainConfig, rest, description="Memory plan of a post_train.py launch: every post_train.py flag, "
-                    "plus --world_size N (GPUs; default $WORLD_SIZE or 1)")
+                    "plus --world_size N (GPUs; default $WORLD_SIZE or 1), --simulate (also run the step on fake "
+                    "tensors under torch's memory tracker, sage_grpo/plan_simulate.py) and --simulate_layers N (the "
+                    "simulation and its plan at N blocks)")
     gpu = cfg.gpu_memory_gb if cfg.gpu_memory_gb is not None else DEFAULT_GPU_MEMORY_GIB
     try:
         check_layout(cfg, known.world_size)
         print(report(cfg, known.world_size, gpu))
+        if known.simulate or known.simulate_layers is not None:
+            from sage_grpo.plan_simulate import simulation_report
+
+            print("\n" + simulation_report(cfg, known.world_size, gpu, known.simulate_layers)[0])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
