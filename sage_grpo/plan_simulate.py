@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sage_grpo.config import TrainConfig
 
@@ -51,6 +52,9 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
     "activations": ("Activation", "Temp"),
     "inputs": ("Inputs",),
 }
+# FSDP2 accumulates the gradients it holds between reductions (--gradient_reduction per_update) outside ``.grad``,
+# and the tracker counts them as activations/temporaries: the two groups are compared together as well.
+COMBINED = {"activations + gradients": ("activations", "gradients")}
 # What the simulation cannot see on a CPU-only fake run; the planner's "runtime overhead" and margin stand for it.
 UNSEEN = ("CUDA caching-allocator rounding and fragmentation", "NCCL communicator buffers",
           "flash/cuDNN attention workspaces and kernels' own temporaries", "the CUDA context")
@@ -155,12 +159,6 @@ class _Models(torch.nn.Module):
         self.reference = reference
 
 
-def policy_is_sharded(policy) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(policy, FSDPModule)
-
-
 def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
     """Policy and reference (None without one) parallelized as ``parallelize_models`` does, still on ``meta``."""
     from sage_grpo.distributed.fsdp import apply_fsdp
@@ -170,8 +168,11 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
     from sage_grpo.dtypes import DTYPES
     from sage_grpo.rl import resolve_kl_mode
 
-    if cfg.use_lora:
-        raise ValueError("--simulate covers full fine-tuning; LoRA launches are planned only (drop --use_lora)")
+    from sage_grpo.config import ConfigError
+
+    if cfg.use_lora or not (cfg.enable_fsdp and world_size > 1):
+        raise ConfigError("--simulate covers FSDP full fine-tuning on several ranks (torch's FSDP memory tracker); "
+                          "this launch is planned only: drop --use_lora, pass --enable_fsdp and --world_size > 1")
     dims = ParallelDims(world_size=world_size, sp_size=cfg.sp_size, dp_replicate=cfg.dp_replicate,
                         batch_size=cfg.batch_size, num_generations=cfg.num_generations,
                         num_attention_heads=config.get("num_attention_heads", 16))
@@ -187,14 +188,10 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
     for model in (policy, reference):
         if model is not None:
             apply_sequence_parallel(model, dims.sp_group)
-    sharded = cfg.enable_fsdp and world_size > 1
-    if sharded:
-        apply_fsdp(policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
-                   activation_checkpointing=cfg.enable_gradient_checkpointing)
-        if reference is not None:  # offloaded shards are left on the device here and out of its tally (docstring)
-            shard_frozen(reference, dims.fsdp_mesh, offload=False)
-    elif cfg.enable_gradient_checkpointing:
-        policy.enable_gradient_checkpointing()
+    apply_fsdp(policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
+               activation_checkpointing=cfg.enable_gradient_checkpointing)
+    if reference is not None:  # offloaded shards are left on the device here and out of its tally (docstring)
+        shard_frozen(reference, dims.fsdp_mesh, offload=False)
     return policy, reference, dims
 
 
@@ -243,30 +240,20 @@ def _flop_formulas() -> Dict:
     return formulas
 
 
-class _FlopCount:
-    """FLOPs of every op with a formula, as a dispatch mode without ``FlopCounterMode``'s module tracking (whose
-    autograd hooks kept tensors alive: the memory tracker saw 1.5 GB more activations with it at 2 blocks)."""
+class _FlopCount(TorchDispatchMode):
+    """FLOPs of every op with a formula, without ``FlopCounterMode``'s module tracking (whose autograd hooks kept
+    tensors alive: the tracker saw 1.5 GB more activations with it at 2 blocks)."""
 
-    def __new__(cls):
-        from torch.utils._python_dispatch import TorchDispatchMode
+    def __init__(self):
+        super().__init__()
+        self.total, self.formulas = 0, _flop_formulas()
 
-        class Mode(TorchDispatchMode):
-            def __init__(self):
-                super().__init__()
-                self.total, self.formulas = 0, _flop_formulas()
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                out = func(*args, **kwargs)
-                formula = self.formulas.get(func._overloadpacket)
-                if formula is not None:
-                    self.total += int(formula(*args, **kwargs, out_val=out))
-                return out
-
-            def get_total_flops(self) -> int:
-                return self.total
-
-        return Mode()
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        formula = self.formulas.get(func._overloadpacket)
+        if formula is not None:
+            self.total += int(formula(*args, **(kwargs or {}), out_val=out))
+        return out
 
 
 class _Phase:
@@ -304,7 +291,7 @@ class _Phase:
         if exc[0] is None:
             (peak,) = self.tracker.get_tracker_snapshot("peak").values() or ({},)
             self.result = SimulatedPhase(self.name, {k: int(v) for k, v in peak.items() if k != "Total"},
-                                         int(self.flops.get_total_flops()), time.perf_counter() - self.start,
+                                         self.flops.total, time.perf_counter() - self.start,
                                          self.note)
         return False
 
@@ -352,10 +339,9 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
     with fake_process_group(world_size):
         policy, reference, _dims = build_sharded(cfg, world_size, config, placement)
         models = _Models(policy, reference)
-        if policy_is_sharded(policy):  # the tracker wants an FSDP root; the container holds no parameters of its own
-            from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard
 
-            fully_shard(models, mesh=_dims.fsdp_mesh)
+        fully_shard(models, mesh=_dims.fsdp_mesh)  # the tracker wants an FSDP root; this one holds no parameters
         frames, height, width = video_tokens_shape
         batch, autocast = cfg.mini_batch_size_per_update, autocast_dtype_of(cfg)
         with FakeTensorMode(allow_non_fake_inputs=True):
@@ -456,6 +442,11 @@ def comparison_table(plan, simulation: Simulation) -> str:
                 lines.append(f"| {phase.name} | {group} | {simulated / GIB:.3f} | "
                              f"{expected / GIB if planned is not None else float('nan'):.3f} | "
                              f"{_ratio(simulated, expected) if planned is not None else 'no plan phase'} |")
+        for name, parts in COMBINED.items():
+            simulated, expected = sum(phase.group(g) for g in parts), sum(groups.get(g, 0.0) for g in parts)
+            if planned is not None and expected:
+                lines.append(f"| {phase.name} | {name} | {simulated / GIB:.3f} | {expected / GIB:.3f} | "
+                             f"{_ratio(simulated, expected)} |")
     lines += ["", "| phase | simulated GB (tracked groups) | FLOPs on this rank | seconds | note |",
               "|---|---:|---:|---:|---|"]
     lines += [f"| {p.name} | {p.total / GIB:.2f} | {p.flops:.4g} | {p.seconds:.1f} | {p.note} |"
@@ -469,15 +460,11 @@ def comparison_table(plan, simulation: Simulation) -> str:
     if plan.phases:
         _, outside = planner_groups(plan.peak)
         lines.append("planned but outside the simulation in the peak phase: " + ", ".join(outside))
-    lines.append("unseen by the simulation: " + "; ".join(UNSEEN) + " (the plan's runtime overhead allowance and the "
-                 f"{_margin_text()} margin of its auto decisions stand for them)")
-    return "\n".join(lines)
-
-
-def _margin_text() -> str:
     from sage_grpo.plan import MARGIN, RUNTIME_OVERHEAD_GIB
 
-    return f"{RUNTIME_OVERHEAD_GIB:g} GB + {MARGIN:.0%}"
+    lines.append("unseen by the simulation: " + "; ".join(UNSEEN) + f" (the plan's {RUNTIME_OVERHEAD_GIB:g} GB runtime "
+                 f"overhead and the {MARGIN:.0%} its auto decisions keep free stand for them)")
+    return "\n".join(lines)
 
 
 def latent_shape(cfg: TrainConfig, sizes) -> Tuple[int, int, int]:
