@@ -90,12 +90,14 @@ from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepar
                                 truncate_metrics)
 from sage_grpo.models.attention import check_attention_backend
 from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, resolve_device, sampler_of
+from sage_grpo.rewards.remote import RemoteRewardError
 from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
-USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure)
+USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
+               RemoteRewardError)
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
 
 
