@@ -7,6 +7,7 @@ Every server here is a real one on 127.0.0.1 in a thread of this process; every 
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -250,3 +251,106 @@ def test_the_server_script_refuses_a_bad_token_file_before_loading(tmp_path):
                       "toy_suite", "--port", "0", "--auth_token_file", str(tmp_path / "token")],
                      timeout=60, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: --auth_token_file")
+
+
+# ---------------------------------------------------------------- item 4: lost agent, hung peer, restarts
+
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", '''
+import sys, time
+sys.path.insert(0, {repo!r})
+from sage_grpo.distributed.liveness import install_parent_death_signal
+assert install_parent_death_signal()
+print("ready", flush=True)
+time.sleep(60)
+'''], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline() == "ready\\n"
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Not gone and not a zombie (a zombie's reaper may never come in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux")
+def test_a_worker_dies_with_its_parent():
+    import signal
+
+    from procs import kill_group, start_group
+
+    parent = start_group([sys.executable, "-c", PARENT.format(repo=str(REPO_ROOT))], stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    child = None
+    try:
+        timer = threading.Timer(scaled(60.0), kill_group, args=(parent,))  # a stuck start cannot hang the test
+        timer.start()
+        child = int(parent.stdout.readline())
+        timer.cancel()
+        os.kill(parent.pid, signal.SIGKILL)  # the parent only, as a kill -9 of the torchrun agent
+        start = time.monotonic()
+        assert _eventually(lambda: not _running(child), limit=5.0), "the worker outlived its parent"
+        assert time.monotonic() - start < scaled(5.0)
+    finally:
+        kill_group(parent)
+        if child is not None and _running(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_resume_auto_resumes_only_when_there_is_a_checkpoint(tmp_path):
+    from sage_grpo.checkpoint import TRAINING_STATE_FILE, resolve_resume_path, resumes
+
+    assert not resumes(None, tmp_path) and not resumes("auto", tmp_path / "missing") and not resumes("auto", tmp_path)
+    (tmp_path / ".checkpoint-3.tmp").mkdir()  # an unfinished checkpoint is not one
+    assert not resumes("auto", tmp_path) and resumes("latest", tmp_path)
+    for step in (1, 2):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / TRAINING_STATE_FILE).write_bytes(b"")
+    assert resumes("auto", tmp_path) and resolve_resume_path("auto", tmp_path) == tmp_path / "checkpoint-2"
+
+
+def test_a_fault_names_its_rank_and_fires_on_the_first_attempt_only(monkeypatch):
+    import signal
+
+    from sage_grpo import faults
+
+    killed = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: killed.append(sig))
+    monkeypatch.setenv(faults.FAULT_ENV, "update:2@1")
+    cases = [({"RANK": "1"}, [signal.SIGKILL]), ({"RANK": "0"}, []),
+             ({"RANK": "1", "TORCHELASTIC_RESTART_COUNT": "0"}, [signal.SIGKILL]),
+             ({"RANK": "1", "TORCHELASTIC_RESTART_COUNT": "1"}, [])]
+    for env, expected in cases:
+        monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        killed.clear()
+        faults.fault_point("update", 2)
+        faults.fault_point("update", 1)
+        assert killed == expected, env
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    monkeypatch.setenv(faults.FAULT_ENV, "rollout:3")  # no rank: every rank, as before
+    killed.clear()
+    faults.fault_point("rollout", 3)
+    assert killed == [signal.SIGKILL]
+
+
+def test_the_collective_timeout_is_bounded_and_checked():
+    from sage_grpo.config import TrainConfig
+    from sage_grpo.distributed.liveness import PeerWatch, collective_timeout
+
+    assert TrainConfig().collective_timeout_minutes == 30.0  # the reference waits 120
+    assert collective_timeout(0.5).total_seconds() == 30.0
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="--collective_timeout_minutes must be a positive number"):
+            collective_timeout(bad)
+    watch = PeerWatch(collective_timeout(1.0))  # one process: nothing to watch, errors pass through unchanged
+    with pytest.raises(RuntimeError, match="Timed out"):
+        with watch.guard():
+            raise RuntimeError("Timed out waiting 1000ms for recv operation to complete")
