@@ -1,4 +1,4 @@
-"""Fault injection for the crash-and-resume tests (``tests/test_faults.py``, ``tests/distributed/test_restart.py``).
+"""Fault injection for the crash-and-resume tests (``tests/e2e/test_faults.py``, ``tests/distributed/test_restart.py``).
 
 ``SAGE_GRPO_FAULT=<point>:<step>[@<rank>]`` makes the process kill itself with SIGKILL (what an out-of-memory kill or a
 lost node does: no handler, no cleanup) when it reaches ``<point>`` while working on global step ``<step>`` (1-based);

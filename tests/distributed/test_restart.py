@@ -20,12 +20,10 @@ from model_fixtures import tiny_checkpoint
 from procs import kill_group, run_group, scaled, start_group
 
 from sage_grpo.faults import FAULT_ENV
-from sage_grpo.tracking import read_metrics
-
-pytestmark = pytest.mark.distributed
+from sage_grpo.tracking.run_dir import read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO_ROOT / "tests" / "distributed_scripts"
+SCRIPTS = REPO_ROOT / "tests" / "distributed" / "scripts"
 TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
 MAX_STEPS = 2
 
