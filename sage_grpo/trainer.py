@@ -117,13 +117,9 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, PeerWatch, List[str]]:
-    """Join the torchrun job (if any) and check the configuration and the parallel layout (spec §3.4) before any
-    model loads; returns the layout, the watch over the other ranks and the validation notes."""
+    """Join the torchrun job (if any), check the config and parallel layout (spec §3.4) before any model loads."""
     device = resolve_device(cfg)
-    try:
-        timeout = collective_timeout(cfg.collective_timeout_minutes)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    timeout = collective_timeout(cfg.collective_timeout_minutes)  # a ConfigError before the job is joined
     env = init_distributed(backend="gloo" if device.type == "cpu" else None, timeout=timeout)
     geometry = read_model_geometry(cfg)
     heads = geometry.num_attention_heads if geometry is not None else None

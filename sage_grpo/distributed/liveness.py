@@ -23,6 +23,8 @@ from typing import Iterator, Optional
 
 import torch.distributed as dist
 
+from sage_grpo.config.validation import ConfigError
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -47,7 +49,7 @@ def install_parent_death_signal() -> bool:
 def collective_timeout(minutes: float) -> timedelta:
     """``--collective_timeout_minutes`` as the timeout of every collective."""
     if not 0 < minutes < float("inf"):
-        raise ValueError(f"--collective_timeout_minutes must be a positive number, got {minutes}")
+        raise ConfigError(f"--collective_timeout_minutes must be a positive number, got {minutes}")
     return timedelta(minutes=minutes)
 
 
