@@ -64,13 +64,14 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl
-from sage_grpo.checkpoint import CheckpointManager, seed_everything
+from sage_grpo.checkpoint import CheckpointManager, resumes, seed_everything
 from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
 from sage_grpo.config.schema import config_to_yaml, to_dict
 from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift,
                                         validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_prompt_csvs, sample_seeds, video_size
 from sage_grpo.distributed import ParallelDims, barrier, destroy_distributed, init_distributed, mean_over_world
+from sage_grpo.distributed.liveness import PeerLost, PeerWatch, collective_timeout
 from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, parallelize_models
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
                                                 gather_step_rewards, run_on_main, share_rewards, share_rollout)
@@ -90,12 +91,14 @@ from sage_grpo.models.attention import check_attention_backend
 from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
 from sage_grpo.pipeline.sampler import sampler_of
 from sage_grpo.plan.memory import placement_of
+from sage_grpo.rewards.remote import RemoteRewardError
 from sage_grpo.rewards.setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
-USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure)
+USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
+               RemoteRewardError, PeerLost)
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
 
 
@@ -113,11 +116,11 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, List[str]]:
-    """Join the torchrun job (if any) and check the configuration and the parallel layout (spec §3.4) before any
-    model loads; returns the layout and the validation notes."""
+def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, PeerWatch, List[str]]:
+    """Join the torchrun job (if any), check the config and parallel layout (spec §3.4) before any model loads."""
     device = resolve_device(cfg)
-    env = init_distributed(backend="gloo" if device.type == "cpu" else None)
+    timeout = collective_timeout(cfg.collective_timeout_minutes)  # a ConfigError before the job is joined
+    env = init_distributed(backend="gloo" if device.type == "cpu" else None, timeout=timeout)
     geometry = read_model_geometry(cfg)
     heads = geometry.num_attention_heads if geometry is not None else None
     notes = validate_train_config(cfg, world_size=env.world_size, num_attention_heads=heads)
@@ -126,7 +129,7 @@ def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, List[str]]:
                         num_generations=cfg.num_generations, num_attention_heads=heads)
     for tokens in (geometry.video_tokens.values() if geometry is not None else ()):
         dims.check_tokens(tokens)
-    return dims, notes
+    return dims, PeerWatch(timeout), notes
 
 
 class GRPOTrainer:
@@ -139,7 +142,7 @@ class GRPOTrainer:
         # the version name, then the variant's guidance and validation shift where no flag sets them (config files)
         cfg, variant_warnings, variant_notes = resolve_train_sampling(cfg)
         self.cfg = cfg
-        self.dims, self.notes = start_processes(cfg)
+        self.dims, self.peers, self.notes = start_processes(cfg)
         self.notes += variant_notes
         for message in variant_warnings if self.dims.is_main else ():
             warnings.warn(message, UserWarning, stacklevel=2)
@@ -157,8 +160,8 @@ class GRPOTrainer:
             check_attention_backend(cfg.attention_backend)
         except ValueError as err:
             raise ConfigError(f"--attention_backend: {err}") from None
-        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed,
-                                          dp_size=self.dp_size) if cfg.resume_from_checkpoint is not None else None)
+        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed, dp_size=self.dp_size)
+                             if resumes(cfg.resume_from_checkpoint, Path(cfg.output_dir)) else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
         check_run_dir(cfg.output_dir, resuming=self.resume_check is not None, overwrite=cfg.overwrite_output_dir)
@@ -489,7 +492,8 @@ class GRPOTrainer:
 
 def run_training(cfg: TrainConfig) -> GRPOTrainer:
     trainer = GRPOTrainer(cfg)
-    trainer.train()
-    barrier(trainer.dims.device)  # every rank is done with every collective before the process group goes
+    with trainer.peers.guard("training"):  # a stopped or lost rank is named, within the collective timeout
+        trainer.train()
+        barrier(trainer.dims.device)  # every rank is done with every collective before the process group goes
     destroy_distributed()
     return trainer

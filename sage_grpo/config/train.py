@@ -170,7 +170,9 @@ class TrainConfig:
         "... where installed); the text padding is trimmed and no dense mask is built", choices=ATTENTION_BACKENDS)
     ignore_memory_plan: bool = config_field(
         False, "Start even when the memory plan (python -m sage_grpo.plan) says the launch does not fit")
-    resume_from_checkpoint: Optional[str] = config_field(None, "checkpoint-N directory to resume from")
+    resume_from_checkpoint: Optional[str] = config_field(
+        None, "checkpoint-N directory to resume from; 'latest': the newest in --output_dir; 'auto': the newest if "
+        "there is one, else a fresh start (for torchrun --max-restarts N: a restarted group resumes by itself)")
 
     # ================================================================ beyond the reference's flags
     # (reference TrainingConfig fields without a flag, spec §1.2, plus our own additions)
@@ -217,6 +219,9 @@ class TrainConfig:
     allow_config_change: bool = config_field(
         False, "Resume even when run-defining settings (sampler, KL, optimizer, LoRA, reward, ...) differ from the "
         "checkpoint's; the differences are logged and recorded in config_changes.yaml")
+    collective_timeout_minutes: float = config_field(
+        30.0, "Minutes any collective (all-reduce, broadcast, barrier) may wait for the other ranks before the run "
+        "stops naming the rank that did not answer (the reference waits 120 minutes)")
     max_failed_reward_steps: int = config_field(
         3, "Stop after this many consecutive steps in which the reward failed on every sample (0: never stop)")
     report_to: List[str] = config_field(

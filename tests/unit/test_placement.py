@@ -134,7 +134,7 @@ def test_the_device_is_decided_once_and_a_cuda_device_has_its_index(monkeypatch,
     assert resolve_device(TrainConfig(device="cuda:1")) == torch.device("cuda", 1)
     assert resolve_device(TrainConfig(device="cpu")) == torch.device("cpu")
     assert resolve_device(TrainConfig()) == torch.device("cpu")
-    dims, _ = start_processes(TrainConfig(device="cuda", pretrained_model_root=str(tiny_root), sp_size=1,
+    dims, _, _ = start_processes(TrainConfig(device="cuda", pretrained_model_root=str(tiny_root), sp_size=1,
                                           num_generations=2))
     assert dims.device == torch.device("cuda", 3)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
