@@ -15,6 +15,15 @@ HUNYUAN_REVISION=${HUNYUAN_REVISION:-main}
 VIDEOALIGN_REVISION=${VIDEOALIGN_REVISION:-main}
 REWARD_BASE_REVISION=${REWARD_BASE_REVISION:-main}
 WITH_REWARD=1
+# The evaluation's scorers (--eval_scorers; python -m sage_grpo.evaluate --metrics clipscore,pickscore), pinned to the
+# commits their public hub snapshots carry: CLIPScore's CLIP ViT-L/14, PickScore_v1 and the CLIP-H processor it uses.
+EVAL_SCORERS=0
+CLIP_REPO=openai/clip-vit-large-patch14
+CLIP_REVISION=${CLIP_REVISION:-32bd64288804d66eefd0ccbe215aa642df71cc41}
+PICKSCORE_REPO=yuvalkirstain/PickScore_v1
+PICKSCORE_REVISION=${PICKSCORE_REVISION:-a4e4367c6dfa7288a00c550414478f865b875800}
+PICKSCORE_PROCESSOR_REPO=laion/CLIP-ViT-H-14-laion2B-s32B-b79K
+PICKSCORE_PROCESSOR_REVISION=${PICKSCORE_PROCESSOR_REVISION:-1c2b8495b28150b8a4922ee1c8edee224c284c0c}
 VERIFY_ONLY=0
 TIMEOUT=8
 SHARED_COMPONENTS=(vae text_encoder tokenizer text_encoder_2 tokenizer_2 scheduler)
@@ -26,7 +35,7 @@ Usage: bash download_weights.sh [options]
 
 Fetches the diffusers-format HunyuanVideo-1.5 checkpoint and the VideoReward reward model from the Hugging Face
 Hub with the huggingface_hub CLI (`hf download`, else `huggingface-cli download`), arranges them in the layout
-below and checks every expected file with `python -m sage_grpo.models.verify`. Idempotent: complete components
+below and checks every expected file with `python -m sage_grpo.cli.verify`. Idempotent: complete components
 are skipped without touching the network, and interrupted downloads resume.
 
 Options:
@@ -37,6 +46,9 @@ Options:
   --reward_repo ID     VideoReward repo (default: KlingAIResearch/VideoReward, falling back to its former name
                        KwaiVGI/VideoReward when the hub has no repo by the current one)
   --no_reward          skip VideoReward and its base model
+  --eval_scorers       also fetch the evaluation's CLIPScore and PickScore models (safetensors and processor files
+                       only): openai/clip-vit-large-patch14, yuvalkirstain/PickScore_v1 and the processor of
+                       laion/CLIP-ViT-H-14-laion2B-s32B-b79K, each into <model_root>/<repo name>/
   --verify_only        only check the layout of --model_root (exit 0 complete, 1 with the missing files listed)
   --timeout SECONDS    how long to wait for the hub before giving up (default 8)
   -h, --help           this text
@@ -56,6 +68,8 @@ Layout under --model_root (the table lives in sage_grpo/models/layout.py):
                            sample the variant with them unless a flag sets guidance or shift
   VideoReward/             VideoAlign reward                 model_config.json + checkpoint-N/
   Qwen2-VL-2B-Instruct/    the reward's base model (model_config.json's model_name_or_path)
+  clip-vit-large-patch14/, PickScore_v1/, CLIP-ViT-H-14-laion2B-s32B-b79K/   with --eval_scorers (CLIPModel
+                           config.json + model.safetensors, processor files; the last holds the processor only)
   .hf/<repo>/              the downloaded hub snapshots; the folders above link into them (relative symlinks,
                            so copy the root with `cp -a` or `rsync -a`)
 
@@ -68,7 +82,8 @@ checked shard by shard. Running the script on a root made before variants/ exist
 
 Revisions: every download passes --revision; set HUNYUAN_REVISION (the pipeline repos), VIDEOALIGN_REVISION
 (VideoReward) and REWARD_BASE_REVISION (its base model) to a commit to pin them (default main for all three: no
-commit is documented upstream for these repos). A root already complete is not fetched again.
+commit is documented upstream for these repos). The --eval_scorers repos are pinned to commits (CLIP_REVISION,
+PICKSCORE_REVISION, PICKSCORE_PROCESSOR_REVISION override them). A root already complete is not fetched again.
 
 Without hub access (HF_HUB_OFFLINE=1, or no answer within --timeout) the script stops at once with exit status 3:
 download on a machine with internet and copy the root here, or point HF_ENDPOINT at a mirror.
@@ -86,6 +101,7 @@ while [ $# -gt 0 ]; do
     --repo_prefix) REPO_PREFIX=${2:?--repo_prefix needs a value}; shift 2 ;;
     --reward_repo) REWARD_REPOS=("${2:?--reward_repo needs a value}"); shift 2 ;;
     --no_reward) WITH_REWARD=0; shift ;;
+    --eval_scorers) EVAL_SCORERS=1; shift ;;
     --verify_only) VERIFY_ONLY=1; shift ;;
     --timeout) TIMEOUT=${2:?--timeout needs a value}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -101,7 +117,7 @@ REWARD_FLAG=()
 [ "$WITH_REWARD" = 1 ] && REWARD_FLAG=(--reward)
 
 verify() {
-  "$PY" -m sage_grpo.models.verify --model_root "$MODEL_ROOT" --transformer_versions "${VARIANTS[@]}" \
+  "$PY" -m sage_grpo.cli.verify --model_root "$MODEL_ROOT" --transformer_versions "${VARIANTS[@]}" \
     "${REWARD_FLAG[@]}"
 }
 
@@ -110,14 +126,21 @@ if [ "$VERIFY_ONLY" = 1 ]; then
   exit $?
 fi
 
-mapfile -t MISSING < <("$PY" -m sage_grpo.models.verify --model_root "$MODEL_ROOT" \
+mapfile -t MISSING < <("$PY" -m sage_grpo.cli.verify --model_root "$MODEL_ROOT" \
   --transformer_versions "${VARIANTS[@]}" "${REWARD_FLAG[@]}" --missing_components)
-if [ ${#MISSING[@]} -eq 0 ]; then
+# scorer repos (REPO REVISION FILE-THAT-MARKS-IT-COMPLETE PATTERN...) still to fetch, with --eval_scorers
+SCORERS=()
+if [ "$EVAL_SCORERS" = 1 ]; then
+  [ -f "$MODEL_ROOT/${CLIP_REPO##*/}/model.safetensors" ] || SCORERS+=("$CLIP_REPO")
+  [ -f "$MODEL_ROOT/${PICKSCORE_REPO##*/}/model.safetensors" ] || SCORERS+=("$PICKSCORE_REPO")
+  [ -f "$MODEL_ROOT/${PICKSCORE_PROCESSOR_REPO##*/}/tokenizer_config.json" ] || SCORERS+=("$PICKSCORE_PROCESSOR_REPO")
+fi
+if [ ${#MISSING[@]} -eq 0 ] && [ ${#SCORERS[@]} -eq 0 ]; then
   echo "[download_weights] $MODEL_ROOT is complete; nothing to download"
   verify
   exit $?
 fi
-echo "[download_weights] to fetch: ${MISSING[*]}"
+echo "[download_weights] to fetch: ${MISSING[*]} ${SCORERS[*]}"
 
 # ---------------------------------------------------------------- hub access, checked before any download
 ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
@@ -230,6 +253,17 @@ $VIDEOALIGN_REVISION; name the repo with --reward_repo ID or set VIDEOALIGN_REVI
            || die "downloading the reward base model $base at revision $REWARD_BASE_REVISION failed" ;;
   esac
 fi
+
+# ---------------------------------------------------------------- the evaluation's scorers (--eval_scorers)
+for repo in "${SCORERS[@]}"; do
+  case "$repo" in
+    "$CLIP_REPO") revision=$CLIP_REVISION; patterns=("*.json" "*.txt" "model.safetensors") ;;
+    "$PICKSCORE_REPO") revision=$PICKSCORE_REVISION; patterns=("*.json" "model.safetensors") ;;
+    *) revision=$PICKSCORE_PROCESSOR_REVISION; patterns=("*.json" "*.txt") ;;  # the processor only, no weights
+  esac
+  fetch "$repo" "$revision" "$MODEL_ROOT/${repo##*/}" "${patterns[@]}" \
+    || die "downloading $repo at revision $revision failed"
+done
 
 echo "[download_weights] checking $MODEL_ROOT"
 verify

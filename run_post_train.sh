@@ -6,6 +6,7 @@
 #   bash run_post_train.sh                                     # new run in ./outputs
 #   bash run_post_train.sh --resume_from_checkpoint latest     # extra arguments go to post_train.py, after the
 #   bash run_post_train.sh --max_steps 200 --sp_size 4         # flags below, so they override them
+#   bash run_post_train.sh --config configs/paper/b_sage_grpo_dual_kl.yaml   # a config wins over the flags below
 #
 # Environment variables (all optional):
 #   NPROC_PER_NODE  processes (one per GPU) on this node; a multiple of --sp_size (default 8)
@@ -21,6 +22,7 @@ fi
 export TOKENIZERS_PARALLELISM=false
 source scripts/post_train/reference_flags.sh
 reference_flags ./outputs
+yield_to_config "$@"
 
 cmd=(
   "$TORCHRUN" --nproc_per_node "${NPROC_PER_NODE:-8}" --master_port "${MASTER_PORT:-29500}" post_train.py

@@ -60,7 +60,7 @@ from sage_grpo.distributed.collectives import barrier
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.distributed.parallelize import is_sharded
 from sage_grpo.faults import fault_point
-from sage_grpo.optim import optimizer_parts
+from sage_grpo.optim.optimizers import optimizer_parts
 from sage_grpo.rl.anchor import MovingAnchorSchedule
 from sage_grpo.safe_io import CheckpointError, dcp_load, load_plain, read_dcp_metadata
 
@@ -172,12 +172,21 @@ def list_checkpoints(run_dir: Path) -> Dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def resumes(value: Optional[str], run_dir: Path) -> bool:
+    """Whether ``--resume_from_checkpoint value`` resumes: ``auto`` only when ``run_dir`` holds a checkpoint (a
+    published ``checkpoint-N``: complete by construction, its temporary directory was renamed last)."""
+    if value == "auto":
+        return bool(list_checkpoints(run_dir))
+    return value is not None
+
+
 def resolve_resume_path(value: str, run_dir: Path) -> Path:
-    """``--resume_from_checkpoint``: a checkpoint directory, or ``latest`` (newest one in the run directory)."""
-    if value == "latest":
+    """``--resume_from_checkpoint``: a checkpoint directory, or ``latest`` / ``auto`` (newest one in the run
+    directory; see :func:`resumes` for ``auto`` without one)."""
+    if value in ("latest", "auto"):
         checkpoints = list_checkpoints(run_dir)
         if not checkpoints:
-            raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint-N directory in {run_dir}")
+            raise FileNotFoundError(f"--resume_from_checkpoint {value}: no checkpoint-N directory in {run_dir}")
         return list(checkpoints.values())[-1]
     path = Path(value)
     if not path.is_dir():

@@ -11,6 +11,11 @@ writes instead HunyuanVideo-1.5's real-width transformer with 8 of its 54 blocks
 (sage_grpo/models/real_width.py; 1.4 GB for 8 blocks, 2.5 GB more for the real VAE), for the benchmarks'
 ``--checkpoint_root``.
 
+    python scripts/make_tiny_checkpoint.py --output ckpts --eval_scorers
+
+also writes tiny random-weight CLIP and PickScore models (clip-vit-large-patch14/, PickScore_v1/ and its processor
+CLIP-ViT-H-14-laion2B-s32B-b79K/) for ``python -m sage_grpo.evaluate --metrics clipscore,pickscore``.
+
 Takes a few seconds and a few MB per transformer version; a seed always gives identical files. See ckpts/README.md.
 """
 
@@ -43,6 +48,8 @@ def main(argv=None) -> int:
     parser.add_argument("--versions", nargs="+", default=[DEFAULT_TRANSFORMER_VERSION],
                         help="transformer versions to write under transformer/")
     parser.add_argument("--no_reward", action="store_true", help="skip the tiny VideoReward model")
+    parser.add_argument("--eval_scorers", action="store_true",
+                        help="also write the tiny CLIPScore and PickScore models (sage_grpo/rewards/tiny.py)")
     parser.add_argument("--real_width_blocks", type=int, default=None,
                         help="write the real-width transformer with this many dual-stream blocks instead")
     parser.add_argument("--vae", choices=tuple(VAE_CONFIGS), default="real",
@@ -51,14 +58,19 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     if args.real_width_blocks is not None:
         root = write_real_width_hunyuan(args.output, num_layers=args.real_width_blocks, seed=args.seed,
-                                        versions=tuple(args.versions), vae_config=VAE_CONFIGS[args.vae],
-                                        reward=not args.no_reward)
+                                        versions=tuple(args.versions), vae_config=VAE_CONFIGS[args.vae])
+        if not args.no_reward:
+            write_tiny_reward(root, args.seed)
         print(f"wrote real-width checkpoint ({args.real_width_blocks} blocks, {args.vae} VAE) to {root} in "
               f"{time.perf_counter() - start:.1f} s")
         return 0
     root = write_tiny_hunyuan(args.output, seed=args.seed, versions=tuple(args.versions))
     reward = False if args.no_reward else write_tiny_reward(root, args.seed)
-    print(f"wrote tiny checkpoint to {root} ({', '.join(args.versions)}{', VideoReward' if reward else ''}) "
+    if args.eval_scorers:
+        from sage_grpo.rewards.tiny import write_tiny_clip_scorers
+
+        write_tiny_clip_scorers(root, seed=args.seed)
+    print(f"wrote tiny checkpoint to {root} ({', '.join(args.versions)}{', VideoReward' if reward else ''}{', CLIP, PickScore' if args.eval_scorers else ''}) "
           f"in {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -4,7 +4,11 @@
     python post_train.py --remote_reward_url http://127.0.0.1:8765 ...                    # the trainer, elsewhere
 
 Every reward flag is the trainer's (``python scripts/reward_server.py --help``). The server prints one line with its
-address once the model has loaded, then serves until interrupted.
+address once the model has loaded, then serves until interrupted. On a shared network require a token:
+
+    python -c 'import secrets; print(secrets.token_hex(32))' > token && chmod 600 token
+    python scripts/reward_server.py --host 0.0.0.0 --auth_token_file token ...
+    SAGE_GRPO_REWARD_TOKEN=$(cat token) python post_train.py --remote_reward_url http://<server>:8765 ...
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ Contract: a reward callable maps ``videos (B, 3, F, H, W)`` in [0, 1] and B prom
 Modules: ``base`` (contract, failure policy), ``registry`` (name table, plug-ins, composite), ``toys``,
 ``videoalign`` (the reward callable) with ``videoalign_checkpoint`` (files, key remapping, loading),
 ``videoalign_model`` (network, pooling), ``videoalign_inputs`` (batch assembly), ``video_preprocess``
-(torch-only frame sampling/resize/patchify, mp4 IO), ``prompt_templates``, ``tiny`` (tiny checkpoint), and
+(torch-only frame sampling/resize/patchify, mp4 IO), ``prompt_templates``, ``tiny`` (tiny checkpoints),
+``clip_score`` / ``pick_score`` (the evaluation's CLIPScore and PickScore), and
 ``remote`` / ``serving`` (the ``--remote_reward_url`` client and the reward server behind it).
-``videoalign`` and ``tiny`` import transformers/peft and are not imported here.
+``videoalign``, ``clip_score``, ``pick_score`` and ``tiny`` import transformers/peft and are not imported here.
 """
 
 from .base import RewardFn, score_with_fallback
@@ -20,7 +21,6 @@ from .registry import (
     build_reward_fn,
     import_object,
     make_reward,
-    parse_reward_weights,
     plan_reward_models,
     register_reward,
     reward_plugin,
@@ -39,7 +39,6 @@ __all__ = [
     "build_reward_fn",
     "import_object",
     "make_reward",
-    "parse_reward_weights",
     "plan_reward_models",
     "register_reward",
     "reward_plugin",

@@ -16,6 +16,9 @@ naming: ``"legacy"`` (pre-4.52 transformers, like the released checkpoint; load 
 ``"current"`` (transformers >= 4.52; load with v2 or v3). The weights are random: scores are meaningless
 but depend on the video and the prompt, which is all the plumbing tests need. The frame budget is tiny
 (``max_frame_pixels`` 56x84, ``min_frame_pixels`` 56x56) so CPU forwards take milliseconds.
+
+``write_tiny_clip_scorers(root)`` writes the evaluation scorers' stand-ins (``CLIPModel`` + ``CLIPProcessor``, 1-layer
+towers on 16x16 images, an offline byte-level CLIP tokenizer) under the folder names of the real hub repos.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..tiny_tokenizer import QWEN_SPECIAL_TOKENS, build_tiny_qwen_tokenizer
+from ..models.tiny_tokenizer import QWEN_SPECIAL_TOKENS, build_tiny_qwen_tokenizer
 from .prompt_templates import DETAILED_SPECIAL_TEMPLATE
 from .video_preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
@@ -177,3 +180,58 @@ def write_tiny_video_reward(output_root: str | Path, *, seed: int = 0, key_layou
     full_dir.mkdir(exist_ok=True)
     torch.save(to_key_layout(state, key_layout), full_dir / "model.pth")
     return reward_dir
+
+
+# ---------------------------------------------------------------- the evaluation scorers (CLIPScore, PickScore)
+TINY_CLIP_IMAGE_SIZE = 16
+PICKSCORE_LOGIT_SCALE = 4.6052  # ln 100, PickScore_v1's learnt temperature, so tiny scores have its scale
+
+
+def _tiny_clip_processor():
+    """A ``CLIPProcessor``: an offline byte-level CLIP tokenizer (every byte a token, with and without CLIP's
+    ``</w>`` word end, no merges) and CLIP's image processor at 16x16 with the OpenAI mean/std."""
+    from tokenizers import pre_tokenizers
+    from transformers import CLIPImageProcessor, CLIPProcessor, CLIPTokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    vocab.update({char: 2 + i for i, char in enumerate(alphabet)})
+    vocab.update({char + "</w>": 2 + len(alphabet) + i for i, char in enumerate(alphabet)})
+    size = TINY_CLIP_IMAGE_SIZE
+    images = CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
+                                image_mean=list(OPENAI_CLIP_MEAN), image_std=list(OPENAI_CLIP_STD))
+    return CLIPProcessor(image_processor=images, tokenizer=CLIPTokenizer(vocab=vocab, merges=[]))
+
+
+def _write_tiny_clip_model(folder: Path, vocab_size: int, seed: int, logit_scale: float | None) -> None:
+    from transformers import CLIPConfig, CLIPModel
+
+    text = dict(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=TINY_CLIP_IMAGE_SIZE, patch_size=8)
+    extra = {} if logit_scale is None else {"logit_scale_init_value": logit_scale}
+    config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=8, **extra)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = CLIPModel(config)
+    model.save_pretrained(folder)  # config.json + model.safetensors
+
+
+def write_tiny_clip_scorers(root: str | Path, *, seed: int = 0) -> Path:
+    """Tiny random-weight stand-ins of the evaluation scorers, in the layout ``download_weights.sh --eval_scorers``
+    gives (``<root>/<hub repo name>``): ``clip-vit-large-patch14/`` (CLIPModel + its processor),
+    ``PickScore_v1/`` (CLIPModel only, logit scale ln 100) and ``CLIP-ViT-H-14-laion2B-s32B-b79K/`` (the processor
+    PickScore uses). transformers' own classes, 1-layer towers; a seed gives identical files."""
+    from .clip_score import DEFAULT_CLIP_MODEL
+    from .pick_score import PICKSCORE_MODEL, PICKSCORE_PROCESSOR
+
+    root = Path(root)
+    processor = _tiny_clip_processor()
+    vocab_size = len(processor.tokenizer)
+    clip_dir = root / DEFAULT_CLIP_MODEL.split("/")[-1]
+    _write_tiny_clip_model(clip_dir, vocab_size, seed + 10, None)
+    processor.save_pretrained(clip_dir)
+    _write_tiny_clip_model(root / PICKSCORE_MODEL.split("/")[-1], vocab_size, seed + 11, PICKSCORE_LOGIT_SCALE)
+    processor.save_pretrained(root / PICKSCORE_PROCESSOR.split("/")[-1])
+    return root

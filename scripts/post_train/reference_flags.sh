@@ -29,3 +29,26 @@ reference_flags() {
     --reference_mode_offload True
   )
 }
+
+# yield_to_config ARGS...: when ARGS (the user's arguments) hold --config FILE, drop from REFERENCE_FLAGS every flag
+# FILE sets, so the order is launcher defaults < config file < flags typed on the command line
+# (sage_grpo/config/launcher.py).
+yield_to_config() {
+  local config=
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --config) config=${2:-}; shift $(( $# > 1 ? 2 : 1 )) ;;
+      --config=*) config=${1#--config=}; shift ;;
+      *) shift ;;
+    esac
+  done
+  [ -n "$config" ] || return 0
+  local py=${PYTHON:-}
+  if [ -z "$py" ]; then
+    if [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
+  fi
+  local kept
+  kept=$("$py" -m sage_grpo.config.launcher "$config" "${REFERENCE_FLAGS[@]}") || exit 2
+  REFERENCE_FLAGS=()
+  [ -z "$kept" ] || mapfile -t REFERENCE_FLAGS <<< "$kept"  # a file that sets them all leaves none
+}

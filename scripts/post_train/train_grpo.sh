@@ -66,6 +66,7 @@ fi
 export TOKENIZERS_PARALLELISM=false
 source scripts/post_train/reference_flags.sh
 reference_flags "$OUTPUT_DIR"
+yield_to_config "$@"
 
 cmd=(
   "$TORCHRUN" --nnodes "$NNODES" --nproc_per_node "${NPROC_PER_NODE:-8}" --node_rank "$NODE_RANK"

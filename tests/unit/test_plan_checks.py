@@ -3,7 +3,7 @@ fit, attention backends that cannot run here."""
 import pytest
 import torch
 
-from sage_grpo import plan as planner
+from sage_grpo.plan import report as planner
 from sage_grpo.config import ConfigError
 from sage_grpo.models.attention import check_attention_runs
 

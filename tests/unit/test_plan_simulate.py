@@ -1,10 +1,11 @@
 """The simulated GRPO step against the plan at reduced depth (issue 27): 2 dual-stream blocks at the real width,
-world 4, sp 2, fake tensors over a fake process group (sage_grpo/plan_simulate.py)."""
+world 4, sp 2, fake tensors over a fake process group (sage_grpo/plan/simulate.py)."""
+import dataclasses
+
 import pytest
-import torch
 
 from sage_grpo.config import TrainConfig, parse_cli
-from sage_grpo.plan_simulate import GIB, planner_groups, simulation_report
+from sage_grpo.plan.simulate import GIB, planner_groups, simulation_report
 
 TOLERANCE = 0.05
 FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_generations", "4", "--enable_fsdp",
@@ -15,10 +16,9 @@ FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_
 
 @pytest.fixture(scope="module")
 def simulated():
-    from sage_grpo import plan as planner
-    import dataclasses
-    from sage_grpo.plan_simulate import public_config
-    from sage_grpo.plan_sizes import transformer_sizes
+    from sage_grpo.plan import memory as planner
+    from sage_grpo.plan.simulate import public_config
+    from sage_grpo.plan.sizes import transformer_sizes
 
     cfg = parse_cli(TrainConfig, FLAGS)
     text, simulation = simulation_report(cfg, 4, 80.0, num_layers=2)

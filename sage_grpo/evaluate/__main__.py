@@ -1,0 +1,5 @@
+import sys
+
+from sage_grpo.evaluate import main
+
+sys.exit(main())

@@ -1,0 +1,180 @@
+"""Everything an evaluation needs that loads no model, checked up front: a bad checkpoint path, metric, prompt CSV,
+scorer folder or sampling setting is refused in one line before the first weight is read.
+
+The sampling settings become one ``GenerateConfig`` (``generate.py``'s own, planned by its ``plan_generation``), and
+each checkpoint is that config with its ``checkpoint_path``: the evaluation samples exactly as ``generate.py`` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from sage_grpo.config.generate import GenerateConfig
+from sage_grpo.data import read_prompt_csvs
+from sage_grpo.evaluate.config import EvaluateConfig
+from sage_grpo.models import layout
+from sage_grpo.pipeline.generation import GenerationPlan, plan_generation
+from sage_grpo.rewards.clip_score import resolve_model_folder
+from sage_grpo.config.reward_weights import parse_reward_weights
+from sage_grpo.rewards.registry import DEFAULT_VIDEOALIGN_WEIGHTS, VIDEOALIGN_METRICS, resolve_reward
+
+BASE = "base"
+VIDEOALIGN_NAMES = ("videoalign", "videoalign_local")
+SCORER_NAMES = ("clipscore", "pickscore")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    label: str  # as given on the command line
+    weights: Optional[str]  # None: the base model
+
+    @property
+    def key(self) -> str:
+        """Folder name of its cache: readable, and unique per label."""
+        from sage_grpo.video_io import sanitize_name
+
+        digest = hashlib.sha1(self.label.encode()).hexdigest()[:8]
+        return f"{sanitize_name(self.label.replace('/', '_'), 40) or 'checkpoint'}-{digest}"
+
+
+@dataclass(frozen=True)
+class MetricPlan:
+    names: Tuple[str, ...]  # as requested, in order
+    videoalign_weights: Dict[str, float]  # the 'Weighted' column: sum_m w_m * metric_m
+    clip_model: Optional[Path] = None
+    pickscore_model: Optional[Tuple[Path, Path]] = None  # (model, processor)
+    rewards: Tuple[str, ...] = ()  # any other reward name the registry resolves
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    checkpoints: List[Checkpoint]
+    prompts: List[str]
+    seeds: List[int]
+    metrics: MetricPlan
+    generation: GenerateConfig  # the base model's; a checkpoint's adds checkpoint_path
+    sampling: GenerationPlan
+    output: Path
+
+    def generate_config(self, checkpoint: Checkpoint) -> GenerateConfig:
+        return replace(self.generation, checkpoint_path=checkpoint.weights)
+
+    def settings(self) -> Dict:
+        """The deterministic sampler settings and scorers, written once in the output (and what the cache keys on)."""
+        g, s = self.generation, self.sampling
+        return {
+            "sampler": "Euler ODE (deterministic), generate.py's", "num_inference_steps": g.num_inference_steps,
+            "transformer_version": s.transformer_version, "height": s.height, "width": s.width,
+            "video_length": g.video_length, "guidance_scale": s.guidance_scale, "flow_shift": s.flow_shift,
+            "negative_prompt": g.negative_prompt, "dtype": g.dtype, "text_max_length": g.text_max_length,
+            "byt5_max_length": g.byt5_max_length, "vision_num_semantic_tokens": g.vision_num_semantic_tokens,
+            "model_path": g.model_path, "metrics": list(self.metrics.names),
+            "videoalign_weights": self.metrics.videoalign_weights,
+            "clip_model": str(self.metrics.clip_model) if self.metrics.clip_model else None,
+            "pickscore_model": [str(p) for p in self.metrics.pickscore_model] if self.metrics.pickscore_model else None,
+        }
+
+    def fingerprint(self) -> str:
+        return hashlib.sha1(json.dumps(self.settings(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def parse_checkpoints(values: Optional[List[str]]) -> List[Checkpoint]:
+    if not values:
+        raise ValueError("--checkpoints is required: e.g. --checkpoints base outputs/run/checkpoint-100")
+    if len(set(values)) != len(values):
+        raise ValueError(f"--checkpoints names one twice: {values}")
+    checkpoints = []
+    for value in values:
+        if value == BASE:
+            checkpoints.append(Checkpoint(BASE, None))
+        elif not Path(value).exists():
+            raise FileNotFoundError(f"--checkpoints {value}: no such file or directory (or use 'base')")
+        else:
+            checkpoints.append(Checkpoint(value, value))
+    return checkpoints
+
+
+def plan_metrics(config: EvaluateConfig) -> MetricPlan:
+    names = tuple(name.strip() for name in config.metrics.split(",") if name.strip())
+    if not names:
+        raise ValueError("--metrics is empty: e.g. --metrics videoalign,clipscore,pickscore")
+    rewards = []
+    for name in names:
+        if name in VIDEOALIGN_NAMES or name in SCORER_NAMES:
+            continue
+        try:
+            resolve_reward(name)
+        except (ValueError, ImportError) as err:
+            raise ValueError(f"--metrics: unknown metric {name!r}: use videoalign, clipscore, pickscore or a reward "
+                             f"name ({str(err).splitlines()[0]})") from None
+        rewards.append(name)
+    weights = parse_reward_weights(config.reward_weights) or dict(DEFAULT_VIDEOALIGN_WEIGHTS)
+    unknown = sorted(set(weights) - set(VIDEOALIGN_METRICS))
+    if unknown:
+        raise ValueError(f"--reward_weights: {unknown} are not VideoAlign metrics; use {list(VIDEOALIGN_METRICS)}")
+    root = config.model_path
+    if any(name in VIDEOALIGN_NAMES for name in names) and not (Path(root) / "VideoReward").is_dir():
+        raise FileNotFoundError(f"--metrics videoalign needs {Path(root) / 'VideoReward'} (bash download_weights.sh)")
+    clip = resolve_model_folder(config.clip_model, root, "--clip_model") if "clipscore" in names else None
+    pick = (resolve_model_folder(config.pickscore_model, root, "--pickscore_model"),
+            resolve_model_folder(config.pickscore_processor, root, "--pickscore_processor")) \
+        if "pickscore" in names else None
+    return MetricPlan(names, weights, clip, pick, tuple(rewards))
+
+
+def generation_config(config: EvaluateConfig, prompt: str, seed: int, device: Optional[str]) -> GenerateConfig:
+    """``generate.py``'s config for these sampling settings (one video per call, nothing written by it)."""
+    shared = {name: getattr(config, name) for name in (
+        "model_path", "resolution", "model_version", "num_inference_steps", "video_length", "aspect_ratio",
+        "fixed_size", "flow_shift", "negative_prompt", "text_max_length", "byt5_max_length",
+        "vision_num_semantic_tokens", "dtype", "attention_backend", "offloading")}
+    guidance = {} if config.guidance_scale is None else {"guidance_scale": config.guidance_scale}
+    return GenerateConfig(prompt=prompt, seed=seed, device=config.device or device, save_generation_config=False,
+                          **shared, **guidance)
+
+
+def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> EvaluationPlan:
+    """Validate everything; raises ValueError / FileNotFoundError with a one-line message. Loads no model."""
+    checkpoints = parse_checkpoints(config.checkpoints)
+    if not config.prompts:
+        raise ValueError("--prompts is required: a CSV with a 'prompt' column")
+    prompts = [item.prompt for item in read_prompt_csvs([config.prompts], notes=[])]
+    if not config.seeds or len(set(config.seeds)) != len(config.seeds):
+        raise ValueError(f"--seeds must name distinct seeds, got {config.seeds}")
+    if config.picture_frames < 1 or config.picture_height < 8:
+        raise ValueError("--picture_frames must be >= 1 and --picture_height >= 8")
+    metrics = plan_metrics(config)
+    generation = generation_config(config, prompts[0], config.seeds[0], device)
+    sampling = plan_generation(generation)
+    transformer_dir = Path(config.model_path) / layout.transformer_layout(sampling.transformer_version).subdir
+    if not transformer_dir.is_dir():
+        raise FileNotFoundError(f"--model_path {config.model_path}: no transformer {sampling.transformer_version} "
+                                f"at {transformer_dir} (bash download_weights.sh, or the tiny checkpoint)")
+    plan = EvaluationPlan(checkpoints, prompts, list(config.seeds), metrics, generation, sampling,
+                          Path(config.output))
+    check_cache_settings(plan)
+    return plan
+
+
+def check_cache_settings(plan: EvaluationPlan) -> None:
+    """A cache made with other settings is never mixed in nor deleted: the user picks a new --output."""
+    settings_file = plan.output / "cache" / "settings.json"
+    if not settings_file.is_file():
+        return
+    cached = json.loads(settings_file.read_text())
+    changed = sorted(key for key in set(cached) | set(plan.settings())
+                     if cached.get(key) != json.loads(json.dumps(plan.settings())).get(key))
+    if changed:
+        raise ValueError(f"--output {plan.output} holds results sampled or scored with other settings (differ: "
+                         f"{', '.join(changed)}); use a new --output, or delete {settings_file.parent} to start over")
+
+
+def write_cache_settings(plan: EvaluationPlan) -> None:
+    folder = plan.output / "cache"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "settings.json").write_text(json.dumps(plan.settings(), indent=2, sort_keys=True))
+

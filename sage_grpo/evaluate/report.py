@@ -1,0 +1,126 @@
+"""The outputs of an evaluation, written by rank 0 from every unit's record.
+
+* ``results.json``: the sampler settings (once), then per checkpoint a ``summary`` (per metric: mean, standard error
+  of the mean over its prompt x seed samples, n) and ``prompts`` (per prompt: its per-seed scores and their mean),
+  plus mean sampling and scoring seconds per (prompt, seed);
+* ``results.md``: the summary in the layout of the paper's Table 2 (VQ, MQ, TA, Overall = VQ + MQ + TA, CLIPScore,
+  PickScore; then any further metric), ``mean ± s.e.``;
+* ``bars.png``: one bar panel per metric, a bar per checkpoint with its standard error;
+* ``side_by_side/<i>_<prompt>.png``: per prompt (first seed), one row of evenly spaced frames per checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+
+from sage_grpo.evaluate.plan import EvaluationPlan
+
+# Table 2's columns first (key, header), in the paper's order; then every other metric in the order produced.
+TABLE2_COLUMNS = (("VQ", "VQ"), ("MQ", "MQ"), ("TA", "TA"), ("Overall", "Overall"), ("clipscore", "CLIPScore"),
+                  ("pickscore", "PickScore"), ("Weighted", "Weighted (--reward_weights)"))
+
+
+def mean_and_stderr(values: List[float]) -> Dict:
+    """Mean and standard error of the mean (sample std / sqrt(n); None for one sample)."""
+    array = np.asarray(values, dtype=np.float64)
+    stderr = float(array.std(ddof=1) / math.sqrt(len(array))) if len(array) > 1 else None
+    return {"mean": float(array.mean()), "stderr": stderr, "n": len(array)}
+
+
+def summarize(plan: EvaluationPlan, records: List[Dict]) -> Dict:
+    by_checkpoint: Dict[str, Dict] = {}
+    for checkpoint in plan.checkpoints:
+        mine = [r for r in records if r["checkpoint"] == checkpoint.label]
+        keys = list(dict.fromkeys(key for r in mine for key in r["scores"]))
+        prompts = {}
+        for index, prompt in enumerate(plan.prompts):
+            rows = sorted((r for r in mine if r["prompt_index"] == index), key=lambda r: plan.seeds.index(r["seed"]))
+            prompts[prompt] = {"seeds": {str(r["seed"]): r["scores"] for r in rows},
+                               "mean": {k: float(np.mean([r["scores"][k] for r in rows])) for k in keys}}
+        by_checkpoint[checkpoint.label] = {
+            "weights": checkpoint.weights,
+            "summary": {k: mean_and_stderr([r["scores"][k] for r in mine]) for k in keys},
+            "prompts": prompts,
+            "seconds_per_video": {"sampling": float(np.mean([r["sampling_s"] for r in mine])),
+                                  "scoring": float(np.mean([r["scoring_s"] for r in mine]))},
+        }
+    return {"settings": plan.settings(), "prompts": plan.prompts, "seeds": plan.seeds, "checkpoints": by_checkpoint}
+
+
+def columns_of(results: Dict) -> List[tuple]:
+    keys = list(dict.fromkeys(k for c in results["checkpoints"].values() for k in c["summary"]))
+    table2 = [(key, header) for key, header in TABLE2_COLUMNS if key in keys]
+    return table2 + [(key, key) for key in keys if key not in dict(TABLE2_COLUMNS)]
+
+
+def _cell(stat: Dict) -> str:
+    return f"{stat['mean']:.4f}" if stat["stderr"] is None else f"{stat['mean']:.4f} ± {stat['stderr']:.4f}"
+
+
+def markdown_table(results: Dict) -> str:
+    settings = results["settings"]
+    columns = columns_of(results)
+    lines = [f"Sampler: {settings['sampler']}, {settings['num_inference_steps']} steps, "
+             f"{settings['height']}x{settings['width']}x{settings['video_length']} frames, CFG "
+             f"{settings['guidance_scale']}, shift {settings['flow_shift']}, {settings['dtype']}; "
+             f"{len(results['prompts'])} prompts x {len(results['seeds'])} seeds {results['seeds']}; "
+             "mean ± standard error over the (prompt, seed) samples."
+             + (" Overall = VQ + MQ + TA." if any(key == "Overall" for key, _ in columns) else ""), "",
+             "| Model | " + " | ".join(header for _, header in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for label, entry in results["checkpoints"].items():
+        cells = [_cell(entry["summary"][key]) if key in entry["summary"] else "" for key, _ in columns]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(results: Dict, path: Path) -> Path:
+    from sage_grpo.tracking.plots import BarPanel, plot_bars
+
+    labels = list(results["checkpoints"])
+    panels = []
+    for key, header in columns_of(results):
+        stats = [results["checkpoints"][label]["summary"].get(key) for label in labels]
+        panels.append(BarPanel(header, labels, [s["mean"] if s else math.nan for s in stats],
+                               [s["stderr"] if s and s["stderr"] is not None else 0.0 for s in stats]))
+    return plot_bars(panels, path, title="mean ± standard error per checkpoint")
+
+
+def side_by_side(plan: EvaluationPlan, strips: Dict, folder: Path) -> List[Path]:
+    """One PNG per prompt: a labelled row of frames per checkpoint (``strips[(label, prompt index)]``)."""
+    from PIL import Image, ImageDraw
+
+    from sage_grpo.video_io import sanitize_name
+
+    label_width, paths = 220, []
+    for index, prompt in enumerate(plan.prompts):
+        rows = [strips[(c.label, index)] for c in plan.checkpoints]
+        height, width = rows[0].shape[0], max(row.shape[1] for row in rows)
+        canvas = Image.new("RGB", (label_width + width, 20 + len(rows) * (height + 4)), "white")
+        draw = ImageDraw.Draw(canvas)
+        draw.text((6, 4), f"{prompt[:150]}  (seed {plan.seeds[0]})", fill="black")
+        for number, (checkpoint, row) in enumerate(zip(plan.checkpoints, rows)):
+            y = 20 + number * (height + 4)
+            label = checkpoint.label if len(checkpoint.label) <= 34 else "..." + checkpoint.label[-31:]
+            draw.text((6, y + height // 2 - 6), label, fill="black")
+            canvas.paste(Image.fromarray(row), (label_width, y))
+        path = folder / f"{index:03d}_{sanitize_name(prompt, 40) or 'prompt'}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        canvas.save(path)
+        paths.append(path)
+    return paths
+
+
+def write_reports(plan: EvaluationPlan, records: List[Dict], strips: Dict) -> Dict:
+    results = summarize(plan, records)
+    plan.output.mkdir(parents=True, exist_ok=True)
+    (plan.output / "results.json").write_text(json.dumps(results, indent=2))
+    (plan.output / "results.md").write_text(markdown_table(results))
+    bar_chart(results, plan.output / "bars.png")
+    side_by_side(plan, strips, plan.output / "side_by_side")
+    return results

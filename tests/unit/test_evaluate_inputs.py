@@ -1,0 +1,93 @@
+"""python -m sage_grpo.evaluate refuses bad input in one line before any model loads (no checkpoint root is even
+needed for most of them), and its reports follow Table 2's layout with the mean ± standard error arithmetic."""
+
+import math
+
+import pytest
+
+from sage_grpo.evaluate import main
+from sage_grpo.evaluate.report import markdown_table, mean_and_stderr
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "eval.csv"
+    path.write_text("prompt\nA cat walks\n")
+    return path
+
+
+def refused(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def test_missing_checkpoint(tmp_path, prompts, capsys):
+    err = refused(capsys, ["--checkpoints", "base", str(tmp_path / "run" / "checkpoint-9"), "--prompts", str(prompts),
+                           "--metrics", "target_color", "--model_path", str(tmp_path)])
+    assert "checkpoint-9: no such file or directory (or use 'base')" in err
+
+
+def test_unknown_metric(tmp_path, prompts, capsys):
+    err = refused(capsys, ["--checkpoints", "base", "--prompts", str(prompts), "--metrics", "clipscore,fid",
+                           "--model_path", str(tmp_path)])
+    assert "unknown metric 'fid'" in err and "videoalign, clipscore, pickscore" in err
+
+
+def test_empty_csv_and_missing_csv(tmp_path, capsys):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("prompt\n")
+    common = ["--checkpoints", "base", "--metrics", "target_color", "--model_path", str(tmp_path)]
+    assert "empty.csv" in refused(capsys, [*common, "--prompts", str(empty)])
+    assert "does not exist" in refused(capsys, [*common, "--prompts", str(tmp_path / "none.csv")])
+    assert "--prompts is required" in refused(capsys, common)
+
+
+def test_missing_scorer_models_and_transformer(tmp_path, prompts, capsys):
+    common = ["--checkpoints", "base", "--prompts", str(prompts), "--model_path", str(tmp_path)]
+    assert "--clip_model openai/clip-vit-large-patch14" in refused(capsys, [*common, "--metrics", "clipscore"])
+    assert "VideoReward" in refused(capsys, [*common, "--metrics", "videoalign"])
+    assert "no transformer 480p_t2v" in refused(capsys, [*common, "--metrics", "target_color"])
+
+
+def test_bad_weights_and_seeds(tmp_path, prompts, capsys):
+    common = ["--checkpoints", "base", "--prompts", str(prompts), "--model_path", str(tmp_path), "--metrics",
+              "target_color"]
+    assert "not VideoAlign metrics" in refused(capsys, [*common, "--reward_weights", '{"VQ": 1, "XX": 2}'])
+    assert "distinct seeds" in refused(capsys, [*common, "--seeds", "1", "1"])
+    assert "names one twice" in refused(capsys, ["--checkpoints", "base", "base", *common[2:]])
+
+
+def test_mean_and_standard_error():
+    stat = mean_and_stderr([1.0, 2.0, 4.0])
+    # mean 7/3; sample variance ((4/3)^2 + (1/3)^2 + (5/3)^2) / 2 = 7/3; s.e. = sqrt(7/3 / 3)
+    assert stat["mean"] == pytest.approx(7 / 3) and stat["stderr"] == pytest.approx(math.sqrt(7 / 9))
+    assert mean_and_stderr([5.0]) == {"mean": 5.0, "stderr": None, "n": 1}
+
+
+def test_markdown_is_table2_first():
+    def entry(**means):
+        return {"summary": {k: {"mean": v, "stderr": 0.5, "n": 2} for k, v in means.items()}}
+
+    results = {"settings": {"sampler": "Euler", "num_inference_steps": 40, "height": 480, "width": 848,
+                            "video_length": 121, "guidance_scale": 6.0, "flow_shift": 5.0, "dtype": "bf16"},
+               "prompts": ["a"], "seeds": [0, 1],
+               "checkpoints": {"base": entry(toy_red=1.0, pickscore=21.0, VQ=-0.75, MQ=-0.59, TA=1.41,
+                                             Overall=0.07, clipscore=0.8)}}
+    lines = markdown_table(results).splitlines()
+    assert lines[2] == "| Model | VQ | MQ | TA | Overall | CLIPScore | PickScore | toy_red |"
+    assert lines[4].startswith("| base | -0.7500 ± 0.5000 | -0.5900 ± 0.5000 | 1.4100 ± 0.5000 | 0.0700 ± 0.5000 |")
+    assert "40 steps" in lines[0]
+
+
+def test_bar_chart_draws_each_bar_in_its_colour(tmp_path):
+    from PIL import Image
+
+    from sage_grpo.tracking.plots import COLOURS, BarPanel, plot_bars
+
+    path = plot_bars([BarPanel("VQ", ["base", "run"], [1.0, -0.5], [0.1, 0.0])], tmp_path / "bars.png", columns=1,
+                     panel_width=300, panel_height=260)
+    image = Image.open(path).convert("RGB")
+    colours = {image.getpixel((x, y)) for x in range(image.width) for y in range(40, image.height)}
+    assert COLOURS[0] in colours and COLOURS[1] in colours and image.size[0] == 300
