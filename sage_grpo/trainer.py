@@ -87,7 +87,8 @@ from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_settin
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
 from sage_grpo.tracking.run_dir import RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, truncate_metrics
-from sage_grpo.models.attention import check_attention_backend
+from sage_grpo.dtypes import DTYPES
+from sage_grpo.models.attention import check_attention_runs
 from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
 from sage_grpo.pipeline.sampler import sampler_of
 from sage_grpo.plan.memory import placement_of
@@ -156,10 +157,9 @@ class GRPOTrainer:
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
-        try:
-            check_attention_backend(cfg.attention_backend)
-        except ValueError as err:
-            raise ConfigError(f"--attention_backend: {err}") from None
+        # the backend runs on this device in the compute dtype (bf16 autocast, or --dtype), masked and not
+        check_attention_runs(cfg.attention_backend, resolve_device(cfg),
+                             torch.bfloat16 if cfg.dtype == "bf16" else DTYPES[cfg.dtype])
         self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed, dp_size=self.dp_size)
                              if resumes(cfg.resume_from_checkpoint, Path(cfg.output_dir)) else None)
         if self.resume_check is not None:

@@ -48,6 +48,30 @@ def check_attention_backend(name: str) -> None:
             from None
 
 
+def check_attention_runs(name: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse (``ConfigError``) a backend that cannot run on ``device`` in ``dtype``, before any model loads: one
+    attention of 8 tokens through the same dispatch as the blocks, with and without a key mask (the masked batches go
+    to :data:`_MASKED_FALLBACK`). ``_native_efficient`` and ``_native_cudnn`` pass the package check everywhere but
+    have no CPU kernel; without this they would fail at the first forward."""
+    from sage_grpo.config.validation import ConfigError
+
+    try:
+        check_attention_backend(name)
+    except ValueError as err:
+        raise ConfigError(f"--attention_backend: {err}") from None
+    if device.type == "meta":
+        return
+    query = torch.zeros(1, 8, 2, 16, dtype=dtype, device=device)
+    for mask in (None, torch.ones(1, 1, 1, 8, dtype=torch.bool, device=device)):
+        try:
+            dispatch(query, query, query, mask, name)
+        except (RuntimeError, NotImplementedError, ValueError) as err:
+            raise ConfigError(f"[attention-backend] --attention_backend {name} cannot run on {device.type} in "
+                              f"{str(dtype).replace('torch.', '')}{' with a key mask' if mask is not None else ''} "
+                              f"({str(err).splitlines()[0]}). Fix: --attention_backend native (torch SDPA picks a "
+                              "kernel that runs)") from None
+
+
 def key_padding_mask(text_mask: Optional[Tensor], num_image_tokens: int) -> Optional[Tensor]:
     """(B, 1, 1, N + L) key mask over [image tokens (always valid), text slots], or None for no mask."""
     if text_mask is None:
