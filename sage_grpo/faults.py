@@ -4,18 +4,21 @@
 node does: no handler, no cleanup) when it reaches ``<point>`` while working on global step ``<step>`` (1-based).
 Points: ``rollout`` (after the rollout), ``update`` (after the first backward of the policy update), ``checkpoint``
 (checkpoint files written to the temporary directory, not yet renamed), ``metrics`` (half of the step's
-``metrics.jsonl`` line written). Unset (always, outside the tests), :func:`fault_point` does nothing.
+``metrics.jsonl`` line written), ``rewrite`` (with a file name instead of a step: the new content of a file that
+:func:`sage_grpo.safe_io.atomic_write` replaces is written and fsynced, not yet renamed over the old one).
+Unset (always, outside the tests), :func:`fault_point` does nothing.
 """
 
 import os
 import signal
+from typing import Union
 
 FAULT_ENV = "SAGE_GRPO_FAULT"
-FAULT_POINTS = ("rollout", "update", "checkpoint", "metrics")
+FAULT_POINTS = ("rollout", "update", "checkpoint", "metrics", "rewrite")
 
 
-def fault_point(point: str, step: int) -> None:
-    """Die here if ``SAGE_GRPO_FAULT`` names this point and step."""
+def fault_point(point: str, step: Union[int, str]) -> None:
+    """Die here if ``SAGE_GRPO_FAULT`` names this point and step (or file name)."""
     wanted = os.environ.get(FAULT_ENV)
     if wanted and wanted == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -46,6 +46,8 @@ from pathlib import Path
 
 import torch
 
+from sage_grpo.config.schema import shorten
+
 from .base import RewardFn, metric_names_of, score_with_fallback
 from .remote import RemoteReward, RemoteSettings
 from .toys import BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
@@ -274,9 +276,9 @@ def _json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
         try:
             value = json.loads(value) if value.strip() else {}
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{label} is not valid JSON ({exc}): {value!r}; e.g. '{example}'") from exc
+            raise ValueError(f"{label} is not valid JSON ({exc}): {shorten(value)}; e.g. '{example}'") from exc
     if not isinstance(value, Mapping):
-        raise ValueError(f"{label} must be a dict (or its JSON), got {value!r}; e.g. '{example}'")
+        raise ValueError(f"{label} must be a dict (or its JSON), got {shorten(value)}; e.g. '{example}'")
     return value
 
 
@@ -295,14 +297,14 @@ def _number_dict(value: Mapping, label: str) -> dict[str, float]:
     out = {}
     for key, weight in value.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ValueError(f"{label}[{key!r}] must be a number, got {weight!r}")
+            raise ValueError(f"{label}[{key!r}] must be a number, got {shorten(weight)}")
         out[str(key)] = float(weight)
     return out
 
 
 def _validate_entry(name: str, entry) -> dict:
     if not isinstance(entry, Mapping):
-        raise ValueError(f"reward model entry {name!r} must be a dict like {{'weight': 1.0}}, got {entry!r}")
+        raise ValueError(f"reward model entry {name!r} must be a dict like {{'weight': 1.0}}, got {shorten(entry)}")
     unknown = sorted(set(entry) - set(ENTRY_KEYS))
     if unknown or "weight" not in entry:
         raise ValueError(
@@ -311,10 +313,10 @@ def _validate_entry(name: str, entry) -> dict:
     weight = _number_dict({"weight": entry["weight"]}, name)["weight"]
     sub_reward = entry.get("sub_reward")
     if sub_reward is not None and not isinstance(sub_reward, Mapping):
-        raise ValueError(f"'sub_reward' of {name!r} must be a dict metric -> weight, got {sub_reward!r}")
+        raise ValueError(f"'sub_reward' of {name!r} must be a dict metric -> weight, got {shorten(sub_reward)}")
     kwargs = entry.get("kwargs") or {}
     if not isinstance(kwargs, Mapping):
-        raise ValueError(f"'kwargs' of {name!r} must be a dict of constructor arguments, got {kwargs!r}")
+        raise ValueError(f"'kwargs' of {name!r} must be a dict of constructor arguments, got {shorten(kwargs)}")
     _check_json_data(kwargs, f"'kwargs' of {name!r}")
     return {
         "weight": weight,
