@@ -60,8 +60,12 @@ def _refusal_reason(err: Exception) -> str:
     return (named or lines or [type(err).__name__])[0][:200]
 
 
-def load_plain(path: PathLike, what: str) -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU; a file that needs more is refused, naming ``path``."""
+_PLAIN_FIX = "Use a file written by sage-grpo, or start a new run from the weights only"
+
+
+def load_plain(path: PathLike, what: str, fix: str = _PLAIN_FIX) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; a file that needs more is refused, naming ``path`` (and
+    ``fix``, what to use instead)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{what} {path} is missing")
@@ -70,9 +74,8 @@ def load_plain(path: PathLike, what: str) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise UnsafeFileError(f"refusing to load {what} {path}: it holds Python objects other than tensors and plain "
-                              f"data, which could run code when loaded ({_refusal_reason(err)}). Use a file written "
-                              "by sage-grpo, or start a new run from the weights only") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
+                              f"data, which could run code when loaded ({_refusal_reason(err)}). {fix}") from None
+    except Exception as err:  # a garbled pickle raises EOFError, IndexError, KeyError, ... from the unpickler
         raise CheckpointError(f"cannot read {what} {path}: {type(err).__name__}: {str(err)[:200]} (is it truncated? "
                               "an interrupted copy leaves such files; use another checkpoint)") from None
 
@@ -177,11 +180,16 @@ def dcp_load(state: dict, folder: PathLike, *, allow_partial_load: bool = True) 
     try:
         dcp.load(state, storage_reader=safe_dcp_reader(folder), planner=safe_load_planner(allow_partial_load))
     except CheckpointException as err:  # DCP wraps each rank's exception (with its stack) in a tuple
-        for failure in err.failures.values():
-            cause = failure[0] if isinstance(failure, tuple) else failure
+        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in err.failures.values()]
+        for cause in causes:
             if isinstance(cause, CheckpointError):
                 raise cause from None
-        raise
+        # a shard (.distcp) that torch's weights-only reader cannot read: truncated, or replaced by another file
+        cause = causes[0] if causes else err
+        kind = UnsafeFileError if isinstance(cause, pickle.UnpicklingError) else CheckpointError
+        raise kind(f"cannot read the DCP checkpoint {folder}: a shard is not tensor data written by "
+                   f"torch.distributed.checkpoint ({type(cause).__name__} {str(cause)[:200]!r}). Was a .distcp "
+                   "file truncated or replaced? Use another checkpoint") from None
 
 
 # ---------------------------------------------------------------- writing files that must survive a crash

@@ -215,9 +215,17 @@ def plan_acceleration(config: GenerateConfig, device: torch.device) -> Tuple[Acc
 
 
 def _check_weight_paths(config: GenerateConfig) -> None:
+    """Each weights location holds weights this project reads (no tensor is read here)."""
+    from sage_grpo.export import locate_trained_weights  # imported here: export imports the model classes
+
     for option, value in (("--checkpoint_path", config.checkpoint_path), ("--lora_path", config.lora_path)):
         if value and not Path(value).exists():
             raise FileNotFoundError(f"{option} {value}: no such file or directory")
+        if value:
+            try:
+                locate_trained_weights(value)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(f"{option}: {err}") from None
 
 
 def plan_generation(config: GenerateConfig) -> GenerationPlan:

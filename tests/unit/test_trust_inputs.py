@@ -323,3 +323,164 @@ def test_cuda_only_backends_are_refused_on_the_cpu_even_when_installed():
     with pytest.raises(ValueError, match="'_native_flash' runs on CUDA only, and the device is cpu; use 'native'"):
         check_attention_backend("_native_flash", torch.device("cpu"))
     check_attention_backend("native", torch.device("cpu"))
+
+
+class RunsCode:
+    """Pickles into a call of ``os.system`` (what a crafted file does)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_in_place_of_a_distcp_shard_is_one_named_error(tmp_path, capsys):
+    import pickle
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from sage_grpo.export import read_dcp_state_dict
+    from sage_grpo.safe_io import CheckpointError
+
+    folder, marker = tmp_path / "transformer_dcp", tmp_path / "code_ran"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: saving in this process alone"
+        dcp.save({"model": {"w": torch.arange(4.0)}}, checkpoint_id=str(folder))
+    shard = next(folder.glob("*.distcp"))
+    shard.write_bytes(pickle.dumps(RunsCode(marker)))
+    with pytest.raises(CheckpointError, match=rf"cannot read the DCP checkpoint {folder}: a shard is not tensor data"):
+        read_dcp_state_dict(folder)  # generate.py --checkpoint_path, export and a sharded resume read shards so
+    assert not marker.exists()
+
+
+@pytest.fixture
+def video_reward_root(tmp_path):
+    from sage_grpo.rewards.tiny import write_tiny_video_reward
+
+    write_tiny_video_reward(tmp_path / "reward_root", seed=0)
+    return tmp_path / "reward_root"
+
+
+def test_a_bad_video_reward_checkpoint_is_one_named_error(video_reward_root, tmp_path, monkeypatch, capsys):
+    from sage_grpo.rewards.tiny import FULL_STEP, LORA_STEP
+    from sage_grpo.rewards.videoalign import VideoAlignReward
+    from sage_grpo.safe_io import CheckpointError, UnsafeFileError
+
+    def build(step):
+        return VideoAlignReward(video_reward_root, device="cpu", dtype=torch.float32, checkpoint_step=step)
+
+    marker = tmp_path / "code_ran"
+    full = video_reward_root / "VideoReward" / f"checkpoint-{FULL_STEP}" / "model.pth"
+    torch.save({"payload": RunsCode(marker)}, full)
+    with pytest.raises(UnsafeFileError, match=rf"refusing to load VideoReward weights {full}") as info:
+        build(FULL_STEP)
+    assert "weights_only=False" not in str(info.value) and not marker.exists()
+    full.write_bytes(b"\x80\x02truncated")
+    with pytest.raises(CheckpointError, match=rf"cannot read VideoReward weights {full}"):
+        build(FULL_STEP)
+    adapter = video_reward_root / "VideoReward" / f"checkpoint-{LORA_STEP}" / "adapter_model.safetensors"
+    adapter.write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match=rf"cannot read VideoReward adapter {adapter}"):
+        build(LORA_STEP)
+
+    # the training command ends in one line (the reward is built at start, after the models)
+    monkeypatch.setattr(trainer_module, "run_training", lambda cfg: build(FULL_STEP))
+    with pytest.raises(SystemExit) as ended:
+        train_cli.main(["--device", "cpu", "--sp_size", "1", "--batch_size", "2", "--num_generations", "2",
+                        "--output_dir", str(tmp_path / "run")])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err  # transformers' loading progress bar comes first
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(f"error: cannot read VideoReward "
+                                                                              f"weights {full}")
+
+
+def test_a_lora_folder_without_safetensors_is_one_line(tiny_root, tmp_path, capsys):
+    folder = tmp_path / "lora"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8, "peft_type": "LORA"}')
+    (folder / "adapter_model.bin").write_bytes(b"old peft pickle format")
+    status = generate_cli.main(["--model_path", str(tiny_root), "--prompt", "a cat", "--device", "cpu",
+                                "--output_path", str(tmp_path / "v.mp4"), "--lora_path", str(folder)])
+    line = _one_error_line(capsys.readouterr().err)
+    assert status == 2 and f"--lora_path: {folder} is a LoRA adapter folder without adapter_model.safetensors" in line
+    assert "adapter_model.bin" in line
+    with pytest.raises(FileNotFoundError, match="--pretrained_lora_path .* adapter_model.safetensors"):
+        trainer_module.GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run", "--use_lora", "true",
+                                                                    "--pretrained_lora_path", str(folder))))
+
+
+# ---------------------------------------------------------------- item 3: the model root a resume continues
+
+@pytest.fixture(scope="module")
+def other_root(tmp_path_factory) -> Path:
+    """A second tiny model root: the same shapes and configs as tiny_root, other weights (seed 1)."""
+    from sage_grpo.models import write_tiny_hunyuan
+
+    root = tmp_path_factory.mktemp("other_tiny_root")
+    write_tiny_hunyuan(root, seed=1)
+    return root
+
+
+def _checkpoint_of(tiny_root, tmp_path) -> Path:
+    """A checkpoint as the trainer writes it (stand-in tensors) of a run on ``tiny_root``."""
+    import yaml
+
+    from sage_grpo.config import to_dict
+    from sage_grpo.resume import layout_record
+
+    cfg = parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run"))
+    state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
+             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg, 1, 1, 1)}
+    path = tmp_path / "run" / "checkpoint-2"
+    write_checkpoint_files(path, model_state={"w": torch.ones(2)}, optimizer_state={"state": {}},
+                           training_state=state, config_yaml=yaml.safe_dump(to_dict(cfg)))
+    (tmp_path / "run" / "run_config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    return path
+
+
+def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_root, tmp_path, no_models):
+    import shutil
+    from types import SimpleNamespace
+
+    import yaml
+
+    from sage_grpo.resume import CONFIG_CHANGES_FILE, check_resume
+    from sage_grpo.models.bundle import kl_mode_of
+
+    path = _checkpoint_of(tiny_root, tmp_path)
+    resume = ["--resume_from_checkpoint", str(path)]
+    other = tiny_args(tiny_root, tmp_path / "run", *resume, "--pretrained_model_root", str(other_root))
+    with pytest.raises(ConfigError, match=r"model root --pretrained_model_root \(differs in text_encoder, "
+                                          r"text_encoder_2, transformer/480p_t2v, vae\) '.*tiny_ckpt' -> "):
+        trainer_module.GRPOTrainer(parse_cli(TrainConfig, other))
+
+    copy = tmp_path / "moved_root"  # the same weights elsewhere: the same run
+    shutil.copytree(tiny_root, copy)
+    with pytest.raises(pytest.fail.Exception, match="models loaded"):
+        trainer_module.GRPOTrainer(parse_cli(TrainConfig, tiny_args(copy, tmp_path / "run", *resume)))
+
+    cfg = parse_cli(TrainConfig, other + ["--allow_config_change", "true"])
+    with pytest.raises(pytest.fail.Exception, match="models loaded"):  # allowed: the preflight passes
+        trainer_module.GRPOTrainer(cfg)
+    check = check_resume(cfg, kl_mode_of(cfg), distributed=False)
+    trainer = SimpleNamespace(cfg=cfg, resume_check=check, notes=[])
+    run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)
+    assert yaml.safe_load((run_dir / "run_config.yaml").read_text())["pretrained_model_root"] == str(other_root)
+    (recorded,) = yaml.safe_load((run_dir / CONFIG_CHANGES_FILE).read_text())
+    (key,) = recorded["changes"]
+    assert key.startswith("model root") and recorded["changes"][key] == {"checkpoint": str(tiny_root),
+                                                                         "now": str(other_root)}
+    assert any("--allow_config_change" in note and "model root" in note for note in trainer.notes)  # the log
+
+
+def test_the_fingerprint_reads_no_weight_file_whole(tiny_root, monkeypatch):
+    from sage_grpo.resume import model_fingerprint
+
+    read = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read.append(self.name) or real(self))
+    digests = model_fingerprint(tiny_root, "480p_t2v")
+    assert {"transformer/480p_t2v", "vae", "text_encoder", "scheduler"} <= set(digests)
+    assert read and not any(name.endswith(".safetensors") for name in read)
