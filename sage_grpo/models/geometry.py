@@ -83,19 +83,25 @@ def check_video_sizes(cfg: TrainConfig) -> None:
     ratios = SimpleNamespace(temporal_compression_ratio=vae.get("temporal_compression_ratio", 4),
                              spatial_compression_ratio=vae.get("spatial_compression_ratio", 16),
                              latent_channels=vae.get("latent_channels"))
-    checks = [("--sample_n_frames", cfg.sample_n_frames, "the rollout size", rollout_size(cfg))]
+    rollout_flags = ("--rollout_height/--rollout_width" if cfg.rollout_height is not None
+                     else f"--video_bucket_hw_base_size {cfg.video_bucket_hw_base_size}")
+    checks = [("--sample_n_frames", cfg.sample_n_frames, f"rollout size ({rollout_flags})", rollout_size(cfg))]
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
-        checks.append(("--validate_video_length", cfg.validate_video_length, "the validation size",
-                       validation_size(cfg)))
-    patch = transformer.get("patch_size", 1)
+        checks.append(("--validate_video_length", cfg.validate_video_length, "validation size "
+                       "(--validation_fixed_size)", validation_size(cfg)))
+    patch, spatial = transformer.get("patch_size", 1), ratios.spatial_compression_ratio
+    source = f"the VAE of {cfg.pretrained_model_root}"
     for frames_flag, frames, size_flag, (height, width) in checks:
         try:
-            _, _, latent_h, latent_w = latent_shape(ratios, frames, height, width)
+            latent_shape(ratios, frames, spatial, spatial)
         except ValueError as err:
-            raise ConfigError(f"{frames_flag} {frames} at {size_flag} {height}x{width}: {err} (the VAE of "
-                              f"{cfg.pretrained_model_root}). Fix: 1 + a multiple of "
-                              f"{ratios.temporal_compression_ratio} frames and a height and width that are multiples "
-                              f"of {ratios.spatial_compression_ratio * patch}") from None
+            raise ConfigError(f"{frames_flag} {frames}: {err} ({source})") from None
+        try:
+            _, _, latent_h, latent_w = latent_shape(ratios, 1, height, width)
+        except ValueError as err:
+            raise ConfigError(f"{size_flag} {height}x{width}: {err} ({source}). Fix: e.g. "
+                              f"{height // spatial * spatial or spatial}x{width // spatial * spatial or spatial}"
+                              ) from None
         if latent_h % patch or latent_w % patch:
             raise ConfigError(f"{size_flag} {height}x{width}: the transformer's patch size {patch} does not divide the "
                               f"latent size {latent_h}x{latent_w}. Fix: use multiples of "

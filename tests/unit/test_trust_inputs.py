@@ -73,10 +73,13 @@ def earlier_run(tmp_path) -> Path:
 # ---------------------------------------------------------------- item 1: checked before anything is deleted
 
 @pytest.mark.parametrize("extra,match", [
-    (["--rollout_height", "20"], r"--sample_n_frames 5 at the rollout size 20x16: height and width must be"),
-    (["--sample_n_frames", "6"], r"--sample_n_frames 6 at the rollout size 16x16: num_frames must be 1 \+"),
+    (["--rollout_height", "20"], r"rollout size \(--rollout_height/--rollout_width\) 20x16: height and width "
+                                 r"must be positive multiples of 8, got 20x16 \(the VAE of .*\). Fix: e.g. 16x16"),
+    (["--sample_n_frames", "6"], r"--sample_n_frames 6: num_frames must be 1 \+ a multiple of 4"),
     (["--validation_interval", "1", "--validate_video_length", "7", "--validation_fixed_size", "16x16"],
-     r"--validate_video_length 7 at the validation size 16x16"),
+     r"--validate_video_length 7: num_frames must be"),
+    (["--validation_interval", "1", "--validation_fixed_size", "16x12"], r"validation size \(--validation_fixed_"
+                                                                        r"size\) 16x12: height and width must"),
 ])
 def test_sizes_are_refused_before_the_earlier_run_is_deleted(tiny_root, earlier_run, no_models, capsys, extra,
                                                              match):
