@@ -36,6 +36,8 @@ from sage_grpo.safe_io import DiskFullError, atomic_write
 from sage_grpo.tracking import truncate_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# generate.py at the tiny model's size: were a check missing, the render would take a second, not hours
+TINY_VIDEO = ["--fixed_size", "16x16", "--video_length", "5", "--num_inference_steps", "1", "--dtype", "fp32"]
 
 
 def _snapshot(root: Path) -> dict:
@@ -96,7 +98,7 @@ def test_sizes_are_refused_before_the_earlier_run_is_deleted(tiny_root, earlier_
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_generate_refuses_non_finite_numbers_by_name(tiny_root, tmp_path, flag, value):
     config = parse_cli(GenerateConfig, ["--model_path", str(tiny_root), "--prompt", "a cat", "--device", "cpu",
-                                        "--output_path", str(tmp_path / "v.mp4"), f"{flag}={value}"])
+                                        "--output_path", str(tmp_path / "v.mp4"), *TINY_VIDEO, f"{flag}={value}"])
     with pytest.raises(ValueError, match=rf"{flag} {value} is not a finite number"):
         plan_generation(config)
 
@@ -115,9 +117,10 @@ def test_every_float_option_of_both_commands_is_checked_for_finiteness(tiny_root
                 check_finite_options(from_dict(cls, {name: "nan"}))
 
 
-def test_generate_ends_in_one_line_for_nan(tiny_root, tmp_path, capsys):
+def test_generate_ends_in_one_line_for_nan(tiny_root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(generate_cli, "run_generation", lambda config: pytest.fail("generation started"))
     status = generate_cli.main(["--model_path", str(tiny_root), "--prompt", "a cat", "--device", "cpu",
-                                "--output_path", str(tmp_path / "v.mp4"), "--flow_shift", "nan"])
+                                "--output_path", str(tmp_path / "v.mp4"), *TINY_VIDEO, "--flow_shift", "nan"])
     assert status == 2 and "--flow_shift nan" in _one_error_line(capsys.readouterr().err)
     assert not (tmp_path / "v.mp4").exists()
 
@@ -313,7 +316,7 @@ def test_a_yaml_python_tag_in_config_is_one_line(tmp_path, capsys):
 def test_flash_attention_on_the_cpu_is_refused_before_models_load(tiny_root, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(generate_cli, "run_generation", lambda config: pytest.fail("generation started"))
     status = generate_cli.main(["--model_path", str(tiny_root), "--prompt", "a cat", "--device", "cpu",
-                                "--output_path", str(tmp_path / "v.mp4"), "--attention_backend", "flash"])
+                                "--output_path", str(tmp_path / "v.mp4"), *TINY_VIDEO, "--attention_backend", "flash"])
     line = _one_error_line(capsys.readouterr().err)
     assert status == 2 and re.search("--attention_backend: attention backend 'flash' (runs on CUDA only|is not "
                                      "usable here)", line), line
@@ -405,7 +408,7 @@ def test_a_lora_folder_without_safetensors_is_one_line(tiny_root, tmp_path, caps
     (folder / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8, "peft_type": "LORA"}')
     (folder / "adapter_model.bin").write_bytes(b"old peft pickle format")
     status = generate_cli.main(["--model_path", str(tiny_root), "--prompt", "a cat", "--device", "cpu",
-                                "--output_path", str(tmp_path / "v.mp4"), "--lora_path", str(folder)])
+                                "--output_path", str(tmp_path / "v.mp4"), *TINY_VIDEO, "--lora_path", str(folder)])
     line = _one_error_line(capsys.readouterr().err)
     assert status == 2 and f"--lora_path: {folder} is a LoRA adapter folder without adapter_model.safetensors" in line
     assert "adapter_model.bin" in line
