@@ -44,9 +44,9 @@ def test_overwrite_with_a_size_the_model_cannot_take_keeps_the_earlier_run(tiny_
     assert {"checkpoint-1/training_state.pt", "checkpoint-2/training_state.pt", "metrics.jsonl",
             "run_config.yaml", "train.log"} <= set(before)
 
-    start = time.perf_counter()
+    began = time.perf_counter()
     refused = _post_train(*tiny_args(tiny_root, run, "--max_steps", "2", "--overwrite_output_dir", "true", *bad))
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - began
     assert refused.returncode == 2, refused.stderr[-3000:]
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(start), refused.stderr[-3000:]
