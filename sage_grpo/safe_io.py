@@ -186,10 +186,12 @@ def dcp_load(state: dict, folder: PathLike, *, allow_partial_load: bool = True) 
                 raise cause from None
         # a shard (.distcp) that torch's weights-only reader cannot read: truncated, or replaced by another file
         cause = causes[0] if causes else err
-        kind = UnsafeFileError if isinstance(cause, pickle.UnpicklingError) else CheckpointError
-        raise kind(f"cannot read the DCP checkpoint {folder}: a shard is not tensor data written by "
-                   f"torch.distributed.checkpoint ({type(cause).__name__} {str(cause)[:200]!r}). Was a .distcp "
-                   "file truncated or replaced? Use another checkpoint") from None
+        unsafe = isinstance(cause, pickle.UnpicklingError)  # torch's text would suggest weights_only=False: not echoed
+        reason = _refusal_reason(cause) if unsafe else f"{type(cause).__name__} {str(cause)[:200]!r}"
+        raise (UnsafeFileError if unsafe else CheckpointError)(
+            f"cannot read the DCP checkpoint {folder}: a shard is not tensor data written by "
+            f"torch.distributed.checkpoint ({reason}). Was a .distcp file truncated or replaced? Use another "
+            "checkpoint") from None
 
 
 # ---------------------------------------------------------------- writing files that must survive a crash

@@ -15,6 +15,7 @@ cfg-distilled variant) use it to tell a user's choice from a default.
 
 import argparse
 import dataclasses
+import datetime
 import difflib
 import json
 import reprlib
@@ -30,7 +31,7 @@ T = TypeVar("T")
 
 _EXPLICIT_ATTR = "_explicit_fields"  # set on instances by from_dict; not a dataclass field (asdict, == ignore it)
 MAX_ECHO_CHARS = 200  # longest user value an error message repeats
-_SCALARS = (str, int, float, bool)
+_SCALARS = (str, int, float, bool, datetime.date)  # YAML reads 2026-11-25 as a date (run_name: 2026-11-25)
 _TRUE = {"true", "1", "yes", "on", "y", "t"}
 _FALSE = {"false", "0", "no", "off", "n", "f"}
 

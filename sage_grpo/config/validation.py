@@ -113,7 +113,8 @@ def check_finite_options(config) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             default = field.default if field.default is not dataclasses.MISSING else None
             _fail(f"{field.name}-finite", f"--{field.name} {value} is not a finite number",
-                  f"give a number; the default is {default!r}")
+                  f"give a number; the default is {default!r}" if default is not None
+                  else "give a number, or leave it unset for its default")
 
 
 def validate_train_config(cfg: TrainConfig, world_size: int = 1,
