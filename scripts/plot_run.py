@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sage_grpo.plots import Panel, Series, plot_panels  # noqa: E402
-from sage_grpo.tracking import manifold_error_key, read_metrics  # noqa: E402
+from sage_grpo.tracking.plots import Panel, Series, plot_panels  # noqa: E402
+from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics  # noqa: E402
 
 
 def run_panels(rows):

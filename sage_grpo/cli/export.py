@@ -9,15 +9,15 @@ diffusers transformer folder (``save_pretrained``, safetensors; LoRA runs are me
 ``--format lora`` (LoRA runs) writes the peft adapter folder. The checkpoint may hold single-file weights
 (``transformer/model.safetensors``) or a sharded ``transformer_dcp/`` folder. The output gets a model card
 (``README.md``); ``--push_to_hub --hub_model_id you/name`` uploads the folder (nothing is uploaded otherwise).
-Library code: sage_grpo/export.py.
+Library code: sage_grpo/export/weights.py.
 """
 
 import argparse
 import sys
 
 from sage_grpo.dtypes import DTYPES
-from sage_grpo.export import EXPORT_FORMATS, export_checkpoint
-from sage_grpo.model_card import CARD_FILE, push_to_hub
+from sage_grpo.export.weights import EXPORT_FORMATS, export_checkpoint
+from sage_grpo.export.model_card import CARD_FILE, push_to_hub
 
 
 def main(argv=None) -> int:

@@ -6,7 +6,7 @@
 2. ``VideoGenerator`` loads ``<model_path>`` with transformer version ``<resolution>_t2v`` (``_distilled`` with
    ``--cfg_distilled``; any folder with ``--model_version``), puts trained weights in
    (``--checkpoint_path``: full, LoRA or sharded-DCP training checkpoints and exported folders; ``--lora_path``: an
-   adapter folder; LoRA adapters are merged into the weights, see :mod:`sage_grpo.export`), applies the speed
+   adapter folder; LoRA adapters are merged into the weights, see :mod:`sage_grpo.export.weights`), applies the speed
    settings and renders each item with the Euler ODE sampler: our rollout with every step deterministic, CFG
    ``--guidance_scale`` and shift ``--flow_shift`` (unset: the version's guider and scheduler configs,
    :mod:`sage_grpo.models.variants`, else CFG 6.0 and the reference's shift for the version, 480p_t2v 5.0 and
@@ -69,7 +69,7 @@ from sage_grpo.models import layout
 from sage_grpo.models.attention import check_attention_backend
 from sage_grpo.models.layout import version_task
 from sage_grpo.models.variants import resolve_generation_sampling
-from sage_grpo.pipeline.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
+from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
 
 VIDEO_FPS = 24
@@ -216,7 +216,7 @@ def plan_acceleration(config: GenerateConfig, device: torch.device) -> Tuple[Acc
 
 def _check_weight_paths(config: GenerateConfig) -> None:
     """Each weights location holds weights this project reads (no tensor is read here)."""
-    from sage_grpo.export import locate_trained_weights  # imported here: export imports the model classes
+    from sage_grpo.export.weights import locate_trained_weights  # imported here: export imports the model classes
 
     for option, value in (("--checkpoint_path", config.checkpoint_path), ("--lora_path", config.lora_path)):
         if value and not Path(value).exists():
@@ -329,7 +329,7 @@ class VideoGenerator:
     """The loaded models of ``generate.py`` and the sampling of one video (:meth:`render`)."""
 
     def __init__(self, config: GenerateConfig, plan: GenerationPlan):
-        from sage_grpo.export import apply_trained_weights, read_trained_weights
+        from sage_grpo.export.weights import apply_trained_weights, read_trained_weights
         from sage_grpo.models.attention import install_joint_attention
         from sage_grpo.models.loading import load_components
         from sage_grpo.models.text_encoding import PromptEncoder, TextEncoderSettings
@@ -376,7 +376,9 @@ class VideoGenerator:
     @torch.no_grad()
     def render(self, item: GenerationItem, progress: bool = False) -> torch.Tensor:
         """(3, F, H, W) float video in [0, 1] on the CPU."""
-        from sage_grpo.pipeline.rollout import decode_latents, rollout
+        from sage_grpo.models.vae import decode_latents
+        from sage_grpo.pipeline.rollout import VideoSize, rollout
+        from sage_grpo.pipeline.sampler import Sampler
 
         config, plan, c = self.config, self.plan, self.components
         height, width = item.size or (plan.height, plan.width)
@@ -389,10 +391,10 @@ class VideoGenerator:
         transformer_stage = [] if plan.acceleration.group_offload else [self.transformer]
         cache = self.transformer.cache_context("generate") if plan.acceleration.cache else contextlib.nullcontext()
         with self._stage(transformer_stage), cache:
-            result = rollout(self.transformer, c.vae, embeds, [item.seed], num_steps=config.num_inference_steps,
-                             shift=plan.flow_shift, guidance_scale=plan.guidance_scale,
-                             num_frames=config.video_length, height=height, width=width,
-                             deterministic=True, decode=False, num_image_tokens=config.vision_num_semantic_tokens,
+            sampler = Sampler.euler(config.num_inference_steps, plan.flow_shift, plan.guidance_scale,
+                                    num_image_tokens=config.vision_num_semantic_tokens)
+            result = rollout(sampler, self.transformer, c.vae, embeds, [item.seed],
+                             VideoSize(config.video_length, height, width), deterministic=True, decode=False,
                              progress=progress)
         if plan.acceleration.cache:
             self.transformer._reset_stateful_cache()  # the next video starts a fresh cache, as diffusers' pipelines do

@@ -1,24 +1,19 @@
-"""Issue 24 item 1 through the real command: a start with ``--overwrite_output_dir true`` and a size the model cannot
-take ends in one line, before the earlier run is touched. The one whole-run case of the issue's input checks (the
-rest are in-process, tests/unit/test_trust_inputs.py): it needs an earlier run as the trainer leaves it and the
-exit of ``post_train.py`` itself.
-"""
-
+"""Trust end to end: a failed start leaves the earlier run untouched, an always-failing reward stops the run,
+resume into a new directory."""
 import hashlib
-import os
-import sys
-import time
 from pathlib import Path
 
 import pytest
+import yaml
+
+import sage_grpo.trainer as trainer_module
+from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.safe_io import CheckpointError
+from sage_grpo.tracking.run_dir import read_metrics
+from sage_grpo.trainer import GRPOTrainer
+
 from model_fixtures import tiny_args
-from procs import run_group
-
-from sage_grpo.faults import FAULT_ENV
-
-pytestmark = pytest.mark.e2e
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from trust_support import write_module
 
 
 def _snapshot(root: Path) -> dict:
@@ -26,29 +21,52 @@ def _snapshot(root: Path) -> dict:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _post_train(*args):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env.pop(FAULT_ENV, None)
-    return run_group([sys.executable, "post_train.py", *args], cwd=REPO_ROOT, env=env, timeout=300)
-
-
-@pytest.mark.parametrize("bad,start", [(["--rollout_height", "20"], "error: rollout size (--rollout_height/"),
-                                       (["--sample_n_frames", "6"], "error: --sample_n_frames 6: num_frames")])
-def test_overwrite_with_a_size_the_model_cannot_take_keeps_the_earlier_run(tiny_root, tmp_path_factory, bad,
-                                                                          start):
-    run = tmp_path_factory.getbasetemp() / "trust_runs_earlier"
-    if not (run / "checkpoint-2").is_dir():  # one 2-step run shared by both cases (neither may change it)
-        done = _post_train(*tiny_args(tiny_root, run, "--max_steps", "2", "--save_interval", "1"))
-        assert done.returncode == 0, done.stderr[-3000:]
+def test_a_failed_start_leaves_the_earlier_run_untouched(tiny_root, tmp_path):
+    run = tmp_path / "run"
+    GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, run, "--max_steps", "1"))).train()
     before = _snapshot(run)
-    assert {"checkpoint-1/training_state.pt", "checkpoint-2/training_state.pt", "metrics.jsonl",
-            "run_config.yaml", "train.log"} <= set(before)
+    assert "checkpoint-1/transformer/model.safetensors" in before and "metrics.jsonl" in before
+    broken = tmp_path / "broken_root"  # a copy of the model tree whose transformer weights are truncated
+    for source in tiny_root.rglob("*"):
+        target = broken / source.relative_to(tiny_root)
+        if source.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            data = source.read_bytes()
+            target.write_bytes(data[:100] if source.name == "diffusion_pytorch_model.safetensors"
+                               and "transformer" in source.parts[-3:] else data)
+    for root, error in ((tmp_path / "typo", trainer_module.MissingCheckpointError), (broken, CheckpointError)):
+        with pytest.raises(error):
+            GRPOTrainer(parse_cli(TrainConfig, tiny_args(root, run, "--max_steps", "1", "--overwrite_output_dir")))
+        assert _snapshot(run) == before
 
-    began = time.perf_counter()
-    refused = _post_train(*tiny_args(tiny_root, run, "--max_steps", "2", "--overwrite_output_dir", "true", *bad))
-    elapsed = time.perf_counter() - began
-    assert refused.returncode == 2, refused.stderr[-3000:]
-    lines = refused.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(start), refused.stderr[-3000:]
-    assert _snapshot(run) == before  # every file of the earlier run, byte for byte
-    print(f"refused in {elapsed:.1f} s (process start to exit)")
+
+def test_resume_into_a_new_directory_and_without_the_kl(tiny_root, tmp_path):
+    first = GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "a", "--max_steps", "2",
+                                                         "--update_ref_model_step", "1")))
+    first.train()
+    checkpoint = first.run_dir / "checkpoint-2"
+    assert (checkpoint / "anchor" / "model.safetensors").is_file()
+    second = GRPOTrainer(parse_cli(TrainConfig, tiny_args(
+        tiny_root, tmp_path / "b", "--max_steps", "3", "--update_ref_model_step", "1", "--kl_weight", "0",
+        "--resume_from_checkpoint", str(checkpoint), "--allow_config_change")))
+    second.train()
+    assert yaml.safe_load((tmp_path / "b" / "run_config.yaml").read_text())["kl_weight"] == 0.0
+    changes = yaml.safe_load((tmp_path / "b" / "config_changes.yaml").read_text())
+    assert changes[0]["changes"] == {"kl_weight": {"checkpoint": 1e-3, "now": 0.0}}
+    assert [r["step"] for r in read_metrics(second.run_dir)] == [3]
+
+
+def test_a_reward_failing_on_every_sample_is_counted_then_stops_the_run(tiny_root, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_module(tmp_path, "broken_reward", "from sage_grpo.rewards import reward_plugin\n\n"
+                 "@reward_plugin\ndef always_fails(videos, prompts):\n    raise RuntimeError('reward server down')\n")
+    trainer = GRPOTrainer(parse_cli(TrainConfig, tiny_args(
+        tiny_root, tmp_path / "run", "--max_steps", "5", "--reward_model", "broken_reward:always_fails",
+        "--reward_weights", "{}", "--max_failed_reward_steps", "2")))
+    with pytest.warns(RuntimeWarning, match="reward server down"):
+        with pytest.raises(trainer_module.RewardFailure, match="failed on every sample for 2 consecutive steps"):
+            trainer.train()
+    rows = read_metrics(trainer.run_dir)
+    assert [r["failed_reward_count"] for r in rows] == [2.0, 2.0]
+    assert all(r["ratio_mean"] == 1.0 for r in rows)  # advantages 0: nothing to learn, no crash

@@ -33,7 +33,7 @@ from sage_grpo.data import read_prompt_csvs
 from sage_grpo.faults import FAULT_ENV
 from sage_grpo.pipeline.generation import plan_generation
 from sage_grpo.safe_io import DiskFullError, atomic_write
-from sage_grpo.tracking import truncate_metrics
+from sage_grpo.tracking.run_dir import truncate_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # generate.py at the tiny model's size: were a check missing, the render would take a second, not hours
@@ -54,7 +54,7 @@ def _one_error_line(text: str) -> str:
 @pytest.fixture
 def no_models(monkeypatch):
     monkeypatch.setattr(trainer_module, "build_models",
-                        lambda cfg, kl_mode: pytest.fail("models loaded although the input is invalid"))
+                        lambda *args: pytest.fail("models loaded although the input is invalid"))
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_csv_quoted_commas_and_newlines_still_read(tmp_path):
 def test_a_kill_between_write_and_rename_keeps_the_old_metrics(tmp_path):
     old = "".join(f'{{"step": {s}, "loss": {s}.5}}\n' for s in (1, 2, 3)) + '{"step": 4, "lo'
     (tmp_path / "metrics.jsonl").write_text(old)
-    code = f"from sage_grpo.tracking import truncate_metrics; truncate_metrics({str(tmp_path)!r}, 2)"
+    code = f"from sage_grpo.tracking.run_dir import truncate_metrics; truncate_metrics({str(tmp_path)!r}, 2)"
     env = dict(os.environ, **{FAULT_ENV: "rewrite:metrics.jsonl"})
     killed = run_group([sys.executable, "-W", "ignore", "-c", code], cwd=REPO_ROOT, env=env, timeout=120)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
@@ -294,9 +294,9 @@ def test_long_values_are_cut_in_error_messages(capsys):
     line = _one_error_line(capsys.readouterr().err)
     assert "... (5010 chars)" in line and len(line) < 2 * MAX_ECHO_CHARS + 300, line
     with pytest.raises(ValueError, match=r"reward_kwargs is not valid JSON .*\.\.\. \(100002 chars\)"):
-        from sage_grpo.rewards.registry import _json_dict
+        from sage_grpo.config.reward_weights import json_dict
 
-        _json_dict("{" + "x" * 100000 + "}", "reward_kwargs", "{}")
+        json_dict("{" + "x" * 100000 + "}", "reward_kwargs", "{}")
     assert len(shorten([[["deep"] * 1000] * 1000] * 1000)) <= MAX_ECHO_CHARS + 3
 
 
@@ -347,7 +347,7 @@ def test_a_pickle_in_place_of_a_distcp_shard_is_one_named_error(tmp_path, capsys
 
     import torch.distributed.checkpoint as dcp
 
-    from sage_grpo.export import read_dcp_state_dict
+    from sage_grpo.export.weights import read_dcp_state_dict
     from sage_grpo.safe_io import CheckpointError
 
     folder, marker = tmp_path / "transformer_dcp", tmp_path / "code_ran"
@@ -455,7 +455,7 @@ def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_ro
     import yaml
 
     from sage_grpo.resume import CONFIG_CHANGES_FILE, check_resume
-    from sage_grpo.models.bundle import kl_mode_of
+    from sage_grpo.rl.kl import kl_mode_of
 
     path = _checkpoint_of(tiny_root, tmp_path)
     resume = ["--resume_from_checkpoint", str(path)]
