@@ -74,7 +74,7 @@ def check_video_sizes(cfg: TrainConfig) -> None:
     missing (the loader then reports every missing file at once)."""
     from types import SimpleNamespace
 
-    from sage_grpo.pipeline.rollout import latent_shape  # the one rule of sizes and frame counts
+    from sage_grpo.models.vae import latent_shape  # the one rule of sizes and frame counts (imports torch)
 
     configs = _configs(cfg)
     if configs is None:
