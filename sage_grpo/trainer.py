@@ -76,7 +76,7 @@ from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
                                                 gather_step_rewards, run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
-from sage_grpo.models.geometry import read_model_geometry, video_tokens_at
+from sage_grpo.models.geometry import check_video_sizes, read_model_geometry, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
@@ -84,7 +84,7 @@ from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
-from sage_grpo.safe_io import CheckpointError
+from sage_grpo.safe_io import CheckpointError, DiskFullError
 from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
 from sage_grpo.tracking.run_dir import RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, truncate_metrics
 from sage_grpo.dtypes import DTYPES
@@ -99,7 +99,7 @@ from sage_grpo.video_io import sanitize_name, write_video
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
 USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
-               RemoteRewardError, PeerLost)
+               RemoteRewardError, PeerLost, DiskFullError)
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
 
 
@@ -157,6 +157,7 @@ class GRPOTrainer:
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
+        check_video_sizes(cfg)  # sizes and frame counts, which the first rollout would otherwise be the first to see
         # the backend runs on this device in the compute dtype (bf16 autocast, or --dtype), masked and not
         check_attention_runs(cfg.attention_backend, resolve_device(cfg),
                              torch.bfloat16 if cfg.dtype == "bf16" else DTYPES[cfg.dtype])

@@ -112,12 +112,25 @@ def _locate(path: Path) -> Path:
                                 f"({lora.ADAPTER_CONFIG_FILE} + {lora.ADAPTER_WEIGHTS_FILE}).") from None
 
 
-def read_trained_weights(path: PathLike) -> TrainedWeights:
-    """Read any accepted weights location (see the module docstring)."""
+def locate_trained_weights(path: PathLike) -> Path:
+    """The file or folder :func:`read_trained_weights` reads at ``path``, checked without reading any tensor (a
+    LoRA folder must hold its safetensors weights); FileNotFoundError naming what is accepted otherwise."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     located = _locate(path)
+    if lora.is_adapter_folder(located) and not (located / lora.ADAPTER_WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{located} is a LoRA adapter folder without {lora.ADAPTER_WEIGHTS_FILE} (found: "
+                                f"{', '.join(sorted(p.name for p in located.iterdir())[:10])}); only safetensors "
+                                "weights are read. Save the adapter with peft's save_pretrained(safe_serialization="
+                                "True), or pass a checkpoint-N folder")
+    return located
+
+
+def read_trained_weights(path: PathLike) -> TrainedWeights:
+    """Read any accepted weights location (see the module docstring)."""
+    path = Path(path)
+    located = locate_trained_weights(path)
     if lora.is_adapter_folder(located):
         config, state = lora.read_adapter_folder(located)
         return TrainedWeights("lora", state, located, config)

@@ -35,8 +35,14 @@ _MASKED_FALLBACK = {"flash": "flash_varlen", "_flash_3": "_flash_varlen_3", "sag
                     "_native_flash": "native"}
 
 
-def check_attention_backend(name: str) -> None:
-    """Refuse an unknown backend or one whose package is missing, naming the alternatives."""
+# Backends whose kernels run on CUDA only (torch SDPA's math backend and flex attention also run on the CPU).
+CUDA_ONLY_BACKENDS = ("_native_efficient", "_native_flash", "_native_cudnn", "flash", "flash_varlen", "_flash_3",
+                      "_flash_varlen_3", "sage", "sage_varlen", "xformers")
+
+
+def check_attention_backend(name: str, device: Optional[torch.device] = None) -> None:
+    """Refuse an unknown backend, one whose package is missing, or a CUDA-only one on another ``device`` (when
+    given), naming the alternatives."""
     from diffusers.models.attention_dispatch import _check_attention_backend_requirements, AttentionBackendName
 
     if name not in ATTENTION_BACKENDS:
@@ -46,6 +52,9 @@ def check_attention_backend(name: str) -> None:
     except (RuntimeError, ImportError) as err:
         raise ValueError(f"attention backend {name!r} is not usable here ({err}); 'native' (torch SDPA) always is") \
             from None
+    if device is not None and torch.device(device).type != "cuda" and name in CUDA_ONLY_BACKENDS:
+        raise ValueError(f"attention backend {name!r} runs on CUDA only, and the device is {device}; use 'native' "
+                         "(torch SDPA) there")
 
 
 def check_attention_runs(name: str, device: torch.device, dtype: torch.dtype) -> None:

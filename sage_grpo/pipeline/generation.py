@@ -62,10 +62,11 @@ import torch
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import is_explicit
-from sage_grpo.config.validation import parse_size
+from sage_grpo.config.validation import check_finite_options, parse_size
 from sage_grpo.data import check_image, read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
+from sage_grpo.models.attention import check_attention_backend
 from sage_grpo.models.layout import version_task
 from sage_grpo.models.variants import resolve_generation_sampling
 from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
@@ -214,13 +215,22 @@ def plan_acceleration(config: GenerateConfig, device: torch.device) -> Tuple[Acc
 
 
 def _check_weight_paths(config: GenerateConfig) -> None:
+    """Each weights location holds weights this project reads (no tensor is read here)."""
+    from sage_grpo.export.weights import locate_trained_weights  # imported here: export imports the model classes
+
     for option, value in (("--checkpoint_path", config.checkpoint_path), ("--lora_path", config.lora_path)):
         if value and not Path(value).exists():
             raise FileNotFoundError(f"{option} {value}: no such file or directory")
+        if value:
+            try:
+                locate_trained_weights(value)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(f"{option}: {err}") from None
 
 
 def plan_generation(config: GenerateConfig) -> GenerationPlan:
     """Validate the config and resolve prompts, size, paths and speed settings, without loading any model."""
+    check_finite_options(config)  # --flow_shift nan rendered black frames; --guidance_scale nan turned CFG off
     if config.resolution not in ("480p", "720p"):
         raise ValueError(f"--resolution must be 480p or 720p, got {config.resolution!r}")
     if config.dtype not in DTYPES:
@@ -245,6 +255,10 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
                                                              RESOLUTION_BUCKET_BASE[config.resolution], spatial))
                  for item in items]
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        check_attention_backend(config.attention_backend, device)
+    except ValueError as err:
+        raise ValueError(f"--attention_backend: {err}") from None
     acceleration, notes = plan_acceleration(config, device)
     version = transformer_version(config, "i2v" if items[0].image_path else "t2v")
     if config.flow_shift is not None and config.flow_shift <= 0:

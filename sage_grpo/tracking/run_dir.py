@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.faults import fault_point
+from sage_grpo.safe_io import atomic_write
 from sage_grpo.tracking.trackers import RUN_IDS_FILE, LoggedVideo
 
 RUN_MARKER = "run_config.yaml"
@@ -187,11 +188,12 @@ def summarize_run(rows: list, window: int) -> Dict[str, float]:
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:
-    """Drop rows after ``last_step`` (a resumed run rewrites the steps a crash left half-logged)."""
+    """Drop rows after ``last_step`` (a resumed run rewrites the steps a crash left half-logged); the file is
+    replaced atomically, so a crash here leaves the old history whole."""
     path = Path(run_dir) / "metrics.jsonl"
     if path.exists():
         rows = [r for r in read_metrics(run_dir) if r["step"] <= last_step]
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def prune_rollout_media(run_dir: Path, keep: int) -> None:
