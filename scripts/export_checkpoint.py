@@ -3,7 +3,7 @@
     python scripts/export_checkpoint.py --checkpoint outputs/run/checkpoint-100 --model_root ckpts \
         --output exported/transformer [--format transformer|lora] [--dtype fp32|bf16]
 
-``--help`` lists every option; library code: sage_grpo/export.py.
+``--help`` lists every option; library code: sage_grpo/export/weights.py.
 """
 
 import sys

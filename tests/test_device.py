@@ -20,7 +20,7 @@ from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, TINY_VIDEO
 
 from sage_grpo import rl, sde
 from sage_grpo.config import TrainConfig
-from sage_grpo.export import export_checkpoint, read_trained_weights
+from sage_grpo.export.weights import export_checkpoint, read_trained_weights
 from sage_grpo.lora import LoraTraining
 from sage_grpo.models.attention import install_joint_attention
 from sage_grpo.models.bundle import build_models, kl_mode_of, sampler_of

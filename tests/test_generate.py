@@ -173,7 +173,7 @@ def _small_config(root, **overrides):
 def test_sharded_dcp_checkpoint_loads_like_the_single_file(tiny_root, tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from sage_grpo.export import read_dcp_state_dict
+    from sage_grpo.export.weights import read_dcp_state_dict
 
     state = load_transformer(tiny_root, dtype=torch.float32).state_dict()
     generator = torch.Generator().manual_seed(1)

@@ -18,7 +18,7 @@ from sage_grpo import lora
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import from_dict, load_yaml
-from sage_grpo.export import export_checkpoint, read_trained_weights
+from sage_grpo.export.weights import export_checkpoint, read_trained_weights
 from sage_grpo.models import load_components, load_transformer
 from sage_grpo.pipeline.generation import GenerationItem, VideoGenerator, plan_generation
 from sage_grpo.pipeline.rollout import draw_initial_noise, latent_shape, rollout, sample_generators

@@ -17,7 +17,7 @@ from sage_grpo.checkpoint import write_checkpoint_files
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, to_dict
 from sage_grpo.config.schema import from_dict
 from sage_grpo.data import read_prompt_csvs
-from sage_grpo.export import read_dcp_state_dict
+from sage_grpo.export.weights import read_dcp_state_dict
 from sage_grpo.rewards import build_reward_fn, import_object
 from sage_grpo.safe_io import CheckpointError, UnsafeFileError, dcp_load, load_plain, read_dcp_metadata
 from sage_grpo.tracking import read_metrics, truncate_metrics

@@ -6,7 +6,7 @@
 2. ``VideoGenerator`` loads ``<model_path>`` with transformer version ``<resolution>_t2v`` (``_distilled`` with
    ``--cfg_distilled``; any folder with ``--model_version``), puts trained weights in
    (``--checkpoint_path``: full, LoRA or sharded-DCP training checkpoints and exported folders; ``--lora_path``: an
-   adapter folder; LoRA adapters are merged into the weights, see :mod:`sage_grpo.export`), applies the speed
+   adapter folder; LoRA adapters are merged into the weights, see :mod:`sage_grpo.export.weights`), applies the speed
    settings and renders each item with the Euler ODE sampler: our rollout with every step deterministic, CFG
    ``--guidance_scale`` and shift ``--flow_shift`` (unset: the version's guider and scheduler configs,
    :mod:`sage_grpo.models.variants`, else CFG 6.0 and the reference's shift for the version, 480p_t2v 5.0 and
@@ -315,7 +315,7 @@ class VideoGenerator:
     """The loaded models of ``generate.py`` and the sampling of one video (:meth:`render`)."""
 
     def __init__(self, config: GenerateConfig, plan: GenerationPlan):
-        from sage_grpo.export import apply_trained_weights, read_trained_weights
+        from sage_grpo.export.weights import apply_trained_weights, read_trained_weights
         from sage_grpo.models.attention import install_joint_attention
         from sage_grpo.models.loading import load_components
         from sage_grpo.models.text_encoding import PromptEncoder, TextEncoderSettings
