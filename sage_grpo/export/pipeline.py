@@ -29,8 +29,7 @@ LINK_MODES = ("symlink", "copy")
 PIPELINE_CLASSES = {"t2v": "HunyuanVideo15Pipeline", "i2v": "HunyuanVideo15ImageToVideoPipeline"}
 SAMPLING_FILE = "sampling.json"
 GUIDER_DIR, SCHEDULER_DIR = "guider", "scheduler"
-DEFAULT_GUIDANCE_SCALE = 6.0  # generate.py's guidance for a version without a guider config (the reference's CFG)
-# The pipeline attributes diffusers sets in __init__ (0.42.1) and the run setting each one stands for.
+# The prompt attributes diffusers sets in the pipelines' __init__ (0.42.1), with their values there.
 PIPELINE_PROMPT_DEFAULTS = {"tokenizer_max_length": 1000, "tokenizer_2_max_length": 256,
                             "vision_num_semantic_tokens": 729, "prompt_template_encode_start_idx": 108}
 # library of each component class, as diffusers' model_index.json names it
@@ -112,6 +111,7 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 def write_sampling_configs(model_root: Path, version: str, output: Path) -> Dict[str, float]:
     """``scheduler/`` and ``guider/`` of ``output``: what generate.py samples ``version`` with by default."""
+    from sage_grpo.config.generate import DEFAULT_GUIDANCE_SCALE
     from sage_grpo.models.variants import resolve_generation_sampling
 
     guidance, shift, _, _ = resolve_generation_sampling(model_root, version, DEFAULT_GUIDANCE_SCALE, False, None)
