@@ -87,7 +87,7 @@ from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_settin
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.trackers import ROLLOUT_VIDEOS, VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
-                                truncate_metrics)
+                                show_progress_bars, startup_summary, truncate_metrics)
 from sage_grpo.models.attention import check_attention_backend
 from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, resolve_device, sampler_of
 from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
@@ -144,6 +144,7 @@ class GRPOTrainer:
         for message in variant_warnings if self.dims.is_main else ():
             warnings.warn(message, UserWarning, stacklevel=2)
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
+        self.show_bars = show_progress_bars(self.is_main, cfg.quiet)  # tqdm bars: main process, terminal, no --quiet
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()
         check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
@@ -204,13 +205,15 @@ class GRPOTrainer:
                                    run_name=cfg.run_name, config=to_dict(cfg), resuming=self.resume_check is not None)
                     if self.is_main else ())
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
-                                    trackers=trackers)
+                                    trackers=trackers, max_steps=cfg.max_steps)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
             keep_checkpoints=cfg.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
             config_yaml=partial(config_to_yaml, cfg), log=self.logger.info)
+        for line in startup_summary(cfg, self.dims, self.run_dir, self.device):
+            self.logger.info(line)
         for note in self.notes:
             self.logger.info(f"note: {note}")
         if self.dims.is_distributed:
@@ -239,8 +242,9 @@ class GRPOTrainer:
             self.resume(self.resume_check.path)
         elif cfg.validate_at_step0:
             self.validate(0)
-        progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.is_main,
+        progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
+        self.logger.start_clock(self.global_step)
         while self.global_step < cfg.max_steps:
             self.maybe_refresh_anchor()
             metrics = self.train_step()
@@ -289,7 +293,7 @@ class GRPOTrainer:
         noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
                                        num_frames=cfg.sample_n_frames, height=height, width=width,
-                                       sde_generators=noise_generators, decode=False)
+                                       sde_generators=noise_generators, decode=False, progress=self.show_bars)
         share_rollout(rollout, self.dims)
         # decoded by the SP group's ranks together, for the SP leader, which scores them and writes the rollout media
         final = rollout.latents[:, -1]
@@ -367,7 +371,7 @@ class GRPOTrainer:
         if self.models.reference is None or self.kl_controller is None:
             return None
         with self.models.reference_on_device() as reference:
-            return self.sampler.transition_means(reference, rollout.latents, embeds, self.device)
+            return self.sampler.transition_means(reference, rollout.latents, embeds, self.device, self.show_bars)
 
     def _permutations(self, batch: int) -> tuple:
         """Sample shuffle (B,) and per-sample step order (B, N), from a generator seeded by (seed, rank, step)."""
@@ -395,6 +399,7 @@ class GRPOTrainer:
         backward_done = 0
         history: Dict[str, List[torch.Tensor]] = {}  # per-backward metrics, kept on the device until the end
         self.models.policy.train()
+        bar = tqdm(total=num_backward, desc="policy update", leave=False, disable=not self.show_bars)
         for start in range(0, batch, micro):
             rows = shuffle[start:start + micro]
             sub_embeds = embeds.select(rows.tolist())
@@ -431,9 +436,11 @@ class GRPOTrainer:
                 with gradient_sync(self.models.policy, enabled=reduce_now):
                     (loss / backward_per_update).backward()
                 fault_point("update", self.global_step + 1)
+                bar.update()
                 for name, value in metrics.items():
                     history.setdefault(name, []).append(torch.as_tensor(value, dtype=torch.float64,
                                                                         device=self.device).detach())
+        bar.close()
         self.micro_steps += 1
         # one device-to-host copy per step for every metric of every backward (means; β: its last value)
         summary = torch.stack([values[-1] if name == "KL_weight" else torch.stack(values).mean()

@@ -1,6 +1,7 @@
 """slurm_train.sbatch end to end on one machine: fake srun/scontrol (tests/slurm_shims.py) make a one-node job, the
 script's own launch logic starts torchrun with 2 CPU processes through the c10d rendezvous and the tiny run trains 2
-steps. The secret in the environment reaches the node but no command line."""
+steps. The secret in the environment reaches the node but no command line. The run's console is a piped log: it is
+the test of one line per event and no progress-bar fragments."""
 
 import json
 import os
@@ -42,6 +43,14 @@ def test_slurm_launch_trains_two_steps_on_two_processes(tiny_root, tmp_path):
     assert [row["step"] for row in rows] == [1, 2]
     assert proc.stdout.count("training finished at step 2") == 1  # rank 0's console, through the node's tee
     assert "training finished at step 2" in (run_dir / "logs" / "node_0.log").read_text()
+    # the log is piped (no terminal): one line per event, no progress bar's carriage returns joined to a line
+    assert "\r" not in proc.stdout + proc.stderr and "denoising" not in proc.stderr and "GRPO:" not in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert sum(line.endswith("] run summary:") for line in lines) == 1
+    assert any(line.endswith("  world          2 process(es) = dp 2 x sp 1 on cpu") for line in lines)
+    step_lines = [line for line in lines if "] step " in line]
+    assert len(step_lines) == 2 and all(line.startswith("[") for line in step_lines)
+    assert step_lines[0].split("] ", 1)[1].startswith("step 1 | reward ") and step_lines[1].endswith("| eta 0s")
     argv = (tmp_path / "srun_argv").read_text().split("\0")
     assert argv[:4] == ["--nodes=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL"]
     assert "secret-789" not in " ".join(argv)
