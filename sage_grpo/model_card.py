@@ -47,6 +47,17 @@ def _metrics_summary(rows: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
+def _weights_lines(checkpoint: Path) -> str:
+    """The hub commits the run trained from (its run directory's weights.lock.json, written by download_weights.sh)."""
+    from sage_grpo.models.revisions import lock_lines
+
+    lines = lock_lines(checkpoint.parent)
+    if not lines:
+        return "The run's model root had no `weights.lock.json`: the base weights' hub commits are not recorded."
+    return "Downloaded at these commits (`bash download_weights.sh --lock weights.lock.json` fetches them again):\n\n" + \
+        "\n".join(f"- `{line}`" for line in lines)
+
+
 def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora: bool,
                pipeline_record: Optional[Dict[str, Any]] = None) -> str:
     """The card's Markdown for an export of ``checkpoint`` (a ``checkpoint-N`` folder or another weights location);
@@ -94,6 +105,8 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
         "The checkpoint holds no `config.yaml`; its settings are unknown.",
         "## Metrics of the run up to this checkpoint",
         "\n".join(_metrics_summary(rows)),
+        "## Base weights",
+        _weights_lines(checkpoint),
         "## Loading",
         loading,
     ]

@@ -89,6 +89,7 @@ from sage_grpo.trackers import ROLLOUT_VIDEOS, VALIDATION_VIDEOS, LoggedVideo, c
 from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
                                 show_progress_bars, startup_summary, truncate_metrics)
 from sage_grpo.models.attention import check_attention_backend
+from sage_grpo.models.revisions import record_run_weights
 from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, resolve_device, sampler_of
 from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
@@ -233,6 +234,7 @@ class GRPOTrainer:
                               f"(recorded in {run_dir / CONFIG_CHANGES_FILE})")
         if check is None or check.differences or not (run_dir / RUN_MARKER).exists():
             save_yaml(cfg, run_dir / RUN_MARKER)
+            record_run_weights(cfg.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
         return run_dir
 
     # ------------------------------------------------------------------ outer loop

@@ -51,8 +51,12 @@ def dispatch(verb: str, argv: Sequence[str]) -> int:
         if function is None:
             runpy.run_module(module_name, run_name="__main__")  # as `python -m module`
             return 0
-        status = getattr(importlib.import_module(module_name), function)(list(argv))
-        return int(status or 0)
+        entry = getattr(importlib.import_module(module_name), function, None)
+        if entry is None:
+            print(f"error: sage-grpo {verb}: {module_name} has no {function}() in this version of sage-grpo",
+                  file=sys.stderr)
+            return 2
+        return int(entry(list(argv)) or 0)
     finally:
         sys.argv = saved
 
