@@ -1,4 +1,4 @@
-"""slurm_train.sbatch end to end on one machine: fake srun/scontrol (tests/slurm_shims.py) make a one-node job, the
+"""slurm_train.sbatch end to end on one machine: fake srun/scontrol (tests/slurm_support.py) make a one-node job, the
 script's own launch logic starts torchrun with 2 CPU processes through the c10d rendezvous and the tiny run trains 2
 steps. The secret in the environment reaches the node but no command line. The run's console is a piped log: it is
 the test of one line per event and no progress-bar fragments."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from model_fixtures import tiny_args
 from procs import run_group
-from slurm_shims import install_shims, slurm_env
+from slurm_support import install_shims, slurm_env
 
 pytestmark = pytest.mark.distributed
 

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from procs import run_group
-from slurm_shims import install_shims, slurm_env
+from slurm_support import install_shims, slurm_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "scripts/post_train/slurm_train.sbatch"
