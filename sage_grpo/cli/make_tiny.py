@@ -16,7 +16,6 @@ Takes a few seconds and a few MB per transformer version; a seed always gives id
 """
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
