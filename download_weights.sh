@@ -27,7 +27,7 @@ Usage: bash download_weights.sh [options]
 
 Fetches the diffusers-format HunyuanVideo-1.5 checkpoint and the VideoReward reward model from the Hugging Face
 Hub with the huggingface_hub CLI (`hf download`, else `huggingface-cli download`), arranges them in the layout
-below and checks every expected file with `python -m sage_grpo.models.verify`. Idempotent: complete components
+below and checks every expected file with `python -m sage_grpo.cli.verify`. Idempotent: complete components
 are skipped without touching the network, and interrupted downloads resume.
 
 Options:
@@ -108,7 +108,7 @@ REWARD_FLAG=()
 [ "$WITH_REWARD" = 1 ] && REWARD_FLAG=(--reward)
 
 verify() {
-  "$PY" -m sage_grpo.models.verify --model_root "$MODEL_ROOT" --transformer_versions "${VARIANTS[@]}" \
+  "$PY" -m sage_grpo.cli.verify --model_root "$MODEL_ROOT" --transformer_versions "${VARIANTS[@]}" \
     "${REWARD_FLAG[@]}"
 }
 
@@ -117,7 +117,7 @@ if [ "$VERIFY_ONLY" = 1 ]; then
   exit $?
 fi
 
-mapfile -t MISSING < <("$PY" -m sage_grpo.models.verify --model_root "$MODEL_ROOT" \
+mapfile -t MISSING < <("$PY" -m sage_grpo.cli.verify --model_root "$MODEL_ROOT" \
   --transformer_versions "${VARIANTS[@]}" "${REWARD_FLAG[@]}" --missing_components)
 if [ ${#MISSING[@]} -eq 0 ]; then
   echo "[download_weights] $MODEL_ROOT is complete; nothing to download"

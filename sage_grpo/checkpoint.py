@@ -60,7 +60,7 @@ from sage_grpo.distributed.collectives import barrier
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.distributed.parallelize import is_sharded
 from sage_grpo.faults import fault_point
-from sage_grpo.optim import optimizer_parts
+from sage_grpo.optim.optimizers import optimizer_parts
 from sage_grpo.rl.anchor import MovingAnchorSchedule
 from sage_grpo.safe_io import CheckpointError, dcp_load, load_plain, read_dcp_metadata
 

@@ -1,4 +1,4 @@
-"""Fault injection for the crash-and-resume tests (``tests/test_faults.py``).
+"""Fault injection for the crash-and-resume tests (``tests/e2e/test_faults.py``).
 
 ``SAGE_GRPO_FAULT=<point>:<step>`` makes the process kill itself with SIGKILL (what an out-of-memory kill or a lost
 node does: no handler, no cleanup) when it reaches ``<point>`` while working on global step ``<step>`` (1-based).

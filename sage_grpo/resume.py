@@ -80,7 +80,7 @@ def check_safetensors(path: Path, what: str) -> None:
 def config_differences(saved: Dict[str, Any], cfg: TrainConfig) -> Dict[str, Tuple[Any, Any]]:
     """The run-defining settings whose values differ between a checkpoint's config and ``cfg`` (``max_steps`` too
     under a learning-rate schedule that decays over the run's length)."""
-    from sage_grpo.optim import DECAYING_SCHEDULES
+    from sage_grpo.optim.optimizers import DECAYING_SCHEDULES
 
     now = to_dict(cfg)
     keys = RUN_DEFINING + (("max_steps",) if cfg.lr_scheduler in DECAYING_SCHEDULES else ())

@@ -53,8 +53,6 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
   global RNGs are seeded ``seed + dp_rank`` as in the reference.
 """
 
-import json
-import math
 import time
 import warnings
 from functools import partial
@@ -72,8 +70,7 @@ from sage_grpo.config.schema import config_to_yaml, to_dict
 from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift,
                                         validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_prompt_csvs, sample_seeds, video_size
-from sage_grpo.distributed import (ParallelDims, barrier, destroy_distributed, gradient_sync, init_distributed,
-                                   mean_over_world, mean_tensor_over_world)
+from sage_grpo.distributed import ParallelDims, barrier, destroy_distributed, init_distributed, mean_over_world
 from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, parallelize_models
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
                                                 gather_step_rewards, run_on_main, share_rewards, share_rollout)
@@ -81,17 +78,21 @@ from sage_grpo.faults import fault_point
 from sage_grpo.models.geometry import read_model_geometry, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
-from sage_grpo.optim import LRSchedule, build_optimizer
+from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
+from sage_grpo.pipeline.policy_update import PolicyPass
+from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
 from sage_grpo.safe_io import CheckpointError
-from sage_grpo.trackers import ROLLOUT_VIDEOS, VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
-from sage_grpo.tracking import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, prune_rollout_media,
-                                show_progress_bars, startup_summary, truncate_metrics)
+from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
+from sage_grpo.tracking.run_dir import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, show_progress_bars,
+                                        startup_summary, truncate_metrics)
 from sage_grpo.models.attention import check_attention_backend
+from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
 from sage_grpo.models.revisions import record_run_weights
-from sage_grpo.models.bundle import ModelBundle, build_models, kl_mode_of, resolve_device, sampler_of
-from sage_grpo.trainer_setup import RewardFailure, build_reward, check_reward_config
+from sage_grpo.pipeline.sampler import sampler_of
+from sage_grpo.plan.memory import placement_of
+from sage_grpo.rewards.setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
@@ -151,7 +152,7 @@ class GRPOTrainer:
         check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
                     "--pretrained_transformer_version")
         self._check_i2v_tokens()
-        self.kl_mode = kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
+        self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
@@ -183,19 +184,23 @@ class GRPOTrainer:
 
         self.dims.build_meshes()
         seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
-        self.models: ModelBundle = build_models(cfg, self.kl_mode)
+        self.models: ModelBundle = build_models(cfg, self.kl_mode, placement_of(cfg, resolve_device(cfg)))
         parallelize_models(self.models, self.dims, cfg)
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
         self.reward_fn = build_reward(cfg, self.reward_plan, self.device) if self.dims.is_sp_leader else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef)
+        # β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward
+        self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef,
+                                                                 device=self.device)
                               if self.kl_mode.uses_reference else None)
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
         self.eq_scales = self.sampler.grad_balance_scales() if cfg.use_grad_balancing else None
         self.num_train_steps = max(int(cfg.grpo_sampling_steps * cfg.timestep_fraction), 1)
+        self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
+                                      self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps whose reward failed on every sample
@@ -207,14 +212,14 @@ class GRPOTrainer:
                     if self.is_main else ())
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
                                     trackers=trackers, max_steps=cfg.max_steps)
+        self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
             keep_checkpoints=cfg.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
             config_yaml=partial(config_to_yaml, cfg), log=self.logger.info)
-        for line in startup_summary(cfg, self.dims, self.run_dir, self.device):
-            self.logger.info(line)
+        self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device))
         for note in self.notes:
             self.logger.info(f"note: {note}")
         if self.dims.is_distributed:
@@ -246,7 +251,6 @@ class GRPOTrainer:
             self.validate(0)
         progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
-        self.logger.start_clock(self.global_step)
         while self.global_step < cfg.max_steps:
             self.maybe_refresh_anchor()
             metrics = self.train_step()
@@ -309,7 +313,9 @@ class GRPOTrainer:
         advantages = rl.local_advantages(group_rewards, cfg.num_generations, self.ranks_per_group,
                                          self.dp_rank % self.ranks_per_group, cfg.batch_size,
                                          self.reward_plan.aggregation)
-        self._write_rollout_media(items, seeds, videos, rewards, advantages)
+        if cfg.save_rollout_videos and self.dims.is_sp_leader:
+            self.rollout_media.write(self.run_dir, self.update_steps, self.global_step + 1,
+                                     RolloutSamples(items, seeds, videos, rewards, advantages))
 
         start = time.perf_counter()
         ref_means = self.reference_means(rollout, embeds)
@@ -320,7 +326,7 @@ class GRPOTrainer:
         timings["grpo_loop_time"] = time.perf_counter() - start
 
         metrics = mean_over_world({**metrics, **timings}, self.device)
-        metrics.update(self._reward_metrics(gather_step_rewards(rewards, self.dims)))
+        metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.num_generations))
         metrics["learning_rate"] = self.lr_schedule.lr_at(max(self.update_steps - 1, 0))
         metrics["update_steps"] = float(self.update_steps)
         return metrics
@@ -388,67 +394,15 @@ class GRPOTrainer:
 
     def policy_update(self, rollout, embeds, advantages: torch.Tensor,
                       ref_means: Optional[torch.Tensor]) -> Dict[str, float]:
-        cfg = self.cfg
-        batch = rollout.latents.shape[0]
-        shuffle, order = self._permutations(batch)
+        """One rollout batch's gradients (:class:`~sage_grpo.pipeline.policy_update.PolicyPass`), then the optimizer
+        step when it closes an accumulation window."""
+        shuffle, order = self._permutations(rollout.latents.shape[0])
         check_same_in_sp_group(self.dims, shuffle=shuffle.tolist(), order=order.tolist())
-        micro = cfg.mini_batch_size_per_update
-        # One backward per (mini-batch, trained step); dividing by the number of backward passes of the whole
-        # accumulation window makes the update the mean over samples and steps (reference GA = B * N for mb = 1).
-        num_backward = self.num_train_steps * (batch // micro)
-        backward_per_update = cfg.gradient_accumulation_steps * num_backward
-        closes_window = (self.micro_steps + 1) % cfg.gradient_accumulation_steps == 0
-        backward_done = 0
-        history: Dict[str, List[torch.Tensor]] = {}  # per-backward metrics, kept on the device until the end
-        self.models.policy.train()
-        bar = tqdm(total=num_backward, desc="policy update", leave=False, disable=not self.show_bars)
-        for start in range(0, batch, micro):
-            rows = shuffle[start:start + micro]
-            sub_embeds = embeds.select(rows.tolist())
-            for position in range(self.num_train_steps):
-                steps = order[rows, position]                         # (mb,) original step index k
-                index = steps.to(self.device)
-                x = rollout.latents[rows, steps].to(self.device)             # only the rows this pass uses
-                x_next = rollout.latents[rows, steps + 1].to(self.device)
-                out = self.sampler.replay(self.models.policy, x, x_next, index, sub_embeds)
-                old_lp = rollout.log_probs[rows, steps].to(self.device)
-                scale = self.eq_scales[steps].to(self.device) if self.eq_scales is not None else None
-                policy_loss, metrics = rl.ppo_clipped_loss(out.log_prob, old_lp, advantages[rows].to(self.device),
-                                                           cfg.clip_range, cfg.adv_clip_max, scale)
-                loss = policy_loss
-                if self.kl_controller is not None and ref_means is not None:
-                    beta = self.kl_controller.kl_coef
-                    ref_mean = ref_means[rows, steps].to(self.device)
-                    effective_kl, parts = rl.dual_kl(out.mean, ref_mean, out.std, old_lp, out.log_prob,
-                                                     self.kl_mode.dual, cfg.dual_kl_moving_weight,
-                                                     cfg.dual_kl_step_weight)
-                    # the world mean, so that every rank's controller follows the same beta; kept on the device
-                    self.kl_controller.update(mean_tensor_over_world(effective_kl.detach().to(torch.float64)))
-                    if isinstance(beta, torch.Tensor):  # after the warm-up: a device tensor, >= --kl_min_coef
-                        loss = policy_loss + beta.to(effective_kl.dtype) * effective_kl
-                    elif beta > 0:
-                        loss = policy_loss + beta * effective_kl
-                    metrics.update(kl_loss=effective_kl.detach(), KL_weight=beta, **parts)
-                metrics["total_loss"] = loss.detach()
-                backward_done += 1
-                # FSDP reduces the gradients after every backward (--gradient_reduction per_backward) or once per
-                # optimizer update, on the window's last backward (per_update)
-                reduce_now = (self.models.placement.reduce_per_backward
-                              or (closes_window and backward_done == num_backward))
-                with gradient_sync(self.models.policy, enabled=reduce_now):
-                    (loss / backward_per_update).backward()
-                fault_point("update", self.global_step + 1)
-                bar.update()
-                for name, value in metrics.items():
-                    history.setdefault(name, []).append(torch.as_tensor(value, dtype=torch.float64,
-                                                                        device=self.device).detach())
-        bar.close()
+        closes_window = (self.micro_steps + 1) % self.cfg.gradient_accumulation_steps == 0
+        result = self.policy_pass.backward(rollout, embeds, advantages, ref_means, shuffle, order, closes_window,
+                                           self.global_step)
         self.micro_steps += 1
-        # one device-to-host copy per step for every metric of every backward (means; β: its last value)
-        summary = torch.stack([values[-1] if name == "KL_weight" else torch.stack(values).mean()
-                               for name, values in history.items()])
-        result = dict(zip(history, summary.tolist()))
-        if self.micro_steps % cfg.gradient_accumulation_steps == 0:
+        if self.micro_steps % self.cfg.gradient_accumulation_steps == 0:
             result.update(self.optimizer_step())
         return result
 
@@ -474,61 +428,6 @@ class GRPOTrainer:
             self.models.copy_policy_to_reference()
             self.anchor.mark_refreshed(self.update_steps)
             self.logger.info(f"moving anchor refreshed from the policy at update {self.update_steps}")
-
-    # ------------------------------------------------------------------ rewards and media
-    def _reward_metrics(self, rewards: Dict[str, torch.Tensor]) -> Dict[str, float]:
-        """Statistics of the step's rewards, ``rewards`` holding all B x dp samples (prompt groups contiguous)."""
-        metrics: Dict[str, float] = {}
-        for name, values in {**rewards, "ori_avg": rewards["avg"]}.items():
-            finite = values[torch.isfinite(values)].float()
-            metrics[f"gathered_{name}_reward_mean"] = float(finite.mean()) if finite.numel() else math.nan
-            metrics[f"gathered_{name}_reward_std"] = (float(finite.std(unbiased=False)) if finite.numel()
-                                                      else math.nan)
-        metrics["zero_std_group_fraction"] = float(rl.zero_spread_fraction(rewards["avg"], self.cfg.num_generations))
-        metrics["failed_reward_count"] = float((~torch.isfinite(rewards["avg"])).sum())
-        return metrics
-
-    def _write_rollout_media(self, items: List[PromptItem], seeds: List[int], videos: torch.Tensor,
-                             rewards: Dict[str, torch.Tensor], advantages: torch.Tensor) -> None:
-        """Rollout videos and per-group reward JSON under rl_samples/, written by every SP leader for its samples.
-
-        When a group spans several DP ranks each writes its share, ``..._group_{g}_dp_{d}_rewards.json``."""
-        cfg = self.cfg
-        if not (cfg.save_rollout_videos and self.dims.is_sp_leader):
-            return
-        step_dir = self.run_dir / "rl_samples" / f"{self.update_steps:07d}"
-        spread = self.ranks_per_group > 1
-        group = cfg.batch_size if spread else cfg.num_generations  # members of one group on this rank
-        groups_per_rank = max(cfg.batch_size // cfg.num_generations, 1)
-        # position of this rank's first member in its group (samples are numbered across the group's ranks)
-        offset = (self.dp_rank % self.ranks_per_group) * cfg.batch_size
-        logged: List[LoggedVideo] = []
-        for first in range(0, len(items), group):
-            group_index = (self.dp_rank // self.ranks_per_group if spread
-                           else self.dp_rank * groups_per_rank + first // group)
-            group_dir = step_dir / f"group_{group_index}"
-            group_dir.mkdir(parents=True, exist_ok=True)
-            records = []
-            for slot in range(first, min(first + group, len(items))):
-                item = items[slot]
-                name = (f"index_{item.index}_seed_{seeds[slot]}_dp_{self.dp_rank}_rank_{self.dims.rank}"
-                        f"_sample_{offset + slot - first}_slot_{slot}.mp4")
-                write_video(group_dir / name, videos[slot], cfg.video_fps)
-                record = {"prompt": item.prompt, "seed": seeds[slot], "video_path": str(group_dir / name),
-                          "sample_idx": slot, "ranks_per_group": self.ranks_per_group,
-                          "advantage": float(advantages[slot])}
-                if item.ref_image_path:
-                    record["ref_image_path"] = item.ref_image_path
-                record.update({k: float(v[slot]) for k, v in rewards.items()})
-                records.append(record)
-                logged.append(LoggedVideo(group_dir / name, f"{item.prompt} (seed {seeds[slot]}, reward "
-                                          f"{record['avg']:.4f}, advantage {record['advantage']:+.3f})", cfg.video_fps))
-            share = f"_dp_{self.dp_rank}" if spread else ""
-            path = group_dir / f"index_{items[first].index}_group_{group_index}{share}_rewards.json"
-            path.write_text(json.dumps(records, indent=2))
-        self.logger.log_videos(ROLLOUT_VIDEOS, logged, self.global_step + 1)  # the step these metrics are logged at
-        if self.is_main:
-            prune_rollout_media(self.run_dir, cfg.keep_rollout_steps)
 
     # ------------------------------------------------------------------ validation
     def _validation_items(self) -> List[PromptItem]:

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sage_grpo.cli.plot import plot_run  # noqa: E402
-from sage_grpo.tracking import read_metrics, summarize_run  # noqa: E402
+from sage_grpo.tracking.run_dir import read_metrics, summarize_run  # noqa: E402
 
 
 def summarize(rows, window: int = 5) -> dict:

@@ -70,7 +70,7 @@ def import_every_module() -> list:
 
 def tiny_pass(device: torch.device) -> list:
     """One CFG forward + backward of the tiny transformer; returns what went wrong (empty when all is well)."""
-    from sage_grpo.bench import GEOMETRIES, BenchSetup, VelocityCall, build_models, peak_memory_gb
+    from benchmarks.common import GEOMETRIES, BenchSetup, VelocityCall, build_models, peak_memory_gb
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     geometry = GEOMETRIES["tiny"]

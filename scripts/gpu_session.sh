@@ -14,7 +14,7 @@
 # unwind (tests/procs.py kills its process groups), then SIGKILL 20 s later.
 #
 # --cpu (or SAGE_GPU_SESSION_DEVICE=cpu) runs the `check` and `tests` parts on the CPU with SAGE_GPU_PYTHON (default
-# .venv/bin/python, else python3) and installs nothing: the runner's own test (tests/test_gpu_session.py).
+# .venv/bin/python, else python3) and installs nothing: the runner's own test (tests/unit/test_gpu_session.py).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -136,7 +136,7 @@ part_tests() {
     run_cmd unit_tier_cpu 150 env CUDA_VISIBLE_DEVICES= "$PY" -m pytest tests -m unit -q -rfE -p no:cacheprovider
 }
 
-TRANSFORMER=(scripts/benchmark_transformer.py --geometry real --device cuda --dtype bf16 --repeats 3)
+TRANSFORMER=(benchmarks/benchmark_transformer.py --geometry real --device cuda --dtype bf16 --repeats 3)
 
 part_kernels() {
     # issue 16 item 2 (docs/benchmarks.md GPU commands 3 and 4): forward + backward of 4 real-width blocks, MFU and
@@ -146,7 +146,7 @@ part_kernels() {
     run_cmd transformer_cudnn_sp1 60 "$PY" "${TRANSFORMER[@]}" --blocks 4 --attention_backend _native_cudnn --sp 1
     run_cmd transformer_efficient_sp1 60 "$PY" "${TRANSFORMER[@]}" --blocks 4 --attention_backend _native_efficient \
         --sp 1
-    run_cmd attention_cfg 60 "$PY" scripts/benchmark_attention.py --geometry real --blocks 4 --device cuda \
+    run_cmd attention_cfg 60 "$PY" benchmarks/benchmark_attention.py --geometry real --blocks 4 --device cuda \
         --dtype bf16 --repeats 3
     run_cmd transformer_54_ckpt 90 "$PY" "${TRANSFORMER[@]}" --checkpointing on
     # inductor's compile time on a GPU is unknown: last, with what is left of the budget
@@ -175,25 +175,25 @@ part_step() {
     # issue 16 item 3 (GPU command 6): one GRPO step at real width, 8 blocks, 81x352x624, time and peak per phase
     # against the planner
     real_checkpoint
-    run_cmd step_real_8 280 "$PY" scripts/benchmark_step.py --geometry real --checkpoint_root "$REAL_CKPT" \
+    run_cmd step_real_8 280 "$PY" benchmarks/benchmark_step.py --geometry real --checkpoint_root "$REAL_CKPT" \
         --device cuda --repeats 2 --warmup 1
 }
 
 part_generate() {
     # issue 16 item 4 (GPU command 7): generate.py's variants that share the loaded models
     real_checkpoint
-    run_cmd generate_shared 230 "$PY" scripts/benchmark_generate.py --geometry real --checkpoint_root "$REAL_CKPT" \
+    run_cmd generate_shared 230 "$PY" benchmarks/benchmark_generate.py --geometry real --checkpoint_root "$REAL_CKPT" \
         --device cuda --steps 20 --repeats 1 --warmup 1 --variants baseline,attention,cfg_distilled,vae_tiling
 }
 
 part_extra() {
     # when device time is left: the rest of GPU commands 1, 4 and 7-8
     real_checkpoint
-    run_cmd generate_moving 200 "$PY" scripts/benchmark_generate.py --geometry real --checkpoint_root "$REAL_CKPT" \
+    run_cmd generate_moving 200 "$PY" benchmarks/benchmark_generate.py --geometry real --checkpoint_root "$REAL_CKPT" \
         --device cuda --steps 20 --repeats 1 --warmup 1 \
         --variants baseline,offloading,group_offloading,cache_deepcache,cache_taylorcache,step_distill,sparse_attn
     run_cmd transformer_8 80 "$PY" "${TRANSFORMER[@]}" --blocks 8
-    run_cmd rollout_real 150 "$PY" scripts/benchmark_rollout.py --geometry real --device cuda --dtype bf16 \
+    run_cmd rollout_real 150 "$PY" benchmarks/benchmark_rollout.py --geometry real --device cuda --dtype bf16 \
         --batch 1 --steps 8 --repeats 1 --warmup 1 --diffusers_joint_attention
     run_cmd transformer_compile_sp2 240 "$PY" "${TRANSFORMER[@]}" --blocks 4 --compile both --sp 2
 }

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from sage_grpo import sde  # noqa: E402
 from sage_grpo.data import read_prompt_csvs  # noqa: E402
-from sage_grpo.plots import Panel, Series, plot_panels  # noqa: E402
+from sage_grpo.tracking.plots import Panel, Series, plot_panels  # noqa: E402
 from sage_grpo.toy import analytic  # noqa: E402
 from sage_grpo.toy.study import ablation_arms, base_config, mean_spread, run_key, run_one  # noqa: E402
 

@@ -17,10 +17,11 @@ torch.set_num_threads(2)
 
 # Test tiers (README "Tests"): pick one with -m, e.g. `bash scripts/test.sh -m unit` for the fast loop.
 TIERS = {
-    "unit": "fast in-process tests of one module on tiny real-class configs (every test not marked otherwise)",
-    "e2e": "whole-loop runs of the real entry points (post_train.py, generate.py, the download and export scripts)",
-    "distributed": "multi-process runs under torchrun on gloo (2 and 4 processes on the CPU)",
-    "device": "runs on the device given by --device; CI runs it on the CPU (also unit)",
+    "unit": "fast in-process tests of one module on tiny real-class configs (tests/unit/)",
+    "e2e": "whole-loop runs of the real entry points (post_train.py, generate.py, the download and export scripts; "
+           "tests/e2e/)",
+    "distributed": "multi-process runs under torchrun on gloo (2 and 4 processes on the CPU; tests/distributed/)",
+    "device": "runs on the device given by --device; CI runs it on the CPU (unit tests marked by hand)",
 }
 
 
@@ -59,12 +60,23 @@ def pytest_configure(config):
         raise pytest.UsageError(str(error)) from None
 
 
+TESTS_ROOT = Path(__file__).resolve().parent
+FOLDER_TIERS = ("unit", "e2e", "distributed")  # tests/<tier>/ holds that tier's tests; `device` is marked per test
+
+
+def tier_of(path: Path) -> str:
+    """The tier of a test file: the tests/ folder it sits in."""
+    folder = Path(path).resolve().relative_to(TESTS_ROOT).parts[0]
+    if folder not in FOLDER_TIERS:
+        raise ValueError(f"{path}: test files live in tests/unit/, tests/e2e/ or tests/distributed/")
+    return folder
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
 
     for item in items:
-        if not any(item.get_closest_marker(name) for name in ("e2e", "distributed")):
-            item.add_marker(pytest.mark.unit)
+        item.add_marker(getattr(pytest.mark, tier_of(item.path)))
 
 
 # ---------------------------------------------------------------- the tiny checkpoint, shared by every test module
@@ -89,6 +101,17 @@ def tiny_i2v_root(tmp_path_factory):
     return tiny_i2v_checkpoint(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def tiny_reward_root(tmp_path_factory):
+    """A root holding only the tiny VideoReward checkpoint (legacy key layout, seed 0), shared by every test that
+    scores with it; read-only: copy it to change it."""
+    from sage_grpo.rewards.tiny import write_tiny_video_reward
+
+    root = tmp_path_factory.mktemp("tiny_reward")
+    write_tiny_video_reward(root, seed=0, key_layout="legacy")
+    return root
+
+
 @pytest.fixture(scope="module")
 def tiny_components(tiny_root):
     from sage_grpo.models import load_components
@@ -101,3 +124,16 @@ def tiny_encoder(tiny_components):
     from sage_grpo.models import PromptEncoder
 
     return PromptEncoder.from_components(tiny_components, TINY_TEXT)
+
+
+@pytest.fixture
+def offline_trackers(tmp_path, monkeypatch):
+    """wandb and SwanLab keep everything under tmp_path and never reach the network."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb_home" / name.lower()))
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab_home"))
+    monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)

@@ -1,7 +1,7 @@
 """Write a tiny checkpoint in the reference's layout (Tencent's HunyuanVideo-1.5 release), from the tiny diffusers one.
 
 The inverse of :mod:`sage_grpo.models.convert`: the transformer and VAE through the same key tables run backwards
-(:func:`~sage_grpo.models.convert.to_reference_keys`) with Tencent's config field names; the text encoder wrapped as a
+(:func:`~sage_grpo.models.convert_keys.to_reference_keys`) with Tencent's config field names; the text encoder wrapped as a
 whole Qwen2.5-VL checkpoint as the hub ships it (``model.*`` keys, a vision-tower tensor and an LM head that the
 converter must drop); byT5-small's config and tokenizer; and the Glyph-SDXL-v2 folder, whose ``byt5_model.pt`` (a
 tensors-only pickle, as released) holds the encoder under ``module.text_tower.encoder.`` with one embedding row per
@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sage_grpo.models import layout
-from sage_grpo.models.convert import (GLYPH_COLOR_FILE, GLYPH_FONT_FILE, GLYPH_PREFIX, REFERENCE_BYT5_DIR,
-                                      REFERENCE_GLYPH_DIR, REFERENCE_LLM_DIR, TRANSFORMER_KEYS, VAE_KEYS,
-                                      to_reference_keys)
+from sage_grpo.models.convert import (GLYPH_COLOR_FILE, GLYPH_FONT_FILE, REFERENCE_BYT5_DIR, REFERENCE_GLYPH_DIR,
+                                      REFERENCE_LLM_DIR)
+from sage_grpo.models.convert_keys import GLYPH_PREFIX, TRANSFORMER_KEYS, VAE_KEYS, to_reference_keys
 
 GLYPH_COLORS = {"white": 0, "red": 1}
 GLYPH_FONTS = {"en-Arial": 0, "zh-Song": 1}  # -> tokens <en-font-0>, <zh-font-1>

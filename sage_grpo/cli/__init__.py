@@ -10,6 +10,6 @@ each of them and the commands that have no console command of their own (``sage-
     sage-grpo-train                 sage_grpo.cli.train:main        (post_train.py)
     sage-grpo-generate              sage_grpo.cli.generate:main     (generate.py)
     sage-grpo-export                sage_grpo.cli.export:main       (scripts/export_checkpoint.py)
-    sage-grpo-verify-weights        sage_grpo.models.verify:main    (python -m sage_grpo.models.verify)
+    sage-grpo-verify-weights        sage_grpo.cli.verify:main       (python -m sage_grpo.cli.verify)
     sage-grpo-convert-reference     sage_grpo.cli.convert:main      (scripts/convert_reference_checkpoint.py)
 """

@@ -19,9 +19,9 @@ import argparse
 import sys
 
 from sage_grpo.dtypes import DTYPES
+from sage_grpo.export.model_card import CARD_FILE, push_to_hub
 from sage_grpo.export.pipeline import LINK_MODES
 from sage_grpo.export.weights import EXPORT_FORMATS, export_checkpoint
-from sage_grpo.model_card import CARD_FILE, push_to_hub
 
 
 def main(argv=None) -> int:

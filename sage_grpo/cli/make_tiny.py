@@ -49,8 +49,9 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     if args.real_width_blocks is not None:
         root = write_real_width_hunyuan(args.output, num_layers=args.real_width_blocks, seed=args.seed,
-                                        versions=tuple(args.versions), vae_config=VAE_CONFIGS[args.vae],
-                                        reward=not args.no_reward)
+                                        versions=tuple(args.versions), vae_config=VAE_CONFIGS[args.vae])
+        if not args.no_reward:
+            write_tiny_reward(root, args.seed)
         print(f"wrote real-width checkpoint ({args.real_width_blocks} blocks, {args.vae} VAE) to {root} in "
               f"{time.perf_counter() - start:.1f} s")
         return 0

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 
-from sage_grpo.plots import Panel, Series, plot_panels
-from sage_grpo.tracking import manifold_error_key, read_metrics
+from sage_grpo.tracking.plots import Panel, Series, plot_panels
+from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics
 
 
 def run_panels(rows):

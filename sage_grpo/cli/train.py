@@ -14,7 +14,7 @@ from sage_grpo.config import TrainConfig, parse_cli
 
 def main(argv=None) -> int:
     cfg = parse_cli(TrainConfig, argv, description=__doc__.strip().splitlines()[0])
-    from sage_grpo.plan import check_memory_plan
+    from sage_grpo.plan.report import check_memory_plan
     from sage_grpo.trainer import USER_ERRORS, run_training  # heavy imports only once the command line is valid
 
     try:

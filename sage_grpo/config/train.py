@@ -11,7 +11,9 @@ from typing import List, Optional
 
 from sage_grpo.config.schema import config_field
 
-SDE_TYPE_CHOICES = ("dance_grpo", "sage_grpo", "flow_grpo", "cps")
+# The one list of SDE names (``--sde_type`` choices of the reference); sde/registry.py maps each to its kernel. It
+# lives here, below sde, so that the config needs no torch.
+SDE_TYPES = ("sage_grpo", "dance_grpo", "flow_grpo", "cps")
 # The reference's 16:9 resolution buckets (spec §2.4): bucket base size -> (height, width). The one bucket table:
 # rollouts (--video_bucket_hw_base_size) and generate.py's --resolution both read it.
 RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (544, 960), 960: (720, 1280),
@@ -100,7 +102,7 @@ class TrainConfig:
     dual_kl_moving_weight: float = config_field(1.0, "Weight of the mean-matching (position) KL term")
     dual_kl_step_weight: float = config_field(0.1, "Weight of the step-wise (velocity) KL term")
     # ---------------------------------------------------------------- sampler / GRPO
-    sde_type: str = config_field("sage_grpo", "SDE used for rollouts and log-probs", choices=SDE_TYPE_CHOICES)
+    sde_type: str = config_field("sage_grpo", "SDE used for rollouts and log-probs", choices=SDE_TYPES)
     use_grad_balancing: bool = config_field(True, "Gradient-norm equalizer across timesteps")
     enable_timestep_permutation: bool = config_field(True, "Per-sample random order of the trained steps")
     debug_grad_flow: bool = config_field(False, "Log gradient and parameter-change diagnostics")

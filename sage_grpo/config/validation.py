@@ -5,10 +5,12 @@ alternative, so that a mistyped launch line fails in a second instead of after m
 """
 
 import dataclasses
+import functools
 import math
 import re
 from typing import Dict, List, Optional, Tuple
 
+from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
 
 
@@ -98,8 +100,13 @@ def check_parallel_layout(world_size: int, sp_size: int, batch_size: int, num_ge
                   f"data-parallel size is {dp_size}", f"use a dp size that is a multiple of {ranks_per_group}")
 
 
+@functools.lru_cache(maxsize=None)
 def check_sequence_parallel_tokens(num_tokens: int, sp_size: int) -> None:
-    """Rule (5) of spec §3.4: every SP rank gets image tokens (we additionally need an even split)."""
+    """Rule (5) of spec §3.4: every SP rank gets image tokens (we additionally need an even split).
+
+    Decided once per (token count, sp) shape: the setup checks every size it knows (``ParallelDims.check_tokens``)
+    and the SP hooks ask again on every forward, where a passed shape is then a cache lookup (a failure raises, so
+    it is never cached)."""
     if sp_size > 1 and num_tokens % sp_size:
         _fail("tokens-divisible-by-sp", f"{num_tokens} latent tokens per video cannot be split evenly across "
               f"--sp_size {sp_size}", "change the rollout size/frames or the sp degree")
@@ -175,10 +182,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
 
 
 def _check_reward_weights(text: str) -> None:
-    """``--reward_weights`` through the reward registry's parser, the one that also builds the reward (imported here
-    because the registry imports torch and this package must not)."""
-    from sage_grpo.rewards.registry import parse_reward_weights
-
+    """``--reward_weights`` through the one parser of the flag, the one the reward registry builds with."""
     try:
         parse_reward_weights(text)
     except ValueError as err:

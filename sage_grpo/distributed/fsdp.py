@@ -4,7 +4,7 @@
 per-block checkpointing, which keeps parameter names unchanged), then ``fully_shard`` on every dual-stream block, on
 the text token refiner (``context_embedder``), and last on the root, which takes the remaining parameters (embedders,
 byT5 projection, output layers). Parameters become ``DTensor`` shards on dim 0; the optimizer must be built *after*
-this call, and Muon must be :class:`sage_grpo.muon.Muon` (``torch.optim.Muon`` is wrong on shards).
+this call, and Muon must be :class:`sage_grpo.optim.muon.Muon` (``torch.optim.Muon`` is wrong on shards).
 
 Precision: master weights keep the dtype the module had when sharded (cast it first: fp32 for the reference's
 ``master_weight_type=fp32``); ``param_dtype`` is the dtype of the all-gathered weights used in compute and

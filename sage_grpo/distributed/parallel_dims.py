@@ -16,8 +16,9 @@ Meshes (built by :meth:`ParallelDims.build_meshes`, a collective call):
 - ``prompt_group``: when a prompt group of ``G`` generations spans ``ranks_per_group = G / B > 1`` data-parallel
   ranks (spec §2.2), the ranks with the same ``sp_rank`` in those DP ranks, for gathering the group's rewards.
 
-Every validity rule of spec §3.4 is checked through :mod:`sage_grpo.config.validation` (rules 1-4 at construction,
-rule 5 per video in :meth:`ParallelDims.check_tokens` and again inside the SP hooks); failures raise ``ConfigError``.
+Every validity rule of spec §3.4 is one function of :mod:`sage_grpo.config.validation`, the same one the config
+validator calls (rules 1-4 and heads % sp at construction; rule 5 per token count in :meth:`ParallelDims.check_tokens`,
+a cached decision the SP hooks meet again as a lookup); failures raise ``ConfigError``.
 Constructing a ``ParallelDims`` needs no process group, so layouts can be checked (and tested) without launching.
 """
 

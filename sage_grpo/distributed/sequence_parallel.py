@@ -23,8 +23,9 @@ parameters: each rank's raw parameter gradient is partial, and their **mean** ov
 FSDP2's mean reduction over the flattened ``dp x sp`` mesh performs that mean (see ``parallel_dims.py``); without
 FSDP, average the gradients over ``ParallelDims.sp_group`` yourself.
 
-Requirements: ``num_attention_heads % sp == 0`` (checked here and by ``ParallelDims``) and a latent token count
-``F * H * W`` (after patching) divisible by ``sp`` (checked on every forward; ``ConfigError`` otherwise). Every rank of
+Requirements: ``num_attention_heads % sp == 0`` (decided at setup by ``ParallelDims``; only asserted here) and a latent
+token count ``F * H * W`` (after patching) divisible by ``sp`` (checked once per token count, ``ConfigError``
+otherwise; a forward of a known shape costs a cache lookup). Every rank of
 the SP group must call the model with identical inputs.
 """
 
@@ -37,7 +38,7 @@ from einops import rearrange
 from torch.distributed import _functional_collectives as funcol
 from torch.utils.hooks import RemovableHandle
 
-from sage_grpo.config.validation import ConfigError, check_sequence_parallel_tokens
+from sage_grpo.config.validation import check_sequence_parallel_tokens
 from sage_grpo.models.attention import dispatch, joint_projections, key_padding_mask
 
 _STATE_ATTR = "_sage_sequence_parallel"
@@ -76,7 +77,8 @@ def _all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup, sp: int) ->
     return torch.cat(stacked.chunk(sp, dim=0), dim=dim)
 
 
-def _local_chunk(x: torch.Tensor, dim: int, sp: int, sp_rank: int) -> torch.Tensor:
+def local_chunk(x: torch.Tensor, dim: int, sp: int, sp_rank: int) -> torch.Tensor:
+    """Rank ``sp_rank``'s contiguous chunk of ``x`` along ``dim`` (the token count checked divisible by ``sp``)."""
     check_sequence_parallel_tokens(x.shape[dim], sp)
     return x.chunk(sp, dim=dim)[sp_rank]
 
@@ -97,14 +99,13 @@ class UlyssesAttnProcessor:
                  image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
         if encoder_hidden_states is None:
             raise ValueError("UlyssesAttnProcessor serves HunyuanVideo-1.5 joint attention; text tokens are required")
-        sp, group = self.sp_size, self.group
-        heads_local = attn.heads // sp
+        heads_local = attn.heads // self.sp_size
 
         # Image stream: local tokens, all heads (RoPE rows were sharded to match by the rope hook); text stream:
         # replicated tokens, of which this rank keeps the head slice it receives for the image stream.
         (query, key, value), (text_q, text_k, text_v) = joint_projections(attn, hidden_states, encoder_hidden_states,
                                                                           image_rotary_emb)
-        query, key, value = (_seq_to_heads(t, group, sp) for t in (query, key, value))  # (B, N, H/sp, D)
+        query, key, value = (self.seq_to_heads(t) for t in (query, key, value))  # (B, N, H/sp, D)
         num_image_tokens = query.shape[1]
         heads = slice(self.sp_rank * heads_local, (self.sp_rank + 1) * heads_local)
         query = torch.cat([query, text_q[:, :, heads]], dim=1)
@@ -115,11 +116,21 @@ class UlyssesAttnProcessor:
         out = dispatch(query, key, value, key_padding_mask(attention_mask, num_image_tokens), self._attention_backend)
         out = out.to(query.dtype)  # (B, N + L, H/sp, D)
 
-        image_out = _heads_to_seq(out[:, :num_image_tokens], group, sp).flatten(2, 3)  # (B, N/sp, H*D)
+        image_out = self.heads_to_seq(out[:, :num_image_tokens]).flatten(2, 3)  # (B, N/sp, H*D)
         image_out = attn.to_out[1](attn.to_out[0](image_out))
-        text_out = _all_gather(out[:, num_image_tokens:], 2, group, sp).flatten(2, 3)  # (B, L, H*D)
+        text_out = self.gather_heads(out[:, num_image_tokens:]).flatten(2, 3)  # (B, L, H*D)
         text_out = attn.to_add_out(text_out)
         return image_out, text_out
+
+    # The three collectives, one method each (benchmarks/sp_emulation.py replaces them by local copies).
+    def seq_to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return _seq_to_heads(x, self.group, self.sp_size)
+
+    def heads_to_seq(self, x: torch.Tensor) -> torch.Tensor:
+        return _heads_to_seq(x, self.group, self.sp_size)
+
+    def gather_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return _all_gather(x, 2, self.group, self.sp_size)
 
 
 @dataclass
@@ -140,9 +151,9 @@ def apply_sequence_parallel(transformer: torch.nn.Module, sp_group: Optional[dis
         raise RuntimeError("sequence parallelism is already applied to this transformer")
     sp, sp_rank = dist.get_world_size(sp_group), dist.get_rank(sp_group)
     num_heads = transformer.config.num_attention_heads
-    if num_heads % sp:
-        raise ConfigError(f"[heads-divisible-by-sp] the transformer has {num_heads} attention heads, not divisible by "
-                          f"--sp_size {sp}. Fix: pick --sp_size among the divisors of the head count.")
+    # Decided at setup (check_parallel_layout, through ParallelDims with the checkpoint's head count); the all-to-all
+    # splits the heads evenly over the group, so an uneven count here means a caller skipped that check.
+    assert num_heads % sp == 0, f"{num_heads} attention heads do not split over sp {sp}; see check_parallel_layout"
 
     original = {}
     for index, block in enumerate(transformer.transformer_blocks):
@@ -152,10 +163,10 @@ def apply_sequence_parallel(transformer: torch.nn.Module, sp_group: Optional[dis
     handles = [
         # (B, N, C) -> (B, N/sp, C)
         transformer.x_embedder.register_forward_hook(
-            lambda module, args, out: _local_chunk(out, 1, sp, sp_rank)),
+            lambda module, args, out: local_chunk(out, 1, sp, sp_rank)),
         # (cos, sin), each (N, D) -> (N/sp, D)
         transformer.rope.register_forward_hook(
-            lambda module, args, out: tuple(_local_chunk(t, 0, sp, sp_rank) for t in out)),
+            lambda module, args, out: tuple(local_chunk(t, 0, sp, sp_rank) for t in out)),
         # (B, N/sp, C_out) -> (B, N, C_out) on every rank
         transformer.proj_out.register_forward_hook(
             lambda module, args, out: _all_gather(out, 1, sp_group, sp)),

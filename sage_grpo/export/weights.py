@@ -23,11 +23,11 @@ Export (``scripts/export_checkpoint.py``):
 * ``--format transformer``: a diffusers ``save_pretrained`` folder (config.json + safetensors), merged for LoRA runs,
   cast to ``--dtype`` (default fp32, lossless for the trained fp32 master weights). Load it with
   ``HunyuanVideo15Transformer3DModel.from_pretrained(folder)`` and pass it to ``HunyuanVideo15Pipeline``.
-* ``--format lora`` (LoRA runs only): the peft adapter folder (see :mod:`sage_grpo.lora` for the loading calls).
+* ``--format lora`` (LoRA runs only): the peft adapter folder (see :mod:`sage_grpo.models.lora` for the loading calls).
 * ``--format pipeline``: the transformer folder as ``transformer/`` of a whole diffusers pipeline folder
   (:mod:`sage_grpo.export.pipeline`), which ``HunyuanVideo15Pipeline.from_pretrained`` loads.
 
-Both get a model card, ``README.md`` (:mod:`sage_grpo.model_card`): base, settings, the run's metrics.
+Each gets a model card, ``README.md`` (:mod:`sage_grpo.export.model_card`): base, settings, the run's metrics.
 """
 
 import warnings
@@ -37,10 +37,10 @@ from typing import Dict, Optional, Union
 
 import torch
 
-from sage_grpo import lora
+from sage_grpo.models import lora
 from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, DCP_MODEL, LORA_DIR, TRANSFORMER_FILE
 from sage_grpo.dtypes import DTYPES
-from sage_grpo.model_card import write_model_card
+from sage_grpo.export.model_card import write_model_card
 from sage_grpo.models.loading import _read_safetensors, resolve_transformer_weights
 
 PathLike = Union[str, Path]

@@ -10,7 +10,7 @@ leaves the parameters in bf16; we honour ``--master_weight_type`` everywhere). T
 Full fine-tune: ``policy`` is trained whole, ``reference`` is a second, frozen copy of the base transformer (the
 moving anchor overwrites it with the policy's weights).
 
-LoRA (``--use_lora``, :mod:`sage_grpo.lora`): the base weights stay frozen in ``--dtype`` and only the adapter
+LoRA (``--use_lora``, :mod:`sage_grpo.models.lora`): the base weights stay frozen in ``--dtype`` and only the adapter
 (``--master_weight_type``) trains. There is no second transformer: ``reference`` is the policy module itself and
 :meth:`ModelBundle.reference_on_device` yields it switched to the reference (adapters disabled = the base model, or
 the ``anchor`` adapter once the moving anchor has been refreshed). The trainable state dict and the anchor state hold
@@ -18,7 +18,7 @@ only adapter tensors, keyed as peft saves them (``<module>.lora_A.weight``); :me
 peft adapter folder ``lora/`` to a checkpoint. ``--reference_mode_offload`` has no second model to move with LoRA.
 Parallelism wrappers go on ``policy`` and on :attr:`ModelBundle.separate_reference`, never on ``reference`` itself.
 
-Placement (:class:`sage_grpo.plan.Placement`, from ``--reference_placement``, ``--gradient_reduction`` and
+Placement (:class:`sage_grpo.models.placement.Placement`, from ``--reference_placement``, ``--gradient_reduction`` and
 ``--vae_tiling``; ``auto`` decided by the memory plan): whether the reference lives on the CPU between its passes,
 and whether decodes are tiled. With ``--offload_text_encoders`` (default) the text encoders live on the CPU and visit
 the GPU only to encode prompts not cached yet (the cache keeps every prompt's embeddings, so after the first epoch
@@ -42,37 +42,16 @@ from torch.distributed.fsdp import FSDPModule
 from sage_grpo.checkpoint_layout import LORA_DIR
 from sage_grpo.config import TrainConfig
 from sage_grpo.dtypes import DTYPES
-from sage_grpo.lora import LoraTraining, check_lora_settings
+from sage_grpo.models.lora import LoraTraining, check_lora_settings
 from sage_grpo.models.image_condition import ImageConditionEncoder
 from sage_grpo.models.attention import install_joint_attention
 from sage_grpo.models.layout import transformer_layout, version_task
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.sharded_load import load_sharded_weights, transformer_on_meta
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
-from sage_grpo.pipeline.rollout import decode_latents
-from sage_grpo.pipeline.sampler import Sampler
-from sage_grpo.plan import Placement, resolve_placement
-from sage_grpo.rl import KLMode, resolve_kl_mode
-
-
-def kl_mode_of(cfg: TrainConfig) -> KLMode:
-    """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: the trainer decides it once
-    and hands it to everything that depends on it (model building, resume checks, the update)."""
-    return resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
-
-
-def autocast_dtype_of(cfg: TrainConfig) -> Optional[torch.dtype]:
-    """The transformer's compute dtype under autocast: bf16 with ``--dtype bf16`` (fp32 master weights), else none."""
-    return torch.bfloat16 if cfg.dtype == "bf16" else None
-
-
-def sampler_of(cfg: TrainConfig) -> Sampler:
-    """The rollout sampler of the run: ``--sde_type``, ``--eta``, ``--grpo_sampling_steps`` on the
-    ``--infer_flow_shift_video`` schedule, ``--cfg_scale``; built once, before any model loads (a schedule the SDE
-    cannot use is refused here)."""
-    return Sampler.build(cfg.sde_type, cfg.eta, cfg.grpo_sampling_steps, cfg.infer_flow_shift_video, cfg.cfg_scale,
-                         autocast_dtype=autocast_dtype_of(cfg), num_image_tokens=cfg.vision_num_semantic_tokens,
-                         micro_batch_size=cfg.mini_batch_size_per_update)
+from sage_grpo.models.placement import Placement
+from sage_grpo.models.vae import decode_latents
+from sage_grpo.rl import KLMode
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:
@@ -93,11 +72,6 @@ def is_sharded_run(cfg: TrainConfig) -> bool:
     return cfg.enable_fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:
-    """The run's memory placement."""
-    return resolve_placement(cfg, sharded=is_sharded_run(cfg), device_type=device.type)
-
-
 @dataclass
 class ModelBundle:
     cfg: TrainConfig
@@ -106,14 +80,10 @@ class ModelBundle:
     reference: Optional[torch.nn.Module]  # None without KL; with LoRA the policy module itself (see module doc)
     vae: torch.nn.Module
     encoder: PromptEncoder
+    placement: Placement  # decided by the memory plan (sage_grpo.plan.memory.placement_of), handed in by the caller
     lora: Optional[LoraTraining] = None
-    placement: Optional[Placement] = None
     weights_folder: Optional[Path] = None  # set while the transformers are on the meta device (see materialize)
     images: Optional[ImageConditionEncoder] = None  # image-to-video versions only
-
-    def __post_init__(self):
-        if self.placement is None:
-            self.placement = placement_of(self.cfg, self.device)
 
     def materialize(self) -> None:
         """Read the weights into transformers built on the meta device (after they were sharded): each rank
@@ -247,13 +217,13 @@ def _build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, mast
         pretrained_path=cfg.pretrained_lora_path, with_anchor=kl_mode.moving_anchor, seed=cfg.seed, dtype=master_dtype)
 
 
-def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
-    """The policy, the reference when ``kl_mode`` uses one (see the module docstring), the VAE and the encoder."""
+def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> ModelBundle:
+    """The policy, the reference when ``kl_mode`` uses one (see the module docstring), the VAE and the encoder, laid
+    out as ``placement`` says (the memory plan's decision: :func:`sage_grpo.plan.memory.placement_of`)."""
     if cfg.use_lora:  # a bad adapter path or target regex fails before the weights load
         check_lora_settings(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules,
                             cfg.pretrained_lora_path)
     device = resolve_device(cfg)
-    placement = placement_of(cfg, device)
     load_dtype, master_dtype = DTYPES[cfg.dtype], DTYPES[cfg.master_weight_type]
     offload_encoders = cfg.offload_text_encoders and device.type != "cpu"
     # A sharded full fine-tune builds its transformers on the meta device; parallelize_models shards them and
@@ -295,5 +265,5 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode) -> ModelBundle:
                                     compute_device=device if offload_encoders else None,
                                     max_cache_bytes=int(cfg.image_cache_gb * 2 ** 30))
               if components.image_encoder is not None else None)
-    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, lora, placement,
+    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, placement, lora,
                        weights_folder=folder if on_meta else None, images=images)

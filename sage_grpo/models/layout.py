@@ -1,7 +1,7 @@
 """On-disk layout of a HunyuanVideo-1.5 checkpoint root (``./ckpts``): the one table of expected files.
 
 The loader (:mod:`sage_grpo.models.loading`) and the download script's verification step both read this table, so a
-checkpoint that passes ``python -m sage_grpo.models.verify --model_root ckpts`` is one the loader can open. Every
+checkpoint that passes ``python -m sage_grpo.cli.verify --model_root ckpts`` is one the loader can open. Every
 component is a diffusers/transformers ``save_pretrained`` folder; the transformer folders are per version, as in the
 reference's ``ckpts/transformer/<version>``::
 

@@ -119,16 +119,17 @@ def _byt5_encoder(width: int):
 
 def write_real_width_hunyuan(root, *, num_layers: int, vae_config: Optional[Dict] = None, seed: int = 0,
                              versions: Sequence[str] = (layout.DEFAULT_TRANSFORMER_VERSION,),
-                             transformer_config: Optional[Dict] = None, reward: bool = True) -> Path:
+                             transformer_config: Optional[Dict] = None) -> Path:
     """Write the real-width checkpoint of ``num_layers`` dual-stream blocks under ``root`` (created if needed) and
     return ``root`` as a Path.
 
     ``vae_config``: :data:`REAL_VAE_CONFIG` (default) or :data:`NARROW_VAE_CONFIG`; ``transformer_config``: replaces
-    :data:`REAL_TRANSFORMER_CONFIG` (``num_layers`` still applies); ``reward``: also the tiny VideoReward."""
+    :data:`REAL_TRANSFORMER_CONFIG` (``num_layers`` still applies). The tiny VideoReward is the caller's to add
+    (:func:`sage_grpo.rewards.tiny.write_tiny_video_reward`): models never import rewards."""
     from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
     from transformers import ByT5Tokenizer
 
-    from sage_grpo.tiny_tokenizer import build_tiny_qwen_tokenizer
+    from sage_grpo.models.tiny_tokenizer import build_tiny_qwen_tokenizer
 
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1 (the real model has 54; e.g. 1 for a CPU test), got {num_layers}")
@@ -155,8 +156,4 @@ def write_real_width_hunyuan(root, *, num_layers: int, vae_config: Optional[Dict
     _save(random_module(lambda: _byt5_encoder(base["text_embed_2_dim"]), seed + 3), root / layout.TEXT_ENCODER_2.subdir)
     FlowMatchEulerDiscreteScheduler(shift=published_sampling(versions[0])[1]).save_pretrained(
         root / layout.SCHEDULER.subdir)
-    if reward:
-        from sage_grpo.rewards.tiny import write_tiny_video_reward
-
-        write_tiny_video_reward(root, seed=seed)
     return root

@@ -31,7 +31,7 @@ import torch
 
 from sage_grpo.config.validation import FLOW_SHIFT_BY_VERSION
 from sage_grpo.models import layout
-from sage_grpo.tiny_tokenizer import build_tiny_qwen_tokenizer
+from sage_grpo.models.tiny_tokenizer import build_tiny_qwen_tokenizer
 
 TINY_TRANSFORMER_CONFIG: Dict = dict(
     in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2, num_refiner_layers=1,

@@ -5,19 +5,16 @@
 """
 
 from sage_grpo.pipeline.replay import replay_step
-from sage_grpo.pipeline.resolution import bucket_hw, resolution_hw
-from sage_grpo.pipeline.rollout import RolloutOutput, decode_latents, latent_shape, rollout
+from sage_grpo.pipeline.rollout import RolloutOutput, VideoSize, latent_shape, rollout
 from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS, cfg_velocity, step_timesteps
 
 __all__ = [
     "T2V_IMAGE_TOKENS",
     "RolloutOutput",
-    "bucket_hw",
+    "VideoSize",
     "cfg_velocity",
-    "decode_latents",
     "latent_shape",
     "replay_step",
-    "resolution_hw",
     "rollout",
     "step_timesteps",
 ]

@@ -66,9 +66,9 @@ from sage_grpo.config.validation import parse_size
 from sage_grpo.data import check_image, read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
-from sage_grpo.models.layout import version_task
 from sage_grpo.models.variants import resolve_generation_sampling
-from sage_grpo.pipeline.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
+from sage_grpo.pipeline.recorded import apply_recorded_settings, transformer_version
+from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
 
 VIDEO_FPS = 24
@@ -223,8 +223,6 @@ def _check_weight_paths(config: GenerateConfig) -> None:
 def plan_generation(config: GenerateConfig) -> GenerationPlan:
     """Validate the config and resolve prompts, size, paths and speed settings, without loading any model; the
     settings the ``--checkpoint_path`` run recorded fill the unset options (:mod:`sage_grpo.pipeline.recorded`)."""
-    from sage_grpo.pipeline.recorded import apply_recorded_settings
-
     config, recorded_notes = apply_recorded_settings(config)
     if config.resolution not in ("480p", "720p"):
         raise ValueError(f"--resolution must be 480p or 720p, got {config.resolution!r}")
@@ -260,20 +258,6 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
     return GenerationPlan(items, output_paths(config, items, version), height, width, version, guidance, shift,
                           device, acceleration, recorded_notes + csv_notes + notes + variant_notes, variant_warnings,
                           config)
-
-
-def transformer_version(config: GenerateConfig, task: str = "t2v") -> str:
-    """``--model_version``, else ``<resolution>_<task>`` with ``_distilled`` under ``--cfg_distilled`` (reference
-    §5.3); ``task`` is "i2v" when the prompts have reference images."""
-    if config.model_version is not None:
-        if config.cfg_distilled:
-            raise ValueError("--model_version and --cfg_distilled both choose the transformer version: pass one "
-                             f"(e.g. --model_version {config.resolution}_{task}_distilled)")
-        if task == "i2v" and version_task(config.model_version) != "i2v":
-            raise ValueError(f"--model_version {config.model_version} is a text-to-video transformer but the prompts "
-                             f"have reference images: use an image-to-video one (e.g. {config.resolution}_i2v)")
-        return config.model_version
-    return f"{config.resolution}_{task}{'_distilled' if config.cfg_distilled else ''}"
 
 
 def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPlan, item: GenerationItem) -> None:
@@ -371,7 +355,9 @@ class VideoGenerator:
     @torch.no_grad()
     def render(self, item: GenerationItem, progress: bool = False) -> torch.Tensor:
         """(3, F, H, W) float video in [0, 1] on the CPU."""
-        from sage_grpo.pipeline.rollout import decode_latents, rollout
+        from sage_grpo.models.vae import decode_latents
+        from sage_grpo.pipeline.rollout import VideoSize, rollout
+        from sage_grpo.pipeline.sampler import Sampler
 
         config, plan, c = self.config, self.plan, self.components
         height, width = item.size or (plan.height, plan.width)
@@ -384,10 +370,10 @@ class VideoGenerator:
         transformer_stage = [] if plan.acceleration.group_offload else [self.transformer]
         cache = self.transformer.cache_context("generate") if plan.acceleration.cache else contextlib.nullcontext()
         with self._stage(transformer_stage), cache:
-            result = rollout(self.transformer, c.vae, embeds, [item.seed], num_steps=config.num_inference_steps,
-                             shift=plan.flow_shift, guidance_scale=plan.guidance_scale,
-                             num_frames=config.video_length, height=height, width=width,
-                             deterministic=True, decode=False, num_image_tokens=config.vision_num_semantic_tokens,
+            sampler = Sampler.euler(config.num_inference_steps, plan.flow_shift, plan.guidance_scale,
+                                    num_image_tokens=config.vision_num_semantic_tokens)
+            result = rollout(sampler, self.transformer, c.vae, embeds, [item.seed],
+                             VideoSize(config.video_length, height, width), deterministic=True, decode=False,
                              progress=progress)
         if plan.acceleration.cache:
             self.transformer._reset_stateful_cache()  # the next video starts a fresh cache, as diffusers' pipelines do

@@ -14,7 +14,8 @@ and each one the user did set that differs from it is named in one note:
     --model_version (and --resolution) pretrained_transformer_version
     --guidance_scale                   cfg_scale
 
-Exported folders (``sage-grpo-export``) carry no run config and keep the flags' defaults. Any other sampler of a
+Exported folders (``sage-grpo-export``) carry no run config and keep the flags' defaults. The flags' own choice of
+version, :func:`transformer_version`, lives here too (generate.py's plan calls it). Any other sampler of a
 checkpoint (the evaluation) calls :func:`apply_recorded_settings` the same way.
 """
 
@@ -24,6 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from sage_grpo.checkpoint_layout import CONFIG_FILE
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import is_explicit, replace_chosen
+from sage_grpo.models.layout import version_task
 
 # (generate.py option, run config key)
 RECORDED_SETTINGS = (("text_max_length", "text_max_length"), ("byt5_max_length", "byt5_max_length"),
@@ -70,10 +72,21 @@ def _user_value(config: GenerateConfig, option: str, recorded: Any) -> Any:
     """What the flags choose for ``option`` (the transformer version for the task of the recorded one)."""
     if option != "model_version":
         return getattr(config, option)
-    from sage_grpo.models.layout import version_task
-    from sage_grpo.pipeline.generation import transformer_version
-
     return transformer_version(config, version_task(str(recorded)))
+
+
+def transformer_version(config: GenerateConfig, task: str = "t2v") -> str:
+    """``--model_version``, else ``<resolution>_<task>`` with ``_distilled`` under ``--cfg_distilled`` (reference
+    §5.3); ``task`` is "i2v" when the prompts have reference images."""
+    if config.model_version is not None:
+        if config.cfg_distilled:
+            raise ValueError("--model_version and --cfg_distilled both choose the transformer version: pass one "
+                             f"(e.g. --model_version {config.resolution}_{task}_distilled)")
+        if task == "i2v" and version_task(config.model_version) != "i2v":
+            raise ValueError(f"--model_version {config.model_version} is a text-to-video transformer but the prompts "
+                             f"have reference images: use an image-to-video one (e.g. {config.resolution}_i2v)")
+        return config.model_version
+    return f"{config.resolution}_{task}{'_distilled' if config.cfg_distilled else ''}"
 
 
 def apply_recorded_settings(config: GenerateConfig) -> Tuple[GenerateConfig, List[str]]:

@@ -11,35 +11,22 @@ Given the same transformer weights, micro-batch and settings as the rollout, ``l
 steps replay the same way: their log-prob is also taken w.r.t. the SDE mean.
 """
 
-from typing import Optional, Union
+from typing import Union
 
-import torch
 from torch import Tensor
 
 from sage_grpo import sde
 from sage_grpo.models.text_encoding import PromptEmbeds
-from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS, cfg_velocity, step_timesteps
+from sage_grpo.pipeline.velocity import cfg_velocity, step_timesteps
 
 
-def replay_step(
-    transformer,
-    latents: Tensor,
-    next_latents: Tensor,
-    sigmas: Tensor,
-    index: Union[int, Tensor],
-    embeds: PromptEmbeds,
-    *,
-    sde_type: str,
-    eta: float,
-    guidance_scale: float = 6.0,
-    autocast_dtype: Optional[torch.dtype] = None,
-    sde_solver: bool = True,
-    num_image_tokens: int = T2V_IMAGE_TOKENS,
-) -> sde.SDEStepOutput:
+def replay_step(sampler, transformer, latents: Tensor, next_latents: Tensor, index: Union[int, Tensor],
+                embeds: PromptEmbeds) -> sde.SDEStepOutput:
     """SDE step output for stored latents (B, C, T, h, w) -> next_latents at step ``index`` (int or (B,) LongTensor).
 
-    ``embeds`` holds the B samples' prompt embeddings (positive and negative); ``sigmas`` is the rollout's (N+1,)
-    schedule. Runs with whatever grad mode the caller is in.
+    ``embeds`` holds the B samples' prompt embeddings (positive and negative); ``sampler`` is the rollout's
+    ``Sampler`` (its kernel, η, (N+1,) schedule, guidance scale, autocast dtype and image tokens; it forwards here,
+    so this module does not import it). Runs with whatever grad mode the caller is in.
     """
     if latents.shape != next_latents.shape:
         raise ValueError(f"latents {tuple(latents.shape)} and next_latents {tuple(next_latents.shape)} differ")
@@ -47,8 +34,8 @@ def replay_step(
         raise ValueError(f"got {len(embeds)} prompt embeddings for a batch of {latents.shape[0]}")
     if isinstance(index, Tensor):
         index = index.to(latents.device)
-    timesteps = step_timesteps(sigmas, index, latents.shape[0])
-    velocity = cfg_velocity(transformer, latents, timesteps, embeds, guidance_scale,
-                            autocast_dtype=autocast_dtype, num_image_tokens=num_image_tokens)
-    return sde.step(sde_type, velocity, latents.float(), sigmas, index, eta, prev_sample=next_latents,
-                    sde_solver=sde_solver)
+    timesteps = step_timesteps(sampler.sigmas, index, latents.shape[0])
+    velocity = cfg_velocity(transformer, latents, timesteps, embeds, sampler.guidance_scale,
+                            autocast_dtype=sampler.autocast_dtype, num_image_tokens=sampler.num_image_tokens)
+    return sde.step(sampler.kernel, velocity, latents.float(), sampler.sigmas, index, sampler.eta,
+                    prev_sample=next_latents, sde_solver=sampler.sde_solver)

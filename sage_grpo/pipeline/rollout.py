@@ -30,7 +30,7 @@ Departures from the reference:
 """
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -38,8 +38,9 @@ from tqdm.auto import tqdm
 
 from sage_grpo import sde
 from sage_grpo.models.text_encoding import PromptEmbeds
-from sage_grpo.pipeline.resolution import bucket_hw
-from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS, cfg_velocity, step_timesteps
+from sage_grpo.models.vae import decode_latents
+from sage_grpo.models.resolution import bucket_hw
+from sage_grpo.pipeline.velocity import cfg_velocity, step_timesteps
 
 DEFAULT_HEIGHT, DEFAULT_WIDTH = bucket_hw(480)  # 352 x 624
 DEFAULT_NUM_FRAMES = 81
@@ -83,28 +84,6 @@ def draw_initial_noise(generators: Sequence[torch.Generator], shape: Sequence[in
     return torch.stack([torch.randn(tuple(shape), generator=g, dtype=torch.float32) for g in generators])
 
 
-@torch.no_grad()
-def decode_latents(vae, latents: Tensor, *, tiling: Optional[bool] = None) -> Tensor:
-    """(B, C, T, h, w) latents -> (B, 3, F, H, W) float video in [0, 1] on the CPU, one sample at a time.
-
-    ``tiling``: decode tile by tile (diffusers' overlapping spatial tiles, blended; bounded memory at real sizes) or
-    not; None leaves the VAE's own setting. The VAE's setting is restored afterwards.
-    """
-    saved = getattr(vae, "use_tiling", None)
-    if tiling is not None:
-        vae.use_tiling = bool(tiling)
-    try:
-        videos = []
-        for latent in latents:
-            scaled = latent[None].to(vae.dtype) / vae.config.scaling_factor  # divided ONCE (reference: twice)
-            decoded = vae.decode(scaled, return_dict=False)[0]
-            videos.append((decoded.float() / 2 + 0.5).clamp(0, 1).cpu())
-    finally:
-        if tiling is not None:
-            vae.use_tiling = saved
-    return torch.cat(videos)
-
-
 def _per_step_flags(deterministic: Union[bool, Sequence[bool]], num_steps: int) -> List[bool]:
     if isinstance(deterministic, bool):
         return [deterministic] * num_steps
@@ -114,50 +93,49 @@ def _per_step_flags(deterministic: Union[bool, Sequence[bool]], num_steps: int) 
     return flags
 
 
+class VideoSize(NamedTuple):
+    """The size of the videos a rollout makes, in frames and pixels."""
+
+    num_frames: int = DEFAULT_NUM_FRAMES
+    height: int = DEFAULT_HEIGHT
+    width: int = DEFAULT_WIDTH
+
+
 @torch.no_grad()
 def rollout(
+    sampler,  # a pipeline.sampler.Sampler (it forwards here, so this module does not import it)
     transformer,
     vae,
     embeds: PromptEmbeds,
     seeds: Sequence[int],
+    size: VideoSize = VideoSize(),
     *,
-    sde_type: str = "sage_grpo",
-    num_steps: int = 20,
-    shift: float = 5.0,
-    eta: float = 0.5,
-    guidance_scale: float = 6.0,
-    num_frames: int = DEFAULT_NUM_FRAMES,
-    height: int = DEFAULT_HEIGHT,
-    width: int = DEFAULT_WIDTH,
     deterministic: Union[bool, Sequence[bool]] = False,
     initial_latents: Optional[Tensor] = None,
-    sigmas: Optional[Tensor] = None,
     sde_generators: Optional[Sequence[torch.Generator]] = None,
-    micro_batch_size: int = 1,
-    autocast_dtype: Optional[torch.dtype] = None,
-    sde_solver: bool = True,
     decode: bool = True,
-    num_image_tokens: int = T2V_IMAGE_TOKENS,
     progress: bool = False,
 ) -> RolloutOutput:
-    """Roll out ``len(seeds)`` videos for the prompts in ``embeds`` (one row per sample) on the transformer's device.
+    """Roll out ``len(seeds)`` videos of ``size`` for the prompts in ``embeds`` (one row per sample) on the
+    transformer's device, with ``sampler``'s kernel, η, schedule, guidance scale, autocast dtype, image tokens and
+    micro-batch size.
 
     ``vae`` gives the latent geometry (its ``config``) and decodes; ``deterministic`` is one bool or one per step;
-    ``initial_latents`` (B, C, T, h, w) replaces the seeded initial noise; ``sigmas`` ((N+1,) fp32) replaces the
-    ``shifted_sigmas(num_steps, shift)`` schedule; ``sde_generators`` (one per sample) replace the seed generators
-    as the source of the SDE noise (the initial noise still comes from the seeds).
+    ``initial_latents`` (B, C, T, h, w) replaces the seeded initial noise; ``sde_generators`` (one per sample) replace
+    the seed generators as the source of the SDE noise (the initial noise still comes from the seeds).
     """
     num_samples = len(seeds)
     if len(embeds) != num_samples:
         raise ValueError(f"got {len(embeds)} prompt embeddings for {num_samples} seeds")
+    micro_batch_size, kernel, eta = sampler.micro_batch_size, sampler.kernel, sampler.eta
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    shape = latent_shape(vae.config, num_frames, height, width)
-    sigmas = sde.shifted_sigmas(num_steps, shift) if sigmas is None else sigmas.detach().float().cpu()
+    shape = latent_shape(vae.config, *size)
+    sigmas = sampler.sigmas.detach().float().cpu()
     num_steps = sigmas.numel() - 1
     flags = _per_step_flags(deterministic, num_steps)
-    if not all(flags):
-        sde.check_schedule(sde_type, sigmas, eta)
+    if not all(flags):  # an Euler-only sampler (``Sampler.euler``) was not checked for SDE steps
+        sde.check_schedule(kernel, sigmas, eta)
     device = next(transformer.parameters()).device
 
     generators = sample_generators(seeds)
@@ -183,10 +161,10 @@ def rollout(
         latents = all_latents[rows, 0]
         for k in range(num_steps):
             timesteps = step_timesteps(sigmas, k, latents.shape[0])
-            velocity = cfg_velocity(transformer, latents, timesteps, batch_embeds, guidance_scale,
-                                    autocast_dtype=autocast_dtype, num_image_tokens=num_image_tokens)
-            out = sde.step(sde_type, velocity, latents, sigmas, k, eta, generator=generators[rows],
-                           deterministic=flags[k], sde_solver=sde_solver)
+            velocity = cfg_velocity(transformer, latents, timesteps, batch_embeds, sampler.guidance_scale,
+                                    autocast_dtype=sampler.autocast_dtype, num_image_tokens=sampler.num_image_tokens)
+            out = sde.step(kernel, velocity, latents, sigmas, k, eta, generator=generators[rows],
+                           deterministic=flags[k], sde_solver=sampler.sde_solver)
             latents = out.prev_sample
             all_latents[rows, k + 1] = latents
             all_log_probs[rows, k] = out.log_prob

@@ -1,9 +1,9 @@
 """``Sampler``: every setting of the SDE sampler decided once, then used by rollout, replay, the reference means and
 validation alike (so that, e.g., replay can never use another η or guidance scale than the rollout it replays).
 
-It holds the SDE kernel (``sde_type``), η, the σ schedule, the guidance scale, the autocast dtype, the number of
-(zero) image tokens and the micro-batch size, and forwards to :func:`~sage_grpo.pipeline.rollout.rollout` and
-:func:`~sage_grpo.pipeline.replay.replay_step`. :meth:`Sampler.with_schedule` gives the validation sampler (another
+It holds the SDE kernel (resolved once from its name), η, the σ schedule, the guidance scale, the autocast dtype,
+the number of (zero) image tokens, the micro-batch size and the solver flag, and forwards to
+:func:`~sage_grpo.pipeline.rollout.rollout` and :func:`~sage_grpo.pipeline.replay.replay_step`. :meth:`Sampler.with_schedule` gives the validation sampler (another
 schedule, the same model settings).
 """
 
@@ -14,29 +14,46 @@ import torch
 from torch import Tensor
 
 from sage_grpo import sde
+from sage_grpo.config import TrainConfig
+from sage_grpo.dtypes import autocast_dtype_of
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.pipeline.replay import replay_step
-from sage_grpo.pipeline.rollout import RolloutOutput, rollout
+from sage_grpo.pipeline.rollout import RolloutOutput, VideoSize, rollout
 from sage_grpo.pipeline.velocity import T2V_IMAGE_TOKENS
+from sage_grpo.rl.grad_balance import grad_balance_scales
 
 
 @dataclass(frozen=True)
 class Sampler:
-    sde_type: str
+    kernel: sde.SDEKernel  # resolved once from the SDE name (``build``); no step looks it up again
     eta: float
     sigmas: Tensor  # (N+1,) fp32, from 1 down to 0
     guidance_scale: float
     autocast_dtype: Optional[torch.dtype] = None
     num_image_tokens: int = T2V_IMAGE_TOKENS
     micro_batch_size: int = 1
+    sde_solver: bool = True  # include the score (Itô) correction in the SDE mean (sage_grpo, dance_grpo)
 
     @classmethod
     def build(cls, sde_type: str, eta: float, num_steps: int, shift: float, guidance_scale: float,
               **settings) -> "Sampler":
-        """The sampler of ``num_steps`` steps on the ``shift``-ed schedule; the schedule is checked for this SDE."""
+        """The sampler of ``num_steps`` steps on the ``shift``-ed schedule; an unknown ``sde_type`` fails here, and
+        the schedule is checked for this SDE."""
+        kernel = sde.get_kernel(sde_type)
         sigmas = sde.shifted_sigmas(num_steps, shift)
-        sde.check_schedule(sde_type, sigmas, eta)
-        return cls(sde_type, eta, sigmas, guidance_scale, **settings)
+        sde.check_schedule(kernel, sigmas, eta)
+        return cls(kernel, eta, sigmas, guidance_scale, **settings)
+
+    @classmethod
+    def euler(cls, num_steps: int, shift: float, guidance_scale: float, **settings) -> "Sampler":
+        """A sampler for deterministic (Euler ODE) rollouts, e.g. generation: no SDE step is drawn, so the schedule
+        is not checked for one (any step count); the kernel and η (sage_grpo, 0.5) only enter the recorded
+        log-probs."""
+        return cls(sde.get_kernel("sage_grpo"), 0.5, sde.shifted_sigmas(num_steps, shift), guidance_scale, **settings)
+
+    @property
+    def sde_type(self) -> str:
+        return self.kernel.name
 
     @property
     def num_steps(self) -> int:
@@ -48,23 +65,18 @@ class Sampler:
 
     def grad_balance_scales(self) -> Tensor:
         """The gradient-norm equalizer's (N,) per-step scales for this SDE, η and schedule."""
-        return sde.grad_balance_scales(self.sde_type, self.sigmas, self.eta)
+        return grad_balance_scales(self.kernel.name, self.sigmas, self.eta)
 
     def rollout(self, transformer, vae, embeds: PromptEmbeds, seeds: Sequence[int], *, num_frames: int, height: int,
                 width: int, deterministic: Union[bool, Sequence[bool]] = False,
                 sde_generators: Optional[Sequence[torch.Generator]] = None, decode: bool = True,
                 progress: bool = False) -> RolloutOutput:
-        return rollout(transformer, vae, embeds, seeds, sde_type=self.sde_type, eta=self.eta,
-                       guidance_scale=self.guidance_scale, num_frames=num_frames, height=height, width=width,
-                       deterministic=deterministic, sigmas=self.sigmas, sde_generators=sde_generators,
-                       micro_batch_size=self.micro_batch_size, autocast_dtype=self.autocast_dtype,
-                       num_image_tokens=self.num_image_tokens, decode=decode, progress=progress)
+        return rollout(self, transformer, vae, embeds, seeds, VideoSize(num_frames, height, width),
+                       deterministic=deterministic, sde_generators=sde_generators, decode=decode, progress=progress)
 
     def replay(self, transformer, latents: Tensor, next_latents: Tensor, index: Union[int, Tensor],
                embeds: PromptEmbeds) -> sde.SDEStepOutput:
-        return replay_step(transformer, latents, next_latents, self.sigmas, index, embeds, sde_type=self.sde_type,
-                           eta=self.eta, guidance_scale=self.guidance_scale, autocast_dtype=self.autocast_dtype,
-                           num_image_tokens=self.num_image_tokens)
+        return replay_step(self, transformer, latents, next_latents, index, embeds)
 
     @torch.no_grad()
     def transition_means(self, transformer, latents: Tensor, embeds: PromptEmbeds, device: torch.device,
@@ -87,3 +99,12 @@ class Sampler:
                               steps.to(device), embeds.select(rows.tolist()).to(device))
             means[rows, steps] = out.mean.float().cpu()
         return means
+
+
+def sampler_of(cfg: TrainConfig) -> Sampler:
+    """The rollout sampler of the run: ``--sde_type``, ``--eta``, ``--grpo_sampling_steps`` on the
+    ``--infer_flow_shift_video`` schedule, ``--cfg_scale``; built once, before any model loads (a schedule the SDE
+    cannot use is refused here)."""
+    return Sampler.build(cfg.sde_type, cfg.eta, cfg.grpo_sampling_steps, cfg.infer_flow_shift_video, cfg.cfg_scale,
+                         autocast_dtype=autocast_dtype_of(cfg), num_image_tokens=cfg.vision_num_semantic_tokens,
+                         micro_batch_size=cfg.mini_batch_size_per_update)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -46,9 +45,11 @@ from pathlib import Path
 
 import torch
 
+from sage_grpo.config.reward_weights import json_dict, number_dict, parse_reward_weights
+
 from .base import RewardFn, metric_names_of, score_with_fallback
 from .remote import RemoteReward, RemoteSettings
-from .toys import BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
+from .toys import TOY_REWARDS, BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
 from .videoalign_inputs import SamplingOverrides
 
 DEFAULT_VIDEOALIGN_WEIGHTS = {"VQ": 0.5, "MQ": 0.5, "TA": 1.0}  # reference --reward_weights default
@@ -107,10 +108,9 @@ BUILTIN_REWARDS: dict[str, RewardSpec] = {
 
 
 def _toy_world_spec(name: str) -> RewardSpec:
-    """A toy-world reward (``sage_grpo.toy.rewards``): its score is the GRPO reward, the diagnostics weigh 0."""
+    """A toy-world reward (:data:`sage_grpo.rewards.toys.TOY_REWARDS`): its score is the GRPO reward, the diagnostics
+    weigh 0."""
     def build(ctx: RewardContext, kwargs: dict) -> RewardFn:
-        from sage_grpo.toy.rewards import TOY_REWARDS
-
         return TOY_REWARDS[name](**kwargs)
 
     metrics = (name, "manifold_error", "prompt_adherence")
@@ -268,38 +268,6 @@ def make_reward(name: str, ctx: RewardContext, kwargs: dict | None = None) -> Re
     return _instantiate(target, kwargs, name)
 
 
-def _json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
-    """A dict given directly or as a JSON string (an empty string is an empty dict)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{label} is not valid JSON ({exc}): {value!r}; e.g. '{example}'") from exc
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{label} must be a dict (or its JSON), got {value!r}; e.g. '{example}'")
-    return value
-
-
-def parse_reward_weights(value: Mapping | str | None) -> dict[str, float] | None:
-    """``--reward_weights`` as a dict of metric -> weight (JSON strings are parsed); None stays None.
-
-    The one parser of the flag (config validation calls it too). An empty string is the empty dict, which selects
-    the model's fallback weights (the reference's rule, see :func:`build_reward_fn`); None its default weights.
-    """
-    if value is None:
-        return None
-    return _number_dict(_json_dict(value, "reward_weights", '{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}'), "reward_weights")
-
-
-def _number_dict(value: Mapping, label: str) -> dict[str, float]:
-    out = {}
-    for key, weight in value.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ValueError(f"{label}[{key!r}] must be a number, got {weight!r}")
-        out[str(key)] = float(weight)
-    return out
-
-
 def _validate_entry(name: str, entry) -> dict:
     if not isinstance(entry, Mapping):
         raise ValueError(f"reward model entry {name!r} must be a dict like {{'weight': 1.0}}, got {entry!r}")
@@ -308,7 +276,7 @@ def _validate_entry(name: str, entry) -> dict:
         raise ValueError(
             f"reward model entry {name!r} needs 'weight' and may have {ENTRY_KEYS[1:]}; got keys {sorted(entry)}"
         )
-    weight = _number_dict({"weight": entry["weight"]}, name)["weight"]
+    weight = number_dict({"weight": entry["weight"]}, name)["weight"]
     sub_reward = entry.get("sub_reward")
     if sub_reward is not None and not isinstance(sub_reward, Mapping):
         raise ValueError(f"'sub_reward' of {name!r} must be a dict metric -> weight, got {sub_reward!r}")
@@ -318,7 +286,7 @@ def _validate_entry(name: str, entry) -> dict:
     _check_json_data(kwargs, f"'kwargs' of {name!r}")
     return {
         "weight": weight,
-        "sub_reward": _number_dict(sub_reward, f"{name}.sub_reward") if sub_reward is not None else None,
+        "sub_reward": number_dict(sub_reward, f"{name}.sub_reward") if sub_reward is not None else None,
         "kwargs": dict(kwargs),
     }
 
@@ -400,16 +368,10 @@ def build_reward_fn(
     reward_model: str = "videoalign_local",
     reward_weights: Mapping | str | None = None,
     *,
-    model_root: str | Path = "./ckpts",
-    checkpoint_mode: str = "v3",
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    context: RewardContext = RewardContext(),
     reward_kwargs: Mapping | str | None = None,
     extra_models: Mapping[str, Mapping] | str | None = None,
-    video_fps: float = 24.0,
     batch_size: int | None = None,
-    score_from_mp4: bool = False,
-    videoalign_sampling: SamplingOverrides | None = None,
     remote: RemoteSettings | None = None,
 ) -> CompositeReward:
     """Build the trainer's reward: ``fn(videos (B,3,F,H,W) in [0,1], prompts) -> {key: (B,)} incl. "avg"``.
@@ -421,27 +383,24 @@ def build_reward_fn(
             default (``{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}`` for videoalign_local, none otherwise); empty:
             the reference fallback ``{"VQ": 1, "MQ": 1, "TA": 1}`` for videoalign_local, none otherwise. A model
             without sub_reward contributes the mean of its raw metrics to ``avg``.
-        model_root: folder holding ``VideoReward/`` (the trainer's ``--pretrained_model_root``).
-        checkpoint_mode: ``--reward_checkpoint_mode`` (v1/v2/v3) for the VideoReward state dict.
-        device, dtype: where and in which precision VideoReward runs.
+        context: what every model of the composite shares (:class:`RewardContext`): the folder holding
+            ``VideoReward/`` (the trainer's ``--pretrained_model_root``), ``--reward_checkpoint_mode``, the device and
+            dtype VideoReward runs in, the frame rate of the videos passed in (24 for HunyuanVideo-1.5 rollouts),
+            whether VideoAlign scores each video after an mp4 round trip (as the reference does), and VideoAlign's
+            frame sampling overrides.
         reward_kwargs: constructor arguments of the primary model, dict or JSON (e.g. ``{"target_rgb": [0, 0, 1]}``
             for ``target_color``, ``{"checkpoint_step": 11352}`` for ``videoalign_local``).
         extra_models: further models ``{name: {"weight": w, "sub_reward": {...}, "kwargs": {...}}}`` (dict or
             JSON); an entry named like ``reward_model`` replaces the primary entry (to give it a weight other than
             1.0).
-        video_fps: frame rate of the videos passed in (24 for HunyuanVideo-1.5 rollouts).
         batch_size: videos per reward-model call (None: the whole batch; 1: the reference's one at a time).
-        score_from_mp4: VideoAlign scores each video after an mp4 round trip, as the reference does.
-        videoalign_sampling: VideoAlign's frame rate or count and pixel budget, overriding the checkpoint's.
         remote: score ``reward_model`` on the reward server these settings name (:mod:`.remote`) instead of
             building it here; further models (``extra_models``) stay local.
     """
     models = plan_reward_models(reward_model, reward_weights, reward_kwargs, extra_models, batch_size)
-    ctx = RewardContext(model_root, checkpoint_mode, device, dtype, video_fps, score_from_mp4,
-                        videoalign_sampling or SamplingOverrides())
     primary = next(iter(models))
-    fns = {model: (RemoteReward(model, remote, video_fps=video_fps) if remote is not None and model == primary
-                   else make_reward(model, ctx, cfg["kwargs"])) for model, cfg in models.items()}
+    fns = {model: (RemoteReward(model, remote, video_fps=context.video_fps) if remote is not None and model == primary
+                   else make_reward(model, context, cfg["kwargs"])) for model, cfg in models.items()}
     return CompositeReward(models, fns, batch_size)
 
 
@@ -465,9 +424,9 @@ def plan_reward_models(
         sub_reward = spec.empty_weights if spec else None
     else:
         sub_reward = weights
-    kwargs = _json_dict(reward_kwargs or {}, "reward_kwargs", '{"target_rgb": [0.0, 0.0, 1.0]}')
+    kwargs = json_dict(reward_kwargs or {}, "reward_kwargs", '{"target_rgb": [0.0, 0.0, 1.0]}')
     entries = {name: {"weight": 1.0, "sub_reward": sub_reward, "kwargs": kwargs}}
-    entries.update(_json_dict(extra_models or {}, "extra_models", '{"temporal_smoothness": {"weight": 0.5}}'))
+    entries.update(json_dict(extra_models or {}, "extra_models", '{"temporal_smoothness": {"weight": 0.5}}'))
     models = {model: _validate_entry(model, entry) for model, entry in entries.items()}
     if len(models) == 1 and abs(models[name]["weight"] - 1.0) > 1e-6:
         raise ValueError(

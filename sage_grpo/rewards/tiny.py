@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..tiny_tokenizer import QWEN_SPECIAL_TOKENS, build_tiny_qwen_tokenizer
+from ..models.tiny_tokenizer import QWEN_SPECIAL_TOKENS, build_tiny_qwen_tokenizer
 from .prompt_templates import DETAILED_SPECIAL_TEMPLATE
 from .video_preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 

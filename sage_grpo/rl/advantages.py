@@ -23,6 +23,7 @@ non-finite (then ``avg`` is NaN too: the failure policy NaNs every metric of a f
 even for w = 0); it is excluded from the mean and std of *every* term and gets advantage 0, exactly as ``sum``
 excludes it through ``avg``.
 """
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -138,3 +139,17 @@ def zero_spread_fraction(rewards: Tensor, group_size: int) -> Tensor:
     lowest = torch.where(finite, grouped, torch.full_like(grouped, torch.inf)).amin(dim=1)
     no_spread = ~(highest > lowest)
     return no_spread.float().mean()
+
+
+def reward_statistics(rewards: Mapping[str, Tensor], group_size: int) -> dict[str, float]:
+    """The step's reward metrics, ``rewards`` holding all B x dp samples (prompt groups contiguous): mean and std of
+    each term's finite values (``ori_avg``: ``avg`` again, as the reference logs it), the fraction of groups with no
+    spread, and the number of failed (NaN) rewards."""
+    metrics: dict[str, float] = {}
+    for name, values in {**rewards, "ori_avg": rewards["avg"]}.items():
+        finite = values[torch.isfinite(values)].float()
+        metrics[f"gathered_{name}_reward_mean"] = float(finite.mean()) if finite.numel() else math.nan
+        metrics[f"gathered_{name}_reward_std"] = float(finite.std(unbiased=False)) if finite.numel() else math.nan
+    metrics["zero_std_group_fraction"] = float(zero_spread_fraction(rewards["avg"], group_size))
+    metrics["failed_reward_count"] = float((~torch.isfinite(rewards["avg"])).sum())
+    return metrics

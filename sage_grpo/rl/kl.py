@@ -19,9 +19,12 @@ KL modes (the README's KL ablation), chosen by (kl_weight, use_moving_KL, use_du
 reference; the closest is a dual mode with moving weight 0, which still needs the reference model.
 """
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from torch import Tensor
+
+if TYPE_CHECKING:  # only read, never built here
+    from sage_grpo.config import TrainConfig
 
 KL_STD_EPS = 1e-6
 
@@ -52,6 +55,12 @@ def resolve_kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) ->
     if kl_weight == 0:
         return NO_KL
     return KL_MODES[(bool(use_moving_kl), bool(use_dual_kl))]
+
+
+def kl_mode_of(cfg: "TrainConfig") -> KLMode:
+    """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: decided once (the trainer,
+    the memory plan) and handed to everything that depends on it (model building, resume checks, the update)."""
+    return resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
 
 
 def kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) -> str:

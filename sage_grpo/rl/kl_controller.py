@@ -15,7 +15,9 @@ The history keeps the last ``horizon`` values. This is a proportional bang-bang 
 
 ``update`` takes a Python float or a 0-d tensor. Given tensors (the trainer passes the world-mean KL as an fp64 device
 tensor) β becomes a device tensor after the warm-up and nothing is copied to the host: the training loop keeps running
-ahead of the GPU. The arithmetic is the same fp64 arithmetic either way; ``state_dict`` returns plain floats.
+ahead of the GPU. Built with a ``device`` (the trainer), β is a 0-d fp64 tensor on it from the start, warm-up
+included: what β is is decided once per run, so the loss never asks. The arithmetic is the same fp64 arithmetic
+either way; ``state_dict`` returns plain floats.
 
 Departures from the reference (TVRL ``grpo_commons.py``; the SAGE copy is not public):
 - the warm-up length is ``horizon`` (the reference hard-codes 100, its default horizon) and the averaging
@@ -23,7 +25,8 @@ Departures from the reference (TVRL ``grpo_commons.py``; the SAGE copy is not pu
 - ``state_dict``/``load_state_dict`` make it resumable; the reference does not checkpoint it (spec §10.29).
 """
 from dataclasses import dataclass, field
-from typing import Union
+from functools import partial
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -38,7 +41,9 @@ class AdaptiveKLController:
     init_coef: float
     horizon: int = 100
     window: int = 10
+    device: Optional[torch.device] = None  # given: β is always a 0-d fp64 tensor there (no host copy, no type test)
     _coef: Union[float, torch.Tensor] = field(init=False)
+    _held: Callable = field(init=False, repr=False)  # float -> β as this controller holds it
     _num_updates: int = field(init=False, default=0)
     _history: list = field(init=False, default_factory=list, repr=False)  # floats or 0-d fp64 tensors
 
@@ -47,22 +52,26 @@ class AdaptiveKLController:
             raise ValueError(f"need 1 <= window <= horizon, got window={self.window}, horizon={self.horizon}")
         if not 0 <= self.min_coef <= self.init_coef <= self.max_coef:
             raise ValueError(f"need 0 <= min <= init <= max, got {self.min_coef}, {self.init_coef}, {self.max_coef}")
-        self._coef = self.init_coef
+        # a fill kernel on the device, not a host-to-device copy: the training loop does not wait for the GPU
+        self._held = float if self.device is None else partial(torch.full, (), dtype=torch.float64, device=self.device)
+        self._coef = self._held(self.init_coef)
 
     @classmethod
     def from_flags(
-        cls, kl_weight: float, kl_coef: float, kl_min_coef: float, horizon: int = 100, window: int = 10
+        cls, kl_weight: float, kl_coef: float, kl_min_coef: float, horizon: int = 100, window: int = 10,
+        device: Optional[torch.device] = None,
     ) -> "AdaptiveKLController":
         """target = max = kl_weight; min = clamp(kl_min_coef, 0, kl_weight); init = clamp(kl_coef, min, kl_weight)."""
         if kl_weight <= 0:
             raise ValueError(f"the KL controller needs kl_weight > 0, got {kl_weight}")
         min_coef = min(max(kl_min_coef, 0.0), kl_weight)
         init_coef = min(max(kl_coef, min_coef), kl_weight)
-        return cls(kl_weight, min_coef, kl_weight, init_coef, horizon, window)
+        return cls(kl_weight, min_coef, kl_weight, init_coef, horizon, window, device)
 
     @property
     def kl_coef(self) -> Union[float, torch.Tensor]:
-        """β to use for the current iteration (a 0-d device tensor once tensors have moved it)."""
+        """β to use for the current iteration (a 0-d fp64 tensor on ``device`` when one is given; else a float until
+        tensors have moved it)."""
         return self._coef
 
     def update(self, kl: Union[float, torch.Tensor]) -> Union[float, torch.Tensor]:
@@ -72,13 +81,13 @@ class AdaptiveKLController:
         del self._history[: -self.horizon]
         if self._num_updates < self.horizon:
             progress = self._num_updates / self.horizon
-            self._coef = self.min_coef + (self.target_kl - self.min_coef) * progress
+            self._coef = self._held(self.min_coef + (self.target_kl - self.min_coef) * progress)
         elif len(self._history) >= self.window:
             recent = self._history[-self.window :]
             if any(isinstance(value, torch.Tensor) for value in recent):
                 self._coef = self._adjusted_on_device(recent)
             else:
-                self._coef = self._adjusted(sum(recent) / self.window)
+                self._coef = self._held(self._adjusted(sum(recent) / self.window))
         return self._coef
 
     def _adjusted(self, recent_kl: float) -> float:
@@ -108,6 +117,6 @@ class AdaptiveKLController:
                 "history": [float(value) for value in self._history]}
 
     def load_state_dict(self, state: dict) -> None:
-        self._coef = float(state["kl_coef"])
+        self._coef = self._held(float(state["kl_coef"]))
         self._num_updates = int(state["num_updates"])
         self._history = [float(value) for value in state["history"]]

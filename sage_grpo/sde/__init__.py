@@ -1,10 +1,10 @@
 """SDE samplers for GRPO on a rectified-flow video model: stateless fp32 math on an explicit sigma schedule.
 
 ``step(sde_type, ...)`` draws a rollout transition or re-scores a stored one; ``SDE_KERNELS`` is the one table
-from ``sde_type`` to its kernel (one file per type); ``grad_balance_scales`` is the per-step equalizer.
+from ``sde_type`` to its kernel (one file per type); the per-step equalizer built on them is
+:mod:`sage_grpo.rl.grad_balance`.
 """
 from sage_grpo.sde.base import SDEKernel, SDEStepOutput, StepSigmas
-from sage_grpo.sde.grad_balance import grad_balance_scales, grad_norm_proxies
 from sage_grpo.sde.registry import SDE_KERNELS, SDE_TYPES, get_kernel
 from sage_grpo.sde.schedule import check_schedule, shifted_sigmas, timesteps_from_sigmas
 from sage_grpo.sde.step import step
@@ -17,8 +17,6 @@ __all__ = [
     "StepSigmas",
     "check_schedule",
     "get_kernel",
-    "grad_balance_scales",
-    "grad_norm_proxies",
     "shifted_sigmas",
     "step",
     "timesteps_from_sigmas",

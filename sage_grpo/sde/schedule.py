@@ -11,8 +11,7 @@ run, it is not called inside ``step`` because it reads tensor values.
 import torch
 from torch import Tensor
 
-from sage_grpo.sde.base import StepSigmas
-from sage_grpo.sde.registry import get_kernel
+from sage_grpo.sde.base import SDEKernel, StepSigmas
 
 NUM_TRAIN_TIMESTEPS = 1000  # t = 1000·σ is what the transformer receives
 
@@ -36,14 +35,13 @@ def all_step_sigmas(sigmas: Tensor) -> StepSigmas:
     return StepSigmas(schedule[:-1], schedule[1:], schedule[1])
 
 
-def check_schedule(sde_type: str, sigmas: Tensor, eta: float) -> None:
-    """ValueError unless ``sigmas`` is a usable schedule for ``sde_type`` at noise level ``eta``.
+def check_schedule(kernel: SDEKernel, sigmas: Tensor, eta: float) -> None:
+    """ValueError unless ``sigmas`` is a usable schedule for ``kernel`` at noise level ``eta``.
 
     Requires 1 >= σ_0 > σ_1 > ... > σ_N >= 0 (so σ_k > 0 wherever the score divides by σ²) and, for the types
     whose log density divides by the noise variance, a finite positive noise std at every step: this rejects
     η = 0 and sage schedules whose σ' exceeds the 1 − 3e-3 clamp.
     """
-    kernel = get_kernel(sde_type)
     if sigmas.ndim != 1 or sigmas.numel() < 2:
         raise ValueError(f"sigmas must be a (N+1,) schedule with N >= 1, got shape {tuple(sigmas.shape)}")
     steps = all_step_sigmas(sigmas)
@@ -56,6 +54,6 @@ def check_schedule(sde_type: str, sigmas: Tensor, eta: float) -> None:
     bad_steps = (~(torch.isfinite(noise_std) & (noise_std > 0))).nonzero().flatten().tolist()
     if bad_steps:
         raise ValueError(
-            f"{sde_type} with eta={eta} has no positive finite noise std at steps {bad_steps}; "
+            f"{kernel.name} with eta={eta} has no positive finite noise std at steps {bad_steps}; "
             "use eta > 0 and (for sage_grpo) fewer steps or a smaller shift"
         )

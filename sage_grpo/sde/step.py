@@ -23,8 +23,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from sage_grpo.sde.base import SDEStepOutput, StepSigmas, pred_x0
-from sage_grpo.sde.registry import get_kernel
+from sage_grpo.sde.base import SDEKernel, SDEStepOutput, StepSigmas, pred_x0
 
 Generators = Union[None, torch.Generator, Sequence[torch.Generator]]
 
@@ -66,7 +65,7 @@ def _per_sample(coef: Tensor, index: Union[int, Tensor]) -> Tensor:
 
 
 def step(
-    sde_type: str,
+    kernel: SDEKernel,
     model_output: Tensor,
     sample: Tensor,
     sigmas: Tensor,
@@ -78,7 +77,10 @@ def step(
     deterministic: bool = False,
     sde_solver: bool = True,
 ) -> SDEStepOutput:
-    """One transition x_k -> x_{k+1} of ``sde_type`` and the log density of x_{k+1}.
+    """One transition x_k -> x_{k+1} of ``kernel`` and the log density of x_{k+1}.
+
+    kernel: the SDE, resolved once from its name by the caller (``sde.get_kernel``; the ``Sampler`` holds it), so
+    no step looks it up.
 
     model_output: (B, ...) CFG-combined velocity v; sample: (B, ...) current latent x (any float dtype).
     sigmas: (N+1,) schedule; index: step k, an int or a (B,) integer tensor; eta: noise level η.
@@ -86,7 +88,6 @@ def step(
     deterministic: x' = x + dt·v (plain Euler), log_prob still taken w.r.t. the SDE mean.
     sde_solver: include the score (Itô) correction in μ; only sage_grpo and dance_grpo use it.
     """
-    kernel = get_kernel(sde_type)
     if model_output.shape != sample.shape or sample.ndim < 2:
         raise ValueError(
             f"model_output {tuple(model_output.shape)} and sample {tuple(sample.shape)} must be equal (B, ...)"

@@ -98,11 +98,11 @@ def sliced_w2(a: torch.Tensor, b: torch.Tensor, num_projections: int = 64, seed:
     return float((pa - pb).pow(2).mean().sqrt())
 
 
-def sde_step(mixture: GaussianMixture, sde_type: str, eta: float, sigmas: torch.Tensor, index: int,
+def sde_step(mixture: GaussianMixture, kernel: sde.SDEKernel, eta: float, sigmas: torch.Tensor, index: int,
              x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """x_{k+1} from x_k with the exact velocity and the project's SDE kernel (the one the GRPO rollout uses)."""
     velocity = mixture.velocity(x, float(sigmas[index])).float()
-    return sde.step(sde_type, velocity, x.float(), sigmas, index, eta, generator=generator).prev_sample.double()
+    return sde.step(kernel, velocity, x.float(), sigmas, index, eta, generator=generator).prev_sample.double()
 
 
 def noise_std_per_step(sde_type: str, eta: float, sigmas: torch.Tensor) -> List[float]:
@@ -119,11 +119,11 @@ def one_step_variance_errors(mixture: GaussianMixture, sde_type: str, eta: float
     In those coordinates every component has mean 0 and std s, so the exact marginal there is N(0, that variance)
     whatever the responsibilities; the many coordinates x samples make the estimate sharp (~1/sqrt(14 num)).
     """
-    errors = []
+    errors, kernel = [], sde.get_kernel(sde_type)
     for k in range(sigmas.numel() - 1):
         generator = torch.Generator().manual_seed(seed + k)
         start = mixture.marginal_sample(float(sigmas[k]), num, generator)
-        stepped = sde_step(mixture, sde_type, eta, sigmas, k, start, generator)
+        stepped = sde_step(mixture, kernel, eta, sigmas, k, start, generator)
         sigma_next = float(sigmas[k + 1])
         exact = (1 - sigma_next) ** 2 * OFF_MANIFOLD_STD**2 + sigma_next**2
         errors.append(float(stepped[:, mixture.manifold_dims:].pow(2).mean()) / exact - 1)
@@ -135,11 +135,12 @@ def terminal_errors(mixture: GaussianMixture, sde_type: Optional[str], eta: floa
     """Sample from σ = 1 to 0 (``sde_type`` None: the deterministic Euler ODE) and compare with the data."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(num, mixture.dim, generator=generator, dtype=torch.float64)
+    kernel = None if sde_type is None else sde.get_kernel(sde_type)
     for k in range(sigmas.numel() - 1):
         if sde_type is None:
             x = x + float(sigmas[k + 1] - sigmas[k]) * mixture.velocity(x, float(sigmas[k]))
         else:
-            x = sde_step(mixture, sde_type, eta, sigmas, k, x, generator)
+            x = sde_step(mixture, kernel, eta, sigmas, k, x, generator)
     data = mixture.sample(num, generator)
     return {"sliced_w2": sliced_w2(x, data), "off_manifold_rms": mixture.off_manifold_rms(x),
             "data_off_manifold_rms": mixture.off_manifold_rms(data)}

@@ -17,7 +17,7 @@ range and the plain background. The minimisation is a small search:
    those constraints.
 
 A rendered video scores ~1e-3 (the refinement's precision); noise, blur, a tint, a second blob or broken motion score
-clearly higher (``tests/test_toy.py`` checks each). The fitted factors come back with the error, so rewards can be
+clearly higher (``tests/unit/test_toy.py`` checks each). The fitted factors come back with the error, so rewards can be
 defined on them ("the disk is large") while the error shows whether a reward was earned on the manifold or off it.
 """
 

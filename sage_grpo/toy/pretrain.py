@@ -38,7 +38,7 @@ from sage_grpo.models.layout import DEFAULT_TRANSFORMER_VERSION, SCHEDULER, TEXT
 from sage_grpo.models.loading import load_components
 from sage_grpo.models.text_encoding import PromptEncoder, TextEncoderSettings
 from sage_grpo.models.tiny import write_tiny_hunyuan, write_variant_configs
-from sage_grpo.pipeline.rollout import rollout
+from sage_grpo.pipeline.sampler import Sampler
 from sage_grpo.pipeline.velocity import cfg_velocity
 from sage_grpo.toy import world
 from sage_grpo.toy.manifold import fit_manifold, prompt_adherence
@@ -91,7 +91,7 @@ def toy_corpus() -> str:
 
 def _eta(done: int, total: int, started: float) -> str:
     """``, eta 1m05s`` for the steps left of a training phase at its pace so far ("" once it is done)."""
-    from sage_grpo.tracking import eta_text
+    from sage_grpo.tracking.run_dir import eta_text
 
     return f", {eta_text(done, total, time.perf_counter() - started)}" if done < total else ""
 
@@ -224,10 +224,10 @@ def _summary(videos: torch.Tensor, prompts: Sequence[str]) -> Dict[str, float]:
 def sample_toy(transformer, vae, encoder: PromptEncoder, prompts: Sequence[str], seeds: Sequence[int], *,
                num_steps: int, guidance_scale: float) -> torch.Tensor:
     """ODE samples (B, 3, F, H, W) in [0, 1] with the GRPO loop's sampler (deterministic steps)."""
-    return rollout(transformer, vae, encoder.encode(list(prompts)), list(seeds), num_steps=num_steps,
-                   shift=TOY_FLOW_SHIFT, guidance_scale=guidance_scale, num_frames=world.NUM_FRAMES,
-                   height=world.HEIGHT, width=world.WIDTH, deterministic=True, micro_batch_size=len(seeds),
-                   num_image_tokens=TOY_IMAGE_TOKENS).videos
+    sampler = Sampler.euler(num_steps, TOY_FLOW_SHIFT, guidance_scale, micro_batch_size=len(seeds),
+                            num_image_tokens=TOY_IMAGE_TOKENS)
+    return sampler.rollout(transformer, vae, encoder.encode(list(prompts)), list(seeds), num_frames=world.NUM_FRAMES,
+                           height=world.HEIGHT, width=world.WIDTH, deterministic=True).videos
 
 
 @torch.no_grad()

@@ -27,9 +27,8 @@ from sage_grpo.config import TrainConfig
 from sage_grpo.config.schema import from_dict, load_yaml
 from sage_grpo.config.validation import validation_flow_shift
 from sage_grpo.models.loading import load_transformer
-from sage_grpo.pipeline.replay import replay_step
-from sage_grpo.pipeline.rollout import rollout
-from sage_grpo.tracking import manifold_error_key, read_metrics, summarize_run
+from sage_grpo.pipeline.sampler import Sampler
+from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics, summarize_run
 from sage_grpo.toy.manifold import fit_manifold, prompt_adherence
 
 KL_YARDSTICK = ("sage_grpo", 0.5)  # the common SDE under which every run's KL to the pretrained model is measured
@@ -75,18 +74,16 @@ def path_kl(policy, pretrained, bundle, prompts: Sequence[str], seeds: Sequence[
     sum_k E[ |mu_policy,k - mu_pretrained,k|^2 ] / (2 n_k^2), averaged over latent elements.
     """
     sde_type, eta = KL_YARDSTICK
-    sigmas = sde.shifted_sigmas(cfg.grpo_sampling_steps, cfg.infer_flow_shift_video)
+    sampler = Sampler.build(sde_type, eta, cfg.grpo_sampling_steps, cfg.infer_flow_shift_video, cfg.cfg_scale,
+                            micro_batch_size=len(seeds), num_image_tokens=cfg.vision_num_semantic_tokens)
     embeds = bundle.encode(list(prompts))
-    out = rollout(policy, bundle.vae, embeds, list(seeds), sde_type=sde_type, eta=eta, guidance_scale=cfg.cfg_scale,
-                  num_frames=cfg.sample_n_frames, height=cfg.rollout_height, width=cfg.rollout_width, sigmas=sigmas,
-                  micro_batch_size=len(seeds), decode=False, num_image_tokens=cfg.vision_num_semantic_tokens)
+    out = sampler.rollout(policy, bundle.vae, embeds, list(seeds), num_frames=cfg.sample_n_frames,
+                          height=cfg.rollout_height, width=cfg.rollout_width, decode=False)
     total = 0.0
-    for k in range(sigmas.numel() - 1):
+    for k in range(sampler.num_steps):
         x, x_next = out.latents[:, k], out.latents[:, k + 1]
-        common = dict(sde_type=sde_type, eta=eta, guidance_scale=cfg.cfg_scale,
-                      num_image_tokens=cfg.vision_num_semantic_tokens)
-        mine = replay_step(policy, x, x_next, sigmas, k, embeds, **common)
-        theirs = replay_step(pretrained, x, x_next, sigmas, k, embeds, **common)
+        mine = sampler.replay(policy, x, x_next, k, embeds)
+        theirs = sampler.replay(pretrained, x, x_next, k, embeds)
         total += float(((mine.mean - theirs.mean) ** 2).mean() / (2 * mine.noise_std ** 2))
     return total
 

@@ -9,7 +9,7 @@ import yaml
 
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.schema import parse_cli, save_yaml
-from sage_grpo.model_card import model_card
+from sage_grpo.export.model_card import model_card
 from sage_grpo.models import revisions
 
 REPO, OTHER = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v", "KwaiVGI/VideoReward"

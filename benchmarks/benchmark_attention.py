@@ -1,0 +1,101 @@
+"""Time the transformer's forward + backward with our joint attention (text trimmed to the longest valid length, a
+key-padding mask or none; ``sage_grpo/models/attention.py``) on each attention backend, against diffusers' own
+processor with its dense (B, 1, S, S) mask over the padded joint sequence (issue 13, item 8).
+
+    python benchmarks/benchmark_attention.py [--geometry toy] [--blocks N] [--backends native,_native_math]
+    python benchmarks/benchmark_attention.py --geometry real --blocks 4 --device cuda --dtype bf16        # GPU
+
+One pass is the policy update's: ``cfg_velocity`` on ``--batch`` samples with CFG (negative and positive prompts in
+one 2B-row forward, of different valid lengths, so a key mask remains; ``--guidance_scale 1`` runs the positive rows
+alone and needs no mask) and the backward of a scalar of the velocity. The prompts are synthetic embeddings with the
+geometry's valid lengths (``real``: 200 of 1000 MLLM and 16 of 256 byT5 slots positive, 8 and 0 negative; the 729
+t2v image slots are never valid). ``--blocks`` sets the depth (1: about one block's cost).
+
+Backends: by default those of diffusers' dispatcher that are usable here (the CPU: ``native``, ``_native_math``; a
+GPU adds the native flash / efficient / cuDNN kernels and ``flash``, ``flash_varlen``, ``_flash_3``, ``sage``,
+``xformers`` where their packages import). A backend that takes no mask runs a masked batch on its varlen sibling or
+native SDPA (``attention.py``). Prints each time, the ratio dense / ours, the largest velocity difference to the
+dense run, and the dense mask each block call no longer allocates: B x S x S bytes (bool).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import common as bench  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    bench.add_model_args(parser, geometry="toy")
+    parser.add_argument("--batch", type=int, default=1, help="samples per pass")
+    parser.add_argument("--guidance_scale", type=float, default=6.0, help="> 1: CFG (2B rows, a key mask)")
+    parser.add_argument("--backends", default=None,
+                        help="comma-separated backends to time (default: every usable one of the device)")
+    parser.add_argument("--gradient_checkpointing", action="store_true", help="checkpoint the dual-stream blocks")
+    return parser.parse_args(argv)
+
+
+def timed(label: str, call: bench.VelocityCall, setup: bench.BenchSetup):
+    """(seconds, velocity) of the pass, or None after printing why it could not run."""
+    try:
+        with torch.no_grad():
+            velocity = call.forward()
+        return bench.best_time(call.training_pass, setup), velocity
+    except (RuntimeError, ValueError) as err:  # torch.OutOfMemoryError is a RuntimeError
+        call.transformer.zero_grad(set_to_none=True)
+        if setup.device.type == "cuda":
+            torch.cuda.empty_cache()
+        reason = "out of memory" if isinstance(err, torch.OutOfMemoryError) else str(err).splitlines()[0][:160]
+        print(f"{label}: failed ({reason})")
+        return None
+
+
+def main(argv=None) -> None:
+    from sage_grpo.models.attention import install_joint_attention, remove_joint_attention
+
+    args = parse_args(argv)
+    setup = bench.setup_from_args(args)
+    backends, skipped = bench.usable_backends(args.backends, setup.device)
+    transformer, vae = bench.build_models(setup)
+    if args.gradient_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    transformer.train()
+    call = bench.VelocityCall.build(setup, transformer, vae, args.batch, args.guidance_scale)
+    geometry = setup.geometry
+    dense_tokens = bench.image_tokens(geometry, setup.video) + bench.text_tokens(geometry, (0, 0), trimmed=False)
+    valid = [geometry.prompt_valid] + ([geometry.negative_valid] if args.guidance_scale > 1.0 else [])
+    trimmed_tokens = bench.image_tokens(geometry, setup.video) + max(sum(v) for v in valid)
+    mask_bytes = call.rows * dense_tokens ** 2
+    print(setup.describe())
+    print(f"{call.rows} rows per forward; joint sequence {dense_tokens} tokens padded (diffusers), {trimmed_tokens} "
+          f"trimmed (ours); best of {setup.repeats}" + (", checkpointing" if args.gradient_checkpointing else ""))
+    print(f"dense mask avoided: {call.rows} x {dense_tokens} x {dense_tokens} bool = {mask_bytes / 2 ** 20:.1f} MiB "
+          f"per block call, {geometry.num_layers} block calls per forward")
+    if skipped:
+        print(f"not usable here: {', '.join(skipped)}")
+
+    remove_joint_attention(transformer)
+    baseline = timed("dense mask (diffusers' processor)", call, setup)
+    install_joint_attention(transformer, setup.attention_backend)
+    if baseline is None:
+        return
+    dense_s, dense_v = baseline
+    print(f"dense mask (diffusers' processor): {dense_s:.4f} s")
+    for backend in backends:
+        install_joint_attention(transformer, backend)
+        result = timed(f"joint attention, {backend}", call, setup)
+        if result is not None:
+            seconds, velocity = result
+            difference = (velocity.float() - dense_v.float()).abs().max().item()
+            print(f"joint attention, {backend}: {seconds:.4f} s, ratio dense / ours {dense_s / seconds:.2f}, "
+                  f"max |velocity difference| {difference:.2e}")
+    install_joint_attention(transformer, setup.attention_backend)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""``--reward_weights`` and the reward registry's other JSON-dict flags, parsed once: config validation checks the
+flag with the same parser the reward registry (:mod:`sage_grpo.rewards.registry`) builds the composite with."""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+
+def json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
+    """A dict given directly or as a JSON string (an empty string is an empty dict)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{label} is not valid JSON ({exc}): {value!r}; e.g. '{example}'") from exc
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{label} must be a dict (or its JSON), got {value!r}; e.g. '{example}'")
+    return value
+
+
+def parse_reward_weights(value: Mapping | str | None) -> dict[str, float] | None:
+    """``--reward_weights`` as a dict of metric -> weight (JSON strings are parsed); None stays None.
+
+    The one parser of the flag: config validation checks the flag with it and the reward registry builds with it. An
+    empty string is the empty dict, which selects the model's fallback weights (the reference's rule, see
+    :func:`sage_grpo.rewards.registry.build_reward_fn`); None its default weights.
+    """
+    if value is None:
+        return None
+    return number_dict(json_dict(value, "reward_weights", '{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}'), "reward_weights")
+
+
+def number_dict(value: Mapping, label: str) -> dict[str, float]:
+    out = {}
+    for key, weight in value.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ValueError(f"{label}[{key!r}] must be a number, got {weight!r}")
+        out[str(key)] = float(weight)
+    return out

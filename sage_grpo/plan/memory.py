@@ -1,0 +1,426 @@
+"""Memory plan of a launch: what lives on each GPU, phase by phase, and the placement decisions the ``auto`` flags
+leave to it.
+
+    python -m sage_grpo.plan --world_size 8 --gpu_memory_gb 80 <post_train.py flags>
+
+prints (:mod:`sage_grpo.plan.report`) the per-GPU bytes by component for each phase of a step, the largest
+``--batch_size``, ``--mini_batch_size_per_update`` and ``--sample_n_frames`` that fit, and ends with
+``peak per GPU: <GB> GB``.
+``post_train.py`` runs the same plan before any model loads on CUDA devices and refuses a launch that does not fit
+(``--ignore_memory_plan true`` goes on).
+
+Units: GB here is 2^30 bytes, the unit ``torch.cuda`` reports (an "80 GB" H100 holds 79.2 of them).
+
+**Model sizes** are exact (counted on the ``meta`` device) and the activation and decode formulas are counted save
+by save, in :mod:`sage_grpo.plan.sizes`; this module turns them into bytes per GPU and decides the placements.
+
+**Symbols** (per GPU): P transformer parameters, P_g those that get a gradient (all but the last block's unused
+text-stream outputs), P_mat the trained 2-D matrices (Muon), P_blk one dual-stream block, P_root
+the parameters of the root FSDP unit (embedders, output layers); W world size, Z = W / dp_replicate the FSDP shard
+degree (1 without FSDP), sp the Ulysses degree; m, g, c the bytes of the master dtype (``--master_weight_type``),
+of the all-gathered compute weights and of ``--dtype``; a = c bytes per activation element, times
+``AUTOCAST_ACTIVATION_FACTOR`` (measured) when the forward runs under autocast; b the samples per transformer call
+(``--mini_batch_size_per_update``, doubled when ``--cfg_scale`` > 1: both CFG branches run in one call).
+Tokens: L latent tokens of a video, n = L / sp image tokens per SP rank, T = L_mllm + L_byt5 + L_image text tokens
+(replicated on every SP rank), S = L + T the attention sequence; D hidden, F MLP hidden, H heads, h_d head dim.
+
+**Components** (each a formula below): policy weights P·m/Z (they are the master weights: no second copy); Muon
+momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients P_g·m/Z sharded (``per_backward``) or P_g·4
+unsharded fp32 held across an update's backwards (``per_update``); FSDP's gathered units in flight P_root·g +
+2·P_blk·g (the unit computing and the one prefetched) plus one block's unsharded fp32 gradient; autocast copies
+P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under
+autocast on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save
+by save and checked against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's
+bf16 shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while
+encoding when offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP
+leaders.
+
+**Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train
+(forward + backward), decode + reward, validation (sampling, decode). The peak is the largest phase.
+
+**Auto decisions** on CUDA (:func:`plan_launch`), each keeping ``MARGIN`` of the GPU free: the reference's shards
+stay on the device when the plan fits with them there (no host transfers), else go to the CPU if
+``--reference_mode_offload`` allows it (the reference's own switch for offloading; without it the plan reports that
+the launch does not fit and names ``--reference_placement cpu``); then gradients are reduced once per update when the
+plan still fits with the unsharded fp32 gradients held, else after every backward. Tiling: ``--vae_tiling auto``
+tiles decodes above
+:data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. On a CPU device there is no GPU budget: a sharded full fine-tune
+reduces per backward and the reference stays where the model is.
+"""
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+from sage_grpo.config import TrainConfig
+from sage_grpo.config.validation import rollout_size, validation_size
+from sage_grpo.models.placement import Placement
+from sage_grpo.plan.sizes import (ModelSizes, no_grad_block_elements, read_model_sizes,
+                                  text_token_count, training_activation_elements, vae_decode_bytes, video_token_count)
+
+GIB = 2 ** 30
+MARGIN = 0.10  # share of the GPU the auto decisions leave free: allocator fragmentation, NCCL buffers, the unplanned
+RUNTIME_OVERHEAD_GIB = 2.0  # CUDA context (~0.5 GB), NCCL/gloo buffers and the caching allocator's slack
+DEFAULT_GPU_MEMORY_GIB = 80.0  # the CLI's budget when neither --gpu_memory_gb nor a GPU gives one
+# Under autocast (bf16 compute on fp32 weights) norms, softmax statistics and some products stay fp32, so a forward
+# saves more than its element count times 2 bytes: measured 1.30x without and 1.17x with checkpointing on the tiny
+# model under CPU autocast (tests/unit/test_plan.py). Activation bytes are elements x c x this factor under autocast.
+AUTOCAST_ACTIVATION_FACTOR = 1.25
+REWARD_FRAME_PIXELS, REWARD_FPS = 240 * 320, 2.0  # VideoAlign's max_frame_pixels and fps defaults
+REWARD_PATCH, REWARD_MERGE = 14, 2  # Qwen2-VL: 14-pixel patches, 2x2 of them merged into one token
+REWARD_TEXT_TOKENS = 256  # the prompt template and prompt around the video tokens
+
+
+# ====================================================================== the plan
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    bytes: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    components: Tuple[Component, ...]
+
+    @property
+    def bytes(self) -> float:
+        return sum(c.bytes for c in self.components)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-GPU bytes of every phase of a step for one placement; ``peak`` is the largest phase."""
+
+    phases: Tuple[Phase, ...]
+    placement: Placement
+    gpu_memory_gib: float
+    notes: Tuple[str, ...] = ()
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.bytes)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak.bytes / GIB
+
+    def fits(self, margin: float = 0.0) -> bool:
+        return self.peak_gib <= self.gpu_memory_gib * (1.0 - margin)
+
+    def phase(self, name: str) -> Optional[Phase]:
+        return next((p for p in self.phases if p.name == name), None)
+
+    def table(self, phase: Optional[Phase] = None) -> str:
+        """``phase`` (default: the peak) component by component, then every phase's total."""
+        phase = phase or self.peak
+        title = f"{phase.name} phase{', the peak' if phase is self.peak else ''}"
+        lines = [f"| component ({title}) | GB | note |", "|---|---:|---|"]
+        lines += [f"| {c.name} | {c.bytes / GIB:.2f} | {c.note} |" for c in phase.components if c.bytes]
+        lines += [f"| **total** | **{phase.bytes / GIB:.2f}** | |"]
+        lines += ["", "| phase | GB per GPU |", "|---|---:|"]
+        lines += [f"| {p.name}{' (peak)' if p is self.peak else ''} | {p.bytes / GIB:.2f} |" for p in self.phases]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The numbers every formula needs, decided once from the configuration."""
+
+    cfg: TrainConfig
+    sizes: ModelSizes
+    world_size: int
+    shard: int  # Z
+    sp: int
+    master: int  # m
+    gathered: int  # g
+    compute: int  # c
+    activation: float  # bytes per activation element: c, times AUTOCAST_ACTIVATION_FACTOR under autocast
+    autocast_copies: bool
+    separate_reference: bool
+    trainable: int  # P_g
+    offload_encoders: bool
+
+
+def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: str) -> _Layout:
+    from sage_grpo.distributed.parallelize import policy_param_dtype
+    from sage_grpo.dtypes import DTYPES, autocast_dtype_of
+    from sage_grpo.rl import kl_mode_of
+
+    sharded = cfg.enable_fsdp and world_size > 1
+    t = sizes.transformer
+    gathered = policy_param_dtype(cfg).itemsize if sharded else DTYPES[cfg.master_weight_type].itemsize
+    compute = DTYPES[cfg.dtype].itemsize
+    # P_g: parameters that get a gradient (and optimizer state)
+    trainable = cfg.lora_r * (t.lora_width - t.unused_lora_width) if cfg.use_lora else t.num_params - t.unused_params
+    autocast = autocast_dtype_of(cfg) is not None  # the transformer's forward runs under autocast
+    return _Layout(
+        cfg=cfg, sizes=sizes, world_size=world_size, shard=world_size // cfg.dp_replicate if sharded else 1,
+        sp=cfg.sp_size, master=DTYPES[cfg.master_weight_type].itemsize, gathered=gathered, compute=compute,
+        activation=compute * (AUTOCAST_ACTIVATION_FACTOR if autocast else 1.0),
+        autocast_copies=autocast and not cfg.use_lora and compute < gathered,
+        separate_reference=kl_mode_of(cfg).uses_reference and not cfg.use_lora,
+        trainable=trainable, offload_encoders=cfg.offload_text_encoders and device_type != "cpu")
+
+
+def _resident(lay: _Layout, placement: Placement) -> List[Component]:
+    """What stays on the GPU through every phase."""
+    cfg, t, z = lay.cfg, lay.sizes.transformer, lay.shard
+    out = []
+    if cfg.use_lora:
+        out.append(Component("policy weights (frozen base + LoRA)", (t.num_params * lay.compute + lay.trainable
+                                                                     * lay.master) / z,
+                             f"P·c/Z + r·Σ(in+out)·m/Z, Z = {z}"))
+    else:
+        out.append(Component("policy weights = fp32 master shards" if lay.master == 4 else "policy weight shards",
+                             t.num_params * lay.master / z, f"P·m/Z = {_count_text(t.num_params)}·{lay.master}/{z}"))
+    if cfg.use_muon:
+        matrices = lay.trainable if cfg.use_lora else t.num_matrix_params
+        out.append(Component("optimizer: Muon momentum", matrices * lay.master / z, "P_mat·m/Z (2-D weights)"))
+        out.append(Component("optimizer: AdamW moments", 2 * (lay.trainable - matrices) * lay.master / z,
+                             "2·(P_g − P_mat)·m/Z (biases, norms, the patch conv)"))
+    else:
+        out.append(Component("optimizer: AdamW moments", 2 * lay.trainable * lay.master / z, "2·P_g·m/Z"))
+    if lay.separate_reference and not placement.reference_on_cpu:
+        out.append(Component("reference (KL anchor) shards", t.num_params * lay.compute / z, "P·c/Z, on the device"))
+    out.append(Component("VAE weights", lay.sizes.vae_params * lay.compute, "resident in --dtype"))
+    if cfg.reward_model == "videoalign_local":
+        out.append(Component("reward model (SP leaders)", lay.sizes.reward_params * 2, "VideoAlign in bf16"))
+    if not lay.offload_encoders:
+        out.append(_encoder_weights(lay, "resident (--offload_text_encoders false)"))
+    if _gradients_persist(cfg):
+        out.append(_gradients(lay, placement, "kept across the accumulation window's rollouts"))
+    out.append(Component("runtime overhead", RUNTIME_OVERHEAD_GIB * GIB, "CUDA context, NCCL buffers, allocator slack"))
+    return out
+
+
+def _count_text(count: int) -> str:
+    return f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count / 1e6:.1f}M"
+
+
+def _encoder_weights(lay: _Layout, note: str) -> Component:
+    return Component("text encoders (Qwen2.5-VL + byT5)",
+                     (lay.sizes.text_encoder_params + lay.sizes.byt5_params) * lay.compute, note)
+
+
+def _gradients_persist(cfg: TrainConfig) -> bool:
+    """Gradients outlive the training phase when an update spans several rollout batches."""
+    return cfg.gradient_accumulation_steps > 1
+
+
+def _gradients(lay: _Layout, placement: Placement, note: str = "") -> Component:
+    if lay.shard > 1 and not placement.reduce_per_backward:
+        return Component("gradients (unsharded, held per update)", lay.trainable * 4,
+                         f"P_g·4: fp32, reduced once per update {note}".strip())
+    return Component("gradients (sharded)" if lay.shard > 1 else "gradients", lay.trainable * lay.master / lay.shard,
+                     f"P_g·m/Z {note}".strip())
+
+
+def _gathered_units(lay: _Layout, dtype_bytes: int, with_gradient: bool) -> List[Component]:
+    """FSDP's unsharded units in flight: the root (kept through forward and backward), the block computing and the
+    one prefetched, and in the backward one block's unsharded fp32 gradient before its reduce-scatter."""
+    t = lay.sizes.transformer
+    if lay.shard == 1:
+        return []
+    out = [Component("FSDP gathered units", (t.root_params + 2 * t.block_params) * dtype_bytes,
+                     f"(P_root + 2·P_blk)·{dtype_bytes}")]
+    if with_gradient:
+        out.append(Component("FSDP unsharded block gradient", t.block_params * 4, "P_blk·4 before reduce-scatter"))
+    return out
+
+
+def _autocast(lay: _Layout) -> List[Component]:
+    if not lay.autocast_copies:
+        return []
+    return [Component("autocast bf16 weight copies", lay.sizes.transformer.num_params * lay.compute,
+                      "P·2: autocast caches a bf16 cast of each fp32 weight for the whole forward")]
+
+
+def _calls(cfg: TrainConfig) -> int:
+    """b: samples per transformer call (both CFG branches in one call)."""
+    return cfg.mini_batch_size_per_update * (2 if cfg.cfg_scale > 1 else 1)
+
+
+def _no_grad_forward(lay: _Layout, name: str, video_tokens: int) -> Component:
+    t, b = lay.sizes.transformer, _calls(lay.cfg)
+    elements = no_grad_block_elements(t, video_tokens, text_token_count(lay.cfg), lay.sp)
+    return Component(name, b * elements * lay.activation, f"b·[(n+T)(4D+2F) + 4SD/sp + S²]·a, b = {b}, S = "
+                     f"{video_tokens + text_token_count(lay.cfg)}")
+
+
+def _vae_decode(lay: _Layout, placement: Placement, frames: int, height: int, width: int, name: str) -> Component:
+    """Decode of one video (:func:`vae_decode_bytes`) and the fp32 copy of it that ``decode_latents`` makes."""
+    tiled = placement.tile(frames, height, width)
+    decode = vae_decode_bytes(lay.sizes.vae_config, frames, height, width, lay.compute, tiled)
+    formula = "max(6·C·F·256² + tiles so far, tiles + 2 videos)·c" if tiled else "6·C·F·H·W·c"
+    return Component(f"{name} ({'tiled' if tiled else 'untiled'})", decode + 3 * frames * height * width * 4,
+                     f"{formula}, {frames}×{height}×{width}")
+
+
+def _reward_forward(lay: _Layout) -> Component:
+    """VideoAlign on ``--reward_batch_size`` videos: one layer's activations over the video and text tokens."""
+    from sage_grpo.rewards.video_preprocess import num_sampled_frames
+
+    cfg = lay.cfg
+    if cfg.reward_model != "videoalign_local":
+        return Component("reward forward", 0.0)
+    hidden, intermediate = lay.sizes.reward_shape
+    try:
+        frames = num_sampled_frames(cfg.sample_n_frames, cfg.video_fps, fps=REWARD_FPS)
+    except ValueError:  # a video too short to sample: the reward sees it whole
+        frames = cfg.sample_n_frames
+    video_tokens = frames // 2 * REWARD_FRAME_PIXELS // (REWARD_PATCH * REWARD_MERGE) ** 2
+    tokens = cfg.reward_batch_size * (video_tokens + REWARD_TEXT_TOKENS)
+    return Component("reward forward (SP leaders)", tokens * (4 * hidden + 3 * intermediate) * 2,
+                     f"B_r·tokens·(4h + 3i)·2, {tokens} tokens")
+
+
+def _encode(lay: _Layout) -> Component:
+    """Prompt encoding of a step's prompts (+ the negative): every hidden state of the MLLM is returned (the
+    pipeline takes the third from last), plus one layer's transient."""
+    layers, hidden, intermediate = lay.sizes.text_encoder_shape
+    prompts = lay.cfg.batch_size + 1
+    tokens = text_token_count(lay.cfg)
+    return Component("prompt encoding activations", prompts * tokens * ((layers + 1) * hidden
+                     + 4 * hidden + 3 * intermediate) * lay.compute, "prompts·tokens·((layers+1)·h + 4h + 3i)·c")
+
+
+def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory_gib: float,
+                placement: Placement, device_type: str = "cuda") -> MemoryPlan:
+    """The per-GPU plan of ``cfg`` on ``world_size`` GPUs for a fixed ``placement``."""
+    lay = _layout(cfg, sizes, world_size, device_type)
+    t = sizes.transformer
+    height, width = rollout_size(cfg)
+    tokens = video_token_count(sizes, cfg.sample_n_frames, height, width)
+    resident = _resident(lay, placement)
+    policy_units = _gathered_units(lay, lay.gathered, with_gradient=False)
+    phases = []
+    if lay.offload_encoders:
+        phases.append(Phase("encode", tuple(resident + [_encoder_weights(lay, "on the GPU only while encoding"),
+                                                        _encode(lay)])))
+    latents = cfg.batch_size * (cfg.grpo_sampling_steps + 1) * sizes.vae_config["latent_channels"] * (
+        tokens * t.config["patch_size"] ** 2 * t.config["patch_size_t"]) * 4
+    trajectories = Component("rollout latents x_0..x_N", latents, "B·(N+1)·latent·4")
+    phases.append(Phase("rollout", tuple(resident + policy_units + _autocast(lay)
+                                         + [_no_grad_forward(lay, "rollout block activations", tokens),
+                                            trajectories])))
+    if lay.separate_reference:
+        if placement.reference_on_cpu:
+            ref_bytes = (2 * t.block_params + t.root_params if lay.shard > 1 else t.num_params) * lay.compute
+            ref = Component("reference from the CPU", ref_bytes, "its gathered units (whole model unsharded)")
+        else:
+            ref = Component("reference gathered units", (t.root_params + 2 * t.block_params) * lay.compute
+                            if lay.shard > 1 else 0.0, "(P_root + 2·P_blk)·c")
+        phases.append(Phase("reference", tuple(resident + [ref, trajectories,
+                                                           _no_grad_forward(lay, "reference block activations",
+                                                                            tokens)])))
+    b = _calls(cfg)
+    activation = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
+    train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)
+    if not _gradients_persist(cfg):
+        train.append(_gradients(lay, placement))
+    train += [trajectories, Component(
+        "activations" + (" (checkpointed)" if cfg.enable_gradient_checkpointing else ""),
+        b * activation * lay.activation,
+        f"b·(blocks·{'(n+T)·D + one block' if cfg.enable_gradient_checkpointing else 'block'} + outside)·a, "
+        f"b = {b}, n = {tokens // lay.sp}, T = {text_token_count(cfg)}, a = {lay.activation:g} B")]
+    phases.append(Phase("train", tuple(train)))
+    phases.append(Phase("decode + reward", tuple(resident + [
+        trajectories, _vae_decode(lay, placement, cfg.sample_n_frames, height, width, "VAE decode"),
+        _reward_forward(lay)])))
+    if cfg.validation_interval > 0 or cfg.validate_at_step0:
+        v_height, v_width = validation_size(cfg)
+        v_tokens = video_token_count(sizes, cfg.validate_video_length, v_height, v_width)
+        phases.append(Phase("validation sampling", tuple(
+            resident + policy_units + _autocast(lay) + [_no_grad_forward(lay, "validation block activations",
+                                                                         v_tokens)])))
+        phases.append(Phase("validation decode", tuple(resident + [_vae_decode(
+            lay, placement, cfg.validate_video_length, v_height, v_width, "validation VAE decode")])))
+    return MemoryPlan(tuple(phases), placement, gpu_memory_gib)
+
+
+# ====================================================================== decisions
+
+def _explicit(cfg: TrainConfig) -> Tuple[Optional[bool], Optional[bool]]:
+    """(reduce_per_backward, reference_on_cpu) the flags fix, None where ``auto``."""
+    per_backward = None if cfg.gradient_reduction == "auto" else cfg.gradient_reduction == "per_backward"
+    on_cpu = None if cfg.reference_placement == "auto" else cfg.reference_placement == "cpu"
+    return per_backward, on_cpu
+
+
+def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
+                sizes: Optional[ModelSizes] = None) -> MemoryPlan:
+    """The plan of ``cfg`` with its ``auto`` placements decided (see the module docstring)."""
+    sizes = sizes or sizes_of(cfg)
+    fixed_backward, fixed_cpu = _explicit(cfg)
+    sharded = cfg.enable_fsdp and world_size > 1
+
+    def plan(per_backward: bool, on_cpu: bool) -> MemoryPlan:
+        return plan_memory(cfg, sizes, world_size, gpu_memory_gib, Placement(per_backward, on_cpu, cfg.vae_tiling))
+
+    smallest_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
+    on_cpu = fixed_cpu
+    if on_cpu is None:
+        on_cpu = bool(cfg.reference_mode_offload and not plan(smallest_backward, False).fits(MARGIN))
+    per_backward = fixed_backward
+    if per_backward is None:
+        per_backward = sharded and not plan(False, on_cpu).fits(MARGIN)
+    return plan(per_backward, on_cpu)
+
+
+def sizes_of(cfg: TrainConfig) -> ModelSizes:
+    return read_model_sizes(str(cfg.pretrained_model_root), cfg.pretrained_transformer_version,
+                            cfg.reward_model == "videoalign_local")
+
+
+def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,
+                      plan: Optional[MemoryPlan] = None) -> Placement:
+    """The placement of ``cfg`` for a run whose policy is FSDP-``sharded`` (or not) on ``device_type``.
+
+    On CUDA the ``auto`` flags follow the memory plan (``plan``, or :func:`plan_launch` for this process group and
+    GPU). Without a GPU budget (a CPU device): gradients are reduced per backward for a sharded full fine-tune
+    (held unsharded fp32 gradients cost 4 bytes per parameter) and per update otherwise (LoRA gradients are small);
+    the reference stays with the model unless ``--reference_placement cpu``.
+    """
+    if plan is None and device_type == "cuda":
+        plan = plan_launch(cfg, launch_world_size(), device_memory_gib(cfg))
+    if plan is not None:
+        placement = plan.placement
+        return dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu and device_type != "cpu")
+    fixed_backward, fixed_cpu = _explicit(cfg)
+    per_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
+    on_cpu = bool(fixed_cpu)  # --reference_placement cpu is honoured on a CPU device too (FSDP's CPU offload)
+    return Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling)
+
+
+def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:
+    """The run's memory placement on ``device``, handed to the model builder."""
+    from sage_grpo.models.bundle import is_sharded_run
+
+    return resolve_placement(cfg, sharded=is_sharded_run(cfg), device_type=device.type)
+
+
+def launch_world_size() -> int:
+    """The processes of this launch: the process group's size, else ``$WORLD_SIZE``, else 1."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def device_memory_gib(cfg: TrainConfig) -> float:
+    """``--gpu_memory_gb``, else this process's GPU's memory, else :data:`DEFAULT_GPU_MEMORY_GIB`."""
+    if cfg.gpu_memory_gb is not None:
+        return cfg.gpu_memory_gb
+    if torch.cuda.is_available():
+        index = torch.device(cfg.device).index if cfg.device else None
+        if index is None:  # no --device, or a bare "cuda": this process's GPU, as resolve_device picks it
+            index = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.cuda.get_device_properties(index).total_memory / GIB
+    return DEFAULT_GPU_MEMORY_GIB

@@ -1,0 +1,298 @@
+"""Sizes the memory plan (:mod:`sage_grpo.plan.memory`) counts: the parameters of every model a run loads, and the
+elements of the activations and the VAE decode, as formulas of the configuration.
+
+**Model sizes** are exact: each model is instantiated on the ``meta`` device (no memory) from the configs under
+``--pretrained_model_root`` when it holds them, else from the known released configs (HunyuanVideo-1.5's
+transformer = diffusers' defaults, 54 blocks of hidden 2048, 8.33B; its VAE = diffusers' defaults, 1.26B; the
+Qwen2.5-VL-7B text model, 7.07B; the byT5-small glyph encoder, 0.22B; VideoAlign's Qwen2-VL-2B, 2.21B).
+
+**Activations** are counted in elements per sample on one SP rank (the plan multiplies by the bytes per element and
+the samples per call), save by save: :func:`block_saved_elements` for one dual-stream block,
+:func:`checkpointed_block_elements` for one under activation checkpointing, :func:`outside_saved_elements` for the
+embedders and output layers, :func:`no_grad_block_elements` for a no-grad forward; :func:`vae_decode_bytes` is the
+peak of a VAE decode. The symbols are those of :mod:`sage_grpo.plan.memory`'s docstring.
+"""
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from sage_grpo.config import TrainConfig
+
+# diffusers' HunyuanVideo-1.5 VAE tiles: 256-pixel squares overlapping by a quarter.
+VAE_TILE_PIXELS, VAE_TILE_OVERLAP = 256, 0.25
+# Tensors of (C_top, F, H, W) alive at once at the decoder's full-resolution stage (a resnet's input kept for the
+# residual, its norm's output and activation, the causally padded copy a conv reads, the conv's output, ...): measured
+# 6.0 with a live-storage tracker on the released decoder config (fp32, 5x32x32 and 9x32x64) and on the tiny VAE.
+VAE_DECODE_LIVE_TENSORS = 6
+
+# Released configs of the models whose folders are not under --pretrained_model_root (the transformer and the VAE
+# are diffusers' defaults, which are the released 480p/720p configs).
+REAL_TEXT_ENCODER_CONFIG = dict(  # Qwen2.5-VL-7B-Instruct's text model
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+    num_key_value_heads=4)
+REAL_BYT5_CONFIG = dict(  # Glyph-SDXL-v2's byT5-small encoder (1510 tokens: bytes plus glyph colour/font tokens)
+    vocab_size=1510, d_model=1472, d_ff=3584, num_layers=12, num_heads=6, d_kv=64, feed_forward_proj="gated-gelu",
+    is_encoder_decoder=False, use_cache=False)
+REAL_REWARD_CONFIG = dict(  # VideoAlign's base, Qwen2-VL-2B-Instruct
+    text_config=dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                     num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    vision_config=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14,
+                       spatial_merge_size=2, temporal_patch_size=2),
+    tie_word_embeddings=True)
+BYT5_PROJECTION_WIDTH = 2048  # HunyuanVideo15ByT5TextProjection's hidden width (fixed in diffusers)
+
+
+# ====================================================================== model sizes
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@dataclass(frozen=True)
+class TransformerSizes:
+    """Parameter counts and widths of a HunyuanVideo-1.5 transformer (counted on the meta device)."""
+
+    config: Dict
+    num_params: int  # P
+    num_matrix_params: int  # P_mat: the trained 2-D weights (Muon's)
+    block_params: int  # P_blk
+    refiner_params: int  # the text token refiner (its own FSDP unit)
+    lora_width: int  # sum of (in + out) over the Linear layers of the blocks: LoRA rank r trains r x this
+    # The last block's text-stream output layers (attn.to_add_out, ff_context): the model discards that stream's
+    # output, so they never get a gradient nor optimizer state. P_g = P - unused_params are the trained ones.
+    unused_params: int
+    unused_lora_width: int
+
+    @property
+    def root_params(self) -> int:  # P_root: what fully_shard(root) keeps
+        return self.num_params - self.config["num_layers"] * self.block_params - self.refiner_params
+
+    @property
+    def hidden(self) -> int:  # D
+        return self.config["num_attention_heads"] * self.config["attention_head_dim"]
+
+    @property
+    def mlp_hidden(self) -> int:  # F
+        return int(self.hidden * self.config["mlp_ratio"])
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    transformer: TransformerSizes
+    vae_config: Dict
+    vae_params: int
+    text_encoder_params: int
+    text_encoder_shape: Tuple[int, int, int]  # (layers, hidden, intermediate) of the MLLM
+    byt5_params: int
+    reward_params: int
+    reward_shape: Tuple[int, int]  # (hidden, intermediate) of the reward's language model
+    sources: Dict[str, str]  # component -> where its config came from
+
+
+def _read_json(path: Path) -> Optional[Dict]:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _on_meta(build):
+    with torch.device("meta"):
+        return build()
+
+
+def _in(param: torch.nn.Parameter, modules) -> bool:
+    return any(param is q for m in modules for q in m.parameters())
+
+
+def transformer_sizes(config: Dict) -> TransformerSizes:
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    model = _on_meta(lambda: HunyuanVideo15Transformer3DModel.from_config(config))
+    block, last = model.transformer_blocks[0], model.transformer_blocks[-1]
+    unused = (last.attn.to_add_out, last.ff_context)
+
+    def lora_width(modules) -> int:
+        return sum(m.in_features + m.out_features for part in modules for m in part.modules()
+                   if isinstance(m, torch.nn.Linear))
+
+    return TransformerSizes(
+        config=dict(model.config), num_params=_count(model),
+        num_matrix_params=sum(p.numel() for p in model.parameters() if p.ndim == 2 and not _in(p, unused)),
+        block_params=_count(block), refiner_params=_count(model.context_embedder),
+        lora_width=lora_width([model.transformer_blocks]), unused_params=sum(_count(m) for m in unused),
+        unused_lora_width=lora_width(unused))
+
+
+@functools.lru_cache(maxsize=8)
+def read_model_sizes(root: str, transformer_version: str, with_reward: bool) -> ModelSizes:
+    """Sizes of every model a run loads: from the configs under ``root`` where present, else the released ones."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+    from transformers import (Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration, T5Config, T5EncoderModel)
+
+    from sage_grpo.models import layout
+
+    root_path, sources = Path(root), {}
+
+    def config_of(name: str, subdir: str, default: Dict) -> Dict:
+        found = _read_json(root_path / subdir / "config.json")
+        sources[name] = f"{root_path / subdir}/config.json" if found is not None else "released config"
+        return found if found is not None else default
+
+    # {}: diffusers' defaults, which are the released configs
+    transformer = transformer_sizes(config_of("transformer", layout.transformer_layout(transformer_version).subdir, {}))
+    vae_config = config_of("vae", layout.VAE.subdir, {})
+    vae = _on_meta(lambda: AutoencoderKLHunyuanVideo15.from_config(vae_config))
+    text_config = Qwen2_5_VLTextConfig(**_hf_fields(config_of("text_encoder", layout.TEXT_ENCODER.subdir,
+                                                              REAL_TEXT_ENCODER_CONFIG)))
+    text_encoder = _on_meta(lambda: Qwen2_5_VLTextModel(text_config))
+    byt5_config = T5Config(**_hf_fields(config_of("text_encoder_2", layout.TEXT_ENCODER_2.subdir, REAL_BYT5_CONFIG)))
+    byt5 = _on_meta(lambda: T5EncoderModel(byt5_config))
+    reward_params, reward_shape = 0, (0, 0)
+    if with_reward:
+        reward_config = Qwen2VLConfig(**_hf_fields(_reward_base_config(root_path, sources)))
+        reward_params = _count(_on_meta(lambda: Qwen2VLForConditionalGeneration(reward_config)))
+        reward_shape = (reward_config.text_config.hidden_size, reward_config.text_config.intermediate_size)
+    return ModelSizes(
+        transformer=transformer, vae_config=dict(vae.config), vae_params=_count(vae),
+        text_encoder_params=_count(text_encoder),
+        text_encoder_shape=(text_config.num_hidden_layers, text_config.hidden_size, text_config.intermediate_size),
+        byt5_params=_count(byt5), reward_params=reward_params, reward_shape=reward_shape, sources=sources)
+
+
+def _hf_fields(config: Dict) -> Dict:
+    """A transformers config.json without the bookkeeping keys its constructor does not take."""
+    return {k: v for k, v in config.items() if k not in ("architectures", "transformers_version", "model_type",
+                                                         "_name_or_path", "torch_dtype", "dtype")}
+
+
+def _reward_base_config(root: Path, sources: Dict[str, str]) -> Dict:
+    """VideoAlign's base-model config when the checkpoint's base model is found locally, else Qwen2-VL-2B's."""
+    try:
+        from sage_grpo.rewards.videoalign_checkpoint import resolve_checkpoint
+
+        base = resolve_checkpoint(root).base_dir / "config.json"
+        found = _read_json(base)
+    except (OSError, ValueError):  # no VideoReward folder or base model here: plan for the released one
+        found, base = None, None
+    sources["reward"] = str(base) if found is not None else "released config (Qwen2-VL-2B)"
+    return found if found is not None else REAL_REWARD_CONFIG
+
+
+# ====================================================================== activations
+
+def video_token_count(sizes: ModelSizes, num_frames: int, height: int, width: int) -> int:
+    """L: latent tokens of one video (the VAE's latent grid over the transformer's patches)."""
+    from sage_grpo.models.geometry import video_tokens
+
+    return video_tokens(sizes.vae_config, sizes.transformer.config, num_frames, height, width)
+
+
+def text_token_count(cfg: TrainConfig) -> int:
+    """T = L_mllm + L_byt5: the text slots the blocks attend to after the padding is trimmed (models/attention.py),
+    at their worst (every MLLM and byT5 slot valid); text-to-video's L_image zero image slots are padding, trimmed."""
+    from sage_grpo.models.text_encoding import TextEncoderSettings
+
+    mllm = cfg.text_max_length or TextEncoderSettings.max_length
+    return mllm + cfg.byt5_max_length
+
+
+def block_saved_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
+    """Elements one dual-stream block saves for backward, per sample on one SP rank (no checkpointing).
+
+    Each stream (n image tokens per rank, T text tokens) saves per token 13 D-wide tensors (norm1's input and
+    output, the modulated attention input, q and k before and after their RMS norms, the attention output's copy
+    that the output projection reads (a slice of the joint sequence, made contiguous), the projection's output for
+    the gate, norm2's input and output, the modulated MLP input, the MLP output for the gate), 2 F-wide ones (the
+    GELU's input and output), 4 norm statistics and 2·H RMS statistics; and per sample 9·D (the SiLU of the
+    conditioning that feeds the modulation, its 6·D output, of which the gates are views, and the two 1 + scale).
+    Attention saves q, k, v and its output over the whole sequence S with H/sp heads (4·S·D/sp), its log-sum-exp
+    (S·H/sp), and at most a key-padding mask of S (no dense S x S mask, models/attention.py). Checked block by block
+    against the tensors autograd saves (``tests/unit/test_bench.py``: exact in fp32 on the tiny and toy models).
+    """
+    d, f, heads = t.hidden, t.mlp_hidden, t.config["num_attention_heads"]
+    n, seq = video_tokens // sp, video_tokens + text_tokens
+    streams = (n + text_tokens) * (13 * d + 2 * f + 4 + 2 * heads) + 2 * 9 * d
+    attention = seq * (4 * d + heads) // sp
+    return streams + attention + seq
+
+
+def outside_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int) -> int:
+    """Elements saved outside the dual-stream blocks, per sample: the patch embedding's input (C_in·L), the RoPE
+    tables (2·n·h_d, shared by all blocks), the output norm and projection (3·D + 2 per token), the byT5 projection
+    (its norm's input and output, 2·E2 + 2, and two GELUs' inputs and outputs, 4·2048), the image projection
+    (4·E3 + D + 4) and the token refiner (its input, E1, and per refiner layer 10 D-wide and 2 F-wide saves, the
+    statistics and the L_mllm² mask)."""
+    from sage_grpo.models.text_encoding import TextEncoderSettings
+
+    c = t.config
+    d, f, heads, n = t.hidden, t.mlp_hidden, c["num_attention_heads"], video_tokens // sp
+    mllm = cfg.text_max_length or TextEncoderSettings.max_length
+    embed = c["in_channels"] * video_tokens + 2 * n * c["attention_head_dim"] + n * (3 * d + 2)
+    byt5 = cfg.byt5_max_length * (2 * c["text_embed_2_dim"] + 2 + 4 * BYT5_PROJECTION_WIDTH)
+    image = cfg.vision_num_semantic_tokens * (4 * c["image_embed_dim"] + d + 4)
+    refiner = mllm * c["text_embed_dim"] + c["num_refiner_layers"] * (mllm * (10 * d + 2 * f + 4 + heads) + mllm * mllm)
+    return embed + byt5 + image + refiner
+
+
+def checkpointed_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
+    """What a checkpointed block keeps until its backward, per sample: its two stream inputs, (n + T)·D."""
+    return (video_tokens // sp + text_tokens) * t.hidden
+
+
+def forward_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
+                           checkpointing: bool) -> int:
+    """What one training forward saves for its backward, per sample: every block's saves, or with checkpointing every
+    block's inputs, plus the saves outside the blocks."""
+    text = text_token_count(cfg)
+    per_block = (checkpointed_block_elements(t, video_tokens, text, sp) if checkpointing
+                 else block_saved_elements(t, video_tokens, text, sp))
+    return t.config["num_layers"] * per_block + outside_saved_elements(t, video_tokens, cfg, sp)
+
+
+def training_activation_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
+                                 checkpointing: bool) -> int:
+    """Activations at their peak, the start of the backward, per sample: the forward's saves, plus with
+    checkpointing one block's saves while it is recomputed."""
+    recomputed = block_saved_elements(t, video_tokens, text_token_count(cfg), sp) if checkpointing else 0
+    return forward_saved_elements(t, video_tokens, cfg, sp, checkpointing) + recomputed
+
+
+def no_grad_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
+    """Live elements inside one block of a no-grad forward, per sample (its peak at the MLP): the residual streams,
+    the normed input, q, k, v and the attention output over S/sp·D, both MLP activations and the key mask S."""
+    n, seq = video_tokens // sp, video_tokens + text_tokens
+    return (n + text_tokens) * (4 * t.hidden + 2 * t.mlp_hidden) + 4 * seq * t.hidden // sp + seq
+
+
+# ====================================================================== VAE decode
+
+def vae_decode_bytes(vae_config: Dict, frames: int, height: int, width: int, dtype_bytes: int, tiled: bool,
+                     tile: int = VAE_TILE_PIXELS) -> float:
+    """Peak bytes of ``vae.decode`` of one video of ``frames x height x width`` pixels.
+
+    Untiled: VAE_DECODE_LIVE_TENSORS tensors of (C_top, F, H, W) at the decoder's full-resolution stage. Tiled
+    (diffusers' tiles of ``tile`` pixels every ``tile·(1 - overlap)``, decoded row by row and held until they are
+    blended): the larger of (a) one tile's full-resolution stage plus the decoded (3-channel) tiles before it, at
+    its worst tile, and (b) all decoded tiles plus the blended rows and the video (2 videos), at the end.
+    """
+    top_channels = vae_config["block_out_channels"][0]
+    if not tiled:
+        return VAE_DECODE_LIVE_TENSORS * top_channels * frames * height * width * dtype_bytes
+    spatial = vae_config["spatial_compression_ratio"]
+    latent_tile = tile // spatial
+    stride = int(latent_tile * (1 - VAE_TILE_OVERLAP))
+
+    def spans(pixels: int) -> List[int]:  # tile extents in pixels along one axis, in decoding order
+        latent = pixels // spatial
+        return [min(latent_tile, latent - start) * spatial for start in range(0, latent, stride)]
+
+    held = worst = 0
+    for tile_height in spans(height):
+        for tile_width in spans(width):
+            worst = max(worst, VAE_DECODE_LIVE_TENSORS * top_channels * frames * tile_height * tile_width + held)
+            held += 3 * frames * tile_height * tile_width
+    return max(worst, held + 2 * 3 * frames * height * width) * dtype_bytes

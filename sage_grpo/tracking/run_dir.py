@@ -1,0 +1,256 @@
+"""What a user sees of a run: the run directory, console lines, ``metrics.jsonl``, the trackers and rollout media.
+
+Run directory (``--output_dir``)::
+
+    run_config.yaml            resolved configuration (pass it back with --config to repeat the run)
+    train.log                  the console lines
+    metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}
+    tb/                        TensorBoard scalars, tags grouped as the reference: Reward/, KL/, Time/, Train/
+    wandb/, swanlog/           the wandb and SwanLab run files (--report_to wandb / swanlab; tracking/trackers.py)
+    trackers.json              the tracker run ids a resumed run continues
+    rl_samples/{step:07d}/group_{g}/   rollout mp4s and index_{i}_group_{g}_rewards.json (newest N steps kept)
+    samples/step_{step:06d}/   validation videos
+    checkpoint-{step}/         see sage_grpo/checkpoint.py
+"""
+
+import json
+import shutil
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from tqdm.auto import tqdm
+
+from sage_grpo.config.validation import ConfigError
+from sage_grpo.faults import fault_point
+from sage_grpo.tracking.trackers import RUN_IDS_FILE, LoggedVideo
+
+RUN_MARKER = "run_config.yaml"
+
+
+def check_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> None:
+    """Refuse, before anything loads, to mix two runs in one directory (changes nothing on disk)."""
+    run_dir = Path(output_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir} is a file, not a directory; pass a directory path")
+    if (run_dir / RUN_MARKER).exists() and not (resuming or overwrite):
+        raise ConfigError(f"--output_dir {output_dir} already holds a run ({RUN_MARKER} exists). Use a new "
+                          "--output_dir, continue it with --resume_from_checkpoint latest, or pass "
+                          "--overwrite_output_dir true to start over in place")
+
+
+def prepare_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> Path:
+    """Create the run directory, refusing to mix two runs in one directory; with ``overwrite`` (and no resume) the
+    earlier run's files are deleted here, so call it only once the new run is ready to write."""
+    check_run_dir(output_dir, resuming=resuming, overwrite=overwrite)
+    run_dir = Path(output_dir)
+    if overwrite and not resuming and (run_dir / RUN_MARKER).exists():
+        _remove_previous_run(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _remove_previous_run(run_dir: Path) -> None:
+    """--overwrite_output_dir: delete what an earlier run wrote, so logs and checkpoints never mix two runs."""
+    for name in (RUN_MARKER, "train.log", "metrics.jsonl", "config_changes.yaml", RUN_IDS_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+    for path in run_dir.iterdir():
+        if path.is_dir() and (path.name in ("tb", "wandb", "swanlog", "logs", "rl_samples", "samples")
+                              or path.name.startswith(("checkpoint-", ".checkpoint-"))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def tensorboard_tag(name: str) -> str:
+    """The reference's tag routing: reward -> Reward/, kl -> KL/, time -> Time/, everything else -> Train/."""
+    lowered = name.lower()
+    for key, group in (("reward", "Reward"), ("kl", "KL"), ("time", "Time")):
+        if key in lowered:
+            return f"{group}/{name}"
+    return f"Train/{name}"
+
+
+def show_progress_bars(is_main: bool, quiet: bool, stream=None) -> bool:
+    """tqdm bars only on the main process, on a terminal (stderr), without ``--quiet``: in a piped log a bar's
+    carriage-return redraws would run into the log lines."""
+    stream = sys.stderr if stream is None else stream
+    return is_main and not quiet and stream.isatty()
+
+
+def format_duration(seconds: float) -> str:
+    """``1h02m``, ``3m05s``, ``12s``."""
+    seconds = int(round(max(seconds, 0.0)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def eta_text(done: int, total: int, elapsed: float) -> str:
+    """``eta 3m05s`` for ``total - done`` more units at the mean pace of the ``done`` ones so far ("" before any)."""
+    return f"eta {format_duration(elapsed / done * (total - done))}" if done > 0 else ""
+
+
+def startup_summary(cfg, dims, run_dir: Path, device) -> List[str]:
+    """The block printed once when a run starts: where it writes, what it trains, against what, on what."""
+    reward = (f"remote {cfg.remote_reward_url} ({cfg.reward_model})" if cfg.remote_reward_url else
+              f"local {cfg.reward_model}")
+    adapters = f", LoRA r {cfg.lora_r}" if cfg.use_lora else ""
+    return ["run summary:",
+            f"  run directory  {run_dir}",
+            f"  model root     {cfg.pretrained_model_root} (transformer {cfg.pretrained_transformer_version}{adapters})",
+            f"  reward         {reward}, weights {cfg.reward_weights}",
+            f"  world          {dims.world_size} process(es) = dp {dims.dp_size} x sp {dims.sp_size} on {device}",
+            f"  dtype          {cfg.dtype}",
+            f"  steps          to {cfg.max_steps}, {cfg.batch_size * dims.dp_size} videos per step"]
+
+
+def console_line(step: int, metrics: Dict[str, float]) -> str:
+    """The few numbers a person watches: step, GRPO reward mean ± std, KL, β, loss, seconds per step (each only when
+    logged). Every metric goes to ``metrics.jsonl`` and TensorBoard."""
+    parts = [f"step {step}"]
+    if "gathered_avg_reward_mean" in metrics:
+        spread = metrics.get("gathered_avg_reward_std", 0.0)
+        parts.append(f"reward {metrics['gathered_avg_reward_mean']:.4f} ± {spread:.4f}")
+    for key, label in (("kl_loss", "kl"), ("KL_weight", "β"), ("total_loss", "loss")):
+        if key in metrics:
+            parts.append(f"{label} {metrics[key]:.3g}")
+    if "failed_reward_count" in metrics and metrics["failed_reward_count"] > 0:
+        parts.append(f"failed rewards {metrics['failed_reward_count']:.0f}")
+    seconds = sum(metrics.get(key, 0.0) for key in PHASE_TIMES)
+    if seconds > 0:
+        parts.append(f"{seconds:.1f} s/step")
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Console + train.log + metrics.jsonl, always, and the trackers of ``--report_to`` (started by
+    :func:`sage_grpo.tracking.trackers.start_trackers`); only the main process writes."""
+
+    def __init__(self, run_dir: Path, *, enabled: bool = True, log_interval: int = 1, trackers: Sequence = (),
+                 max_steps: Optional[int] = None):
+        """``max_steps``: the console lines of :meth:`log_step` end with an ETA to it, paced on the steps logged by
+        this process (the first one's start is ``now`` minus its phase times)."""
+        self.enabled, self.log_interval = enabled, log_interval
+        self.run_dir = run_dir
+        self.trackers = list(trackers)
+        self.max_steps = max_steps
+        self._clock: Optional[tuple] = None  # (time, step) the ETA counts from
+
+    def info_lines(self, messages: Sequence[str]) -> None:
+        for message in messages:
+            self.info(message)
+
+    def info(self, message: str) -> None:
+        if not self.enabled:
+            return
+        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
+        tqdm.write(line, file=sys.stdout)  # clears and redraws an active bar around the line instead of breaking it
+        sys.stdout.flush()
+        with open(self.run_dir / "train.log", "a") as handle:
+            handle.write(line + "\n")
+
+    def log_step(self, step: int, metrics: Dict[str, float], *, console: Optional[bool] = None) -> None:
+        """Record the metrics of global step ``step`` (1-based, as the reference's TensorBoard x axis)."""
+        if not self.enabled:
+            return
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        line = json.dumps({"step": step, **clean}) + "\n"
+        with open(self.run_dir / "metrics.jsonl", "a") as handle:
+            handle.write(line[:len(line) // 2])
+            handle.flush()
+            fault_point("metrics", step)  # tests: a kill here leaves a torn last line, as a real crash can
+            handle.write(line[len(line) // 2:])
+        tagged = {tensorboard_tag(name): value for name, value in clean.items()}
+        for tracker in self.trackers:
+            tracker.log_scalars(tagged, step)
+        now = time.perf_counter()
+        if self._clock is None:  # the first step logged here (a start or a resume) started its phase times ago
+            self._clock = (now - sum(clean.get(key, 0.0) for key in PHASE_TIMES), step - 1)
+        if console if console is not None else step % self.log_interval == 0:
+            started, first = self._clock
+            eta = eta_text(step - first, self.max_steps - first, now - started) if self.max_steps else ""
+            self.info(console_line(step, clean) + (f" | {eta}" if eta else ""))
+
+    def log_videos(self, key: str, videos: List[LoggedVideo], step: int) -> None:
+        """Videos the run wrote (rollouts, validation), as media of global step ``step``."""
+        if self.enabled and videos:
+            for tracker in self.trackers:
+                tracker.log_videos(key, videos, step)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+
+
+def read_metrics(run_dir: Path) -> list:
+    """All rows of ``metrics.jsonl`` (for plots and tests). A line that is not a JSON object (a kill mid-write
+    leaves a torn last line) is dropped with a warning."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            warnings.warn(f"{path}, line {number}: not a complete metrics row (an interrupted write?); dropped",
+                          RuntimeWarning, stacklevel=2)
+            continue
+        rows.append(row)
+    return rows
+
+
+PHASE_TIMES = ("rollout_time", "reward_time", "ref_model_time", "grpo_loop_time")
+
+
+def manifold_error_key(rows: list) -> Optional[str]:
+    """The per-step mean manifold error a toy reward logs (``gathered_<reward>_manifold_error_reward_mean``), if any."""
+    keys = sorted({k for row in rows for k in row if "manifold_error" in k and k.endswith("_mean")})
+    return keys[0] if keys else None
+
+
+def summarize_run(rows: list, window: int) -> Dict[str, float]:
+    """What a run learned, from its ``metrics.jsonl`` rows: the mean GRPO reward of the first and the last ``window``
+    steps, the gain, the step-to-step std of the first window and gain / std; the same window means and the maximum
+    of the manifold error when a toy reward logs one; the mean seconds per step (sum of the phase times)."""
+    if len(rows) < 2 * window:
+        raise ValueError(f"need at least {2 * window} logged steps, got {len(rows)}")
+    reward = [row["gathered_avg_reward_mean"] for row in rows]
+    first, last = reward[:window], reward[-window:]
+    noise = statistics.pstdev(first)
+    summary = {"steps": len(rows), "first_mean": statistics.fmean(first), "last_mean": statistics.fmean(last),
+               "first_step_std": noise}
+    summary["gain"] = summary["last_mean"] - summary["first_mean"]
+    summary["gain_over_noise"] = summary["gain"] / noise if noise > 0 else float("inf")
+    key = manifold_error_key(rows)
+    if key is not None:
+        error = [row[key] for row in rows]
+        summary.update(manifold_first_mean=statistics.fmean(error[:window]),
+                       manifold_last_mean=statistics.fmean(error[-window:]), manifold_max=max(error))
+    summary["seconds_per_step"] = statistics.fmean(sum(row.get(k, 0.0) for k in PHASE_TIMES) for row in rows)
+    return summary
+
+
+def truncate_metrics(run_dir: Path, last_step: int) -> None:
+    """Drop rows after ``last_step`` (a resumed run rewrites the steps a crash left half-logged)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if path.exists():
+        rows = [r for r in read_metrics(run_dir) if r["step"] <= last_step]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def prune_rollout_media(run_dir: Path, keep: int) -> None:
+    """Keep only the newest ``keep`` step folders under rl_samples/ (``keep <= 0`` keeps everything)."""
+    root = Path(run_dir) / "rl_samples"
+    if keep <= 0 or not root.exists():
+        return
+    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    for old in steps[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

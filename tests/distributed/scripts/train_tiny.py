@@ -1,0 +1,112 @@
+"""Run the GRPO trainer on the tiny checkpoint (under torchrun, or as one process) and report what the tests check.
+
+    torchrun --nproc_per_node 4 tests/distributed/scripts/train_tiny.py --report_dir DIR [--previous_report_dir DIR] \\
+        <post_train.py flags>
+
+Writes, from rank 0, ``DIR/report.json``:
+
+- the layout (world, dp, sp) and the trainer's counters;
+- FSDP reduce-scatters per FSDP unit (``GradientReductionCounter``), the number of backward passes and of those
+  run with gradient synchronisation, to check one gradient reduction per optimizer update;
+- with ``--resume_from_checkpoint``: the largest difference between the weights (and the moving anchor) right after
+  the resume and those the checkpointed run had (its ``checkpoint-N/transformer/model.safetensors`` and the
+  ``anchor.pt`` its report dir holds);
+
+and ``DIR/anchor.pt``: the full reference (anchor) weights at the end of the run.
+"""
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from safetensors.torch import load_file  # noqa: E402
+
+from sage_grpo.checkpoint import gather_to_main, resolve_resume_path  # noqa: E402
+from sage_grpo.config import TrainConfig, parse_cli  # noqa: E402
+from sage_grpo.distributed import GradientReductionCounter, barrier, destroy_distributed  # noqa: E402
+from sage_grpo.distributed.parallelize import is_sharded  # noqa: E402
+import sage_grpo.trainer as trainer_module  # noqa: E402
+from sage_grpo.trainer import GRPOTrainer  # noqa: E402
+
+
+def trained_and_anchor(trainer: GRPOTrainer) -> tuple:
+    """Full trainable weights and full anchor weights, as the checkpoints key them, on rank 0 (a collective)."""
+    models = trainer.models
+    anchor = models.reference_state() if models.reference is not None else {}
+    return (gather_to_main(models.trainable_state_dict(), trainer.is_main), gather_to_main(anchor, trainer.is_main))
+
+
+def max_difference(state: dict, expected: dict) -> float:
+    assert set(expected) == set(state), sorted(set(expected) ^ set(state))[:5]
+    return max((state[k].float() - expected[k].float()).abs().max().item() for k in expected)
+
+
+def record_gradient_sync() -> list:
+    """Wrap the trainer's ``gradient_sync``: one entry (the ``enabled`` flag) per policy backward pass."""
+    flags = []
+    original = trainer_module.gradient_sync
+
+    def recording(model, enabled):
+        flags.append(bool(enabled))
+        return original(model, enabled)
+
+    trainer_module.gradient_sync = recording
+    return flags
+
+
+def resume_errors(trainer: GRPOTrainer, previous: Path) -> dict:
+    """Resume now (instead of inside ``train``) and compare the restored weights with the checkpointed run's."""
+    path = resolve_resume_path(trainer.cfg.resume_from_checkpoint, trainer.run_dir)
+    trainer.resume(path)
+    trainer.cfg.resume_from_checkpoint = None
+    policy, anchor = trained_and_anchor(trainer)
+    if not trainer.is_main:
+        return {}
+    return {"resumed_from_step": trainer.global_step,
+            "resume_weight_err": max_difference(policy, load_file(path / "transformer" / "model.safetensors")),
+            "resume_anchor_err": max_difference(anchor, torch.load(previous / "anchor.pt"))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--report_dir", required=True)
+    parser.add_argument("--previous_report_dir")
+    args, trainer_flags = parser.parse_known_args()
+    torch.set_num_threads(1)
+    trainer = GRPOTrainer(parse_cli(TrainConfig, trainer_flags))
+    report = {"world_size": trainer.dims.world_size, "dp_size": trainer.dp_size, "sp_size": trainer.dims.sp_size,
+              "policy_sharded": is_sharded(trainer.models.policy),
+              "reference_sharded": is_sharded(trainer.models.reference)}
+    if args.previous_report_dir:
+        report.update(resume_errors(trainer, Path(args.previous_report_dir)))
+    compute_dtypes = set()  # dtype of the first block's weights inside its forward (FSDP: the all-gathered ones)
+    trainer.models.policy.transformer_blocks[0].register_forward_pre_hook(
+        lambda block, args: compute_dtypes.add(str(next(block.parameters()).dtype)))
+    sync_flags = record_gradient_sync()
+    sharded = is_sharded(trainer.models.policy)
+    with GradientReductionCounter(trainer.models.policy) if sharded else contextlib.nullcontext() as counter:
+        trainer.train()
+    _, anchor = trained_and_anchor(trainer)
+    report.update(update_steps=trainer.update_steps, global_step=trainer.global_step, backward_passes=len(sync_flags),
+                  synced_backward_passes=sum(sync_flags),
+                  reductions_per_unit=sorted(set(counter.calls.values())) if sharded else None,
+                  updates_reduced=counter.updates_reduced if sharded else None,
+                  compute_dtypes=sorted(compute_dtypes),
+                  run_dir=str(trainer.run_dir))
+    if trainer.is_main:
+        report_dir = Path(args.report_dir)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(anchor, report_dir / "anchor.pt")
+        (report_dir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    barrier(trainer.dims.device)
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    main()

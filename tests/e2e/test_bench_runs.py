@@ -1,0 +1,67 @@
+"""The benchmark scripts run whole (compiled with aot_eager, at the real width): the slow half of
+tests/unit/test_bench.py."""
+import re
+
+import pytest
+
+from bench_support import NUMBER, generate_variants, run_benchmark, value_of, compiled_one_sp_rank
+
+
+def test_benchmark_transformer_compiled_aot_eager_and_one_sp_rank(capsys):
+    compiled_one_sp_rank(capsys, "aot_eager")
+
+
+def test_benchmark_step(capsys):
+    out = run_benchmark("benchmark_step", capsys, "--geometry", "tiny", "--steps", "2", "--repeats", "1", "--warmup",
+                        "0", "--threads", "2", "--use_muon", "false")  # a trainer flag passed on
+    shares = [value_of(rf"^{phase}: [0-9.]+ s, {NUMBER}% of the step$", out) for phase in
+              ("encode", "rollout", "decode", "reward", "reference means", "policy update")]
+    assert sum(shares) == pytest.approx(100.0, abs=0.5)
+    assert value_of(rf"^step \(sum of the phases, each the best of 1 steps\): {NUMBER} s$", out) > 0
+    assert "trainer: batch 2 x 2 generations, 2 SDE steps, 5x16x16 videos" in out
+
+
+@pytest.fixture(scope="module")
+def real_width_root(tmp_path_factory):
+    """One real-width checkpoint (1 block, the narrow VAE) shared by the e2e runs below."""
+    from sage_grpo.models.real_width import NARROW_VAE_CONFIG, write_real_width_hunyuan
+    from sage_grpo.rewards.tiny import write_tiny_video_reward
+
+    root = write_real_width_hunyuan(tmp_path_factory.mktemp("real_width"), num_layers=1, vae_config=NARROW_VAE_CONFIG)
+    write_tiny_video_reward(root)
+    return root
+
+
+# 8 video tokens and short text streams: the real width's weights at the smallest activations
+REAL_SMALL = ("--geometry", "real", "--frames", "5", "--height", "32", "--width", "32", "--repeats", "1", "--warmup",
+              "0", "--threads", "2", "--text_max_length", "16", "--byt5_max_length", "8",
+              "--vision_num_semantic_tokens", "4")
+
+
+def test_benchmark_step_at_real_width(capsys, real_width_root):
+    """The trainer at HunyuanVideo-1.5's width (1 block; LoRA keeps the CPU's memory small), with the tiny
+    VideoAlign: every phase timed, the planner's estimate of each phase printed next to the (CPU: absent) peak,
+    and the planner's transformer is the 1-block one that was loaded."""
+    out = run_benchmark("benchmark_step", capsys, *REAL_SMALL, "--checkpoint_root", str(real_width_root), "--steps",
+                        "1", "--use_lora", "true")
+    assert "geometry real: 1 blocks, hidden 2048, 8 video tokens (5x32x32)" in out
+    assert "reward videoalign_local" in out
+    planned = value_of(r"^planner sizes: transformer ([0-9]+) parameters \(1 blocks;", out)
+    assert planned == 320_592_672 == value_of(r"the loaded policy has ([0-9]+) besides LoRA", out)
+    shares = [value_of(rf"^{phase}: [0-9.]+ s, {NUMBER}% of the step$", out) for phase in
+              ("encode", "rollout", "decode", "reward", "reference means", "policy update")]
+    assert sum(shares) == pytest.approx(100.0, abs=0.5)
+    for phase in ("rollout", "decode", "policy update"):
+        assert value_of(rf"^memory {phase}: peak n/a, planned {NUMBER} GB", out) > 0
+    # LoRA: no separate reference, its means are no-grad forwards planned as the rollout's
+    assert re.search(r"^memory reference means: peak n/a, planned [0-9.]+ GB \(rollout,", out, flags=re.MULTILINE)
+    assert value_of(rf"^memory step: peak n/a, planned {NUMBER} GB", out) > 2.0  # the runtime overhead and more
+
+
+def test_benchmark_generate_at_real_width(capsys, real_width_root):
+    out = run_benchmark("benchmark_generate", capsys, *REAL_SMALL, "--checkpoint_root", str(real_width_root),
+                        "--steps", "2", "--variants", "baseline,cache_deepcache")
+    assert "geometry real: 1 blocks, hidden 2048, 8 video tokens (5x32x32)" in out
+    results = generate_variants(out)
+    assert set(results) == {"baseline", "cache_deepcache"}  # shared models, then its own
+    assert all(isinstance(result, tuple) and result[0] > 0 for result in results.values()), results

@@ -1,0 +1,102 @@
+"""Fault injection: ``post_train.py`` killed with SIGKILL in each phase of a step, then resumed with
+``--resume_from_checkpoint latest``, ends bit-identical to a run that was never interrupted (every logged metric but
+the timings, and every tensor of the final checkpoint: weights, moving anchor, optimizer state, counters).
+
+The kill points (``sage_grpo/faults.py``): after the rollout, after the first backward of the update, inside the
+checkpoint write (files in the temporary directory, not yet renamed) and halfway through the ``metrics.jsonl``
+line. Each run is a subprocess in its own process group (``procs.run_group``).
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from model_fixtures import tiny_args
+from procs import run_group
+from safetensors.torch import load_file
+
+from sage_grpo.faults import FAULT_ENV
+from sage_grpo.safe_io import load_plain
+from sage_grpo.tracking.run_dir import read_metrics
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
+MAX_STEPS = 3
+
+
+def post_train(root, run_dir, *extra, fault=None):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.pop(FAULT_ENV, None)
+    if fault is not None:
+        env[FAULT_ENV] = fault
+    # a checkpoint after every step, so that every kill has an earlier checkpoint to resume from
+    args = tiny_args(root, run_dir, "--max_steps", str(MAX_STEPS), "--save_interval", "1", *extra)
+    return run_group([sys.executable, "post_train.py", *args], cwd=REPO_ROOT, env=env, timeout=300)
+
+
+def final_state(run_dir):
+    checkpoint = run_dir / f"checkpoint-{MAX_STEPS}"
+    state = {"model": load_file(checkpoint / "transformer" / "model.safetensors")}
+    if (checkpoint / "anchor").is_dir():
+        state["anchor"] = load_file(checkpoint / "anchor" / "model.safetensors")
+    state["optimizer"] = load_plain(checkpoint / "optimizer.pt", "optimizer state")
+    training = load_plain(checkpoint / "training_state.pt", "training state")
+    state["training"] = {k: v for k, v in training.items() if k != "rng"}
+    return state
+
+
+def assert_same(a, b, where="state"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def comparable(rows):
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_root, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    proc = post_train(tiny_root, run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_metrics(run_dir), final_state(run_dir)
+
+
+@pytest.mark.parametrize("fault", ["rollout:3", "update:2", "checkpoint:2", "metrics:3"])
+def test_kill_9_then_resume_matches_the_uninterrupted_run(tiny_root, tmp_path, straight, fault):
+    run_dir = tmp_path / "run"
+    killed = post_train(tiny_root, run_dir, fault=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    point, step = fault.split(":")
+    if point == "checkpoint":  # the half-written checkpoint is never mistaken for a finished one
+        assert (run_dir / f".checkpoint-{step}.tmp").is_dir() and not (run_dir / f"checkpoint-{step}").exists()
+    if point == "metrics":
+        assert not (run_dir / "metrics.jsonl").read_text().endswith("\n")  # a torn last line
+
+    resumed = post_train(tiny_root, run_dir, "--resume_from_checkpoint", "latest")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows, state = straight
+    assert comparable(read_metrics(run_dir)) == comparable(rows)
+    assert_same(final_state(run_dir), state)
+    assert "anchor" in state  # the moving anchor moved (update 2) and is part of what must match
+
+
+def test_a_user_error_prints_one_line_without_a_traceback(tiny_root, tmp_path):
+    proc = post_train(tiny_root, tmp_path / "run", "--resume_from_checkpoint", str(tmp_path / "missing"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --resume_from_checkpoint")
+    assert "Traceback" not in proc.stderr
