@@ -86,10 +86,12 @@ from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_settin
                               record_config_changes)
 from sage_grpo.safe_io import CheckpointError, DiskFullError
 from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
-from sage_grpo.tracking.run_dir import RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, truncate_metrics
+from sage_grpo.tracking.run_dir import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, show_progress_bars,
+                                        startup_summary, truncate_metrics)
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models.attention import check_attention_runs
 from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
+from sage_grpo.models.revisions import record_run_weights
 from sage_grpo.pipeline.sampler import sampler_of
 from sage_grpo.plan.memory import placement_of
 from sage_grpo.rewards.remote import RemoteRewardError
@@ -148,6 +150,7 @@ class GRPOTrainer:
         for message in variant_warnings if self.dims.is_main else ():
             warnings.warn(message, UserWarning, stacklevel=2)
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
+        self.show_bars = show_progress_bars(self.is_main, cfg.quiet)  # tqdm bars: main process, terminal, no --quiet
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()
         check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
@@ -201,7 +204,7 @@ class GRPOTrainer:
         self.eq_scales = self.sampler.grad_balance_scales() if cfg.use_grad_balancing else None
         self.num_train_steps = max(int(cfg.grpo_sampling_steps * cfg.timestep_fraction), 1)
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
-                                      self.kl_controller, self.eq_scales, self.num_train_steps)
+                                      self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps whose reward failed on every sample
@@ -212,7 +215,7 @@ class GRPOTrainer:
                                    run_name=cfg.run_name, config=to_dict(cfg), resuming=self.resume_check is not None)
                     if self.is_main else ())
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
-                                    trackers=trackers)
+                                    trackers=trackers, max_steps=cfg.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
@@ -220,6 +223,7 @@ class GRPOTrainer:
             keep_checkpoints=cfg.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
             config_yaml=partial(config_to_yaml, cfg), log=self.logger.info)
+        self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device))
         for note in self.notes:
             self.logger.info(f"note: {note}")
         if self.dims.is_distributed:
@@ -239,6 +243,7 @@ class GRPOTrainer:
                               f"(recorded in {run_dir / CONFIG_CHANGES_FILE})")
         if check is None or check.differences or not (run_dir / RUN_MARKER).exists():
             save_yaml(cfg, run_dir / RUN_MARKER)
+            record_run_weights(cfg.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
         return run_dir
 
     # ------------------------------------------------------------------ outer loop
@@ -248,7 +253,7 @@ class GRPOTrainer:
             self.resume(self.resume_check.path)
         elif cfg.validate_at_step0:
             self.validate(0)
-        progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.is_main,
+        progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
         while self.global_step < cfg.max_steps:
             self.maybe_refresh_anchor()
@@ -298,7 +303,7 @@ class GRPOTrainer:
         noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
                                        num_frames=cfg.sample_n_frames, height=height, width=width,
-                                       sde_generators=noise_generators, decode=False)
+                                       sde_generators=noise_generators, decode=False, progress=self.show_bars)
         share_rollout(rollout, self.dims)
         # decoded by the SP group's ranks together, for the SP leader, which scores them and writes the rollout media
         final = rollout.latents[:, -1]
@@ -378,7 +383,7 @@ class GRPOTrainer:
         if self.models.reference is None or self.kl_controller is None:
             return None
         with self.models.reference_on_device() as reference:
-            return self.sampler.transition_means(reference, rollout.latents, embeds, self.device)
+            return self.sampler.transition_means(reference, rollout.latents, embeds, self.device, self.show_bars)
 
     def _permutations(self, batch: int) -> tuple:
         """Sample shuffle (B,) and per-sample step order (B, N), from a generator seeded by (seed, rank, step)."""

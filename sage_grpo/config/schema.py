@@ -237,6 +237,16 @@ def explicit_fields(config: Any) -> Optional[FrozenSet[str]]:
     return getattr(config, _EXPLICIT_ATTR, None)
 
 
+def replace_chosen(config: Any, **values: Any) -> Any:
+    """``dataclasses.replace`` whose ``values`` count as chosen (:func:`is_explicit`), like the fields already chosen:
+    settings filled in from a record (a checkpoint's run config) are then treated as if given on the command line."""
+    recorded = explicit_fields(config)
+    updated = dataclasses.replace(config, **values)
+    if recorded is not None:
+        object.__setattr__(updated, _EXPLICIT_ATTR, recorded | frozenset(values))
+    return updated
+
+
 def is_explicit(config: Any, name: str) -> bool:
     """Whether field ``name`` was chosen by the user: named in the YAML file or on the command line. A config built
     in code (no record) counts a field as chosen when its value differs from the default."""

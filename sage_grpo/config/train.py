@@ -111,6 +111,7 @@ class TrainConfig:
     output_dir: str = config_field("./outputs", "Run directory (logs, TensorBoard, samples, checkpoints)")
     save_interval: int = config_field(100, "Checkpoint every N steps (and always at the end)")
     log_interval: int = config_field(1, "Console metrics line every N steps")
+    quiet: bool = config_field(False, "No progress bars (they are also off when stderr is not a terminal)")
     seed: int = config_field(42, "Base seed: data order, shuffles and per-rank RNG (seed + dp_rank)")
     # ---------------------------------------------------------------- validation
     validation_global_seed: int = config_field(930, "Seed of validation videos without a CSV seed")

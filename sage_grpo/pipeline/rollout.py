@@ -143,7 +143,7 @@ def rollout(
     all_latents = torch.empty(num_samples, num_steps + 1, *shape, dtype=torch.float32, device=device)
     all_log_probs = torch.empty(num_samples, num_steps, dtype=torch.float32, device=device)
     all_latents[:, 0] = noise.to(device)
-    bar = tqdm(total=num_steps * -(-num_samples // micro_batch_size), desc="denoising", unit="step",
+    bar = tqdm(total=num_steps * -(-num_samples // micro_batch_size), desc="denoising", unit="step", leave=False,
                disable=not progress)
     for start in range(0, num_samples, micro_batch_size):
         rows = slice(start, min(start + micro_batch_size, num_samples))
