@@ -65,18 +65,19 @@ from tqdm.auto import tqdm
 
 from sage_grpo import rl
 from sage_grpo.checkpoint import CheckpointManager, resumes, seed_everything
-from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
+from sage_grpo.config import TrainConfig, save_yaml
 from sage_grpo.config.schema import config_to_yaml, to_dict
 from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift,
                                         validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_prompt_csvs, sample_seeds, video_size
-from sage_grpo.distributed import ParallelDims, barrier, destroy_distributed, init_distributed, mean_over_world
-from sage_grpo.distributed.liveness import PeerLost, PeerWatch, collective_timeout
+from sage_grpo.distributed import barrier, destroy_distributed, mean_over_world
+from sage_grpo.distributed.liveness import PeerLost
+from sage_grpo.distributed.startup import start_processes
 from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, parallelize_models
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
                                                 gather_step_rewards, run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
-from sage_grpo.models.geometry import check_video_sizes, read_model_geometry, video_tokens_at
+from sage_grpo.models.geometry import check_video_sizes, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
@@ -117,22 +118,6 @@ def _generator(seed: int) -> torch.Generator:
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of an FSDP parameter (the tensor itself when unsharded)."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, PeerWatch, List[str]]:
-    """Join the torchrun job (if any), check the config and parallel layout (spec §3.4) before any model loads."""
-    device = resolve_device(cfg)
-    timeout = collective_timeout(cfg.collective_timeout_minutes)  # a ConfigError before the job is joined
-    env = init_distributed(backend="gloo" if device.type == "cpu" else None, timeout=timeout)
-    geometry = read_model_geometry(cfg)
-    heads = geometry.num_attention_heads if geometry is not None else None
-    notes = validate_train_config(cfg, world_size=env.world_size, num_attention_heads=heads)
-    dims = ParallelDims(world_size=env.world_size, sp_size=cfg.sp_size, dp_replicate=cfg.dp_replicate,
-                        rank=env.rank, device=device, batch_size=cfg.batch_size,
-                        num_generations=cfg.num_generations, num_attention_heads=heads)
-    for tokens in (geometry.video_tokens.values() if geometry is not None else ()):
-        dims.check_tokens(tokens)
-    return dims, PeerWatch(timeout), notes
 
 
 class GRPOTrainer:

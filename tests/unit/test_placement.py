@@ -126,7 +126,7 @@ def test_the_device_is_decided_once_and_a_cuda_device_has_its_index(monkeypatch,
     """--device cuda under torchrun is this process's cuda:LOCAL_RANK, for the models and the parallel layout alike
     (the NCCL barrier needs the index); checked on the CPU with a faked CUDA."""
     from sage_grpo.models.bundle import resolve_device
-    from sage_grpo.trainer import start_processes
+    from sage_grpo.distributed.startup import start_processes
 
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine: no set_device(3) below
