@@ -26,6 +26,7 @@ PICKSCORE_PROCESSOR_REPO=laion/CLIP-ViT-H-14-laion2B-s32B-b79K
 PICKSCORE_PROCESSOR_REVISION=${PICKSCORE_PROCESSOR_REVISION:-1c2b8495b28150b8a4922ee1c8edee224c284c0c}
 VERIFY_ONLY=0
 TIMEOUT=8
+LOCK=
 SHARED_COMPONENTS=(vae text_encoder tokenizer text_encoder_2 tokenizer_2 scheduler)
 I2V_COMPONENTS=(image_encoder feature_extractor)  # only the image-to-video repos (variants with _i2v) hold them
 
@@ -51,6 +52,8 @@ Options:
                        laion/CLIP-ViT-H-14-laion2B-s32B-b79K, each into <model_root>/<repo name>/
   --verify_only        only check the layout of --model_root (exit 0 complete, 1 with the missing files listed)
   --timeout SECONDS    how long to wait for the hub before giving up (default 8)
+  --lock FILE          download the commits a weights.lock.json names (e.g. one copied from another machine);
+                       repositories it does not name follow the revision variables
   -h, --help           this text
 
 Layout under --model_root (the table lives in sage_grpo/models/layout.py):
@@ -80,10 +83,13 @@ their _distilled and step-distilled versions) add the SigLIP image_encoder/ and 
 first i2v variant. Sharded weights (*.safetensors.index.json) are
 checked shard by shard. Running the script on a root made before variants/ existed fetches just those configs.
 
-Revisions: every download passes --revision; set HUNYUAN_REVISION (the pipeline repos), VIDEOALIGN_REVISION
-(VideoReward) and REWARD_BASE_REVISION (its base model) to a commit to pin them (default main for all three: no
-commit is documented upstream for these repos). The --eval_scorers repos are pinned to commits (CLIP_REVISION,
-PICKSCORE_REVISION, PICKSCORE_PROCESSOR_REVISION override them). A root already complete is not fetched again.
+Revisions: HUNYUAN_REVISION (the pipeline repos), VIDEOALIGN_REVISION (VideoReward) and REWARD_BASE_REVISION (its
+base model) name a branch, tag or commit (default main for all three: no commit is documented upstream). Each is
+resolved to the commit the hub serves for it, that commit is downloaded (--revision COMMIT) and recorded in
+<model_root>/weights.lock.json ({repo: {"revision", "commit"}}); --lock FILE downloads a lock file's commits instead,
+so a root is reproduced exactly. The --eval_scorers repos default to commits (CLIP_REVISION,
+PICKSCORE_REVISION, PICKSCORE_PROCESSOR_REVISION override them) and are recorded the same way. Runs record the lock
+in run_config.yaml, exports in their model card. A root already complete is not fetched again.
 
 Without hub access (HF_HUB_OFFLINE=1, or no answer within --timeout) the script stops at once with exit status 3:
 download on a machine with internet and copy the root here, or point HF_ENDPOINT at a mirror.
@@ -104,6 +110,7 @@ while [ $# -gt 0 ]; do
     --eval_scorers) EVAL_SCORERS=1; shift ;;
     --verify_only) VERIFY_ONLY=1; shift ;;
     --timeout) TIMEOUT=${2:?--timeout needs a value}; shift 2 ;;
+    --lock) LOCK=${2:?--lock needs a file}; [ -f "$LOCK" ] || die "--lock $LOCK: no such file"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
@@ -171,17 +178,21 @@ elif command -v huggingface-cli >/dev/null 2>&1; then HF_CLI=(huggingface-cli do
 else die "neither 'hf' nor 'huggingface-cli' is installed: pip install 'huggingface_hub[cli]'"
 fi
 
-# fetch REPO REVISION DIR [PATTERN...]: download REPO at REVISION (only PATTERNs when given) into DIR, resuming what
-# is there
+# fetch REPO REVISION DIR [PATTERN...]: download REPO at the commit REVISION resolves to (the --lock file's commit
+# when it names REPO) into DIR (only PATTERNs when given), resuming what is there, and record the commit in the lock
 fetch() {
   local repo=$1 revision=$2 dir=$3; shift 3
-  local args=("$repo" --revision "$revision" --local-dir "$dir")
+  local commit lock_args=()
+  [ -n "$LOCK" ] && lock_args=(--lock "$LOCK")
+  commit=$("$PY" -m sage_grpo.models.revisions resolve "$repo" "$revision" "${lock_args[@]}") || return 1
+  local args=("$repo" --revision "$commit" --local-dir "$dir")
   if [ $# -gt 0 ]; then
     if [ "$INCLUDE_STYLE" = repeat ]; then for p in "$@"; do args+=(--include "$p"); done
     else args+=(--include "$@"); fi
   fi
-  echo "[download_weights] ${HF_CLI[*]} ${args[*]}"
-  "${HF_CLI[@]}" "${args[@]}"
+  echo "[download_weights] ${HF_CLI[*]} ${args[*]}   ($revision)"
+  "${HF_CLI[@]}" "${args[@]}" || return 1
+  "$PY" -m sage_grpo.models.revisions record "$MODEL_ROOT" "$repo" "$revision" "$commit" "${lock_args[@]}"
 }
 
 # link TARGET LINK: make LINK a relative symlink to TARGET (an incomplete real folder is moved aside first)

@@ -62,7 +62,8 @@ from sage_grpo.distributed.parallelize import is_sharded
 from sage_grpo.faults import fault_point
 from sage_grpo.optim.optimizers import optimizer_parts
 from sage_grpo.rl.anchor import MovingAnchorSchedule
-from sage_grpo.safe_io import CheckpointError, dcp_load, load_plain, read_dcp_metadata
+from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, dcp_load, disk_full_as_error, fsync_dir,
+                               fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 StateDict = Dict[str, torch.Tensor]
@@ -141,15 +142,22 @@ def write_checkpoint_files(directory: Path, *, model_state: StateDict, training_
     them in the DCP shards)."""
     directory = Path(directory)
     (directory / TRANSFORMER_FILE).parent.mkdir(parents=True, exist_ok=True)
-    save_file(_contiguous_cpu(model_state), str(directory / TRANSFORMER_FILE))
+    # A full disk is named with the file and the space the whole checkpoint needs (torch's own error is
+    # "basic_ios::clear: iostream error").
+    needed = nbytes_of(model_state) + nbytes_of(anchor_state) + nbytes_of(optimizer_state) + (1 << 20)
+    with disk_full_as_error(directory / TRANSFORMER_FILE, needed):
+        save_file(_contiguous_cpu(model_state), str(directory / TRANSFORMER_FILE))
     if anchor_state is not None:
         (directory / ANCHOR_FILE).parent.mkdir(exist_ok=True)
-        save_file(_contiguous_cpu(anchor_state), str(directory / ANCHOR_FILE))
+        with disk_full_as_error(directory / ANCHOR_FILE, needed):
+            save_file(_contiguous_cpu(anchor_state), str(directory / ANCHOR_FILE))
     if optimizer_state is not None:
-        torch.save(optimizer_state, directory / OPTIMIZER_FILE)
-    torch.save(training_state, directory / TRAINING_STATE_FILE)
+        with disk_full_as_error(directory / OPTIMIZER_FILE, needed):
+            torch.save(optimizer_state, directory / OPTIMIZER_FILE)
+    with disk_full_as_error(directory / TRAINING_STATE_FILE, needed):
+        torch.save(training_state, directory / TRAINING_STATE_FILE)
     if config_yaml is not None:
-        (directory / CONFIG_FILE).write_text(config_yaml)
+        atomic_write(directory / CONFIG_FILE, config_yaml)
 
 
 def _load_safetensors(path: Path) -> StateDict:
@@ -172,12 +180,21 @@ def list_checkpoints(run_dir: Path) -> Dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def resumes(value: Optional[str], run_dir: Path) -> bool:
+    """Whether ``--resume_from_checkpoint value`` resumes: ``auto`` only when ``run_dir`` holds a checkpoint (a
+    published ``checkpoint-N``: complete by construction, its temporary directory was renamed last)."""
+    if value == "auto":
+        return bool(list_checkpoints(run_dir))
+    return value is not None
+
+
 def resolve_resume_path(value: str, run_dir: Path) -> Path:
-    """``--resume_from_checkpoint``: a checkpoint directory, or ``latest`` (newest one in the run directory)."""
-    if value == "latest":
+    """``--resume_from_checkpoint``: a checkpoint directory, or ``latest`` / ``auto`` (newest one in the run
+    directory; see :func:`resumes` for ``auto`` without one)."""
+    if value in ("latest", "auto"):
         checkpoints = list_checkpoints(run_dir)
         if not checkpoints:
-            raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint-N directory in {run_dir}")
+            raise FileNotFoundError(f"--resume_from_checkpoint {value}: no checkpoint-N directory in {run_dir}")
         return list(checkpoints.values())[-1]
     path = Path(value)
     if not path.is_dir():
@@ -258,14 +275,21 @@ class CheckpointManager:
             dcp.save(self._dcp_state(with_anchor), checkpoint_id=str(tmp / DCP_DIR))
         model_state = gather_to_main(self.models.trainable_state_dict(), is_main)
         if is_main:
-            self._write_main_files(tmp, model_state, training_state, with_anchor)
+            try:
+                self._write_main_files(tmp, model_state, training_state, with_anchor)
+            except DiskFullError:
+                shutil.rmtree(tmp, ignore_errors=True)  # give the space of the partial checkpoint back
+                raise
         del model_state
+        if is_main:
+            fsync_tree(tmp)  # every rank's files are written and closed (DCP's save ends with a barrier)
         fault_point("checkpoint", step)
         barrier(device)
         if is_main:
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)
+            fsync_dir(self.run_dir)  # the rename itself survives a power loss
         barrier(device)
         if is_main:
             prune_checkpoints(self.run_dir, self.keep_checkpoints)

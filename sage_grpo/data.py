@@ -114,16 +114,20 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
             line = file.read_bytes()[:err.start].count(b"\n") + 1
             raise ConfigError(f"prompt CSV {path!r}, line {line}: not UTF-8 text ({err.reason} at byte {err.start}). "
                               "Save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-        skipped, first = [], len(items)
+        skipped, first, done = [], len(items), 0  # done: the last line of the last complete record
         try:
-            reader = csv.DictReader(io.StringIO(text, newline=""))
+            # strict: a quote that never closes (or stray text after a closing quote) is an error, not a prompt that
+            # swallows the rows after it
+            reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
             reader.fieldnames = columns = [name.strip() for name in reader.fieldnames or []]
+            done = reader.line_num
             if "prompt" not in columns:
                 raise ConfigError(f"prompt CSV {path!r} has no 'prompt' column (columns: {columns}). The first line "
                                   "must be a header such as: prompt,seed")
             if require_seed and "seed" not in columns:
                 raise ConfigError(f"prompt CSV {path!r} needs a 'seed' column")
             for row in reader:
+                done = reader.line_num
                 where = f"{path}, row {reader.line_num}"
                 prompt = (row.get("prompt") or "").strip()
                 if not prompt:
@@ -142,7 +146,10 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
                     image = check_image(image, file.parent, where)
                 items.append(PromptItem(index, prompt, seed, image))
         except csv.Error as err:
-            raise ConfigError(f"prompt CSV {path!r}, line {reader.line_num}: {err}") from None
+            hint = (" (a quoted field opens on this line and never closes)" if "unexpected end of data" in str(err)
+                    else "")
+            raise ConfigError(f"prompt CSV {path!r}, line {done + 1}: {err}{hint}. Fix the quoting: a field that "
+                              'starts with " ends with ", and a " inside it is written ""') from None
         if skipped:
             shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
             message = f"prompt CSV {path}: {len(skipped)} row(s) with an empty prompt skipped (line {shown})"

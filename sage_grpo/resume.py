@@ -3,11 +3,14 @@
 :func:`check_resume` finds the checkpoint (``--resume_from_checkpoint DIR`` or ``latest``), checks that every part
 the run needs is there and readable (weights, optimizer state, training state, the moving anchor once it has moved),
 loads the training state (plain data only, :mod:`sage_grpo.safe_io`), and compares the settings that define the run
-with the checkpoint's ``config.yaml``. A change of any of them is refused with the list of differences, unless
+with the checkpoint's ``config.yaml``, and the model root with the fingerprint the checkpoint recorded of it
+(:func:`model_fingerprint`: the components' configs and weight sizes; another root, or weights replaced in place,
+change the KL reference, the VAE and the encoders). A change of any of them is refused with the list of differences, unless
 ``--allow_config_change true``: then the differences are returned for the trainer to log and record in
 ``config_changes.yaml``.
 """
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -20,7 +23,7 @@ from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, D
 from sage_grpo.config import TrainConfig, to_dict
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.rl import KLMode
-from sage_grpo.safe_io import CheckpointError, load_plain, read_dcp_metadata
+from sage_grpo.safe_io import CheckpointError, atomic_write, load_plain, read_dcp_metadata
 
 # Settings whose change makes the continued run a different experiment (the optimizer state, the anchor schedule, the
 # KL controller, the advantages or the sampled trajectories would no longer mean what they meant). Everything else
@@ -118,11 +121,67 @@ def _check_parts(path: Path, sharded: bool) -> List[str]:
     return []
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_HASHED_FILE_LIMIT = 64 << 20  # config, index and tokenizer files are hashed whole; larger files are sampled
+_SAMPLES, _SAMPLE_BYTES = 16, 4096  # a weight file: 16 blocks of 4 KiB, evenly spaced (header and tensor data)
+
+
+def _sample_file(file: Path, size: int, digest) -> None:
+    """Blocks spread over the file: other weights of the same shapes (a fine-tune, another seed) differ in them,
+    and reading 64 KiB costs nothing next to hashing gigabytes."""
+    with open(file, "rb") as handle:
+        for index in range(_SAMPLES):
+            handle.seek(max(size - _SAMPLE_BYTES, 0) * index // (_SAMPLES - 1))
+            digest.update(handle.read(_SAMPLE_BYTES))
+
+
+def model_fingerprint(root: Path, transformer_version: str) -> Dict[str, str]:
+    """A short digest per component folder of the model root (the transformer version, its variant configs, the
+    VAE, the text and image encoders, tokenizers, scheduler): the content of its config, weight-index and tokenizer
+    files, the names and sizes of its weight files and 64 KiB sampled from each. Cheap at any model size (no weight
+    file is read whole); weights of the same shapes that differ only outside the samples would pass."""
+    from sage_grpo.models import layout
+
+    folders = [layout.transformer_layout(transformer_version), *layout.variant_config_layouts(transformer_version),
+               layout.VAE, *layout.TEXT_COMPONENTS, layout.SCHEDULER, *layout.IMAGE_COMPONENTS]
+    digests = {}
+    for component in folders:
+        folder = Path(root) / component.subdir
+        if not folder.is_dir():
+            continue
+        digest = hashlib.sha256()
+        for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+            size = file.stat().st_size
+            digest.update(f"{file.relative_to(folder)}\0{size}\0".encode())
+            if file.suffix not in WEIGHT_SUFFIXES and size <= _HASHED_FILE_LIMIT:
+                digest.update(hashlib.sha256(file.read_bytes()).digest())
+            else:
+                _sample_file(file, size, digest)
+        digests[component.subdir] = digest.hexdigest()[:16]
+    return digests
+
+
 def layout_record(cfg: TrainConfig, world_size: int, dp_size: int, sp_size: int) -> dict:
-    """What a checkpoint records of the parallel layout. Only the videos per step matter to the run (DCP reshards
-    the weights to any layout, and every sample's randomness depends on its index in the step's global batch)."""
+    """What a checkpoint records of the run's make-up: the parallel layout and the model root's fingerprint
+    (:func:`model_fingerprint`). Of the layout only the videos per step matter to the run (DCP reshards the weights
+    to any layout, and every sample's randomness depends on its index in the step's global batch)."""
     return {"world_size": world_size, "dp_size": dp_size, "sp_size": sp_size,
-            "videos_per_step": cfg.batch_size * dp_size}
+            "videos_per_step": cfg.batch_size * dp_size,
+            "model_root": model_fingerprint(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)}
+
+
+def model_root_difference(saved_root: Any, layout: Optional[dict], cfg: TrainConfig) -> Dict[str, Tuple[Any, Any]]:
+    """The model root as a difference to refuse (or record): the components whose configs, weight index or weight
+    sizes differ from those the checkpoint was trained from. Checkpoints of earlier versions record none."""
+    saved = (layout or {}).get("model_root")
+    if not isinstance(saved, dict):
+        return {}
+    now = model_fingerprint(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
+    changed = sorted(name for name in set(saved) | set(now) if saved.get(name) != now.get(name))
+    if not changed:
+        return {}
+    key = f"model root --pretrained_model_root (differs in {', '.join(changed)})"
+    return {key: (saved_root, cfg.pretrained_model_root)}
 
 
 def describe_setting(key: str) -> str:
@@ -165,6 +224,8 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
     layout = training.get("layout")
     if layout is not None and layout["videos_per_step"] != cfg.batch_size * dp_size:
         check.differences["videos per step (batch_size x dp)"] = (layout["videos_per_step"], cfg.batch_size * dp_size)
+    # the KL reference, the VAE and the encoders come from the model root: other weights make another run
+    check.differences.update(model_root_difference((saved or {}).get("pretrained_model_root"), layout, cfg))
     if check.differences and not cfg.allow_config_change:
         lines = "; ".join(f"{describe_setting(key)} {old!r} -> {new!r}"
                           for key, (old, new) in check.differences.items())
@@ -182,4 +243,4 @@ def record_config_changes(run_dir: Path, check: ResumeCheck) -> None:
     history.append({"resumed_from": str(check.path), "at_step": int(check.training_state["global_step"]),
                     "changes": {key: {"checkpoint": old, "now": new} for key, (old, new) in
                                 check.differences.items()}})
-    file.write_text(yaml.safe_dump(history, sort_keys=False))
+    atomic_write(file, yaml.safe_dump(history, sort_keys=False))

@@ -14,12 +14,18 @@ goes through this module:
 safetensors files and YAML (``yaml.safe_load``) hold plain data by construction.
 """
 
+import contextlib
+import errno
 import io
+import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any, Union
 
 import torch
+
+from sage_grpo.faults import fault_point
 
 PathLike = Union[str, Path]
 
@@ -54,8 +60,12 @@ def _refusal_reason(err: Exception) -> str:
     return (named or lines or [type(err).__name__])[0][:200]
 
 
-def load_plain(path: PathLike, what: str) -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU; a file that needs more is refused, naming ``path``."""
+_PLAIN_FIX = "Use a file written by sage-grpo, or start a new run from the weights only"
+
+
+def load_plain(path: PathLike, what: str, fix: str = _PLAIN_FIX) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; a file that needs more is refused, naming ``path`` (and
+    ``fix``, what to use instead)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{what} {path} is missing")
@@ -64,9 +74,8 @@ def load_plain(path: PathLike, what: str) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise UnsafeFileError(f"refusing to load {what} {path}: it holds Python objects other than tensors and plain "
-                              f"data, which could run code when loaded ({_refusal_reason(err)}). Use a file written "
-                              "by sage-grpo, or start a new run from the weights only") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
+                              f"data, which could run code when loaded ({_refusal_reason(err)}). {fix}") from None
+    except Exception as err:  # a garbled pickle raises EOFError, IndexError, KeyError, ... from the unpickler
         raise CheckpointError(f"cannot read {what} {path}: {type(err).__name__}: {str(err)[:200]} (is it truncated? "
                               "an interrupted copy leaves such files; use another checkpoint)") from None
 
@@ -171,8 +180,115 @@ def dcp_load(state: dict, folder: PathLike, *, allow_partial_load: bool = True) 
     try:
         dcp.load(state, storage_reader=safe_dcp_reader(folder), planner=safe_load_planner(allow_partial_load))
     except CheckpointException as err:  # DCP wraps each rank's exception (with its stack) in a tuple
-        for failure in err.failures.values():
-            cause = failure[0] if isinstance(failure, tuple) else failure
+        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in err.failures.values()]
+        for cause in causes:
             if isinstance(cause, CheckpointError):
                 raise cause from None
+        # a shard (.distcp) that torch's weights-only reader cannot read: truncated, or replaced by another file
+        cause = causes[0] if causes else err
+        unsafe = isinstance(cause, pickle.UnpicklingError)  # torch's text would suggest weights_only=False: not echoed
+        reason = _refusal_reason(cause) if unsafe else f"{type(cause).__name__} {str(cause)[:200]!r}"
+        raise (UnsafeFileError if unsafe else CheckpointError)(
+            f"cannot read the DCP checkpoint {folder}: a shard is not tensor data written by "
+            f"torch.distributed.checkpoint ({reason}). Was a .distcp file truncated or replaced? Use another "
+            "checkpoint") from None
+
+
+# ---------------------------------------------------------------- writing files that must survive a crash
+
+
+class DiskFullError(OSError):
+    """A write that ran out of space (ENOSPC): names the file and the space it needed."""
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
+def disk_full_error(path: PathLike, needed_bytes: int) -> DiskFullError:
+    """The one-line error of a write to ``path`` that needed about ``needed_bytes`` and found the disk full."""
+    path = Path(path)
+    folder = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    free = shutil.disk_usage(folder).free
+    return DiskFullError(errno.ENOSPC, f"disk full while writing {path}: it needs about {_megabytes(needed_bytes)} "
+                         f"and {_megabytes(free)} is free there. Free space on that file system, or point "
+                         "--output_dir at another one (the file was not replaced)")
+
+
+def is_disk_full(err: BaseException, path: PathLike, needed_bytes: int) -> bool:
+    """Whether ``err`` from writing ``path`` means the disk is full: ENOSPC, or (torch's C++ writer reports
+    "basic_ios::clear: iostream error" or "file write failed" without an errno) less free space than was needed."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if isinstance(err, RuntimeError):
+        folder = next((p for p in (Path(path), *Path(path).parents) if p.exists()), Path("."))
+        return shutil.disk_usage(folder).free < needed_bytes
+    return False
+
+
+def fsync_dir(folder: PathLike) -> None:
+    """Make a rename or a new file in ``folder`` durable (a directory's entries are flushed with the directory)."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def fsync_tree(root: PathLike) -> None:
+    """fsync every file and folder under ``root`` (a checkpoint before it is renamed into place)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            handle = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(handle)
+            finally:
+                os.close(handle)
+        fsync_dir(folder)
+
+
+def atomic_write(path: PathLike, data: Union[str, bytes]) -> None:
+    """Replace ``path`` with ``data`` so that a crash at any moment leaves either the old file or the new one: a
+    temporary file in the same folder, fsynced, then renamed over ``path`` (and the folder fsynced). The one writer
+    of every file the project rewrites. A full disk raises :class:`DiskFullError` and leaves ``path`` as it was."""
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(err, path, len(payload)):
+            raise disk_full_error(path, len(payload)) from None
         raise
+    fault_point("rewrite", path.name)  # tests: a kill here must leave the old file whole
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def disk_full_as_error(path: PathLike, needed_bytes: int):
+    """Turn a full disk while writing ``path`` (about ``needed_bytes``) into :class:`DiskFullError`; any other
+    error passes unchanged."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except (OSError, RuntimeError) as err:
+        if is_disk_full(err, path, needed_bytes):
+            raise disk_full_error(path, needed_bytes) from None
+        raise
+
+
+def nbytes_of(obj: Any) -> int:
+    """The tensor bytes in a (nested) state dict: what writing it needs, about."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(nbytes_of(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes_of(value) for value in obj)
+    return 0

@@ -64,18 +64,20 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl
-from sage_grpo.checkpoint import CheckpointManager, seed_everything
-from sage_grpo.config import TrainConfig, save_yaml, validate_train_config
+from sage_grpo.checkpoint import CheckpointManager, resumes, seed_everything
+from sage_grpo.config import TrainConfig, save_yaml
 from sage_grpo.config.schema import config_to_yaml, to_dict
 from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift,
                                         validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_prompt_csvs, sample_seeds, video_size
-from sage_grpo.distributed import ParallelDims, barrier, destroy_distributed, init_distributed, mean_over_world
+from sage_grpo.distributed import barrier, destroy_distributed, mean_over_world
+from sage_grpo.distributed.liveness import PeerLost
+from sage_grpo.distributed.startup import start_processes
 from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, parallelize_models
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
                                                 gather_step_rewards, run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
-from sage_grpo.models.geometry import read_model_geometry, video_tokens_at
+from sage_grpo.models.geometry import check_video_sizes, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
@@ -85,19 +87,24 @@ from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs,
 from sage_grpo.rl.sde_window import SDEWindow, window_transition_means
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
-from sage_grpo.safe_io import CheckpointError
+from sage_grpo.safe_io import CheckpointError, DiskFullError
 from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
-from sage_grpo.tracking.run_dir import RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, truncate_metrics
-from sage_grpo.models.attention import check_attention_backend
+from sage_grpo.tracking.run_dir import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, show_progress_bars,
+                                        startup_summary, truncate_metrics)
+from sage_grpo.dtypes import DTYPES
+from sage_grpo.models.attention import check_attention_runs
 from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
+from sage_grpo.models.revisions import record_run_weights
 from sage_grpo.pipeline.sampler import sampler_of
 from sage_grpo.plan.memory import placement_of
+from sage_grpo.rewards.remote import RemoteRewardError
 from sage_grpo.rewards.setup import RewardFailure, build_reward, check_reward_config
 from sage_grpo.video_io import BackgroundWriter, sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
-USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure)
+USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
+               RemoteRewardError, PeerLost, DiskFullError)
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
 
 
@@ -110,22 +117,6 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, List[str]]:
-    """Join the torchrun job (if any) and check the configuration and the parallel layout (spec §3.4) before any
-    model loads; returns the layout and the validation notes."""
-    device = resolve_device(cfg)
-    env = init_distributed(backend="gloo" if device.type == "cpu" else None)
-    geometry = read_model_geometry(cfg)
-    heads = geometry.num_attention_heads if geometry is not None else None
-    notes = validate_train_config(cfg, world_size=env.world_size, num_attention_heads=heads)
-    dims = ParallelDims(world_size=env.world_size, sp_size=cfg.sp_size, dp_replicate=cfg.dp_replicate,
-                        rank=env.rank, device=device, batch_size=cfg.batch_size,
-                        num_generations=cfg.num_generations, num_attention_heads=heads)
-    for tokens in (geometry.video_tokens.values() if geometry is not None else ()):
-        dims.check_tokens(tokens)
-    return dims, notes
-
-
 class GRPOTrainer:
     """Everything a start can check is checked before any model loads (configuration, prompt CSVs, the reward
     configuration and its plug-ins, the resume target and its compatibility, the run directory); the run directory
@@ -136,11 +127,12 @@ class GRPOTrainer:
         # the version name, then the variant's guidance and validation shift where no flag sets them (config files)
         cfg, variant_warnings, variant_notes = resolve_train_sampling(cfg)
         self.cfg = cfg
-        self.dims, self.notes = start_processes(cfg)
+        self.dims, self.peers, self.notes = start_processes(cfg)
         self.notes += variant_notes
         for message in variant_warnings if self.dims.is_main else ():
             warnings.warn(message, UserWarning, stacklevel=2)
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
+        self.show_bars = show_progress_bars(self.is_main, cfg.quiet)  # tqdm bars: main process, terminal, no --quiet
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
         self.validation_items = self._validation_items()
         check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
@@ -150,12 +142,12 @@ class GRPOTrainer:
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
-        try:
-            check_attention_backend(cfg.attention_backend)
-        except ValueError as err:
-            raise ConfigError(f"--attention_backend: {err}") from None
-        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed,
-                                          dp_size=self.dp_size) if cfg.resume_from_checkpoint is not None else None)
+        check_video_sizes(cfg)  # sizes and frame counts, which the first rollout would otherwise be the first to see
+        # the backend runs on this device in the compute dtype (bf16 autocast, or --dtype), masked and not
+        check_attention_runs(cfg.attention_backend, resolve_device(cfg),
+                             torch.bfloat16 if cfg.dtype == "bf16" else DTYPES[cfg.dtype])
+        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed, dp_size=self.dp_size)
+                             if resumes(cfg.resume_from_checkpoint, Path(cfg.output_dir)) else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
         check_run_dir(cfg.output_dir, resuming=self.resume_check is not None, overwrite=cfg.overwrite_output_dir)
@@ -196,7 +188,7 @@ class GRPOTrainer:
         self.window = SDEWindow(cfg.sde_window_size, cfg.sde_window_stride, cfg.grpo_sampling_steps)
         self.num_train_steps = max(int(self.window.steps(0).numel() * cfg.timestep_fraction), 1)
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
-                                      self.kl_controller, self.eq_scales, self.num_train_steps)
+                                      self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps whose reward failed on every sample
@@ -207,7 +199,7 @@ class GRPOTrainer:
                                    run_name=cfg.run_name, config=to_dict(cfg), resuming=self.resume_check is not None)
                     if self.is_main else ())
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
-                                    trackers=trackers)
+                                    trackers=trackers, max_steps=cfg.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
@@ -215,6 +207,7 @@ class GRPOTrainer:
             keep_checkpoints=cfg.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
             config_yaml=partial(config_to_yaml, cfg), log=self.logger.info)
+        self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device))
         for note in self.notes:
             self.logger.info(f"note: {note}")
         if self.dims.is_distributed:
@@ -234,6 +227,7 @@ class GRPOTrainer:
                               f"(recorded in {run_dir / CONFIG_CHANGES_FILE})")
         if check is None or check.differences or not (run_dir / RUN_MARKER).exists():
             save_yaml(cfg, run_dir / RUN_MARKER)
+            record_run_weights(cfg.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
         return run_dir
 
     # ------------------------------------------------------------------ outer loop
@@ -243,7 +237,7 @@ class GRPOTrainer:
             self.resume(self.resume_check.path)
         elif cfg.validate_at_step0:
             self.validate(0)
-        progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.is_main,
+        progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
         while self.global_step < cfg.max_steps:
             self.maybe_refresh_anchor()
@@ -293,7 +287,7 @@ class GRPOTrainer:
         noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
                                        num_frames=cfg.sample_n_frames, height=height, width=width,
-                                       sde_generators=noise_generators, decode=False,
+                                       sde_generators=noise_generators, decode=False, progress=self.show_bars,
                                        deterministic=self.window.deterministic(self.update_steps))
         share_rollout(rollout, self.dims)
         # decoded by the SP group's ranks together, for the SP leader, which scores them and writes the rollout media
@@ -383,7 +377,7 @@ class GRPOTrainer:
             if self.window.enabled:  # only the window's transitions are trained
                 return window_transition_means(self.sampler, reference, rollout.latents, embeds, self.device,
                                                self.window.steps(self.update_steps))
-            return self.sampler.transition_means(reference, rollout.latents, embeds, self.device)
+            return self.sampler.transition_means(reference, rollout.latents, embeds, self.device, self.show_bars)
 
     def policy_update(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
                       trained_steps: torch.Tensor, pass_index: int = 0) -> Dict[str, float]:
@@ -489,7 +483,8 @@ class GRPOTrainer:
 
 def run_training(cfg: TrainConfig) -> GRPOTrainer:
     trainer = GRPOTrainer(cfg)
-    trainer.train()
-    barrier(trainer.dims.device)  # every rank is done with every collective before the process group goes
+    with trainer.peers.guard("training"):  # a stopped or lost rank is named, within the collective timeout
+        trainer.train()
+        barrier(trainer.dims.device)  # every rank is done with every collective before the process group goes
     destroy_distributed()
     return trainer

@@ -3,7 +3,7 @@
     python scripts/demo_report.py --config configs/toy_cpu.yaml [post_train.py flags]   # the demo's run directory
     python scripts/demo_report.py --run_dir outputs/demo
 
-Writes ``run.png`` next to ``metrics.jsonl`` (scripts/plot_run.py) and prints, from ``gathered_avg_reward_mean``:
+Writes ``run.png`` next to ``metrics.jsonl`` (sage_grpo/cli/plot.py) and prints, from ``gathered_avg_reward_mean``:
 the mean of the first and of the last ``--window`` steps, their difference (the gain), the standard deviation of the
 first window's step means (the step-to-step noise) and gain / noise; and the manifold error of the rollouts over the
 same windows when the reward reports one.
@@ -15,8 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from plot_run import plot_run  # noqa: E402
-
+from sage_grpo.cli.plot import plot_run  # noqa: E402
 from sage_grpo.tracking.run_dir import read_metrics, summarize_run  # noqa: E402
 
 

@@ -1,46 +1,14 @@
 """Serve a reward model over HTTP for ``post_train.py --remote_reward_url`` (wire format: sage_grpo/rewards/remote.py).
 
-    python scripts/reward_server.py --pretrained_model_root ckpts --port 8765             # VideoAlign, bf16
-    python post_train.py --remote_reward_url http://127.0.0.1:8765 ...                    # the trainer, elsewhere
-
-Every reward flag is the trainer's (``python scripts/reward_server.py --help``). The server prints one line with its
-address once the model has loaded, then serves until interrupted.
+``sage-grpo serve-reward`` is the same command; the code and its documentation: sage_grpo/cli/serve_reward.py.
 """
 
-from __future__ import annotations
-
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from sage_grpo.config.reward_server import RewardServerConfig  # noqa: E402
-from sage_grpo.config.schema import parse_cli  # noqa: E402
-
-
-def main(argv=None) -> int:
-    cfg = parse_cli(RewardServerConfig, argv, description=__doc__.splitlines()[0])
-    from sage_grpo.rewards.serving import make_server, service_from_config
-
-    try:
-        service = service_from_config(cfg)
-        server = make_server(service, cfg.host, cfg.port)
-    except (ValueError, ImportError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    host, port = server.server_address[:2]
-    print(f"serving reward {service.reward_model!r} (metrics {service.metric_names}) on http://{host}:{port}",
-          flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
-
+from sage_grpo.cli.serve_reward import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

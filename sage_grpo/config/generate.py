@@ -4,7 +4,9 @@ Core reference flags keep their names and defaults (``--num_inference_steps 50``
 ``--seed 930``, ``--aspect_ratio 16:9``, ``--dtype bf16``, ``--offloading true``, ...); ``--guidance_scale``,
 ``--flow_shift`` and ``--device`` are new (the reference takes CFG and shift from its pipeline config; their defaults
 are that config's: CFG 6.0, shift 5.0 at 480p and 9.0 at 720p), as are the text-stream lengths, which must match what
-the weights were trained with (the trainer has the same three flags).
+the weights were trained with (the trainer has the same three flags). With ``--checkpoint_path`` a training checkpoint,
+the settings its run recorded (token lengths, transformer version, guidance) are the defaults
+(sage_grpo/pipeline/recorded.py); a flag that overrides one is named in a note.
 
 Inference-speed flags map onto diffusers (sage_grpo/pipeline/generation.py): ``--offloading`` moves each model to
 CUDA only for its stage, ``--group_offloading`` is diffusers' block-level ``apply_group_offloading`` on the
@@ -29,6 +31,7 @@ from typing import List, Optional
 from sage_grpo.config.schema import config_field
 from sage_grpo.config.train import ATTENTION_BACKENDS
 
+DEFAULT_GUIDANCE_SCALE = 6.0  # the reference's CFG: the guidance of a version without a guider config
 _NOT_IMPLEMENTED = "this feature of the reference's inference stack is not reimplemented"
 
 
@@ -69,16 +72,18 @@ class GenerateConfig:
     video_length: int = config_field(121, "Frames per video (1 + a multiple of the VAE's temporal ratio, 4)")
     aspect_ratio: str = config_field("16:9", "Width:height of the video when --fixed_size is not given")
     fixed_size: Optional[str] = config_field(None, "HEIGHTxWIDTH override of the size, e.g. 480x864")
-    guidance_scale: float = config_field(
-        6.0, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u); s <= 1: no guidance (v = v_c). Unset: the "
-        "version's guider config (cfg-distilled: 1.0) when the model root has one, else 6.0")
+    guidance_scale: Optional[float] = config_field(
+        None, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u); s <= 1: no guidance (v = v_c). Unset: the "
+        "--checkpoint_path run's --cfg_scale, else the version's guider config (cfg-distilled: 1.0), else 6.0")
     flow_shift: Optional[float] = config_field(
         None, "Time shift s of the sigma schedule, sigma = s*u / (1 + (s-1)*u); default: the version's scheduler "
         "config, else the reference's for the version (480p 5.0, 720p 9.0)")
     text_max_length: Optional[int] = config_field(
-        None, "MLLM text token length (default: the pipeline's 1000; use the value the weights were trained with)")
-    byt5_max_length: int = config_field(256, "byT5 glyph-stream token length")
-    vision_num_semantic_tokens: int = config_field(729, "Image-embedding tokens fed to the transformer (zeros, t2v)")
+        None, "MLLM text token length (default: what the --checkpoint_path run was trained with, else the pipeline's "
+        "1000)")
+    byt5_max_length: int = config_field(256, "byT5 glyph-stream token length (default: the --checkpoint_path run's)")
+    vision_num_semantic_tokens: int = config_field(
+        729, "Image-embedding tokens fed to the transformer (zeros, t2v; default: the --checkpoint_path run's)")
     # ---------------------------------------------------------------- output
     output_path: Optional[str] = config_field(
         None, "One video: this .mp4 path; several: the path without extension becomes a directory of "

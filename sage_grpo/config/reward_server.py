@@ -14,7 +14,8 @@ from sage_grpo.config.schema import config_field
 
 @dataclass
 class RewardServerConfig:
-    host: str = config_field("127.0.0.1", "Address to listen on (0.0.0.0: every interface; there is no auth)")
+    host: str = config_field(
+        "127.0.0.1", "Address to listen on (0.0.0.0: every interface; then also pass --auth_token_file)")
     port: int = config_field(8765, "Port to listen on (0: a free one, printed at start)")
     reward_model: str = config_field(
         "videoalign_local", "Reward model served: videoalign_local, a built-in toy reward, or a dotted path "
@@ -35,3 +36,23 @@ class RewardServerConfig:
         None, "VideoAlign pixel budget per frame (default: the checkpoint's)")
     max_request_mb: int = config_field(1024, "Largest request body accepted, in MiB (413 above)")
     max_videos_per_request: int = config_field(64, "Most videos one request may hold")
+    max_buffered_mb: int = config_field(
+        2048, "Request bodies held in memory at once over all connections, in MiB (503 above; the client retries)")
+    max_connections: int = config_field(16, "Connections served at once (the next one gets 503 and is closed)")
+    idle_timeout_s: float = config_field(30.0, "Seconds a connection may stay silent while sending its request")
+    request_timeout_s: float = config_field(300.0, "Seconds a connection may take to send one whole request")
+    auth_token_file: Optional[str] = config_field(
+        None, "File holding a shared secret (one line, >= 16 characters); every request must then send it, the "
+        "trainer from the SAGE_GRPO_REWARD_TOKEN environment variable (default: no authentication)")
+
+    def __post_init__(self):
+        for name in ("max_request_mb", "max_videos_per_request", "max_buffered_mb", "max_connections",
+                     "reward_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("idle_timeout_s", "request_timeout_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"--{name} must be a positive number of seconds, got {getattr(self, name)}")
+        if self.max_buffered_mb < self.max_request_mb:
+            raise ValueError(f"--max_buffered_mb {self.max_buffered_mb} must be >= --max_request_mb "
+                             f"{self.max_request_mb}, or no request of the largest size could ever be read")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from sage_grpo.config.schema import shorten
+
 
 def json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
     """A dict given directly or as a JSON string (an empty string is an empty dict)."""
@@ -12,9 +14,9 @@ def json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
         try:
             value = json.loads(value) if value.strip() else {}
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{label} is not valid JSON ({exc}): {value!r}; e.g. '{example}'") from exc
+            raise ValueError(f"{label} is not valid JSON ({exc}): {shorten(value)}; e.g. '{example}'") from exc
     if not isinstance(value, Mapping):
-        raise ValueError(f"{label} must be a dict (or its JSON), got {value!r}; e.g. '{example}'")
+        raise ValueError(f"{label} must be a dict (or its JSON), got {shorten(value)}; e.g. '{example}'")
     return value
 
 
@@ -34,6 +36,6 @@ def number_dict(value: Mapping, label: str) -> dict[str, float]:
     out = {}
     for key, weight in value.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ValueError(f"{label}[{key!r}] must be a number, got {weight!r}")
+            raise ValueError(f"{label}[{key!r}] must be a number, got {shorten(weight)}")
         out[str(key)] = float(weight)
     return out

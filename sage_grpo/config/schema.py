@@ -15,8 +15,11 @@ cfg-distilled variant) use it to tell a user's choice from a default.
 
 import argparse
 import dataclasses
+import datetime
 import difflib
 import json
+import reprlib
+import sys
 import typing
 import warnings
 from pathlib import Path
@@ -27,8 +30,31 @@ import yaml
 T = TypeVar("T")
 
 _EXPLICIT_ATTR = "_explicit_fields"  # set on instances by from_dict; not a dataclass field (asdict, == ignore it)
+MAX_ECHO_CHARS = 200  # longest user value an error message repeats
+_SCALARS = (str, int, float, bool, datetime.date)  # YAML reads 2026-11-25 as a date (run_name: 2026-11-25)
 _TRUE = {"true", "1", "yes", "on", "y", "t"}
 _FALSE = {"false", "0", "no", "off", "n", "f"}
+
+
+def _bounded_repr() -> reprlib.Repr:
+    shown = reprlib.Repr()
+    shown.maxlevel, shown.maxlist, shown.maxtuple, shown.maxdict, shown.maxset = 3, 4, 4, 4, 4
+    shown.maxstring = shown.maxother = 60
+    return shown
+
+
+_SHOWN = _bounded_repr()
+
+
+def shorten(value: Any, limit: int = MAX_ECHO_CHARS, *, quote: bool = True) -> str:
+    """The repr of a user value for an error message (a string as it is with ``quote=False``), at most about
+    ``limit`` characters: a long string is cut and its length given ("... (N chars)"); a container shows a few items
+    of a few levels, so a YAML alias bomb (a shared list referenced from thousands of places) is never expanded."""
+    if isinstance(value, str):
+        text = repr(value[:limit]) if quote else value[:limit]
+        return text if len(value) <= limit else f"{text}... ({len(value)} chars)"
+    text = _SHOWN.repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def str_to_bool(value: Any) -> bool:
@@ -42,7 +68,7 @@ def str_to_bool(value: Any) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false, 1/0, yes/no, on/off), got {value!r}")
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false, 1/0, yes/no, on/off), got {shorten(value)}")
 
 
 def config_field(
@@ -79,13 +105,13 @@ def _scalar_converter(tp: Any):
     if tp in (int, float, str):
         def convert(value: Any, _tp=tp) -> Any:
             if _tp is int and isinstance(value, float) and not value.is_integer():
-                raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}")
+                raise argparse.ArgumentTypeError(f"expected an integer, got {shorten(value)}")
             if _tp is int and isinstance(value, str):
                 if "e" not in value.lower():
                     return int(value)
                 number = float(value)  # 1e4 is an integer; 2.5e0 is not
                 if not number.is_integer():
-                    raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}")
+                    raise argparse.ArgumentTypeError(f"expected an integer, got {shorten(value)}")
                 return int(number)
             return _tp(value)
         return convert
@@ -105,13 +131,33 @@ def _converter(field: dataclasses.Field):
     return _scalar_converter(tp), False, optional
 
 
+def _check_shape(field: dataclasses.Field, value: Any, is_list: bool) -> None:
+    """A scalar option takes one number, string or boolean and a list option a list of them: a list (or mapping) is
+    never turned into its text (a YAML alias bomb would expand into gigabytes)."""
+    tp, _ = _unwrap_optional(field.type)
+    if tp is dict or typing.get_origin(tp) is dict:
+        if not isinstance(value, (dict, str)):
+            raise ValueError(f"{field.name}: expected a mapping or its JSON text, got a {type(value).__name__}: "
+                             f"{shorten(value)}")
+        return
+    items = value if is_list and isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if not isinstance(item, _SCALARS):
+            kind = "a list of values" if is_list else "one value"
+            raise ValueError(f"{field.name}: expected {kind} (a string, number or boolean), got a "
+                             f"{type(item).__name__}: {shorten(item)}" + (" (give a JSON option as a quoted string)"
+                                                                           if tp is str else ""))
+
+
 def coerce_value(field: dataclasses.Field, value: Any) -> Any:
-    """Convert a YAML/CLI value to the field's type; ``None`` is kept for Optional fields."""
+    """Convert a YAML/CLI value to the field's type; ``None`` is kept for Optional fields. Errors echo the value
+    cut to :data:`MAX_ECHO_CHARS`."""
     convert, is_list, optional = _converter(field)
     if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null")):
         if optional:
             return None
         raise ValueError(f"{field.name}: a value is required (got None)")
+    _check_shape(field, value, is_list)
     try:
         if is_list:
             items = value if isinstance(value, (list, tuple)) else [value]
@@ -119,12 +165,12 @@ def coerce_value(field: dataclasses.Field, value: Any) -> Any:
         else:
             result = convert(value)
     except (ValueError, TypeError, argparse.ArgumentTypeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{field.name}: cannot use {value!r}: {err}") from None
+        raise ValueError(f"{field.name}: cannot use {shorten(value)}: {shorten(str(err), quote=False)}") from None
     choices = field.metadata.get("choices")
     if choices is not None:
         for item in result if is_list else [result]:
             if item not in choices:
-                raise ValueError(f"{field.name}: {item!r} is not one of {list(choices)}")
+                raise ValueError(f"{field.name}: {shorten(item)} is not one of {list(choices)}")
     return result
 
 
@@ -153,7 +199,17 @@ def load_yaml(path: str) -> Dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"--config: file {path!r} does not exist")
-    data = yaml.safe_load(file.read_text()) or {}
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:  # e.g. a !!python/object tag, which safe_load refuses to build
+        mark = getattr(err, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"--config {path}{where}: not plain YAML data ({shorten(problem, quote=False)}). Option "
+                         "values are strings, numbers, booleans and lists; tags such as !!python/object are refused"
+                         ) from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: the top level must be a mapping of option names to values")
     return data
@@ -167,9 +223,9 @@ def from_dict(cls: Type[T], values: Dict[str, Any], *, source: str = "config") -
     for key, value in values.items():
         name = aliases.get(key, key)
         if name not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=3)
+            close = difflib.get_close_matches(key, list(fields), n=3) if isinstance(key, str) else []
             hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"{source}: unknown option {key!r}.{hint} Run with --help for the full list.")
+            raise ValueError(f"{source}: unknown option {shorten(key)}.{hint} Run with --help for the full list.")
         kwargs[name] = coerce_value(fields[name], value)
     config = cls(**kwargs)
     object.__setattr__(config, _EXPLICIT_ATTR, frozenset(kwargs))
@@ -179,6 +235,16 @@ def from_dict(cls: Type[T], values: Dict[str, Any], *, source: str = "config") -
 def explicit_fields(config: Any) -> Optional[FrozenSet[str]]:
     """Names of the fields the YAML file or the command line set; None for a config built in code."""
     return getattr(config, _EXPLICIT_ATTR, None)
+
+
+def replace_chosen(config: Any, **values: Any) -> Any:
+    """``dataclasses.replace`` whose ``values`` count as chosen (:func:`is_explicit`), like the fields already chosen:
+    settings filled in from a record (a checkpoint's run config) are then treated as if given on the command line."""
+    recorded = explicit_fields(config)
+    updated = dataclasses.replace(config, **values)
+    if recorded is not None:
+        object.__setattr__(updated, _EXPLICIT_ATTR, recorded | frozenset(values))
+    return updated
 
 
 def is_explicit(config: Any, name: str) -> bool:
@@ -206,8 +272,16 @@ def warn_no_effect(config: Any) -> List[str]:
     return messages
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """A bad option ends in one line on stderr (status 2), not the usage of a hundred flags."""
+
+    def error(self, message: str) -> None:
+        print(f"{self.prog}: error: {message} (--help lists every option)", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def build_parser(cls: Type[Any], description: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _OneLineErrorParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=None, help="YAML file of option values; command-line flags override it")
     for field in dataclasses.fields(cls):
         _add_flag(parser, field)
@@ -219,11 +293,11 @@ def parse_cli(cls: Type[T], argv: Optional[Sequence[str]] = None, description: O
     parser = build_parser(cls, description)
     args = vars(parser.parse_args(argv))
     config_path = args.pop("config")
-    values: Dict[str, Any] = load_yaml(config_path) if config_path else {}
-    values.update(args)
     try:
+        values: Dict[str, Any] = load_yaml(config_path) if config_path else {}
+        values.update(args)
         config = from_dict(cls, values, source=f"--config {config_path}" if config_path else "command line")
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         parser.error(str(err))
     warn_no_effect(config)
     return config
@@ -239,5 +313,8 @@ def config_to_yaml(config: Any) -> str:
 
 
 def save_yaml(config: Any, path: Path) -> None:
-    """Write the resolved config; the file can be passed back with ``--config``."""
-    Path(path).write_text(config_to_yaml(config))
+    """Write the resolved config (atomically: a crash leaves the old file or the new one); the file can be passed
+    back with ``--config``."""
+    from sage_grpo.safe_io import atomic_write  # imported here: this package must not import torch at start
+
+    atomic_write(path, config_to_yaml(config))

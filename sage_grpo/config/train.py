@@ -111,6 +111,7 @@ class TrainConfig:
     output_dir: str = config_field("./outputs", "Run directory (logs, TensorBoard, samples, checkpoints)")
     save_interval: int = config_field(100, "Checkpoint every N steps (and always at the end)")
     log_interval: int = config_field(1, "Console metrics line every N steps")
+    quiet: bool = config_field(False, "No progress bars (they are also off when stderr is not a terminal)")
     seed: int = config_field(42, "Base seed: data order, shuffles and per-rank RNG (seed + dp_rank)")
     # ---------------------------------------------------------------- validation
     validation_global_seed: int = config_field(930, "Seed of validation videos without a CSV seed")
@@ -170,7 +171,9 @@ class TrainConfig:
         "... where installed); the text padding is trimmed and no dense mask is built", choices=ATTENTION_BACKENDS)
     ignore_memory_plan: bool = config_field(
         False, "Start even when the memory plan (python -m sage_grpo.plan) says the launch does not fit")
-    resume_from_checkpoint: Optional[str] = config_field(None, "checkpoint-N directory to resume from")
+    resume_from_checkpoint: Optional[str] = config_field(
+        None, "checkpoint-N directory to resume from; 'latest': the newest in --output_dir; 'auto': the newest if "
+        "there is one, else a fresh start (for torchrun --max-restarts N: a restarted group resumes by itself)")
 
     # ================================================================ beyond the reference's flags
     # (reference TrainingConfig fields without a flag, spec §1.2, plus our own additions)
@@ -227,6 +230,9 @@ class TrainConfig:
     allow_config_change: bool = config_field(
         False, "Resume even when run-defining settings (sampler, KL, optimizer, LoRA, reward, ...) differ from the "
         "checkpoint's; the differences are logged and recorded in config_changes.yaml")
+    collective_timeout_minutes: float = config_field(
+        30.0, "Minutes any collective (all-reduce, broadcast, barrier) may wait for the other ranks before the run "
+        "stops naming the rank that did not answer (the reference waits 120 minutes)")
     max_failed_reward_steps: int = config_field(
         3, "Stop after this many consecutive steps in which the reward failed on every sample (0: never stop)")
     report_to: List[str] = config_field(

@@ -112,15 +112,23 @@ def check_sequence_parallel_tokens(num_tokens: int, sp_size: int) -> None:
               f"--sp_size {sp_size}", "change the rollout size/frames or the sp degree")
 
 
+def check_finite_options(config) -> None:
+    """Every float option of a config (post_train.py, generate.py) is a finite number: nan passes every range
+    comparison (``nan <= 0`` is False), so it would reach the sampler; inf is no valid setting either."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            default = field.default if field.default is not dataclasses.MISSING else None
+            _fail(f"{field.name}-finite", f"--{field.name} {value} is not a finite number",
+                  f"give a number; the default is {default!r}" if default is not None
+                  else "give a number, or leave it unset for its default")
+
+
 def validate_train_config(cfg: TrainConfig, world_size: int = 1,
                           num_attention_heads: Optional[int] = None) -> List[str]:
     """Check every rule that needs no model; returns human-readable notes (empty when nothing to say)."""
     notes: List[str] = []
-    for field in dataclasses.fields(cfg):  # nan passes every comparison below; inf is no valid setting either
-        value = getattr(cfg, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            _fail(f"{field.name}-finite", f"--{field.name} {value} is not a finite number",
-                  f"give a number; the default is {field.default!r}")
+    check_finite_options(cfg)
     if cfg.post_train_type != "grpo":
         _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
               "'standard' path crashes)", "use --post_train_type grpo")

@@ -33,10 +33,12 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from sage_grpo.config.validation import (ConfigError, check_parallel_layout, check_sequence_parallel_tokens,
                                          group_layout)
+from sage_grpo.distributed.liveness import install_parent_death_signal
 
-# The reference fork raises the NCCL timeout to two hours: reward scoring on SP leaders and checkpoint writes on rank 0
-# keep the other ranks waiting in a collective for many minutes.
-DEFAULT_PG_TIMEOUT = timedelta(minutes=120)
+# The reference fork raises the NCCL timeout to two hours (reward scoring on SP leaders and checkpoint writes on rank 0
+# keep the other ranks waiting in a collective for minutes); a stopped peer then froze the job that long. The trainer
+# passes --collective_timeout_minutes (default 30, as here).
+DEFAULT_PG_TIMEOUT = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,22 @@ def init_distributed(backend: Optional[str] = None, timeout: timedelta = DEFAULT
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
+        install_parent_death_signal()  # a worker dies with its torchrun agent, never trains on as an orphan
         backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend=backend, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend=backend, timeout=timeout, store=_attempt_store(rank, world_size, timeout),
+                                rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None)
     return DistributedEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """The job's key-value store (``MASTER_ADDR:MASTER_PORT``: torchrun's agent holds it, else rank 0), with the keys of
+    this attempt under a prefix of their own. torchrun keeps one store across ``--max-restarts``, and the process
+    group's keys (each rank's gloo address) are the same every attempt: a restarted rank read a dead rank's address
+    before the new one was written ("Gloo connectFullMesh failed ... Connection refused") and the restart failed."""
+    agent_holds_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agent_holds_store, timeout=timeout, multi_tenant=True)
+    return dist.PrefixStore(f"sage_grpo/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
 def destroy_distributed() -> None:

@@ -47,8 +47,21 @@ def _metrics_summary(rows: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
-def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora: bool) -> str:
-    """The card's Markdown for an export of ``checkpoint`` (a ``checkpoint-N`` folder or another weights location)."""
+def _weights_lines(checkpoint: Path) -> str:
+    """The hub commits the run trained from (its run directory's weights.lock.json, written by download_weights.sh)."""
+    from sage_grpo.models.revisions import lock_lines
+
+    lines = lock_lines(checkpoint.parent)
+    if not lines:
+        return "The run's model root had no `weights.lock.json`: the base weights' hub commits are not recorded."
+    return "Downloaded at these commits (`bash download_weights.sh --lock weights.lock.json` fetches them again):\n\n" + \
+        "\n".join(f"- `{line}`" for line in lines)
+
+
+def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora: bool,
+               pipeline_record: Optional[Dict[str, Any]] = None) -> str:
+    """The card's Markdown for an export of ``checkpoint`` (a ``checkpoint-N`` folder or another weights location);
+    ``pipeline_record``: the sampling.json of a ``--format pipeline`` export."""
     checkpoint = Path(checkpoint)
     config_file = checkpoint / CONFIG_FILE
     config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else None
@@ -67,13 +80,21 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
               "pipeline_tag": "text-to-video", "tags": tags}
     shown = [key for key in CARD_SETTINGS if key in config and (config.get("use_lora") or not key.startswith("lora_"))]
     settings = [f"| `--{key}` | `{config[key]}` |" for key in shown]
-    loading = ("```python\nfrom peft import PeftModel\n"
-               "# base_transformer: HunyuanVideo15Transformer3DModel.from_pretrained(...)\n"
-               "transformer = PeftModel.from_pretrained(base_transformer, \"<this folder>\")\n```"
-               if export_format == "lora" else
-               "```python\nfrom diffusers import HunyuanVideo15Transformer3DModel\n"
-               "transformer = HunyuanVideo15Transformer3DModel.from_pretrained(\"<this folder>\")\n```\n"
-               "or `python generate.py --checkpoint_path <this folder>` with sage-grpo.")
+    if pipeline_record is not None:
+        from sage_grpo.export.pipeline import attribute_overrides, loading_code
+
+        overrides = attribute_overrides(pipeline_record["pipeline_attributes"])
+        loading = (f"```python\n{loading_code(pipeline_record['task'], overrides)}\n```\n"
+                   f"Sampled as generate.py samples it: guidance scale {pipeline_record['guidance_scale']}, flow "
+                   f"shift {pipeline_record['flow_shift']} (guider/ and scheduler/ of this folder).")
+    elif export_format == "lora":
+        loading = ("```python\nfrom peft import PeftModel\n"
+                   "# base_transformer: HunyuanVideo15Transformer3DModel.from_pretrained(...)\n"
+                   "transformer = PeftModel.from_pretrained(base_transformer, \"<this folder>\")\n```")
+    else:
+        loading = ("```python\nfrom diffusers import HunyuanVideo15Transformer3DModel\n"
+                   "transformer = HunyuanVideo15Transformer3DModel.from_pretrained(\"<this folder>\")\n```\n"
+                   "or `python generate.py --checkpoint_path <this folder>` with sage-grpo.")
     parts = [
         "---\n" + yaml.safe_dump(header, sort_keys=False) + "---",
         f"# {what[0].upper()}{what[1:]}",
@@ -84,6 +105,8 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
         "The checkpoint holds no `config.yaml`; its settings are unknown.",
         "## Metrics of the run up to this checkpoint",
         "\n".join(_metrics_summary(rows)),
+        "## Base weights",
+        _weights_lines(checkpoint),
         "## Loading",
         loading,
     ]

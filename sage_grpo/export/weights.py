@@ -24,8 +24,10 @@ Export (``scripts/export_checkpoint.py``):
   cast to ``--dtype`` (default fp32, lossless for the trained fp32 master weights). Load it with
   ``HunyuanVideo15Transformer3DModel.from_pretrained(folder)`` and pass it to ``HunyuanVideo15Pipeline``.
 * ``--format lora`` (LoRA runs only): the peft adapter folder (see :mod:`sage_grpo.models.lora` for the loading calls).
+* ``--format pipeline``: the transformer folder as ``transformer/`` of a whole diffusers pipeline folder
+  (:mod:`sage_grpo.export.pipeline`), which ``HunyuanVideo15Pipeline.from_pretrained`` loads.
 
-Both get a model card, ``README.md`` (:mod:`sage_grpo.export.model_card`): base, settings, the run's metrics.
+Each gets a model card, ``README.md`` (:mod:`sage_grpo.export.model_card`): base, settings, the run's metrics.
 """
 
 import warnings
@@ -44,7 +46,7 @@ from sage_grpo.models.loading import _read_safetensors, resolve_transformer_weig
 PathLike = Union[str, Path]
 DCP_METADATA = ".metadata"
 DCP_NESTING = f"{DCP_MODEL}."  # {"model": state_dict, ...} is stored flattened as model.<key>
-EXPORT_FORMATS = ("transformer", "lora")
+EXPORT_FORMATS = ("transformer", "lora", "pipeline")
 
 
 @dataclass
@@ -112,12 +114,25 @@ def _locate(path: Path) -> Path:
                                 f"({lora.ADAPTER_CONFIG_FILE} + {lora.ADAPTER_WEIGHTS_FILE}).") from None
 
 
-def read_trained_weights(path: PathLike) -> TrainedWeights:
-    """Read any accepted weights location (see the module docstring)."""
+def locate_trained_weights(path: PathLike) -> Path:
+    """The file or folder :func:`read_trained_weights` reads at ``path``, checked without reading any tensor (a
+    LoRA folder must hold its safetensors weights); FileNotFoundError naming what is accepted otherwise."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     located = _locate(path)
+    if lora.is_adapter_folder(located) and not (located / lora.ADAPTER_WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{located} is a LoRA adapter folder without {lora.ADAPTER_WEIGHTS_FILE} (found: "
+                                f"{', '.join(sorted(p.name for p in located.iterdir())[:10])}); only safetensors "
+                                "weights are read. Save the adapter with peft's save_pretrained(safe_serialization="
+                                "True), or pass a checkpoint-N folder")
+    return located
+
+
+def read_trained_weights(path: PathLike) -> TrainedWeights:
+    """Read any accepted weights location (see the module docstring)."""
+    path = Path(path)
+    located = locate_trained_weights(path)
     if lora.is_adapter_folder(located):
         config, state = lora.read_adapter_folder(located)
         return TrainedWeights("lora", state, located, config)
@@ -172,18 +187,21 @@ def apply_trained_weights(transformer: torch.nn.Module, weights: TrainedWeights)
 
 
 # ---------------------------------------------------------------------------------------------------- export
-def _run_transformer_version(checkpoint: Path) -> Optional[str]:
+def _run_config(checkpoint: Path) -> dict:
+    """The checkpoint's recorded run config ({} when it has none)."""
     run_config = checkpoint / CONFIG_FILE
     if not run_config.is_file():
-        return None
+        return {}
     from sage_grpo.config.schema import load_yaml
 
-    return load_yaml(str(run_config)).get("pretrained_transformer_version")
+    return load_yaml(str(run_config))
 
 
 def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLike, *, export_format: str =
-                      "transformer", dtype: str = "fp32", transformer_version: Optional[str] = None) -> Path:
-    """Write ``output``: a diffusers transformer folder or (LoRA runs) a peft adapter folder; returns it."""
+                      "transformer", dtype: str = "fp32", transformer_version: Optional[str] = None,
+                      link_components: str = "symlink") -> Path:
+    """Write ``output``: a diffusers transformer folder, (LoRA runs) a peft adapter folder, or a pipeline folder
+    whose base components are linked or copied (``link_components``); returns it."""
     from sage_grpo.models.layout import DEFAULT_TRANSFORMER_VERSION
     from sage_grpo.models.loading import load_transformer
 
@@ -195,18 +213,27 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
     if output.exists() and any(output.iterdir()):
         raise FileExistsError(f"--output {output} exists and is not empty; choose a new folder")
     weights = read_trained_weights(checkpoint)
+    pipeline_record = None  # a pipeline export's sampling.json
     if export_format == "lora":
         if not weights.is_lora:
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter; use --format transformer")
         state = {k: v.to(DTYPES[dtype]) for k, v in weights.state.items()}
         lora.write_adapter_folder(output, weights.lora_config, state)
     else:
-        version = transformer_version or _run_transformer_version(checkpoint) or DEFAULT_TRANSFORMER_VERSION
+        run_config = _run_config(checkpoint)
+        version = transformer_version or run_config.get("pretrained_transformer_version") or \
+            DEFAULT_TRANSFORMER_VERSION
         transformer = load_transformer(model_root, version, dtype=torch.float32, device="cpu")
         apply_trained_weights(transformer, weights)  # merged in fp32, then cast once
         if DTYPES[dtype] != torch.float32:
             transformer.to(DTYPES[dtype])
-        transformer.save_pretrained(str(output), safe_serialization=True)
+        if export_format == "pipeline":
+            from sage_grpo.export.pipeline import write_pipeline_folder
+
+            pipeline_record = write_pipeline_folder(model_root, version, output, run_config, link_components)
+        transformer.save_pretrained(str(output / "transformer" if pipeline_record else output),
+                                    safe_serialization=True)
     write_model_card(output, checkpoint, export_format=export_format, dtype=dtype,
-                     merged_lora=weights.is_lora and export_format == "transformer")
+                     merged_lora=weights.is_lora and export_format != "lora",
+                     pipeline_record=pipeline_record)
     return output

@@ -35,8 +35,14 @@ _MASKED_FALLBACK = {"flash": "flash_varlen", "_flash_3": "_flash_varlen_3", "sag
                     "_native_flash": "native"}
 
 
-def check_attention_backend(name: str) -> None:
-    """Refuse an unknown backend or one whose package is missing, naming the alternatives."""
+# Backends whose kernels run on CUDA only (torch SDPA's math backend and flex attention also run on the CPU).
+CUDA_ONLY_BACKENDS = ("_native_efficient", "_native_flash", "_native_cudnn", "flash", "flash_varlen", "_flash_3",
+                      "_flash_varlen_3", "sage", "sage_varlen", "xformers")
+
+
+def check_attention_backend(name: str, device: Optional[torch.device] = None) -> None:
+    """Refuse an unknown backend, one whose package is missing, or a CUDA-only one on another ``device`` (when
+    given), naming the alternatives."""
     from diffusers.models.attention_dispatch import _check_attention_backend_requirements, AttentionBackendName
 
     if name not in ATTENTION_BACKENDS:
@@ -46,6 +52,33 @@ def check_attention_backend(name: str) -> None:
     except (RuntimeError, ImportError) as err:
         raise ValueError(f"attention backend {name!r} is not usable here ({err}); 'native' (torch SDPA) always is") \
             from None
+    if device is not None and torch.device(device).type != "cuda" and name in CUDA_ONLY_BACKENDS:
+        raise ValueError(f"attention backend {name!r} runs on CUDA only, and the device is {device}; use 'native' "
+                         "(torch SDPA) there")
+
+
+def check_attention_runs(name: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse (``ConfigError``) a backend that cannot run on ``device`` in ``dtype``, before any model loads: one
+    attention of 8 tokens through the same dispatch as the blocks, with and without a key mask (the masked batches go
+    to :data:`_MASKED_FALLBACK`). ``_native_efficient`` and ``_native_cudnn`` pass the package check everywhere but
+    have no CPU kernel; without this they would fail at the first forward."""
+    from sage_grpo.config.validation import ConfigError
+
+    try:
+        check_attention_backend(name)
+    except ValueError as err:
+        raise ConfigError(f"--attention_backend: {err}") from None
+    if device.type == "meta":
+        return
+    query = torch.zeros(1, 8, 2, 16, dtype=dtype, device=device)
+    for mask in (None, torch.ones(1, 1, 1, 8, dtype=torch.bool, device=device)):
+        try:
+            dispatch(query, query, query, mask, name)
+        except (RuntimeError, NotImplementedError, ValueError) as err:
+            raise ConfigError(f"[attention-backend] --attention_backend {name} cannot run on {device.type} in "
+                              f"{str(dtype).replace('torch.', '')}{' with a key mask' if mask is not None else ''} "
+                              f"({str(err).splitlines()[0]}). Fix: --attention_backend native (torch SDPA picks a "
+                              "kernel that runs)") from None
 
 
 def key_padding_mask(text_mask: Optional[Tensor], num_image_tokens: int) -> Optional[Tensor]:

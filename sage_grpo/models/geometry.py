@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from sage_grpo.config import TrainConfig
-from sage_grpo.config.validation import rollout_size, validation_size
+from sage_grpo.config.validation import ConfigError, rollout_size, validation_size
 from sage_grpo.models import layout
 
 
@@ -65,3 +65,44 @@ def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
         tokens["validation"] = video_tokens(vae, transformer, cfg.validate_video_length, *validation_size(cfg))
     return ModelGeometry(transformer["num_attention_heads"], tokens)
+
+
+def check_video_sizes(cfg: TrainConfig) -> None:
+    """The rollout (and validation) size and frame count against the checkpoint's VAE compression and the
+    transformer's patch size, from the config files: checked at start, before an earlier run is deleted or any model
+    loads (the first rollout would otherwise be the first to see them). Nothing is checked when a config file is
+    missing (the loader then reports every missing file at once)."""
+    from types import SimpleNamespace
+
+    from sage_grpo.models.vae import latent_shape  # the one rule of sizes and frame counts (imports torch)
+
+    configs = _configs(cfg)
+    if configs is None:
+        return
+    transformer, vae = configs
+    ratios = SimpleNamespace(temporal_compression_ratio=vae.get("temporal_compression_ratio", 4),
+                             spatial_compression_ratio=vae.get("spatial_compression_ratio", 16),
+                             latent_channels=vae.get("latent_channels"))
+    rollout_flags = ("--rollout_height/--rollout_width" if cfg.rollout_height is not None
+                     else f"--video_bucket_hw_base_size {cfg.video_bucket_hw_base_size}")
+    checks = [("--sample_n_frames", cfg.sample_n_frames, f"rollout size ({rollout_flags})", rollout_size(cfg))]
+    if cfg.validation_interval > 0 or cfg.validate_at_step0:
+        checks.append(("--validate_video_length", cfg.validate_video_length, "validation size "
+                       "(--validation_fixed_size)", validation_size(cfg)))
+    patch, spatial = transformer.get("patch_size", 1), ratios.spatial_compression_ratio
+    source = f"the VAE of {cfg.pretrained_model_root}"
+    for frames_flag, frames, size_flag, (height, width) in checks:
+        try:
+            latent_shape(ratios, frames, spatial, spatial)
+        except ValueError as err:
+            raise ConfigError(f"{frames_flag} {frames}: {err} ({source})") from None
+        try:
+            _, _, latent_h, latent_w = latent_shape(ratios, 1, height, width)
+        except ValueError as err:
+            raise ConfigError(f"{size_flag} {height}x{width}: {err} ({source}). Fix: e.g. "
+                              f"{height // spatial * spatial or spatial}x{width // spatial * spatial or spatial}"
+                              ) from None
+        if latent_h % patch or latent_w % patch:
+            raise ConfigError(f"{size_flag} {height}x{width}: the transformer's patch size {patch} does not divide the "
+                              f"latent size {latent_h}x{latent_w}. Fix: use multiples of "
+                              f"{ratios.spatial_compression_ratio * patch}")

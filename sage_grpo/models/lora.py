@@ -106,6 +106,7 @@ def check_lora_settings(r: int, alpha: float, dropout: float, targets: Optional[
     if pretrained_path:
         folder = Path(pretrained_path)
         if not is_adapter_folder(folder) or not (folder / ADAPTER_WEIGHTS_FILE).is_file():
+            # (a folder of peft's older adapter_model.bin is refused too: only safetensors weights are read)
             raise FileNotFoundError(f"--pretrained_lora_path {pretrained_path}: expected a LoRA adapter folder with "
                                     f"{ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE} (e.g. checkpoint-N/lora, or "
                                     "scripts/export_checkpoint.py --format lora)")

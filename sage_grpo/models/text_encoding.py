@@ -119,6 +119,16 @@ class PromptEmbeds:
         return self.neg_embeds, self.neg_masks, self.neg_embeds_2, self.neg_masks_2
 
 
+def count_template_tokens(tokenizer, system_message: Optional[str] = None) -> int:
+    """Number of chat-template tokens before the user text (what diffusers crops; 108 for the released model)."""
+    sentinel = "\x00user-text\x00"
+    conversation = [{"role": "system", "content": system_message or default_system_message()},
+                    {"role": "user", "content": sentinel}]
+    rendered = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    prefix = rendered[: rendered.index(sentinel)]
+    return len(tokenizer(prefix, add_special_tokens=False).input_ids)
+
+
 class PromptEncoder:
     """Encodes prompts with the two text encoders; optional per-prompt cache in memory and on disk."""
 
@@ -150,12 +160,7 @@ class PromptEncoder:
         return next(self.text_encoder.parameters()).device
 
     def count_template_tokens(self) -> int:
-        """Number of chat-template tokens before the user text (what diffusers crops; 108 for the released model)."""
-        sentinel = "\x00user-text\x00"
-        conversation = [{"role": "system", "content": self.system_message}, {"role": "user", "content": sentinel}]
-        rendered = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
-        prefix = rendered[: rendered.index(sentinel)]
-        return len(self.tokenizer(prefix, add_special_tokens=False).input_ids)
+        return count_template_tokens(self.tokenizer, self.system_message)
 
     @property
     def identity(self) -> str:

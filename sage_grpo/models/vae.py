@@ -1,9 +1,20 @@
 """Decoding final latents into videos with the VAE, shared by the rollout, validation, generation and the model
-bundle (so the scaling factor is divided out in one place)."""
-from typing import Optional
+bundle (so the scaling factor is divided out in one place), and the one rule of the video sizes and frame counts the
+VAE takes (the rollout and the start-time check, sage_grpo/models/geometry.py, both ask it)."""
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+
+def latent_shape(vae_config, num_frames: int, height: int, width: int) -> Tuple[int, int, int, int]:
+    """(C, T, h, w) of a video, checking the sizes against the VAE's compression ratios."""
+    temporal, spatial = vae_config.temporal_compression_ratio, vae_config.spatial_compression_ratio
+    if num_frames < 1 or (num_frames - 1) % temporal:
+        raise ValueError(f"num_frames must be 1 + a multiple of {temporal} (e.g. 81 or 121), got {num_frames}")
+    if height % spatial or width % spatial or height <= 0 or width <= 0:
+        raise ValueError(f"height and width must be positive multiples of {spatial}, got {height}x{width}")
+    return vae_config.latent_channels, (num_frames - 1) // temporal + 1, height // spatial, width // spatial
 
 
 @torch.no_grad()

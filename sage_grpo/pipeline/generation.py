@@ -60,14 +60,16 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from sage_grpo.config.generate import GenerateConfig
+from sage_grpo.config.generate import DEFAULT_GUIDANCE_SCALE, GenerateConfig
 from sage_grpo.config.schema import is_explicit
-from sage_grpo.config.validation import parse_size
+from sage_grpo.config.validation import check_finite_options, parse_size
 from sage_grpo.data import check_image, read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
+from sage_grpo.models.attention import check_attention_backend
 from sage_grpo.models.layout import version_task
 from sage_grpo.models.variants import resolve_generation_sampling
+from sage_grpo.pipeline.recorded import apply_recorded_settings, transformer_version
 from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
 
@@ -103,12 +105,13 @@ class GenerationPlan:
     height: int
     width: int
     transformer_version: str
-    guidance_scale: float  # --guidance_scale, or the version's guider config
+    guidance_scale: float  # --guidance_scale, or the checkpoint's --cfg_scale, or the version's guider config
     flow_shift: float  # --flow_shift, or the version's scheduler config, or the reference's shift for the version
     device: torch.device = torch.device("cpu")
     acceleration: Acceleration = Acceleration()
     notes: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)  # explicit settings that contradict the version's configs
+    config: Optional[GenerateConfig] = None  # the options with the checkpoint's recorded settings filled in
 
 
 def image_path_flag(config: GenerateConfig) -> str:
@@ -214,13 +217,24 @@ def plan_acceleration(config: GenerateConfig, device: torch.device) -> Tuple[Acc
 
 
 def _check_weight_paths(config: GenerateConfig) -> None:
+    """Each weights location holds weights this project reads (no tensor is read here)."""
+    from sage_grpo.export.weights import locate_trained_weights  # imported here: export imports the model classes
+
     for option, value in (("--checkpoint_path", config.checkpoint_path), ("--lora_path", config.lora_path)):
         if value and not Path(value).exists():
             raise FileNotFoundError(f"{option} {value}: no such file or directory")
+        if value:
+            try:
+                locate_trained_weights(value)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(f"{option}: {err}") from None
 
 
 def plan_generation(config: GenerateConfig) -> GenerationPlan:
-    """Validate the config and resolve prompts, size, paths and speed settings, without loading any model."""
+    """Validate the config and resolve prompts, size, paths and speed settings, without loading any model; the
+    settings the ``--checkpoint_path`` run recorded fill the unset options (:mod:`sage_grpo.pipeline.recorded`)."""
+    check_finite_options(config)  # --flow_shift nan rendered black frames; --guidance_scale nan turned CFG off
+    config, recorded_notes = apply_recorded_settings(config)
     if config.resolution not in ("480p", "720p"):
         raise ValueError(f"--resolution must be 480p or 720p, got {config.resolution!r}")
     if config.dtype not in DTYPES:
@@ -245,28 +259,20 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
                                                              RESOLUTION_BUCKET_BASE[config.resolution], spatial))
                  for item in items]
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        check_attention_backend(config.attention_backend, device)
+    except ValueError as err:
+        raise ValueError(f"--attention_backend: {err}") from None
     acceleration, notes = plan_acceleration(config, device)
     version = transformer_version(config, "i2v" if items[0].image_path else "t2v")
     if config.flow_shift is not None and config.flow_shift <= 0:
         raise ValueError(f"--flow_shift must be > 0, got {config.flow_shift}")
+    guidance = DEFAULT_GUIDANCE_SCALE if config.guidance_scale is None else config.guidance_scale
     guidance, shift, variant_warnings, variant_notes = resolve_generation_sampling(
-        config.model_path, version, config.guidance_scale, is_explicit(config, "guidance_scale"), config.flow_shift)
+        config.model_path, version, guidance, is_explicit(config, "guidance_scale"), config.flow_shift)
     return GenerationPlan(items, output_paths(config, items, version), height, width, version, guidance, shift,
-                          device, acceleration, csv_notes + notes + variant_notes, variant_warnings)
-
-
-def transformer_version(config: GenerateConfig, task: str = "t2v") -> str:
-    """``--model_version``, else ``<resolution>_<task>`` with ``_distilled`` under ``--cfg_distilled`` (reference
-    §5.3); ``task`` is "i2v" when the prompts have reference images."""
-    if config.model_version is not None:
-        if config.cfg_distilled:
-            raise ValueError("--model_version and --cfg_distilled both choose the transformer version: pass one "
-                             f"(e.g. --model_version {config.resolution}_{task}_distilled)")
-        if task == "i2v" and version_task(config.model_version) != "i2v":
-            raise ValueError(f"--model_version {config.model_version} is a text-to-video transformer but the prompts "
-                             f"have reference images: use an image-to-video one (e.g. {config.resolution}_i2v)")
-        return config.model_version
-    return f"{config.resolution}_{task}{'_distilled' if config.cfg_distilled else ''}"
+                          device, acceleration, recorded_notes + csv_notes + notes + variant_notes, variant_warnings,
+                          config)
 
 
 def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPlan, item: GenerationItem) -> None:
@@ -315,11 +321,13 @@ class VideoGenerator:
     """The loaded models of ``generate.py`` and the sampling of one video (:meth:`render`)."""
 
     def __init__(self, config: GenerateConfig, plan: GenerationPlan):
+        """``config``: generate.py's options; the plan's copy (with the checkpoint's recorded settings) is used."""
         from sage_grpo.export.weights import apply_trained_weights, read_trained_weights
         from sage_grpo.models.attention import install_joint_attention
         from sage_grpo.models.loading import load_components
         from sage_grpo.models.text_encoding import PromptEncoder, TextEncoderSettings
 
+        config = plan.config or config
         self.config, self.plan, self.device = config, plan, plan.device
         accel = plan.acceleration
         on_cpu = accel.model_offload or accel.group_offload
@@ -400,6 +408,6 @@ def run_generation(config: GenerateConfig) -> List[Path]:
         print(f"[{index + 1}/{len(plan.items)}] seed {item.seed}: {item.prompt}")
         write_video(path, generator.render(item, progress=True), VIDEO_FPS)
         if config.save_generation_config:
-            _write_settings(path, config, plan, item)
+            _write_settings(path, plan.config, plan, item)
         print(f"saved {path}")
     return plan.output_paths

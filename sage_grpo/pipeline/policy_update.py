@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
+from tqdm.auto import tqdm
 
 from sage_grpo import rl
 from sage_grpo.config import TrainConfig
@@ -31,6 +32,7 @@ class PolicyPass:
     kl_controller: Optional[rl.AdaptiveKLController]  # None without a KL reference
     eq_scales: Optional[torch.Tensor]  # (N,) equalizer scales; None with --use_grad_balancing off
     num_train_steps: int  # steps trained per sample (--timestep_fraction of the N steps)
+    show_bar: bool = False  # a tqdm bar over the backward passes (main process on a terminal, no --quiet)
 
     def backward(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
                  shuffle: torch.Tensor, order: torch.Tensor, closes_window: bool, step: int) -> Dict[str, float]:
@@ -47,6 +49,7 @@ class PolicyPass:
         history: Dict[str, List[torch.Tensor]] = {}  # per-backward metrics, kept on the device until the end
         policy = self.models.policy
         policy.train()
+        bar = tqdm(total=num_backward, desc="policy update", leave=False, disable=not self.show_bar)
         for start in range(0, batch, micro):
             rows = shuffle[start:start + micro]
             sub_embeds = embeds.select(rows.tolist())
@@ -80,9 +83,11 @@ class PolicyPass:
                 with gradient_sync(policy, enabled=reduce_now):
                     (loss / backward_per_update).backward()
                 fault_point("update", step + 1)
+                bar.update()
                 for name, value in metrics.items():
                     history.setdefault(name, []).append(torch.as_tensor(value, dtype=torch.float64,
                                                                         device=self.device).detach())
+        bar.close()
         # one device-to-host copy per step for every metric of every backward (means; β: its last value)
         summary = torch.stack([values[-1] if name == "KL_weight" else torch.stack(values).mean()
                                for name, values in history.items()])

@@ -30,7 +30,7 @@ Departures from the reference:
 """
 
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import List, NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from sage_grpo import sde
 from sage_grpo.models.text_encoding import PromptEmbeds
-from sage_grpo.models.vae import decode_latents
+from sage_grpo.models.vae import decode_latents, latent_shape
 from sage_grpo.models.resolution import bucket_hw
 from sage_grpo.pipeline.velocity import cfg_velocity, step_timesteps
 
@@ -62,16 +62,6 @@ class RolloutOutput:
     @property
     def final_latents(self) -> Tensor:
         return self.latents[:, -1]
-
-
-def latent_shape(vae_config, num_frames: int, height: int, width: int) -> Tuple[int, int, int, int]:
-    """(C, T, h, w) of a video, checking the sizes against the VAE's compression ratios."""
-    temporal, spatial = vae_config.temporal_compression_ratio, vae_config.spatial_compression_ratio
-    if num_frames < 1 or (num_frames - 1) % temporal:
-        raise ValueError(f"num_frames must be 1 + a multiple of {temporal} (e.g. 81 or 121), got {num_frames}")
-    if height % spatial or width % spatial or height <= 0 or width <= 0:
-        raise ValueError(f"height and width must be positive multiples of {spatial}, got {height}x{width}")
-    return vae_config.latent_channels, (num_frames - 1) // temporal + 1, height // spatial, width // spatial
 
 
 def sample_generators(seeds: Sequence[int]) -> List[torch.Generator]:
@@ -153,7 +143,7 @@ def rollout(
     all_latents = torch.empty(num_samples, num_steps + 1, *shape, dtype=torch.float32, device=device)
     all_log_probs = torch.empty(num_samples, num_steps, dtype=torch.float32, device=device)
     all_latents[:, 0] = noise.to(device)
-    bar = tqdm(total=num_steps * -(-num_samples // micro_batch_size), desc="denoising", unit="step",
+    bar = tqdm(total=num_steps * -(-num_samples // micro_batch_size), desc="denoising", unit="step", leave=False,
                disable=not progress)
     for start in range(0, num_samples, micro_batch_size):
         rows = slice(start, min(start + micro_batch_size, num_samples))

@@ -69,26 +69,31 @@ class Sampler:
 
     def rollout(self, transformer, vae, embeds: PromptEmbeds, seeds: Sequence[int], *, num_frames: int, height: int,
                 width: int, deterministic: Union[bool, Sequence[bool]] = False,
-                sde_generators: Optional[Sequence[torch.Generator]] = None, decode: bool = True) -> RolloutOutput:
+                sde_generators: Optional[Sequence[torch.Generator]] = None, decode: bool = True,
+                progress: bool = False) -> RolloutOutput:
         return rollout(self, transformer, vae, embeds, seeds, VideoSize(num_frames, height, width),
-                       deterministic=deterministic, sde_generators=sde_generators, decode=decode)
+                       deterministic=deterministic, sde_generators=sde_generators, decode=decode, progress=progress)
 
     def replay(self, transformer, latents: Tensor, next_latents: Tensor, index: Union[int, Tensor],
                embeds: PromptEmbeds) -> sde.SDEStepOutput:
         return replay_step(self, transformer, latents, next_latents, index, embeds)
 
     @torch.no_grad()
-    def transition_means(self, transformer, latents: Tensor, embeds: PromptEmbeds, device: torch.device) -> Tensor:
+    def transition_means(self, transformer, latents: Tensor, embeds: PromptEmbeds, device: torch.device,
+                         progress: bool = False) -> Tensor:
         """SDE means of every stored transition of a rollout: ``latents`` (B, N+1, C, T, h, w) -> (B, N, C, T, h, w)
         fp32 on the CPU (the KL reference's means).
 
         The B x N transitions are replayed ``micro_batch_size`` per forward in sample-major order, a forward mixing
-        samples and steps (one step index per row); its inputs go to ``device``.
+        samples and steps (one step index per row); its inputs go to ``device``. ``progress``: a tqdm bar.
         """
+        from tqdm.auto import tqdm
+
         batch, num_steps = latents.shape[0], latents.shape[1] - 1
         pairs = torch.cartesian_prod(torch.arange(batch), torch.arange(num_steps))  # (B*N, 2): (sample, step)
         means = torch.empty((batch, num_steps, *latents.shape[2:]), dtype=torch.float32)
-        for chunk in pairs.split(self.micro_batch_size):
+        for chunk in tqdm(pairs.split(self.micro_batch_size), desc="reference means", leave=False,
+                          disable=not progress):
             rows, steps = chunk[:, 0], chunk[:, 1]
             out = self.replay(transformer, latents[rows, steps].to(device), latents[rows, steps + 1].to(device),
                               steps.to(device), embeds.select(rows.tolist()).to(device))

@@ -128,14 +128,39 @@ def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
+    parser.add_argument("--simulate", action="store_true")
+    parser.add_argument("--simulate_layers", type=int, default=None)
     known, rest = parser.parse_known_args(argv)
     cfg = parse_cli(TrainConfig, rest, description="Memory plan of a post_train.py launch: every post_train.py flag, "
-                    "plus --world_size N (GPUs; default $WORLD_SIZE or 1)")
+                    "plus --world_size N (GPUs; default $WORLD_SIZE or 1), --simulate (also run the step on fake "
+                    "tensors under torch's memory tracker, sage_grpo/plan/simulate.py) and --simulate_layers N (the "
+                    "simulation and its plan at N blocks)")
     gpu = cfg.gpu_memory_gb if cfg.gpu_memory_gb is not None else DEFAULT_GPU_MEMORY_GIB
     try:
-        validate_train_config(cfg, world_size=known.world_size)
+        check_layout(cfg, known.world_size)
         print(report(cfg, known.world_size, gpu))
+        if known.simulate or known.simulate_layers is not None:
+            from sage_grpo.plan.simulate import simulation_report
+
+            print("\n" + simulation_report(cfg, known.world_size, gpu, known.simulate_layers)[0])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    if not plan_launch(cfg, known.world_size, gpu).fits():
+        sys.exit(1)  # the table says why; a script can test the status
+
+
+def check_layout(cfg: TrainConfig, world_size: int) -> None:
+    """The trainer's checks before any model loads (``distributed.startup.start_processes``): the configuration and parallel layout with
+    the transformer's head count, and every video's latent tokens split evenly over the SP ranks (``ConfigError``)."""
+    from sage_grpo.config.validation import check_sequence_parallel_tokens, validation_size
+
+    sizes = sizes_of(cfg)
+    validate_train_config(cfg, world_size=world_size,
+                          num_attention_heads=sizes.transformer.config["num_attention_heads"])
+    videos = [(cfg.sample_n_frames, *rollout_size(cfg))]
+    if cfg.validation_interval > 0 or cfg.validate_at_step0:
+        videos.append((cfg.validate_video_length, *validation_size(cfg)))
+    for frames, height, width in videos:
+        check_sequence_parallel_tokens(video_token_count(sizes, frames, height, width), cfg.sp_size)
 

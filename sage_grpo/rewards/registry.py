@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from sage_grpo.config.reward_weights import json_dict, number_dict, parse_reward_weights
+from sage_grpo.config.schema import shorten
 
 from .base import RewardFn, metric_names_of, score_with_fallback
 from .remote import RemoteReward, RemoteSettings
@@ -270,7 +271,7 @@ def make_reward(name: str, ctx: RewardContext, kwargs: dict | None = None) -> Re
 
 def _validate_entry(name: str, entry) -> dict:
     if not isinstance(entry, Mapping):
-        raise ValueError(f"reward model entry {name!r} must be a dict like {{'weight': 1.0}}, got {entry!r}")
+        raise ValueError(f"reward model entry {name!r} must be a dict like {{'weight': 1.0}}, got {shorten(entry)}")
     unknown = sorted(set(entry) - set(ENTRY_KEYS))
     if unknown or "weight" not in entry:
         raise ValueError(
@@ -279,10 +280,10 @@ def _validate_entry(name: str, entry) -> dict:
     weight = number_dict({"weight": entry["weight"]}, name)["weight"]
     sub_reward = entry.get("sub_reward")
     if sub_reward is not None and not isinstance(sub_reward, Mapping):
-        raise ValueError(f"'sub_reward' of {name!r} must be a dict metric -> weight, got {sub_reward!r}")
+        raise ValueError(f"'sub_reward' of {name!r} must be a dict metric -> weight, got {shorten(sub_reward)}")
     kwargs = entry.get("kwargs") or {}
     if not isinstance(kwargs, Mapping):
-        raise ValueError(f"'kwargs' of {name!r} must be a dict of constructor arguments, got {kwargs!r}")
+        raise ValueError(f"'kwargs' of {name!r} must be a dict of constructor arguments, got {shorten(kwargs)}")
     _check_json_data(kwargs, f"'kwargs' of {name!r}")
     return {
         "weight": weight,

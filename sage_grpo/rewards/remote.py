@@ -23,6 +23,12 @@ timeout or a 5xx response is retried ``retries`` times with exponential backoff 
 last failure the call's samples score NaN with a ``RuntimeWarning``, exactly like a local reward that fails, so the
 trainer counts the step as failed (``--max_failed_reward_steps``). A 4xx response (the server rejected the request)
 is not retried.
+
+Start-up: the client probes ``GET /info`` once with ``probe_timeout_s`` (a few seconds, not the scoring timeout), so
+a wrong URL or a silent server ends the run at once with one line naming the URL and what to check. A server
+started with ``--auth_token_file`` wants ``Authorization: Bearer <token>`` on every request; the client reads the
+token from the environment variable ``SAGE_GRPO_REWARD_TOKEN`` (never a flag: command lines are visible to every
+user of a machine through ``ps``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +47,7 @@ import torch
 
 HEADER_LENGTH_BYTES = 4
 MAX_HEADER_BYTES = 1 << 20
+TOKEN_ENV = "SAGE_GRPO_REWARD_TOKEN"
 
 
 class RemoteRewardError(RuntimeError):
@@ -54,6 +62,7 @@ class RemoteSettings:
     retries: int = 3
     timeout_s: float = 600.0
     backoff_s: float = 0.5  # first wait between attempts; doubles after each
+    probe_timeout_s: float = 5.0  # the one GET /info at start: a silent server ends the run in seconds
 
     def __post_init__(self):
         if not self.url.startswith(("http://", "https://")):
@@ -62,6 +71,8 @@ class RemoteSettings:
             raise ValueError(f"remote_reward_retries must be >= 0, got {self.retries}")
         if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             raise ValueError(f"remote_reward_timeout must be a positive number of seconds, got {self.timeout_s}")
+        if not (self.probe_timeout_s > 0 and math.isfinite(self.probe_timeout_s)):
+            raise ValueError(f"the probe timeout must be a positive number of seconds, got {self.probe_timeout_s}")
 
 
 def encode_request(videos: torch.Tensor, prompts: list[str], video_fps: float) -> bytes:
@@ -98,11 +109,9 @@ class RemoteReward:
         self.settings = settings
         self.video_fps = float(video_fps)
         self.url = settings.url.rstrip("/")
-        try:
-            info = json.loads(self._request("GET", "/info"))
-        except RemoteRewardError as err:
-            raise RemoteRewardError(f"{err}. Start the server first: python scripts/reward_server.py "
-                                    f"--reward_model {reward_model} --port <port> ...") from None
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        info = self._probe()
         if info.get("reward_model") != reward_model:
             raise ValueError(f"the reward server at {self.url} serves {info.get('reward_model')!r}, not "
                              f"--reward_model {reward_model!r}; start it with --reward_model {reward_model}")
@@ -113,6 +122,37 @@ class RemoteReward:
         self.metric_names = tuple(names) if names else None
         self.max_request_bytes = int(info["max_request_bytes"])
         self.max_videos = int(info["max_videos_per_request"])
+
+    def _probe(self) -> dict:
+        """One ``GET /info`` with the short probe timeout; every failure is one line naming the URL and the fix."""
+        timeout = min(self.settings.probe_timeout_s, self.settings.timeout_s)
+        request = urllib.request.Request(self.url + "/info", headers=self._headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                info = json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            if err.code == 401:
+                said = "refused the token in" if self._headers else "requires a token; set"
+                raise RemoteRewardError(f"the reward server at {self.url} {said} {TOKEN_ENV}: set it to the "
+                                        "contents of the server's --auth_token_file") from None
+            raise RemoteRewardError(f"the reward server at {self.url} answered GET /info with HTTP {err.code} "
+                                    f"({_error_text(err)}); check that --remote_reward_url points at "
+                                    "scripts/reward_server.py") from None
+        except (OSError, http.client.HTTPException) as err:
+            reason = getattr(err, "reason", err)
+            raise RemoteRewardError(
+                f"the reward server at {self.url} did not answer GET /info within {timeout:g} s "
+                f"({type(reason).__name__}: {reason}); check that it runs there (Start the server first: "
+                f"python scripts/reward_server.py --reward_model {self.reward_model} --port <port>), that host and "
+                "port are right and reachable from this machine (a server for other machines needs --host "
+                "0.0.0.0)") from None
+        except ValueError:
+            raise RemoteRewardError(f"{self.url}/info did not answer with JSON: is --remote_reward_url the reward "
+                                    "server's address?") from None
+        if not isinstance(info, dict) or not {"max_request_bytes", "max_videos_per_request"} <= set(info):
+            raise RemoteRewardError(f"{self.url}/info did not answer like a reward server: is --remote_reward_url "
+                                    "the reward server's address?")
+        return info
 
     def __call__(self, videos: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
         if len(prompts) != videos.shape[0]:
@@ -137,7 +177,7 @@ class RemoteReward:
     def _request(self, method: str, path: str, body: bytes | None = None) -> bytes:
         """One request with the retry policy: connection errors, timeouts and 5xx are retried, 4xx are not."""
         settings = self.settings
-        headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
+        headers = dict(self._headers, **({"Content-Type": "application/octet-stream"} if body is not None else {}))
         last = ""
         for attempt in range(settings.retries + 1):
             if attempt:

@@ -36,6 +36,8 @@ from typing import Literal
 
 import torch
 
+from sage_grpo.safe_io import CheckpointError, load_plain
+
 CHECKPOINT_MODES = ("v1", "v2", "v3")
 PEFT_PREFIX = "base_model.model."
 DOWNLOAD_HINT = (
@@ -299,11 +301,38 @@ def insert_adapter_name(state_dict: dict[str, torch.Tensor], adapter_name: str =
     return out
 
 
+class RewardCheckpointMismatch(CheckpointError, RuntimeError):
+    """VideoReward weights whose keys are not the model's (a RuntimeError as before; a CheckpointError, so that a
+    command ends in one line)."""
+
+
+_REWARD_FIX = ("Use the VideoReward checkpoint as released (model.pth, or adapter_model.safetensors with "
+               "non_lora_state_dict.pth)")
+
+
+def _load_reward_file(path: Path, what: str) -> dict:
+    """One weights file of a VideoReward checkpoint: plain tensors only (never code), naming the file."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        if not path.is_file():
+            raise CheckpointError(f"{what} {path} is missing. {_REWARD_FIX}")
+        try:
+            return load_file(path)
+        except Exception as err:  # SafetensorError, OSError
+            raise CheckpointError(f"cannot read {what} {path}: {str(err)[:200]} (truncated or not a safetensors "
+                                  f"file). {_REWARD_FIX}") from None
+    state = load_plain(path, what, _REWARD_FIX)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{what} {path} holds a {type(state).__name__}, not a state dict. {_REWARD_FIX}")
+    return state
+
+
 def _check_keys(loaded: set[str], expected: set[str], *, mode: str, source: Path, require_all: bool) -> None:
     unexpected = sorted(loaded - expected)
     absent = sorted(expected - loaded) if require_all else []
     if unexpected or absent:
-        raise RuntimeError(
+        raise RewardCheckpointMismatch(
             f"{source} does not match the VideoReward model after '{mode}' key remapping: "
             f"{len(unexpected)} unexpected keys {unexpected[:5]}, {len(absent)} missing keys {absent[:5]}. "
             f"reward_checkpoint_mode names the checkpoint's layout: v1 = pre-4.52 transformers, "
@@ -319,7 +348,7 @@ def load_checkpoint_weights(model: torch.nn.Module, resolved: ResolvedCheckpoint
     expected = model.state_dict()
     full_path = resolved.checkpoint_dir / "model.pth"
     if resolved.form == "full":
-        state = remap_state_dict_keys(torch.load(full_path, map_location="cpu", weights_only=True), mode,
+        state = remap_state_dict_keys(_load_reward_file(full_path, "VideoReward weights"), mode,
                                       peft_wrapped=peft_wrapped)
         _check_keys(set(state), set(expected), mode=mode, source=full_path, require_all=True)
         model.load_state_dict(state, strict=True)
@@ -329,12 +358,10 @@ def load_checkpoint_weights(model: torch.nn.Module, resolved: ResolvedCheckpoint
             f"{resolved.checkpoint_dir} holds a LoRA adapter but peft_lora_config.lora_enable is false in "
             f"{resolved.reward_dir / 'model_config.json'}"
         )
-    from safetensors.torch import load_file
-
     adapter_path = resolved.checkpoint_dir / "adapter_model.safetensors"
     non_lora_path = resolved.checkpoint_dir / "non_lora_state_dict.pth"
-    lora = insert_adapter_name(remap_state_dict_keys(load_file(adapter_path), mode))
-    non_lora = remap_state_dict_keys(torch.load(non_lora_path, map_location="cpu", weights_only=True), mode)
+    lora = insert_adapter_name(remap_state_dict_keys(_load_reward_file(adapter_path, "VideoReward adapter"), mode))
+    non_lora = remap_state_dict_keys(_load_reward_file(non_lora_path, "VideoReward non-LoRA weights"), mode)
     _check_keys(set(lora), set(expected), mode=mode, source=adapter_path, require_all=False)
     _check_keys(set(non_lora), set(expected), mode=mode, source=non_lora_path, require_all=False)
     expected.update(non_lora)

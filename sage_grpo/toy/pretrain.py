@@ -89,6 +89,13 @@ def toy_corpus() -> str:
     return " " + " ".join(world.training_prompts())
 
 
+def _eta(done: int, total: int, started: float) -> str:
+    """``, eta 1m05s`` for the steps left of a training phase at its pace so far ("" once it is done)."""
+    from sage_grpo.tracking.run_dir import eta_text
+
+    return f", {eta_text(done, total, time.perf_counter() - started)}" if done < total else ""
+
+
 def _log(message: str, log: Optional[Callable[[str], None]]) -> None:
     if log is not None:
         log(message)
@@ -129,6 +136,7 @@ def train_vae(vae, settings: PretrainSettings, generator: torch.Generator, log=N
     vae.train().requires_grad_(True)
     optimizer = torch.optim.AdamW(vae.parameters(), lr=settings.vae_lr, weight_decay=0.0)
     background = torch.tensor(world.BACKGROUND).view(1, 3, 1, 1, 1) * 2 - 1
+    started = time.perf_counter()
     for step in range(settings.vae_steps):
         videos, _ = world.sample_videos(_random_prompts(settings.vae_batch, generator), generator)
         target = videos * 2 - 1  # the VAE works on [-1, 1]
@@ -147,7 +155,8 @@ def train_vae(vae, settings: PretrainSettings, generator: torch.Generator, log=N
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         optimizer.step()
         if step % 100 == 0 or step == settings.vae_steps - 1:
-            _log(f"vae step {step}: reconstruction {rec_loss.item():.4f}, kl {kl.item():.3f}", log)
+            _log(f"vae step {step + 1}/{settings.vae_steps}: reconstruction {rec_loss.item():.4f}, kl "
+                 f"{kl.item():.3f}{_eta(step + 1, settings.vae_steps, started)}", log)
     vae.eval().requires_grad_(False)
     return {"vae_reconstruction_loss": rec_loss.item(), "vae_kl": kl.item()}
 
@@ -176,6 +185,7 @@ def train_flow(transformer, encoder: PromptEncoder, latents: torch.Tensor, promp
     optimizer = torch.optim.AdamW(trainable, lr=settings.flow_lr, weight_decay=0.0)
     encoder.precompute(sorted(set(prompts)))
     ema_loss = None
+    started = time.perf_counter()
     for step in range(settings.flow_steps):
         rows = torch.randint(latents.shape[0], (settings.flow_batch,), generator=generator)
         clean = latents[rows]
@@ -197,7 +207,8 @@ def train_flow(transformer, encoder: PromptEncoder, latents: torch.Tensor, promp
         value = loss.item()
         ema_loss = value if ema_loss is None else 0.98 * ema_loss + 0.02 * value
         if step % 250 == 0 or step == settings.flow_steps - 1:
-            _log(f"flow step {step}: loss {ema_loss:.4f}", log)
+            _log(f"flow step {step + 1}/{settings.flow_steps}: loss {ema_loss:.4f}"
+                 f"{_eta(step + 1, settings.flow_steps, started)}", log)
     transformer.eval().requires_grad_(False)
     return {"flow_matching_loss": ema_loss}
 

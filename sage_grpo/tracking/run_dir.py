@@ -16,13 +16,17 @@ Run directory (``--output_dir``)::
 import json
 import shutil
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from tqdm.auto import tqdm
+
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.faults import fault_point
+from sage_grpo.safe_io import atomic_write
 from sage_grpo.tracking.trackers import RUN_IDS_FILE, LoggedVideo
 
 RUN_MARKER = "run_config.yaml"
@@ -69,6 +73,40 @@ def tensorboard_tag(name: str) -> str:
     return f"Train/{name}"
 
 
+def show_progress_bars(is_main: bool, quiet: bool, stream=None) -> bool:
+    """tqdm bars only on the main process, on a terminal (stderr), without ``--quiet``: in a piped log a bar's
+    carriage-return redraws would run into the log lines."""
+    stream = sys.stderr if stream is None else stream
+    return is_main and not quiet and stream.isatty()
+
+
+def format_duration(seconds: float) -> str:
+    """``1h02m``, ``3m05s``, ``12s``."""
+    seconds = int(round(max(seconds, 0.0)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def eta_text(done: int, total: int, elapsed: float) -> str:
+    """``eta 3m05s`` for ``total - done`` more units at the mean pace of the ``done`` ones so far ("" before any)."""
+    return f"eta {format_duration(elapsed / done * (total - done))}" if done > 0 else ""
+
+
+def startup_summary(cfg, dims, run_dir: Path, device) -> List[str]:
+    """The block printed once when a run starts: where it writes, what it trains, against what, on what."""
+    reward = (f"remote {cfg.remote_reward_url} ({cfg.reward_model})" if cfg.remote_reward_url else
+              f"local {cfg.reward_model}")
+    adapters = f", LoRA r {cfg.lora_r}" if cfg.use_lora else ""
+    return ["run summary:",
+            f"  run directory  {run_dir}",
+            f"  model root     {cfg.pretrained_model_root} (transformer {cfg.pretrained_transformer_version}{adapters})",
+            f"  reward         {reward}, weights {cfg.reward_weights}",
+            f"  world          {dims.world_size} process(es) = dp {dims.dp_size} x sp {dims.sp_size} on {device}",
+            f"  dtype          {cfg.dtype}",
+            f"  steps          to {cfg.max_steps}, {cfg.batch_size * dims.dp_size} videos per step"]
+
+
 def console_line(step: int, metrics: Dict[str, float]) -> str:
     """The few numbers a person watches: step, GRPO reward mean ± std, KL, β, loss, seconds per step (each only when
     logged). Every metric goes to ``metrics.jsonl`` and TensorBoard."""
@@ -91,16 +129,26 @@ class MetricsLogger:
     """Console + train.log + metrics.jsonl, always, and the trackers of ``--report_to`` (started by
     :func:`sage_grpo.tracking.trackers.start_trackers`); only the main process writes."""
 
-    def __init__(self, run_dir: Path, *, enabled: bool = True, log_interval: int = 1, trackers: Sequence = ()):
+    def __init__(self, run_dir: Path, *, enabled: bool = True, log_interval: int = 1, trackers: Sequence = (),
+                 max_steps: Optional[int] = None):
+        """``max_steps``: the console lines of :meth:`log_step` end with an ETA to it, paced on the steps logged by
+        this process (the first one's start is ``now`` minus its phase times)."""
         self.enabled, self.log_interval = enabled, log_interval
         self.run_dir = run_dir
         self.trackers = list(trackers)
+        self.max_steps = max_steps
+        self._clock: Optional[tuple] = None  # (time, step) the ETA counts from
+
+    def info_lines(self, messages: Sequence[str]) -> None:
+        for message in messages:
+            self.info(message)
 
     def info(self, message: str) -> None:
         if not self.enabled:
             return
         line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
-        print(line, flush=True)
+        tqdm.write(line, file=sys.stdout)  # clears and redraws an active bar around the line instead of breaking it
+        sys.stdout.flush()
         with open(self.run_dir / "train.log", "a") as handle:
             handle.write(line + "\n")
 
@@ -118,8 +166,13 @@ class MetricsLogger:
         tagged = {tensorboard_tag(name): value for name, value in clean.items()}
         for tracker in self.trackers:
             tracker.log_scalars(tagged, step)
+        now = time.perf_counter()
+        if self._clock is None:  # the first step logged here (a start or a resume) started its phase times ago
+            self._clock = (now - sum(clean.get(key, 0.0) for key in PHASE_TIMES), step - 1)
         if console if console is not None else step % self.log_interval == 0:
-            self.info(console_line(step, clean))
+            started, first = self._clock
+            eta = eta_text(step - first, self.max_steps - first, now - started) if self.max_steps else ""
+            self.info(console_line(step, clean) + (f" | {eta}" if eta else ""))
 
     def log_videos(self, key: str, videos: List[LoggedVideo], step: int) -> None:
         """Videos the run wrote (rollouts, validation), as media of global step ``step``."""
@@ -190,11 +243,12 @@ def summarize_run(rows: list, window: int) -> Dict[str, float]:
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:
-    """Drop rows after ``last_step`` (a resumed run rewrites the steps a crash left half-logged)."""
+    """Drop rows after ``last_step`` (a resumed run rewrites the steps a crash left half-logged); the file is
+    replaced atomically, so a crash here leaves the old history whole."""
     path = Path(run_dir) / "metrics.jsonl"
     if path.exists():
         rows = [r for r in read_metrics(run_dir) if r["step"] <= last_step]
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def prune_rollout_media(run_dir: Path, keep: int) -> None:

@@ -198,5 +198,7 @@ def start_trackers(names: Sequence[str], run_dir: Path, *, project: str, run_nam
         if started[-1].run_id is not None:
             ids[tracker_name] = started[-1].run_id
     if ids:
-        (run_dir / RUN_IDS_FILE).write_text(json.dumps(ids, indent=2) + "\n")
+        from sage_grpo.safe_io import atomic_write
+
+        atomic_write(run_dir / RUN_IDS_FILE, json.dumps(ids, indent=2) + "\n")
     return started

@@ -12,15 +12,19 @@
 #                    must be a directory at the same path on every node (a shared file system)
 #   DRY_RUN          1: print the pdsh command instead of running it (DRY_RUN is also forwarded to the nodes)
 # Forwarded to every node when set here: NODE_LIST NNODES MASTER_ADDR MASTER_PORT NPROC_PER_NODE OUTPUT_DIR RESUME
-# TORCHRUN DRY_RUN PYTHONPATH CUDA_VISIBLE_DEVICES HUGGING_FACE_HUB_TOKEN and every NCCL_*, GLOO_*, TORCH_*, HF_*
-# variable. NODE_RANK is not forwarded: each node derives its own from its position in NODE_LIST.
+# TORCHRUN DRY_RUN PYTHONPATH CUDA_VISIBLE_DEVICES HUGGING_FACE_HUB_TOKEN and every NCCL_*, GLOO_*, TORCH_*, HF_*,
+# WANDB_*, SWANLAB_* variable. NODE_RANK is not forwarded: each node derives its own from its position in NODE_LIST.
 #
-# Secrets never travel on a command line (where ps shows them on every host): a forwarded variable whose name
-# contains TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, ...) is written as an
-# `export NAME=value` line to a file of mode 0600 in PDSH_SECRETS_DIR, which the remote shell sources (`. FILE`) before
-# running the script, so the value reaches the script through its environment. The file is deleted when pdsh exits
-# (or this script is killed); DRY_RUN=1 prints the command with the file's name pattern and writes no file. Other
-# variables are passed as `env NAME=value` on the remote command line.
+# Secrets never travel on a command line (where ps shows them on every host). These go through the secrets file:
+# every HF_*, WANDB_* and SWANLAB_* variable (hub endpoints, tracker keys and hosts, often with credentials in them),
+# any forwarded variable whose name contains TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL, and any whose value holds a
+# URL with a user name or password (scheme://user:pass@host). They are written as `export NAME=value` lines to a file
+# of mode 0600 in PDSH_SECRETS_DIR, which the remote shell sources (`. FILE`) before running the script, so the values
+# reach the script through its environment. The file is deleted when pdsh exits (or this script is killed by a
+# catchable signal); its name holds this host and the launcher's pid (env.HOST.PID.XXXXXXXX), so the next start on
+# this host deletes the files of launchers that are gone (a SIGKILLed launcher cannot delete its own). DRY_RUN=1 prints
+# the command with the file's name pattern and writes no file. Other variables are passed as `env NAME=value` on the
+# remote command line.
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -42,19 +46,37 @@ if [[ $dry_run == 0 ]] && ! command -v pdsh > /dev/null; then
   exit 2
 fi
 
+# is_secret NAME VALUE: does this variable go through the secrets file?
 is_secret() {
   case ${1^^} in
-    *TOKEN* | *KEY* | *SECRET* | *PASSWORD* | *CREDENTIAL*) return 0 ;;
-    *) return 1 ;;
+    HF_* | WANDB_* | SWANLAB_* | *TOKEN* | *KEY* | *SECRET* | *PASSWORD* | *CREDENTIAL*) return 0 ;;
   esac
+  [[ "$2" =~ ://[^/@]*@ ]]  # credentials in a URL: scheme://user:pass@host
 }
+
+host=$(hostname | tr -c "A-Za-z0-9\n-" _)  # no dots: the name splits at them
+secrets_dir=${PDSH_SECRETS_DIR:-$repo_dir/.pdsh_env}
+[[ "$secrets_dir" == /* ]] || secrets_dir=$PWD/$secrets_dir
+# Files of launchers on this host that are gone (SIGKILL skips the EXIT trap): env.HOST.PID.XXXXXXXX, PID not running.
+# Files of other hosts are left alone: their launchers may still be running.
+if [[ -d "$secrets_dir" ]]; then
+  for stale in "$secrets_dir/env.$host".*.*; do
+    [[ -f "$stale" ]] || continue
+    pid=${stale#"$secrets_dir/env.$host."}
+    pid=${pid%%.*}
+    if [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2> /dev/null && [[ ! -d /proc/$pid ]]; then
+      rm -f "$stale" && echo "# removed the stale secrets file $stale (its launcher, pid $pid, is gone)" >&2
+    fi
+  done
+fi
 
 forwarded=()
 secrets=()
 for name in NODE_LIST NNODES MASTER_ADDR MASTER_PORT NPROC_PER_NODE OUTPUT_DIR RESUME TORCHRUN DRY_RUN PYTHONPATH \
-            CUDA_VISIBLE_DEVICES HUGGING_FACE_HUB_TOKEN $(compgen -e | grep -E '^(NCCL|GLOO|TORCH|HF)_' || true); do
+            CUDA_VISIBLE_DEVICES HUGGING_FACE_HUB_TOKEN \
+            $(compgen -e | grep -E '^(NCCL|GLOO|TORCH|HF|WANDB|SWANLAB)_' || true); do
   if [[ -n "${!name+x}" ]]; then
-    if is_secret "$name"; then
+    if is_secret "$name" "${!name}"; then
       secrets+=("$name")
     else
       forwarded+=("$name=$(printf '%q' "${!name}")")
@@ -65,10 +87,8 @@ done
 remote="cd $(printf '%q' "$repo_dir")"
 secrets_file=
 if [[ ${#secrets[@]} -gt 0 ]]; then
-  secrets_dir=${PDSH_SECRETS_DIR:-$repo_dir/.pdsh_env}
   if [[ $dry_run == 1 ]]; then
-    [[ "$secrets_dir" == /* ]] || secrets_dir=$PWD/$secrets_dir
-    secrets_file=$secrets_dir/env.XXXXXXXX  # the name pattern: a dry run writes no file
+    secrets_file=$secrets_dir/env.$host.$$.XXXXXXXX  # the name pattern: a dry run writes no file
   else
     if ! (umask 077 && mkdir -p "$secrets_dir") || [[ ! -w "$secrets_dir" ]]; then
       echo "error: cannot write the secrets file to $secrets_dir; set PDSH_SECRETS_DIR to a writable directory" \
@@ -76,7 +96,7 @@ if [[ ${#secrets[@]} -gt 0 ]]; then
       exit 2
     fi
     secrets_dir=$(cd "$secrets_dir" && pwd)
-    secrets_file=$(umask 077 && mktemp "$secrets_dir/env.XXXXXXXX")
+    secrets_file=$(umask 077 && mktemp "$secrets_dir/env.$host.$$.XXXXXXXX")
     trap 'rm -f "$secrets_file"' EXIT
     (
       umask 077

@@ -9,9 +9,12 @@
 # Environment variables:
 #   NODE_LIST       comma-separated hosts of the job, master first; gives the defaults of the next three
 #   NNODES          number of nodes (default: number of hosts in NODE_LIST; required without NODE_LIST)
-#   NODE_RANK       this node's rank (default: the position of this host in NODE_LIST, matched against its host
-#                   names and IP addresses; required without NODE_LIST)
+#   NODE_RANK       this node's rank (default: SLURM_NODEID under srun, else the position of this host in NODE_LIST,
+#                   matched against its host names and IP addresses; required without either)
 #   MASTER_ADDR     rendezvous host, reachable from every node (default: first host of NODE_LIST)
+#   RDZV_ENDPOINT   host:port of a c10d rendezvous (slurm_train.sbatch sets it): torchrun --rdzv_backend c10d
+#                   --rdzv_endpoint RDZV_ENDPOINT --rdzv_id RDZV_ID (default sage-grpo) instead of the static
+#                   --node_rank/--master_addr/--master_port; MASTER_ADDR is then not needed
 #   MASTER_PORT     rendezvous port (default 29500)
 #   NPROC_PER_NODE  processes (one per GPU) per node (default 8)
 #   OUTPUT_DIR      run directory, passed as --output_dir; logs go to its logs/ (default ./outputs). Set this
@@ -51,11 +54,12 @@ if [[ -z "${NNODES:-}" ]]; then
   [[ ${#hosts[@]} -gt 0 ]] || fail "NNODES is not set and there is no NODE_LIST to count the nodes from"
   NNODES=${#hosts[@]}
 fi
+NODE_RANK=${NODE_RANK:-${SLURM_NODEID:-}}
 if [[ -z "${NODE_RANK:-}" ]]; then
   [[ ${#hosts[@]} -gt 0 ]] || fail "NODE_RANK is not set and there is no NODE_LIST to find this node in"
   NODE_RANK=$(this_node_rank) || fail "this host ($(hostname)) is not in NODE_LIST=$NODE_LIST; set NODE_RANK"
 fi
-if [[ -z "${MASTER_ADDR:-}" ]]; then
+if [[ -z "${MASTER_ADDR:-}" && -z "${RDZV_ENDPOINT:-}" ]]; then
   [[ ${#hosts[@]} -gt 0 ]] || fail "MASTER_ADDR is not set and there is no NODE_LIST to take the first host from"
   MASTER_ADDR=${hosts[0]}
 fi
@@ -68,9 +72,13 @@ source scripts/post_train/reference_flags.sh
 reference_flags "$OUTPUT_DIR"
 yield_to_config "$@"
 
+if [[ -n "${RDZV_ENDPOINT:-}" ]]; then
+  rendezvous=(--rdzv_backend c10d --rdzv_endpoint "$RDZV_ENDPOINT" --rdzv_id "${RDZV_ID:-sage-grpo}")
+else
+  rendezvous=(--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "${MASTER_PORT:-29500}")
+fi
 cmd=(
-  "$TORCHRUN" --nnodes "$NNODES" --nproc_per_node "${NPROC_PER_NODE:-8}" --node_rank "$NODE_RANK"
-  --master_addr "$MASTER_ADDR" --master_port "${MASTER_PORT:-29500}" post_train.py
+  "$TORCHRUN" --nnodes "$NNODES" --nproc_per_node "${NPROC_PER_NODE:-8}" "${rendezvous[@]}" post_train.py
   "${REFERENCE_FLAGS[@]}"
 )
 if [[ -n "${RESUME:-}" ]]; then

@@ -1,8 +1,10 @@
 """download_weights.sh: the documented layout, a fast clear failure without hub access, layout verification, and the
 whole download-and-arrange flow against a fake ``hf`` CLI and a local HTTP endpoint (no network needed): each
-variant's guider and scheduler configs, the revisions passed to every download, and VideoReward under its current hub
-name with a fall-back to its former one."""
+variant's guider and scheduler configs, the revisions resolved to commits, downloaded and recorded in the root's
+weights.lock.json (and reproduced from a lock file), and VideoReward under its current hub name with a fall-back to
+its former one."""
 
+import hashlib
 import http.server
 import json
 import os
@@ -40,7 +42,8 @@ for pattern in "${includes[@]}"; do c=${pattern%/*}; mkdir -p "$dir/$c"; cp -r "
 
 
 def run_script(*args, env=None, timeout=120):
-    base = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    # huggingface_hub reads either variable as offline mode (the revision resolution goes through it)
+    base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     base.update(env or {})
     return run_group(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, env=base, timeout=timeout)
 
@@ -105,9 +108,32 @@ def test_verify_only_passes_on_a_complete_root_and_lists_a_removed_file(tiny_roo
     assert without_reward.returncode == 1 and "VideoReward files are missing" in without_reward.stderr
 
 
+def fake_commit(repo: str, revision: str) -> str:
+    """The commit the fake hub serves for ``repo`` at ``revision``."""
+    return hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+
+
 class _QuietHandler(http.server.BaseHTTPRequestHandler):
+    hub: Path = None  # the fake hub's folder: a repo exists when <owner>__<name>/ does
+
     def do_HEAD(self):  # noqa: N802 - http.server's naming
         self.send_response(404)
+        self.end_headers()
+
+    def do_GET(self):  # noqa: N802 - /api/models/<owner>/<name>/revision/<revision>: the model info of a revision
+        parts = self.path.split("?")[0].split("/")
+        if len(parts) == 7 and parts[1:3] == ["api", "models"] and parts[5] == "revision":
+            repo = f"{parts[3]}/{parts[4]}"
+            if (self.hub / repo.replace("/", "__")).is_dir():
+                body = json.dumps({"id": repo, "sha": fake_commit(repo, parts[6])}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
         self.end_headers()
 
     def log_message(self, *args):
@@ -138,7 +164,8 @@ def fake_hub(tiny_root, tmp_path, monkeypatch):
     bin_dir.mkdir()
     (bin_dir / "hf").write_text(FAKE_HF)
     (bin_dir / "hf").chmod(0o755)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)
+    handler = type("Handler", (_QuietHandler,), {"hub": hub})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_HUB": str(hub),
            "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}"}
@@ -163,10 +190,14 @@ def test_download_arranges_the_layout_links_and_is_idempotent(fake_hub, tmp_path
     assert read_variant_sampling(root, "480p_t2v").guidance_scale == 6.0
 
     calls = (hub / "calls.log").read_text().splitlines()
-    assert all(" --revision main " in call for call in calls), calls  # every download names its revision
-    # VideoReward: the current name first; the fake hub has only the former one
+    for call in calls:  # every download names the commit its revision resolved to
+        assert f" --revision {fake_commit(call.split()[1], 'main')} " in call, call
+    lock = json.loads((root / "weights.lock.json").read_text())
+    assert lock == {repo: {"revision": "main", "commit": fake_commit(repo, "main")} for repo in (
+        "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v", "KwaiVGI/VideoReward")}
+    # VideoReward: the current name first (the hub has no commit for it: nothing downloaded), then the former one
     reward_calls = [call.split()[1] for call in calls if "VideoReward" in call]
-    assert reward_calls == ["KlingAIResearch/VideoReward", "KwaiVGI/VideoReward"]
+    assert reward_calls == ["KwaiVGI/VideoReward"]
     assert "KlingAIResearch/VideoReward could not be downloaded at revision main" in first.stdout
     assert "VideoReward: KwaiVGI/VideoReward at revision main" in first.stdout
     second = run_script("--model_root", str(root), env=env)
@@ -196,8 +227,19 @@ def test_the_distilled_variant_comes_with_its_guidance_at_pinned_revisions(fake_
     assert (variant.guidance_scale, variant.flow_shift) == (1.0, 5.0)  # no CFG 6.0 for the cfg-distilled variant
     calls = (hub / "calls.log").read_text().splitlines()
     revisions = {call.split()[1]: call.split("--revision ")[1].split()[0] for call in calls}
-    assert revisions == {"hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v_distilled": "0123abc",
-                         "KlingAIResearch/VideoReward": "v1.0"}  # the tiny reward's base model is a local folder
+    pipeline = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v_distilled"
+    assert revisions == {pipeline: fake_commit(pipeline, "0123abc"),  # the tiny reward's base model is a local folder
+                         "KlingAIResearch/VideoReward": fake_commit("KlingAIResearch/VideoReward", "v1.0")}
+    lock = json.loads((root / "weights.lock.json").read_text())
+    assert {repo: entry["revision"] for repo, entry in lock.items()} == {pipeline: "0123abc",
+                                                                         "KlingAIResearch/VideoReward": "v1.0"}
+    # the lock file reproduces the root: another root downloads its commits whatever the revision variables say
+    again = run_script("--model_root", str(tmp_path / "again"), "--variant", "480p_t2v_distilled", "--lock",
+                       str(root / "weights.lock.json"), env={**env, "HUNYUAN_REVISION": "main"})
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads((tmp_path / "again" / "weights.lock.json").read_text()) == lock
+    assert (hub / "calls.log").read_text().splitlines()[len(calls):][0].split("--revision ")[1].split()[0] == \
+        lock[pipeline]["commit"]
     assert "VideoReward: KlingAIResearch/VideoReward at revision v1.0" in result.stdout
 
 

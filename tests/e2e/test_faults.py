@@ -4,7 +4,8 @@ the timings, and every tensor of the final checkpoint: weights, moving anchor, o
 
 The kill points (``sage_grpo/faults.py``): after the rollout, after the first backward of the update, inside the
 checkpoint write (files in the temporary directory, not yet renamed) and halfway through the ``metrics.jsonl``
-line. Each run is a subprocess in its own process group (``procs.run_group``).
+line, reached by one run in turn: each process is killed at its point and the next one resumes it. Each run is a
+subprocess in its own process group (``procs.run_group``).
 """
 
 import os
@@ -76,22 +77,44 @@ def straight(tiny_root, tmp_path_factory):
     return read_metrics(run_dir), final_state(run_dir)
 
 
-@pytest.mark.parametrize("fault", ["rollout:3", "update:2", "checkpoint:2", "metrics:3"])
-def test_kill_9_then_resume_matches_the_uninterrupted_run(tiny_root, tmp_path, straight, fault):
-    run_dir = tmp_path / "run"
-    killed = post_train(tiny_root, run_dir, fault=fault)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    point, step = fault.split(":")
-    if point == "checkpoint":  # the half-written checkpoint is never mistaken for a finished one
-        assert (run_dir / f".checkpoint-{step}.tmp").is_dir() and not (run_dir / f"checkpoint-{step}").exists()
-    if point == "metrics":
-        assert not (run_dir / "metrics.jsonl").read_text().endswith("\n")  # a torn last line
+# The kills in the order one run reaches them: each process is killed at its point and the next one resumes from the
+# latest checkpoint (and is killed at the next point), so 5 processes check 4 kill-and-resumes instead of 8.
+FAULTS = ("update:2", "checkpoint:2", "rollout:3", "metrics:3")
 
-    resumed = post_train(tiny_root, run_dir, "--resume_from_checkpoint", "latest")
+
+@pytest.fixture(scope="module")
+def chain(tiny_root, tmp_path_factory):
+    """For each fault: the killed process's return code and what it left on disk; then the last resume's result."""
+    run_dir = tmp_path_factory.mktemp("chain") / "run"
+    kills, resume = {}, ()
+    for fault in FAULTS:
+        proc = post_train(tiny_root, run_dir, *resume, fault=fault)
+        step = fault.split(":")[1]
+        metrics = run_dir / "metrics.jsonl"
+        kills[fault] = dict(returncode=proc.returncode, stderr=proc.stderr[-3000:],
+                            partial_checkpoint=(run_dir / f".checkpoint-{step}.tmp").is_dir(),
+                            checkpoint=(run_dir / f"checkpoint-{step}").exists(),
+                            torn_metrics=metrics.exists() and not metrics.read_text().endswith("\n"))
+        resume = ("--resume_from_checkpoint", "latest")
+    resumed = post_train(tiny_root, run_dir, *resume)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return kills, read_metrics(run_dir), final_state(run_dir)
+
+
+@pytest.mark.parametrize("fault", ["rollout:3", "update:2", "checkpoint:2", "metrics:3"])
+def test_kill_9_then_resume_matches_the_uninterrupted_run(straight, chain, fault):
+    kills, resumed_rows, resumed_state = chain
+    killed = kills[fault]
+    assert killed["returncode"] == -signal.SIGKILL, killed["stderr"]
+    point = fault.split(":")[0]
+    if point == "checkpoint":  # the half-written checkpoint is never mistaken for a finished one
+        assert killed["partial_checkpoint"] and not killed["checkpoint"]
+    if point == "metrics":
+        assert killed["torn_metrics"]  # a torn last line
+
     rows, state = straight
-    assert comparable(read_metrics(run_dir)) == comparable(rows)
-    assert_same(final_state(run_dir), state)
+    assert comparable(resumed_rows) == comparable(rows)
+    assert_same(resumed_state, state)
     assert "anchor" in state  # the moving anchor moved (update 2) and is part of what must match
 
 

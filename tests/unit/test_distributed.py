@@ -4,6 +4,7 @@ Multi-process checks run ``tests/distributed/scripts/{two,four}_ranks.py`` under
 script runs every check once, compares with the unsplit single-process model computed in the same processes, and
 writes the worst error over ranks to a JSON report that the tests below read."""
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -113,6 +114,7 @@ def test_sp_all_gather_resolves_on_old_and_new_torch():
     assert differentiable_all_gather() is expected
 
 
+HOST = re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname())  # as pdsh_train.sh names its secrets files
 LAUNCH_VARS = ("NODE_LIST", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "OUTPUT_DIR",
                "RESUME", "TORCHRUN", "DRY_RUN", "PDSH_FANOUT", "PDSH_SECRETS_DIR", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
@@ -162,11 +164,42 @@ def test_pdsh_dry_run_shows_no_secret(tmp_path):
                    PDSH_SECRETS_DIR=str(secrets_dir))
     assert proc.returncode == 0, proc.stderr
     assert "secret123" not in proc.stdout + proc.stderr
-    assert f". {secrets_dir}/env.XXXXXXXX && env " in proc.stdout and "HF_TOKEN" not in proc.stdout
+    assert f". {secrets_dir}/env.{HOST}." in proc.stdout and "HF_TOKEN" not in proc.stdout
     assert "HF_TOKEN: sourced from" in proc.stderr
     assert not secrets_dir.exists()  # a dry run writes no secrets file
     default = _launch("run_post_train_multinode.sh", DRY_RUN="1", NODE_LIST="node-a", HF_TOKEN="secret123")
-    assert f". {REPO_ROOT}/.pdsh_env/env.XXXXXXXX && env " in default.stdout and "secret123" not in default.stdout
+    assert f". {REPO_ROOT}/.pdsh_env/env.{HOST}." in default.stdout and "secret123" not in default.stdout
+
+
+def test_pdsh_tracker_and_hub_settings_go_through_the_secrets_file_and_stale_files_are_removed(tmp_path):
+    """WANDB_*, SWANLAB_*, HF_* and any URL with credentials reach the nodes through the secrets file, never the pdsh
+    command line; a start removes the files of launchers on this host that are gone (a SIGKILLed launcher), and
+    keeps those of running launchers and of other hosts."""
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir(mode=0o700)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs, as a SIGKILLed launcher's
+    stale, live, other_host = (secrets_dir / f"env.{HOST}.{gone.pid}.abcdefgh",
+                               secrets_dir / f"env.{HOST}.{os.getpid()}.abcdefgh", secrets_dir / "env.other-node.1.abc")
+    for path in (stale, live, other_host):
+        path.write_text("export HF_TOKEN=old\n")
+    settings = {"WANDB_API_KEY": "wandbkey123", "WANDB_BASE_URL": "https://wandb.example", "SWANLAB_API_KEY": "swan123",
+                "SWANLAB_WORKSPACE": "team", "HF_HUB_ENDPOINT": "https://user:hubpass123@hub.example",
+                "MASTER_ADDR": "node-a", "TORCH_STORE_URL": "tcp://admin:torchpass123@10.0.0.1"}
+    proc = _launch("run_post_train_multinode.sh", DRY_RUN="1", NODE_LIST="node-a,node-b",
+                   PDSH_SECRETS_DIR=str(secrets_dir), **settings)
+    assert proc.returncode == 0, proc.stderr
+    command = proc.stdout
+    for name, value in settings.items():
+        if name == "MASTER_ADDR":
+            assert "MASTER_ADDR=node-a" in command  # no secret: stays on the command line
+        else:
+            assert value not in command and f"{name}=" not in command, name
+            assert name in proc.stderr.split(": sourced from")[0], name  # listed as sourced from the file
+    assert not any(secret in proc.stdout + proc.stderr for secret in ("key123", "swan123", "pass123"))
+    assert f". {secrets_dir}/env.{HOST}." in command
+    assert not stale.exists() and live.exists() and other_host.exists()
+    assert f"removed the stale secrets file {stale}" in proc.stderr
 
 
 FAKE_PDSH = r"""#!/usr/bin/env bash
@@ -214,6 +247,7 @@ def test_pdsh_secrets_reach_the_node_through_its_environment_only(tmp_path):
     proc = run_group(["bash", str(REPO_ROOT / "scripts/post_train/pdsh_train.sh"), str(probe), "--flag", "a b"],
                      env={**inherited, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NODE_LIST": "node-a,node-b",
                           "HF_TOKEN": token, "HUGGING_FACE_HUB_TOKEN": token + "-2", "HF_HUB_OFFLINE": "1",
+                          "NCCL_DEBUG": "WARN",
                           "PDSH_SECRETS_DIR": str(secrets_dir), "FAKE_PDSH_ARGV": str(argv_log)}, timeout=30)
     assert proc.returncode == 7, proc.stderr  # pdsh's exit status comes back
     seen = out.read_text().splitlines()
@@ -221,7 +255,8 @@ def test_pdsh_secrets_reach_the_node_through_its_environment_only(tmp_path):
                     "secrets_files=600 ", "secrets_dir=700"] * 2  # both nodes
     argv = argv_log.read_text().split("\0")[:-1]
     assert argv[:4] == ["-w", "node-a,node-b", "-f", "2"] and f". {secrets_dir}/env." in argv[4]
-    assert "HF_HUB_OFFLINE=1" in argv[4]  # a variable that is no secret stays on the command line
+    assert "NCCL_DEBUG=WARN" in argv[4]  # a variable that is no secret stays on the command line
+    assert "HF_HUB_OFFLINE" not in argv[4]  # HF_*: through the file (hub settings may hold credentials)
     assert "secret123" not in "".join(argv) and "secret123" not in proc.stdout + proc.stderr
     listing = cmdlines.read_text()
     assert f". {secrets_dir}/env." in listing and "secret123" not in listing  # it saw pdsh's argv, but no secret

@@ -46,8 +46,9 @@ def test_bad_inputs_fail_before_loading(tmp_path, capsys):
 def test_reference_defaults_and_sizes(tmp_path):
     config = parse_cli(GenerateConfig, ["--prompt", "A cat", "--model_path", str(tmp_path)])
     assert (config.num_inference_steps, config.video_length, config.seed, config.negative_prompt) == (50, 121, 930, "")
-    assert (config.guidance_scale, config.flow_shift, config.dtype, config.aspect_ratio) == (6.0, None, "bf16", "16:9")
+    assert (config.guidance_scale, config.flow_shift, config.dtype, config.aspect_ratio) == (None, None, "bf16", "16:9")
     plan = plan_generation(config)
+    assert plan.guidance_scale == 6.0  # no guider config in this root: the reference's CFG
     assert (plan.height, plan.width, plan.transformer_version, plan.flow_shift) == (480, 864, "480p_t2v", 5.0)
     plan = plan_generation(GenerateConfig(prompt="A cat", resolution="720p", model_path=str(tmp_path)))
     assert (plan.height, plan.width, plan.transformer_version, plan.flow_shift) == (720, 1280, "720p_t2v", 9.0)

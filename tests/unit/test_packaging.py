@@ -15,6 +15,7 @@ from procs import run_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {  # pyproject.toml [project.scripts]
+    "sage-grpo": "sage_grpo.cli.main:main",
     "sage-grpo-train": "sage_grpo.cli.train:main",
     "sage-grpo-generate": "sage_grpo.cli.generate:main",
     "sage-grpo-export": "sage_grpo.cli.export:main",
@@ -98,6 +99,8 @@ def test_root_scripts_are_wrappers_of_the_package_functions():
     assert post_train.main is train_cli.main and generate.main is generate_cli.main
     for script, target in (("export_checkpoint.py", "sage_grpo.cli.export"),
                            ("convert_reference_checkpoint.py", "sage_grpo.cli.convert"),
-                           ("evaluate.py", "sage_grpo.evaluate")):
+                           ("evaluate.py", "sage_grpo.evaluate"),
+                           ("reward_server.py", "sage_grpo.cli.serve_reward"), ("plot_run.py", "sage_grpo.cli.plot"),
+                           ("make_tiny_checkpoint.py", "sage_grpo.cli.make_tiny")):
         text = (REPO_ROOT / "scripts" / script).read_text()
         assert f"from {target} import main" in text, script

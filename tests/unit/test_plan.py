@@ -281,11 +281,13 @@ def test_launch_that_cannot_fit_is_refused_with_the_table(monkeypatch):
 
 
 def test_command_line_ends_with_the_peak(tiny_root, capsys):
-    plan_report.main(["--world_size", "1", "--gpu_memory_gb", "1", "--pretrained_model_root", str(tiny_root),
-                  "--sp_size", "1", "--batch_size", "2", "--num_generations", "2", "--sample_n_frames", "5",
-                  "--rollout_height", "16", "--rollout_width", "16", "--text_max_length", "16", "--byt5_max_length",
-                  "8", "--vision_num_semantic_tokens", "4", "--reward_model", "target_color",
-                  "--validation_interval", "0"])
+    with pytest.raises(SystemExit) as exit_info:  # 1 GB is less than the 2 GB runtime overhead: exit status 1
+        plan_report.main(["--world_size", "1", "--gpu_memory_gb", "1", "--pretrained_model_root", str(tiny_root),
+                          "--sp_size", "1", "--batch_size", "2", "--num_generations", "2", "--sample_n_frames", "5",
+                          "--rollout_height", "16", "--rollout_width", "16", "--text_max_length", "16",
+                          "--byt5_max_length", "8", "--vision_num_semantic_tokens", "4", "--reward_model",
+                          "target_color", "--validation_interval", "0"])
+    assert exit_info.value.code == 1
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
     assert re.fullmatch(r"peak per GPU: \d+\.\d\d GB", lines[-1])

@@ -1,0 +1,497 @@
+"""A GRPO step executed without a GPU: the real transformer classes at the launch's size, the project's own Ulysses,
+FSDP2, checkpointing and autocast, run on fake tensors over a fake process group, with torch's FSDP memory tracker
+and FLOP counter watching each phase (``python -m sage_grpo.plan <flags> --simulate``).
+
+How: one process joins a ``fake`` process group of ``--world_size`` ranks as rank 0 and builds the meshes of
+:class:`~sage_grpo.distributed.parallel_dims.ParallelDims`; the policy (``--master_weight_type``) and the KL reference
+(``--dtype``) are built on the ``meta`` device from the transformer config the planner reads
+(:func:`sage_grpo.plan.memory.sizes_of`), get the joint attention, SP, FSDP2 and checkpointing of
+:func:`~sage_grpo.distributed.parallelize.parallelize_models`, and are materialised with ``to_empty`` inside
+``FakeTensorMode``: every tensor has its shape, dtype and device and no storage, so 54 blocks at 81 x 352 x 624 run on a
+laptop's memory. :class:`FSDPMemTracker` attributes every live byte to a category (sharded and unsharded parameters,
+gradients, all-gather and reduce-scatter buffers, optimizer state, activations, temporaries, inputs) and keeps the
+breakdown at the phase's peak; ``FlopCounterMode`` counts the phase's FLOPs on this rank's shapes.
+
+What fake mode cannot run, and where it is worked around:
+
+- FSDP2 on a ``cuda`` mesh asks the CUDA runtime for its current device (``torch.cuda.current_device``), which a
+  CPU-only torch does not have: the simulation runs on the ``cpu`` device type. Shapes and dtypes are the same; the
+  CUDA caching allocator's rounding and fragmentation, NCCL's buffers and the attention kernels' workspaces are not
+  seen (the plan's ``runtime overhead`` and its margin cover them, see :data:`UNSEEN`).
+- diffusers' forward asks data-dependent questions the fake tensors cannot answer: ``torch.all(image_embeds == 0)``
+  (``aten._local_scalar_dense``) and the reordering of the text slots by boolean masks (``aten.nonzero``), then this
+  project's text trim reads the longest valid length back (``.tolist()``). :func:`static_t2v_forward` replaces the
+  transformer's forward with the same modules in the same order for the planner's worst case (text-to-video, every
+  MLLM and byT5 slot valid, the image slots padding and trimmed), so the blocks see T = L_mllm + L_byt5 text tokens
+  and no mask, as ``sage_grpo.plan.sizes.text_token_count`` assumes.
+- Offloaded reference shards (``--reference_placement cpu``) live on the CPU and cannot be told apart from the
+  device's on a CPU-only run: the simulation keeps them in place and leaves their bytes out of the device's tally.
+
+Phases not executed (named in the output, with the reason): prompt encoding, VAE decode and the reward (other model
+families: their memory is the planner's estimate), checkpoint save (host memory and disk, not the GPU).
+"""
+
+import contextlib
+import time
+import types
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sage_grpo.config import TrainConfig
+
+GIB = 2 ** 30
+# The tracker's categories, summed into the planner's groups of components (see :func:`planner_groups`).
+GROUPS: Dict[str, Tuple[str, ...]] = {
+    "sharded weights": ("Sharded Param", "Buffer"),
+    "gathered weights": ("Unsharded Param", "All Gather"),
+    "gradients": ("Sharded Grad", "Unsharded Grad", "Reduce Scatter"),
+    "optimizer state": ("OptState",),
+    "activations": ("Activation", "Temp"),
+    "inputs": ("Inputs",),
+}
+# FSDP2 accumulates the gradients it holds between reductions (--gradient_reduction per_update) outside ``.grad``,
+# and the tracker counts them as activations/temporaries: the two groups are compared together as well.
+COMBINED = {"activations + gradients": ("activations", "gradients")}
+# What the simulation cannot see on a CPU-only fake run; the planner's "runtime overhead" and margin stand for it.
+UNSEEN = ("CUDA caching-allocator rounding and fragmentation", "NCCL communicator buffers",
+          "flash/cuDNN attention workspaces and kernels' own temporaries", "the CUDA context")
+
+
+@dataclass
+class SimulatedPhase:
+    """One phase's tracker breakdown at its peak (bytes per tracker category) and its FLOPs on this rank."""
+
+    name: str
+    peak: Dict[str, int]
+    flops: int
+    seconds: float
+    note: str = ""
+
+    def group(self, name: str) -> int:
+        return sum(self.peak.get(category, 0) for category in GROUPS[name])
+
+    @property
+    def total(self) -> int:
+        return sum(self.group(g) for g in GROUPS)
+
+
+@dataclass
+class Simulation:
+    phases: List[SimulatedPhase]
+    not_simulated: List[Tuple[str, str]] = field(default_factory=list)  # (phase, why)
+    seconds: float = 0.0
+
+
+# ====================================================================== the forward fake mode can run
+
+def static_t2v_forward(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
+                       encoder_hidden_states_2, encoder_attention_mask_2, image_embeds, return_dict=False, **_):
+    """``HunyuanVideo15Transformer3DModel.forward`` for text-to-video with every text slot valid, without its
+    data-dependent steps (module docstring): the same submodules in the same order; the joint text stream is
+    [byT5, MLLM] with the zeroed image slots trimmed, and no key mask (none is left after the trim)."""
+    batch, _, frames, height, width = hidden_states.shape
+    rope = self.rope(hidden_states)
+    temb = self.time_embed(timestep, timestep_r=None)
+    hidden_states = self.x_embedder(hidden_states)
+    text = self.context_embedder(encoder_hidden_states, timestep, encoder_attention_mask)
+    text = text + self.cond_type_embed(torch.zeros_like(text[:, :, 0], dtype=torch.long))
+    glyph = self.context_embedder_2(encoder_hidden_states_2)
+    glyph = glyph + self.cond_type_embed(torch.ones_like(glyph[:, :, 0], dtype=torch.long))
+    image = self.image_embedder(image_embeds) * 0.0  # text-to-video: diffusers zeroes the image slots
+    image = image + self.cond_type_embed(2 * torch.ones_like(image[:, :, 0], dtype=torch.long))
+    joint = torch.cat([glyph, text, image], dim=1)[:, :glyph.shape[1] + text.shape[1]]
+    for block in self.transformer_blocks:
+        if torch.is_grad_enabled() and self.gradient_checkpointing:
+            hidden_states, joint = self._gradient_checkpointing_func(block, hidden_states, joint, temb, None, rope)
+        else:
+            hidden_states, joint = block(hidden_states, joint, temb, None, rope)
+    hidden_states = self.proj_out(self.norm_out(hidden_states, temb))
+    p_t, p = self.config.patch_size_t, self.config.patch_size
+    hidden_states = hidden_states.reshape(batch, frames // p_t, height // p, width // p, -1, p_t, p, p)
+    hidden_states = hidden_states.permute(0, 4, 1, 5, 2, 6, 3, 7).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+    return (hidden_states,)
+
+
+# ====================================================================== building
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int = 0):
+    """This process as ``rank`` of a ``fake`` process group of ``world_size`` (collectives return at once)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("the simulation needs its own (fake) process group; one is already initialised")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def public_config(config: Dict) -> Dict:
+    """``config`` without diffusers' bookkeeping keys: ``_use_default_values`` would restore the defaults of the keys
+    it names (``num_layers`` among them) over the values given."""
+    return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+def _transformer_on_meta(config: Dict, dtype: torch.dtype, backend: Optional[str]):
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    from sage_grpo.models.attention import install_joint_attention
+
+    with torch.device("meta"):
+        model = HunyuanVideo15Transformer3DModel.from_config(public_config(config)).to(dtype)
+    install_joint_attention(model, backend)
+    model.forward = types.MethodType(static_t2v_forward, model)
+    return model
+
+
+class _Models(torch.nn.Module):
+    """The policy and the reference under one root, so that one tracker sees both."""
+
+    def __init__(self, policy, reference):
+        super().__init__()
+        self.policy = policy
+        self.reference = reference
+
+
+def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
+    """Policy and reference (None without one) parallelized as ``parallelize_models`` does, still on ``meta``."""
+    from sage_grpo.distributed.fsdp import apply_fsdp
+    from sage_grpo.distributed.parallel_dims import ParallelDims
+    from sage_grpo.distributed.parallelize import policy_param_dtype, shard_frozen
+    from sage_grpo.distributed.sequence_parallel import apply_sequence_parallel
+    from sage_grpo.dtypes import DTYPES
+    from sage_grpo.rl import resolve_kl_mode
+
+    from sage_grpo.config import ConfigError
+
+    if cfg.use_lora or not (cfg.enable_fsdp and world_size > 1):
+        raise ConfigError("--simulate covers FSDP full fine-tuning on several ranks (torch's FSDP memory tracker); "
+                          "this launch is planned only: drop --use_lora, pass --enable_fsdp and --world_size > 1")
+    dims = ParallelDims(world_size=world_size, sp_size=cfg.sp_size, dp_replicate=cfg.dp_replicate,
+                        batch_size=cfg.batch_size, num_generations=cfg.num_generations,
+                        num_attention_heads=config.get("num_attention_heads", 16))
+    dims.build_meshes()
+    policy = _transformer_on_meta(config, DTYPES[cfg.master_weight_type], cfg.attention_backend)
+    policy.requires_grad_(True)
+    policy.train()
+    uses_reference = resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl).uses_reference
+    reference = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg.attention_backend) if uses_reference else None
+    if reference is not None:
+        reference.requires_grad_(False)
+        reference.eval()
+    for model in (policy, reference):
+        if model is not None:
+            apply_sequence_parallel(model, dims.sp_group)
+    apply_fsdp(policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
+               activation_checkpointing=cfg.enable_gradient_checkpointing)
+    if reference is not None:  # offloaded shards are left on the device here and out of its tally (docstring)
+        shard_frozen(reference, dims.fsdp_mesh, offload=False)
+    return policy, reference, dims
+
+
+# ====================================================================== running the phases
+
+def _embeds(cfg: TrainConfig, batch: int, config: Dict, dtype: torch.dtype):
+    """Fake prompt conditioning of ``batch`` prompts: every MLLM and byT5 slot valid (the planner's worst case)."""
+    from sage_grpo.models.text_encoding import PromptEmbeds, TextEncoderSettings
+
+    mllm = cfg.text_max_length or TextEncoderSettings.max_length
+
+    def stream(length: int, width: int):
+        return (torch.zeros(batch, length, width, dtype=dtype), torch.ones(batch, length, dtype=torch.int64))
+
+    (text, mask), (glyph, glyph_mask) = stream(mllm, config["text_embed_dim"]), stream(cfg.byt5_max_length,
+                                                                                       config["text_embed_2_dim"])
+    return PromptEmbeds(text, mask, glyph, glyph_mask, text.clone(), mask.clone(), glyph.clone(), glyph_mask.clone())
+
+
+def _peak_tracker(models: torch.nn.Module):
+    """An ``FSDPMemTracker`` keeping the global peak only: its per-module peaks walk every tracked module on every
+    op (O(modules) per op, hours at 54 blocks), and the simulation reports phases, not modules."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class PeakTracker(FSDPMemTracker):
+        def _update_peak_stats(self, peak_state) -> None:
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot["Total"]:
+                    self._peak_mem[device] = snapshot["Total"]
+                    self._peak_mem_snap[device] = dict(snapshot)
+
+    return PeakTracker(models)
+
+
+def _flop_formulas() -> Dict:
+    """torch's FLOP formulas by op, plus the CPU flash attention this run dispatches to (the same count as the CUDA
+    flash kernel's, which torch's table has)."""
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    formulas = dict(flop_registry)
+    formulas[aten._scaled_dot_product_flash_attention_for_cpu] = flop_registry[
+        aten._scaled_dot_product_flash_attention]
+    formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = flop_registry[
+        aten._scaled_dot_product_flash_attention_backward]
+    return formulas
+
+
+class _FlopCount(TorchDispatchMode):
+    """FLOPs of every op with a formula, without ``FlopCounterMode``'s module tracking (whose autograd hooks kept
+    tensors alive: the tracker saw 1.5 GB more activations with it at 2 blocks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.total, self.formulas = 0, _flop_formulas()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        formula = self.formulas.get(func._overloadpacket)
+        if formula is not None:
+            self.total += int(formula(*args, **(kwargs or {}), out_val=out))
+        return out
+
+
+class _Phase:
+    """Tracks one phase: a fresh tracker over the models (and optimizer) plus a FLOP counter; ``result`` after."""
+
+    def __init__(self, name: str, models: torch.nn.Module, optimizer, extra: Tuple[torch.Tensor, ...], note: str = ""):
+        self.name, self.note = name, note
+        from sage_grpo.optim.optimizers import optimizer_parts
+
+        self.tracker = _peak_tracker(models)
+        self.tracker.track_inputs(extra)
+        # the tracker follows one torch optimizer; Muon + AdamW is two: their states are attributed here
+        self.parts = list(optimizer_parts(optimizer).values())
+        self.handles = []
+        self.flops = _FlopCount()
+        self.result: Optional[SimulatedPhase] = None
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+        from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+        self.tracker.__enter__()
+        for part in self.parts:
+            self.tracker._track_optimizer_states(_FSDPRefType.OPT, part)
+            self.handles.append(part.register_step_post_hook(
+                lambda opt, args, kwargs: self.tracker._track_optimizer_states(_FSDPRefType.OPT, opt)))
+        self.flops.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.flops.__exit__(*exc)
+        for handle in self.handles:
+            handle.remove()
+        self.tracker.__exit__(*exc)
+        if exc[0] is None:
+            (peak,) = self.tracker.get_tracker_snapshot("peak").values() or ({},)
+            self.result = SimulatedPhase(self.name, {k: int(v) for k, v in peak.items() if k != "Total"},
+                                         self.flops.total, time.perf_counter() - self.start,
+                                         self.note)
+        return False
+
+
+def _without(phase: SimulatedPhase, module: Optional[torch.nn.Module], category: str) -> SimulatedPhase:
+    """``phase`` without ``module``'s local parameter bytes in ``category`` (offloaded shards: not on the GPU)."""
+    from torch.distributed.tensor import DTensor
+
+    if module is None:
+        return phase
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).untyped_storage().nbytes() for p in module.parameters())
+    phase.peak[category] = max(0, phase.peak.get(category, 0) - local)
+    phase.note = (phase.note + "; " if phase.note else "") + "reference shards on the CPU, left out"
+    return phase
+
+
+def _warm_up(policy: torch.nn.Module, optimizer) -> None:
+    """One untracked step on zero gradients, so that the optimizer's state exists as from a run's second step on;
+    the parameters the model never uses (the last block's text outputs) get no gradient and no state, as in a run."""
+    last = policy.transformer_blocks[-1]
+    unused = {id(p) for m in (last.attn.to_add_out, last.ff_context) for p in m.parameters()}
+    for param in policy.parameters():
+        if id(param) not in unused:
+            param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_tokens_shape: Tuple[int, int, int]):
+    """Run the transformer phases of one GRPO step on fake tensors; ``video_tokens_shape``: the latent (F, h, w)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from sage_grpo.distributed.fsdp import gradient_sync
+    from sage_grpo.distributed.parallelize import clip_gradients
+    from sage_grpo.dtypes import DTYPES
+    from sage_grpo.dtypes import autocast_dtype_of
+    from sage_grpo.optim.optimizers import build_optimizer
+    from sage_grpo.pipeline.velocity import cfg_velocity
+
+    started = time.perf_counter()
+    result = Simulation([], [
+        ("encode", "the text encoders are another model family (Qwen2.5-VL, byT5); their bytes are the plan's"),
+        ("decode + reward", "VAE decode and VideoAlign are other model families; their bytes are the plan's"),
+        ("checkpoint save", "host memory and disk: sharded state is written by each rank from its own shards")])
+    with fake_process_group(world_size):
+        policy, reference, _dims = build_sharded(cfg, world_size, config, placement)
+        models = _Models(policy, reference)
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(models, mesh=_dims.fsdp_mesh)  # the tracker wants an FSDP root; this one holds no parameters
+        frames, height, width = video_tokens_shape
+        batch, autocast = cfg.mini_batch_size_per_update, autocast_dtype_of(cfg)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            models.to_empty(device="cpu")
+            optimizer = build_optimizer(policy.named_parameters(), use_muon=cfg.use_muon, lr=cfg.learning_rate,
+                                        weight_decay=cfg.weight_decay)
+            if cfg.use_muon:  # the Newton-Schulz dtype a GPU picks (sage_grpo.optim.muon.newton_schulz_dtype)
+                optimizer.optimizers["muon"].ns_dtype = torch.bfloat16
+            _warm_up(policy, optimizer)
+            latents = torch.zeros(batch, config["out_channels"], frames, height, width)
+            trajectories = torch.zeros(cfg.batch_size, cfg.grpo_sampling_steps + 1, *latents.shape[1:])
+            timesteps = torch.full((batch,), 500.0)
+            embeds = _embeds(cfg, batch, config, DTYPES[cfg.dtype])
+            inputs = (trajectories, embeds.embeds, embeds.embeds_2, embeds.neg_embeds, embeds.neg_embeds_2)
+
+            def velocity(model):
+                return cfg_velocity(model, latents, timesteps, embeds, cfg.cfg_scale, autocast_dtype=autocast,
+                                    num_image_tokens=cfg.vision_num_semantic_tokens)
+
+            with _Phase("rollout", models, optimizer, inputs, "policy, no grad, CFG batch") as phase, torch.no_grad():
+                velocity(policy)
+            result.phases.append(phase.result)
+            if reference is not None:
+                with _Phase("reference", models, optimizer, inputs, "KL means, no grad") as phase, torch.no_grad():
+                    velocity(reference)
+                result.phases.append(phase.result)
+            # per_update: the window's earlier backwards keep unsharded gradients, its last one reduces them
+            passes = [True] if placement.reduce_per_backward else [False, True]
+            with _Phase("train", models, optimizer, inputs, "forward + backward of one (sample, step) pair"
+                        + ("" if placement.reduce_per_backward else ", twice: held, then reduced")) as phase:
+                for reduce_now in passes:
+                    with gradient_sync(policy, enabled=reduce_now):
+                        velocity(policy).square().mean().backward()
+                    phase.tracker.reset_mod_stats()  # per-module stats cover one pass; the peak is kept
+            result.phases.append(phase.result)
+            params = [p for p in policy.parameters() if p.grad is not None]
+            name = "optimizer step (" + ("Muon + AdamW" if cfg.use_muon else "AdamW") + ")"
+            with _Phase(name, models, optimizer, inputs, "global-norm clip, step, zero_grad") as phase:
+                clip_gradients(params, cfg.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            result.phases.append(phase.result)
+            if reference is not None:
+                with _Phase("anchor refresh", models, optimizer, inputs, "reference.load_state_dict(policy's)") \
+                        as phase, torch.no_grad():
+                    reference.load_state_dict(policy.state_dict(), strict=True)
+                result.phases.append(phase.result)
+        if placement.reference_on_cpu:
+            result.phases = [_without(p, reference, "Sharded Param") for p in result.phases]
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+# ====================================================================== against the plan
+
+# Planner components by the group of tracker categories they stand for (matched on the start of their names); the
+# rest (VAE, reward, text encoders, runtime overhead, their activations) are not in the simulation.
+_PLANNER_GROUPS = (
+    ("sharded weights", ("policy weights", "reference (KL anchor) shards")),
+    ("gathered weights", ("FSDP gathered units", "reference gathered units", "reference from the CPU")),
+    ("gradients", ("gradients", "FSDP unsharded block gradient")),
+    ("optimizer state", ("optimizer:",)),
+    ("activations", ("activations", "rollout block activations", "reference block activations",
+                     "autocast bf16 weight copies", "optimizer step temporaries")),
+    ("inputs", ("rollout latents",)),
+)
+
+
+def planner_groups(phase) -> Tuple[Dict[str, float], List[str]]:
+    """(bytes per group, names of the components outside the simulation) of a planner phase."""
+    groups = {name: 0.0 for name in GROUPS}
+    outside = []
+    for component in phase.components:
+        group = next((g for g, prefixes in _PLANNER_GROUPS if component.name.startswith(prefixes)), None)
+        if group is None:
+            if component.bytes:
+                outside.append(f"{component.name} {component.bytes / GIB:.2f}")
+        else:
+            groups[group] += component.bytes
+    return groups, outside
+
+
+def _ratio(simulated: float, planned: float) -> str:
+    if planned == 0:
+        return "—" if simulated < 0.005 * GIB else "∞"
+    return f"{simulated / planned:.3f}"
+
+
+def comparison_table(plan, simulation: Simulation) -> str:
+    """Per simulated phase and group: the tracker's bytes at the phase's peak, the plan's, their ratio; FLOPs."""
+    lines = ["| phase | group | simulated GB | planned GB | ratio |", "|---|---|---:|---:|---:|"]
+    for phase in simulation.phases:
+        planned = plan.phase(phase.name)
+        groups, _ = planner_groups(planned) if planned is not None else ({}, [])
+        for group in GROUPS:
+            simulated, expected = phase.group(group), groups.get(group, 0.0)
+            if simulated or expected:
+                lines.append(f"| {phase.name} | {group} | {simulated / GIB:.3f} | "
+                             f"{expected / GIB if planned is not None else float('nan'):.3f} | "
+                             f"{_ratio(simulated, expected) if planned is not None else 'no plan phase'} |")
+        for name, parts in COMBINED.items():
+            simulated, expected = sum(phase.group(g) for g in parts), sum(groups.get(g, 0.0) for g in parts)
+            if planned is not None and expected:
+                lines.append(f"| {phase.name} | {name} | {simulated / GIB:.3f} | {expected / GIB:.3f} | "
+                             f"{_ratio(simulated, expected)} |")
+    lines += ["", "| phase | simulated GB (tracked groups) | FLOPs on this rank | seconds | note |",
+              "|---|---:|---:|---:|---|"]
+    lines += [f"| {p.name} | {p.total / GIB:.2f} | {p.flops:.4g} | {p.seconds:.1f} | {p.note} |"
+              for p in simulation.phases]
+    peak = max(simulation.phases, key=lambda p: p.total)
+    lines += ["", f"simulated peak (tracked groups): {peak.total / GIB:.2f} GB in the {peak.name} phase; "
+              f"simulation took {simulation.seconds:.0f} s"]
+    for name, why in simulation.not_simulated:
+        planned = plan.phase(name)
+        lines.append(f"not simulated: {name} ({why})" + (f"; planned {planned.bytes / GIB:.2f} GB" if planned else ""))
+    if plan.phases:
+        _, outside = planner_groups(plan.peak)
+        lines.append("planned but outside the simulation in the peak phase: " + ", ".join(outside))
+    from sage_grpo.plan.memory import MARGIN, RUNTIME_OVERHEAD_GIB
+
+    lines.append("unseen by the simulation: " + "; ".join(UNSEEN) + f" (the plan's {RUNTIME_OVERHEAD_GIB:g} GB runtime "
+                 f"overhead and the {MARGIN:.0%} its auto decisions keep free stand for them)")
+    return "\n".join(lines)
+
+
+def latent_shape(cfg: TrainConfig, sizes) -> Tuple[int, int, int]:
+    """(F, h, w) of the rollout latents (the VAE's compression of the rollout video)."""
+    from sage_grpo.config.validation import rollout_size
+
+    vae = sizes.vae_config
+    height, width = rollout_size(cfg)
+    return ((cfg.sample_n_frames - 1) // vae["temporal_compression_ratio"] + 1,
+            height // vae["spatial_compression_ratio"], width // vae["spatial_compression_ratio"])
+
+
+def simulation_report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, num_layers: Optional[int] = None) \
+        -> Tuple[str, Simulation]:
+    """The text ``--simulate`` prints (the plan's placements, then :func:`comparison_table`) and the simulation."""
+    import dataclasses
+
+    from sage_grpo.plan.memory import plan_launch, sizes_of
+    from sage_grpo.plan.sizes import transformer_sizes
+
+    sizes = sizes_of(cfg)
+    config = public_config(sizes.transformer.config)
+    if num_layers is not None:  # a reduced depth: the plan is of that depth too
+        config["num_layers"] = num_layers
+        sizes = dataclasses.replace(sizes, transformer=transformer_sizes(config))
+    plan = plan_launch(cfg, world_size, gpu_memory_gib, sizes)
+    simulation = simulate(cfg, world_size, plan.placement, config, latent_shape(cfg, sizes))
+    head = (f"simulated GRPO step: {world_size} ranks (fake process group, rank 0), sp {cfg.sp_size}, "
+            f"{config['num_layers']} blocks, fake tensors on the CPU; placement {plan.placement}")
+    return head + "\n\n" + comparison_table(plan, simulation), simulation

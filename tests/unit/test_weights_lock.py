@@ -1,0 +1,69 @@
+"""weights.lock.json: commits resolved and recorded, a lock file winning over the revision, the run's record of its
+weights (run_config.yaml comments that --config still reads, a copy in the run directory) and the model card's."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from sage_grpo.config import TrainConfig
+from sage_grpo.config.schema import parse_cli, save_yaml
+from sage_grpo.export.model_card import model_card
+from sage_grpo.models import revisions
+
+REPO, OTHER = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v", "KwaiVGI/VideoReward"
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """huggingface_hub's model_info answering every revision with a commit derived from it; the calls are kept."""
+    calls = []
+
+    def model_info(self, repo, revision=None):
+        calls.append((repo, revision))
+        return SimpleNamespace(sha=f"{revision}-commit-of-{repo.split('/')[1]}")
+
+    monkeypatch.setattr("huggingface_hub.HfApi.model_info", model_info)
+    return calls
+
+
+def test_resolve_record_and_a_lock_file_that_wins(tmp_path, hub):
+    assert revisions.resolve(REPO, "main") == "main-commit-of-HunyuanVideo-1.5-Diffusers-480p_t2v"
+    path = revisions.record(tmp_path, REPO, "main", "abc123")
+    revisions.record(tmp_path, OTHER, "v1.0", "def456")
+    assert json.loads(path.read_text()) == {OTHER: {"revision": "v1.0", "commit": "def456"},
+                                            REPO: {"revision": "main", "commit": "abc123"}}
+    assert revisions.resolve(REPO, "main", lock=str(path)) == "abc123" and len(hub) == 1  # no hub call
+    assert revisions.resolve("someone/else", "main", lock=str(path)).startswith("main-commit")  # not in the lock
+    again = tmp_path / "again"
+    revisions.record(again, REPO, "main", "abc123", lock_file=str(path))  # keeps the lock's revision name
+    assert json.loads((again / revisions.LOCK_FILE).read_text())[REPO]["revision"] == "main"
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="is not a weights lock file"):
+        revisions.read_lock(tmp_path / "bad.json")
+    assert revisions.main(["resolve", REPO, "main", "--lock", str(tmp_path / "bad.json")]) == 2
+
+
+def test_a_run_records_its_weights_and_the_card_shows_them(tmp_path):
+    root, run = tmp_path / "ckpts", tmp_path / "run"
+    run.mkdir()
+    assert revisions.record_run_weights(root, run, run / "run_config.yaml") == []  # no lock: nothing recorded
+    revisions.record(root, REPO, "main", "abc123")
+    cfg = parse_cli(TrainConfig, ["--pretrained_model_root", str(root), "--kl_weight", "0"])
+    save_yaml(cfg, run / "run_config.yaml")
+    lines = revisions.record_run_weights(root, run, run / "run_config.yaml")
+    assert lines == [f"{REPO}@abc123 (main)"]
+    text = (run / "run_config.yaml").read_text()
+    assert text.endswith(f"# weights, from {root / 'weights.lock.json'}:\n#   {REPO}@abc123 (main)\n")
+    assert parse_cli(TrainConfig, ["--config", str(run / "run_config.yaml")]) == cfg  # comments: --config reads it
+    assert json.loads((run / revisions.LOCK_FILE).read_text()) == {REPO: {"revision": "main", "commit": "abc123"}}
+    checkpoint = run / "checkpoint-4"
+    checkpoint.mkdir()
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump({"reward_model": "videoalign"}))
+    card = model_card(checkpoint, export_format="transformer", dtype="fp32", merged_lora=False)
+    assert f"## Base weights\n\nDownloaded at these commits" in card and f"- `{REPO}@abc123 (main)`" in card
+    unlocked = tmp_path / "other" / "checkpoint-1"
+    unlocked.mkdir(parents=True)
+    assert "hub commits are not recorded" in model_card(unlocked, export_format="lora", dtype="fp32",
+                                                         merged_lora=False)
