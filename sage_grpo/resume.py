@@ -42,7 +42,7 @@ RUN_DEFINING: Tuple[str, ...] = (
     "video_bucket_hw_base_size", "rollout_height", "rollout_width",
     # GRPO objective
     "timestep_fraction", "clip_range", "adv_clip_max", "use_grad_balancing", "enable_timestep_permutation",
-    "mini_batch_size_per_update",
+    "mini_batch_size_per_update", "num_inner_epochs", "sde_window_size", "sde_window_stride",
     # trust region
     "kl_weight", "kl_coef", "kl_min_coef", "use_moving_KL", "update_ref_model_step", "use_dual_kl",
     "dual_kl_moving_weight", "dual_kl_step_weight",

@@ -83,6 +83,8 @@ from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
+from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
+from sage_grpo.rl.sde_window import SDEWindow, window_transition_means
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
 from sage_grpo.safe_io import CheckpointError, DiskFullError
@@ -97,18 +99,13 @@ from sage_grpo.pipeline.sampler import sampler_of
 from sage_grpo.plan.memory import placement_of
 from sage_grpo.rewards.remote import RemoteRewardError
 from sage_grpo.rewards.setup import RewardFailure, build_reward, check_reward_config
-from sage_grpo.video_io import sanitize_name, write_video
+from sage_grpo.video_io import BackgroundWriter, sanitize_name, write_video
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
 USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
                RemoteRewardError, PeerLost, DiskFullError)
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
-
-
-def derived_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (Python hashes tuples of ints deterministically across processes)."""
-    return hash(tuple(int(p) for p in parts)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -166,7 +163,8 @@ class GRPOTrainer:
                                                    tasks=[item.task for item in self.items])
         try:
             self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps,
-                                          total_updates=cfg.max_steps // cfg.gradient_accumulation_steps,
+                                          total_updates=(cfg.max_steps * cfg.num_inner_epochs
+                                                         // cfg.gradient_accumulation_steps),
                                           num_cycles=cfg.lr_num_cycles, power=cfg.lr_power)
         except ValueError as err:  # e.g. polynomial decay to diffusers' 1e-7 from a smaller learning rate
             raise ConfigError(f"--lr_scheduler {cfg.lr_scheduler}: {err}") from None
@@ -187,7 +185,8 @@ class GRPOTrainer:
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
         self.eq_scales = self.sampler.grad_balance_scales() if cfg.use_grad_balancing else None
-        self.num_train_steps = max(int(cfg.grpo_sampling_steps * cfg.timestep_fraction), 1)
+        self.window = SDEWindow(cfg.sde_window_size, cfg.sde_window_stride, cfg.grpo_sampling_steps)
+        self.num_train_steps = max(int(self.window.steps(0).numel() * cfg.timestep_fraction), 1)
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
                                       self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars)
         self.height, self.width = rollout_size(cfg)
@@ -201,7 +200,7 @@ class GRPOTrainer:
                     if self.is_main else ())
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
                                     trackers=trackers, max_steps=cfg.max_steps)
-        self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger)
+        self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
@@ -254,6 +253,7 @@ class GRPOTrainer:
             if self.global_step % cfg.save_interval == 0 or self.global_step == cfg.max_steps:
                 self.save()
         progress.close()
+        self.rollout_media.flush()
         self.logger.info(f"training finished at step {self.global_step}; outputs in {self.run_dir}")
         self.logger.close()
 
@@ -280,15 +280,15 @@ class GRPOTrainer:
                              cfg.use_same_noise)
         check_same_in_sp_group(self.dims, items=[item.index for item in items], seeds=seeds)
         timings: Dict[str, float] = {}
-
-        start = time.perf_counter()
+        step_start = start = time.perf_counter()
         height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
         embeds = self._encode(items, (height, width))
         first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
         noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
                                        num_frames=cfg.sample_n_frames, height=height, width=width,
-                                       sde_generators=noise_generators, decode=False, progress=self.show_bars)
+                                       sde_generators=noise_generators, decode=False, progress=self.show_bars,
+                                       deterministic=self.window.deterministic(self.update_steps))
         share_rollout(rollout, self.dims)
         # decoded by the SP group's ranks together, for the SP leader, which scores them and writes the rollout media
         final = rollout.latents[:, -1]
@@ -302,17 +302,23 @@ class GRPOTrainer:
         advantages = rl.local_advantages(group_rewards, cfg.num_generations, self.ranks_per_group,
                                          self.dp_rank % self.ranks_per_group, cfg.batch_size,
                                          self.reward_plan.aggregation)
+        start = time.perf_counter()
         if cfg.save_rollout_videos and self.dims.is_sp_leader:
             self.rollout_media.write(self.run_dir, self.update_steps, self.global_step + 1,
                                      RolloutSamples(items, seeds, videos, rewards, advantages))
+        timings["media_time"] = time.perf_counter() - start  # handing them to the writer (waiting when it lags)
 
         start = time.perf_counter()
         ref_means = self.reference_means(rollout, embeds)
         timings["ref_model_time"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        metrics = self.policy_update(rollout, embeds, advantages, ref_means)
+        metrics = run_inner_epochs(cfg.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
+                                                                  ref_means, self.window.steps(self.update_steps)))
         timings["grpo_loop_time"] = time.perf_counter() - start
+        timings["other_time"] = time.perf_counter() - step_start - sum(timings.values())  # the phases add up
+        if self.rollout_media.writer.seconds:  # the writer's own time, overlapping the phases (not in the step)
+            timings["background_media_time"] = self.rollout_media.writer.seconds
 
         metrics = mean_over_world({**metrics, **timings}, self.device)
         metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.num_generations))
@@ -368,24 +374,17 @@ class GRPOTrainer:
         if self.models.reference is None or self.kl_controller is None:
             return None
         with self.models.reference_on_device() as reference:
+            if self.window.enabled:  # only the window's transitions are trained
+                return window_transition_means(self.sampler, reference, rollout.latents, embeds, self.device,
+                                               self.window.steps(self.update_steps))
             return self.sampler.transition_means(reference, rollout.latents, embeds, self.device, self.show_bars)
 
-    def _permutations(self, batch: int) -> tuple:
-        """Sample shuffle (B,) and per-sample step order (B, N), from a generator seeded by (seed, rank, step)."""
-        generator = _generator(derived_seed(self.cfg.seed, self.dp_rank, self.global_step, 7))
-        num_steps = self.cfg.grpo_sampling_steps
-        shuffle = torch.randperm(batch, generator=generator)
-        if self.cfg.enable_timestep_permutation:
-            order = torch.stack([torch.randperm(num_steps, generator=generator) for _ in range(batch)])
-        else:  # the reference crashes here with the equalizer on (spec §10.8); a (B, N) identity order works
-            order = torch.arange(num_steps).repeat(batch, 1)
-        return shuffle, order
-
-    def policy_update(self, rollout, embeds, advantages: torch.Tensor,
-                      ref_means: Optional[torch.Tensor]) -> Dict[str, float]:
-        """One rollout batch's gradients (:class:`~sage_grpo.pipeline.policy_update.PolicyPass`), then the optimizer
-        step when it closes an accumulation window."""
-        shuffle, order = self._permutations(rollout.latents.shape[0])
+    def policy_update(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
+                      trained_steps: torch.Tensor, pass_index: int = 0) -> Dict[str, float]:
+        """One pass (``rl.inner_epochs``) over the rollout's (sample, step) pairs of ``trained_steps``."""
+        cfg = self.cfg
+        shuffle, order = shuffled_pairs(pass_seed(cfg.seed, self.dp_rank, self.global_step, pass_index),
+                                        rollout.latents.shape[0], trained_steps, cfg.enable_timestep_permutation)
         check_same_in_sp_group(self.dims, shuffle=shuffle.tolist(), order=order.tolist())
         closes_window = (self.micro_steps + 1) % self.cfg.gradient_accumulation_steps == 0
         result = self.policy_pass.backward(rollout, embeds, advantages, ref_means, shuffle, order, closes_window,
@@ -468,6 +467,7 @@ class GRPOTrainer:
 
     def save(self) -> Path:
         """Write ``checkpoint-{global_step}``: called by every rank."""
+        self.rollout_media.flush()  # a checkpoint's step has all of its media on disk
         path = self.checkpoints.save(self.global_step)
         self.logger.info(f"checkpoint saved to {path}")
         return path

@@ -1,8 +1,9 @@
-"""Writing and reading mp4 videos (imageio + its bundled ffmpeg), and file-name-safe prompt strings."""
+"""Writing and reading mp4 videos (imageio + its bundled ffmpeg), file-name-safe prompt strings, and a background
+writer that takes media writing off the training thread."""
 
 import re
 from pathlib import Path
-from typing import Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -61,3 +62,85 @@ def mp4_to_gif(path: Union[str, Path], fps: float) -> bytes:
     buffer = io.BytesIO()
     imageio.mimsave(buffer, list(frames.numpy()), format="GIF", duration=1000.0 / fps, loop=0)
     return buffer.getvalue()
+
+
+class BackgroundWriter:
+    """Media files written off the training thread: one worker thread runs the submitted jobs in order from a
+    bounded queue (``max_pending`` jobs; a full queue makes ``submit`` wait, so memory stays bounded when the disk is
+    slower than training).
+
+    A job's return value (e.g. the videos it wrote, for the trackers) is handed back by :meth:`completed` on the
+    caller's thread, so trackers are only ever called from the training thread. A job that raised makes the next
+    ``submit``, ``completed`` or ``flush`` raise (the first error; the worker keeps going with later jobs).
+    ``flush`` waits for every job submitted so far (the trainer calls it before a checkpoint and at the end), and
+    ``seconds`` adds up the worker's busy time."""
+
+    def __init__(self, max_pending: int = 2):
+        import queue
+        import threading
+
+        self._jobs: "queue.Queue" = queue.Queue(maxsize=max_pending)
+        self._done: list = []
+        self._error: Optional[BaseException] = None
+        self._lock = threading.Lock()
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._work, name="media-writer", daemon=True)
+        self._thread.start()
+        import atexit
+
+        atexit.register(self._drain)  # a run that stops on an error still gets the media it had submitted
+
+    def _drain(self) -> None:
+        if self._thread.is_alive():
+            self._jobs.join()
+
+    def _work(self) -> None:
+        import time
+
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                start = time.perf_counter()
+                result = job()
+                with self._lock:
+                    self._done.append(result)
+                    self.seconds += time.perf_counter() - start
+            except BaseException as error:  # handed to the training thread, which raises it
+                with self._lock:
+                    self._error = self._error or error
+            finally:
+                self._jobs.task_done()
+
+    def _raise_error(self) -> None:
+        with self._lock:
+            error, self._error = self._error, None
+        if error is not None:
+            raise RuntimeError(f"writing rollout media failed: {error}") from error
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        self._raise_error()
+        if not self._thread.is_alive():
+            raise RuntimeError("the media writer was closed")
+        self._jobs.put(job)
+
+    def completed(self) -> List[Any]:
+        """Results of the jobs finished since the last call, in submission order."""
+        self._raise_error()
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def flush(self) -> List[Any]:
+        """Wait for every submitted job; returns the results not handed out yet."""
+        self._jobs.join()
+        return self.completed()
+
+    def close(self) -> List[Any]:
+        if not self._thread.is_alive():
+            return self.completed()
+        done = self.flush()
+        self._jobs.put(None)
+        self._thread.join()
+        return done

@@ -7,9 +7,30 @@ Every option is a flag named as in the reference implementation; ``--config file
 override them. ``--help`` lists them all.
 """
 
+import os
 import sys
 
 from sage_grpo.config import TrainConfig, parse_cli
+
+
+def apply_cpu_thread_policy(cfg: TrainConfig) -> str:
+    """Decide a CPU run's torch thread count once, before any model loads; returns the line to print. A GPU run is
+    left as it is (its CPU threads only feed the GPU)."""
+    import torch
+
+    from sage_grpo.models.bundle import resolve_device
+
+    if resolve_device(cfg).type != "cpu":
+        return f"CPU threads: torch's default ({torch.get_num_threads()}), a GPU run"
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if cfg.cpu_threads > 0:
+        threads, why = cfg.cpu_threads, "--cpu_threads"
+    elif env.isdigit() and int(env) > 0:
+        threads, why = int(env), "OMP_NUM_THREADS"
+    else:
+        threads, why = 1, "the CPU default (--cpu_threads 0; more threads spin and collapse on a busy machine)"
+    torch.set_num_threads(threads)
+    return f"CPU threads: {threads}, from {why}"
 
 
 def main(argv=None) -> int:
@@ -17,6 +38,10 @@ def main(argv=None) -> int:
     from sage_grpo.plan.report import check_memory_plan
     from sage_grpo.trainer import USER_ERRORS, run_training  # heavy imports only once the command line is valid
 
+    if cfg.cpu_threads < 0:
+        print(f"error: --cpu_threads {cfg.cpu_threads} must be >= 0 (0: OMP_NUM_THREADS, else 1)", file=sys.stderr)
+        sys.exit(2)
+    print(apply_cpu_thread_policy(cfg), flush=True)
     try:
         check_memory_plan(cfg)  # on GPUs: a launch the memory plan says cannot fit stops here, before any model loads
         run_training(cfg)

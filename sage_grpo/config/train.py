@@ -193,6 +193,16 @@ class TrainConfig:
     clip_range: float = config_field(1e-4, "PPO ratio clip epsilon")
     adv_clip_max: float = config_field(5.0, "Advantage clip |A| <= adv_clip_max")
     timestep_fraction: float = config_field(1.0, "Fraction of the denoising steps trained per sample")
+    # (our own additions, README "Differences from the reference": learning per rollout)
+    num_inner_epochs: int = config_field(
+        1, "Optimizer passes over each rollout batch, each with fresh shuffles and its own update(s), so the PPO "
+        "ratio, clip and step-wise KL act (1: the reference)")
+    sde_window_size: int = config_field(
+        0, "Train only a window of this many consecutive denoising steps (SDE steps; ODE steps elsewhere, not "
+        "trained); 0: off, every step SDE and trained (the reference)")
+    sde_window_stride: int = config_field(
+        1, "Optimizer updates between two one-step moves of the --sde_window_size window (wrapping to step 0 after "
+        "the last position); 0: the window stays on the first steps")
     use_same_noise: bool = config_field(False, "All members of a group start from the same initial noise")
     video_fps: int = config_field(24, "Frame rate of saved videos and of reward frame sampling")
     validation_num_inference_steps: int = config_field(40, "Validation denoising steps")
@@ -232,3 +242,7 @@ class TrainConfig:
     run_name: Optional[str] = config_field(
         None, "Name of the wandb / SwanLab run (default: the --output_dir folder name)")
     device: Optional[str] = config_field(None, "Device (default: cuda:LOCAL_RANK when available, else cpu)")
+    cpu_threads: int = config_field(
+        0, "torch threads of a CPU run (post_train.py sets them once at start-up and prints them); 0: "
+        "$OMP_NUM_THREADS when set, else 1 (torch's one per core, spinning, ran a toy rollout step 40x slower on a "
+        "busy 2-core machine: docs/toy_study.md)")

@@ -138,6 +138,12 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
               f"divide --batch_size {cfg.batch_size}", "use 1 (the reference's value)")
     if not 0.0 < cfg.timestep_fraction <= 1.0:
         _fail("timestep-fraction", f"--timestep_fraction {cfg.timestep_fraction} must be in (0, 1]", "use 1.0")
+    if cfg.num_inner_epochs < 1:
+        _fail("inner-epochs", f"--num_inner_epochs {cfg.num_inner_epochs} must be >= 1", "use 1 (the reference)")
+    if not 0 <= cfg.sde_window_size <= cfg.grpo_sampling_steps or cfg.sde_window_stride < 0:
+        _fail("sde-window", f"--sde_window_size {cfg.sde_window_size} must be in [0, --grpo_sampling_steps "
+              f"{cfg.grpo_sampling_steps}] and --sde_window_stride {cfg.sde_window_stride} >= 0",
+              "use --sde_window_size 0 (off)")
     if cfg.grpo_sampling_steps < 1:
         _fail("sampling-steps", f"--grpo_sampling_steps {cfg.grpo_sampling_steps} must be >= 1", "use 20")
     if cfg.eta <= 0:

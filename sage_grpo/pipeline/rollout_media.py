@@ -17,7 +17,7 @@ from sage_grpo.data import PromptItem
 from sage_grpo.distributed import ParallelDims
 from sage_grpo.tracking.run_dir import MetricsLogger, prune_rollout_media
 from sage_grpo.tracking.trackers import ROLLOUT_VIDEOS, LoggedVideo
-from sage_grpo.video_io import write_video
+from sage_grpo.video_io import BackgroundWriter, write_video
 
 
 @dataclass
@@ -37,10 +37,25 @@ class RolloutMedia:
     dims: ParallelDims
     ranks_per_group: int  # DP ranks one prompt group spans
     logger: MetricsLogger
+    writer: BackgroundWriter  # the files are written off the training thread, one step after the other
 
     def write(self, run_dir: Path, update_steps: int, log_step: int, samples: RolloutSamples) -> None:
-        """Write this rank's samples under ``rl_samples/{update_steps}``; log their videos at ``log_step`` (the step
-        these metrics are logged at). Called by SP leaders only."""
+        """Write this rank's samples under ``rl_samples/{update_steps}`` in the background; their videos go to the
+        trackers at ``log_step`` (the step these metrics are logged at) once written. Called by SP leaders only."""
+        self._log(self.writer.completed())
+        self.writer.submit(lambda: (log_step, self.write_files(run_dir, update_steps, samples)))
+
+    def flush(self) -> None:
+        """Wait for every submitted step's files (before a checkpoint and at the end) and log their videos."""
+        self._log(self.writer.flush())
+
+    def _log(self, finished) -> None:
+        # the trackers are called from the training thread only
+        for log_step, logged in finished:
+            self.logger.log_videos(ROLLOUT_VIDEOS, logged, log_step)
+
+    def write_files(self, run_dir: Path, update_steps: int, samples: RolloutSamples) -> List[LoggedVideo]:
+        """The files of :meth:`write` (and the pruning of old steps); returns the videos for the trackers."""
         cfg, dp_rank, items, seeds = self.cfg, self.dims.dp_rank, samples.items, samples.seeds
         step_dir = run_dir / "rl_samples" / f"{update_steps:07d}"
         spread = self.ranks_per_group > 1
@@ -72,6 +87,6 @@ class RolloutMedia:
             share = f"_dp_{dp_rank}" if spread else ""
             path = group_dir / f"index_{items[first].index}_group_{group_index}{share}_rewards.json"
             path.write_text(json.dumps(records, indent=2))
-        self.logger.log_videos(ROLLOUT_VIDEOS, logged, log_step)
         if self.dims.is_main:
             prune_rollout_media(run_dir, cfg.keep_rollout_steps)
+        return logged

@@ -21,11 +21,11 @@ from safetensors.torch import load_file
 
 from sage_grpo.faults import FAULT_ENV
 from sage_grpo.safe_io import load_plain
-from sage_grpo.tracking.run_dir import read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
+TIMING_KEYS = set(TIMING_METRICS)
 MAX_STEPS = 3
 
 

@@ -5,14 +5,14 @@ import json
 import torch
 
 from sage_grpo.config import TrainConfig, parse_cli
-from sage_grpo.tracking.run_dir import read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
 from sage_grpo.trainer import GRPOTrainer
 
 from model_fixtures import tiny_args
 from i2v_trainer_support import write_i2v_csv
 
 
-TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
+TIMING_KEYS = set(TIMING_METRICS)
 
 
 def make_trainer(root, out_dir, csv, *extra) -> GRPOTrainer:

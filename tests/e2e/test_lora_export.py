@@ -23,7 +23,7 @@ from sage_grpo.models import load_components, load_transformer
 from sage_grpo.pipeline.generation import GenerationItem, VideoGenerator, plan_generation
 from sage_grpo.pipeline.rollout import VideoSize, draw_initial_noise, latent_shape, rollout, sample_generators
 from sage_grpo.pipeline.sampler import Sampler
-from sage_grpo.tracking.run_dir import read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
 from sage_grpo.models.bundle import build_models, resolve_device
 from sage_grpo.plan.memory import placement_of
 from sage_grpo.rl import kl_mode_of
@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT, SEED = 'A cat holds a sign that says "hi"', 11
 VIDEO = dict(num_frames=5, height=16, width=16)
 NUM_STEPS, GUIDANCE = 3, 6.0
-TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
+TIMING_KEYS = set(TIMING_METRICS)
 LORA_FLAGS = ["--use_lora", "true", "--lora_r", "4", "--lora_alpha", "8", "--update_ref_model_step", "1"]
 NUM_BLOCK_LINEARS = 14  # per dual-stream block (feasibility §5)
 

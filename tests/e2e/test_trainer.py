@@ -10,12 +10,12 @@ from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
-from sage_grpo.tracking.run_dir import read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
 from sage_grpo.trainer import GRPOTrainer
 
 
 # Timings differ run to run; everything else must be bit-identical between a straight run and a resumed one.
-TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
+TIMING_KEYS = set(TIMING_METRICS)
 
 
 def make_trainer(root, out_dir, *extra) -> GRPOTrainer:
