@@ -25,7 +25,8 @@ class ServerThread:
     def __init__(self, service: RewardService):
         self.service = service
         self.server = make_server(service, "127.0.0.1", 0)
-        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        self.address = self.server.server_address[:2]
+        self.url = "http://%s:%d" % self.address
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from procs import run_group, scaled
+from reward_options_support import ServerThread
 
 from sage_grpo.rewards.remote import TOKEN_ENV, RemoteReward, RemoteRewardError, RemoteSettings, encode_request
 from sage_grpo.rewards.serving import RequestError, RewardService, ServerLimits, check_json_depth, make_server
@@ -28,30 +29,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "0123456789abcdef-shared-secret"
 
 
-class ServerThread:
-    """A reward server on 127.0.0.1 at a free port, in a thread of this process."""
-
-    def __init__(self, limits: ServerLimits = ServerLimits(), auth_token=None):
-        self.service = RewardService(ToySuiteReward(), "toy_suite", video_fps=24.0, limits=limits,
-                                     auth_token=auth_token)
-        self.server = make_server(self.service, "127.0.0.1", 0)
-        self.address = self.server.server_address[:2]
-        self.url = "http://%s:%d" % self.address
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
-
-
 @pytest.fixture
 def serve():
     servers = []
 
-    def start(**kwargs) -> ServerThread:
-        servers.append(ServerThread(**kwargs))
+    def start(limits: ServerLimits = ServerLimits(), auth_token=None) -> ServerThread:
+        servers.append(ServerThread(RewardService(ToySuiteReward(), "toy_suite", video_fps=24.0, limits=limits,
+                                                  auth_token=auth_token)))
         return servers[-1]
 
     yield start
