@@ -317,8 +317,8 @@ class GRPOTrainer:
                                                                   ref_means, self.window.steps(self.update_steps)))
         timings["grpo_loop_time"] = time.perf_counter() - start
         timings["other_time"] = time.perf_counter() - step_start - sum(timings.values())  # the phases add up
-        if self.rollout_media.writer.seconds:  # the writer's own time, overlapping the phases (not in the step)
-            timings["background_media_time"] = self.rollout_media.writer.seconds
+        # the writer's own time, overlapping the phases (not in the step); on every rank, so the all-reduce matches
+        timings["background_media_time"] = self.rollout_media.writer.seconds
 
         metrics = mean_over_world({**metrics, **timings}, self.device)
         metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.num_generations))

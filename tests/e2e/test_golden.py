@@ -22,7 +22,7 @@ import torch
 from model_fixtures import tiny_args
 
 from sage_grpo.config import TrainConfig, parse_cli
-from sage_grpo.tracking.run_dir import PHASE_TIMES, read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
 from sage_grpo.trainer import GRPOTrainer
 
 
@@ -61,7 +61,7 @@ def write_golden(rows: list, mode: str) -> None:
 def test_metrics_match_the_golden_file(tiny_root, tmp_path):
     trainer = GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run", *FLAGS)))
     trainer.train()
-    rows = [{k: v for k, v in row.items() if k not in PHASE_TIMES} for row in read_metrics(trainer.run_dir)]
+    rows = [{k: v for k, v in row.items() if k not in TIMING_METRICS} for row in read_metrics(trainer.run_dir)]
     mode = os.environ.get("SAGE_GRPO_UPDATE_GOLDEN")
     if mode in ("1", "add"):
         write_golden(rows, mode)

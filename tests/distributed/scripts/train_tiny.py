@@ -31,7 +31,7 @@ from sage_grpo.checkpoint import gather_to_main, resolve_resume_path  # noqa: E4
 from sage_grpo.config import TrainConfig, parse_cli  # noqa: E402
 from sage_grpo.distributed import GradientReductionCounter, barrier, destroy_distributed  # noqa: E402
 from sage_grpo.distributed.parallelize import is_sharded  # noqa: E402
-import sage_grpo.trainer as trainer_module  # noqa: E402
+import sage_grpo.pipeline.policy_update as policy_update_module  # noqa: E402
 from sage_grpo.trainer import GRPOTrainer  # noqa: E402
 
 
@@ -48,15 +48,15 @@ def max_difference(state: dict, expected: dict) -> float:
 
 
 def record_gradient_sync() -> list:
-    """Wrap the trainer's ``gradient_sync``: one entry (the ``enabled`` flag) per policy backward pass."""
+    """Wrap the policy pass's ``gradient_sync``: one entry (the ``enabled`` flag) per policy backward pass."""
     flags = []
-    original = trainer_module.gradient_sync
+    original = policy_update_module.gradient_sync
 
     def recording(model, enabled):
         flags.append(bool(enabled))
         return original(model, enabled)
 
-    trainer_module.gradient_sync = recording
+    policy_update_module.gradient_sync = recording
     return flags
 
 
