@@ -20,11 +20,10 @@ from model_fixtures import tiny_checkpoint
 from procs import kill_group, run_group, scaled, start_group
 
 from sage_grpo.faults import FAULT_ENV
-from sage_grpo.tracking.run_dir import read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO_ROOT / "tests" / "distributed" / "scripts"
-TIMING_KEYS = {"rollout_time", "reward_time", "ref_model_time", "grpo_loop_time"}
 MAX_STEPS = 2
 
 
@@ -63,7 +62,7 @@ def _train_flags(root: Path, run_dir: Path) -> list:
 
 
 def _comparable(rows):
-    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
+    return [{k: v for k, v in row.items() if k not in TIMING_METRICS} for row in rows]
 
 
 @pytest.fixture(scope="module")
