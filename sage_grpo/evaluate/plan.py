@@ -63,6 +63,11 @@ class EvaluationPlan:
     def generate_config(self, checkpoint: Checkpoint) -> GenerateConfig:
         return replace(self.generation, checkpoint_path=checkpoint.weights)
 
+    def sampling_for(self, checkpoint: Checkpoint) -> GenerationPlan:
+        """The one sampling plan with this checkpoint's weights (the generator loads the plan's config): every
+        checkpoint is sampled with the same settings, named once in the output, not with what its run recorded."""
+        return replace(self.sampling, config=self.generate_config(checkpoint))
+
     def settings(self) -> Dict:
         """The deterministic sampler settings and scorers, written once in the output (and what the cache keys on)."""
         g, s = self.generation, self.sampling

@@ -92,7 +92,7 @@ def run_units(plan: EvaluationPlan, scorers, config, rank: int = 0, world_size: 
         todo = [(i, s) for c, i, s in pending if c == checkpoint]
         if not todo:
             continue
-        generator = VideoGenerator(plan.generate_config(checkpoint), plan.sampling)
+        generator = VideoGenerator(plan.generate_config(checkpoint), plan.sampling_for(checkpoint))
         for index, seed in todo:
             if stop_after is not None and sampled >= stop_after:
                 bar.close()

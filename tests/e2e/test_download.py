@@ -4,7 +4,6 @@ variant's guider and scheduler configs, the revisions resolved to commits, downl
 weights.lock.json (and reproduced from a lock file), and VideoReward under its current hub name with a fall-back to
 its former one."""
 
-import hashlib
 import http.server
 import json
 import os
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from download_support import QuietHubHandler as _QuietHandler, fake_commit
 from procs import run_group
 
 from sage_grpo.models.variants import read_variant_sampling
@@ -106,38 +106,6 @@ def test_verify_only_passes_on_a_complete_root_and_lists_a_removed_file(tiny_roo
     assert "text_encoder/model.safetensors | text_encoder/model.safetensors.index.json" in result.stderr
     without_reward = run_script("--verify_only", "--model_root", str(tiny_root))  # the reward is required by default
     assert without_reward.returncode == 1 and "VideoReward files are missing" in without_reward.stderr
-
-
-def fake_commit(repo: str, revision: str) -> str:
-    """The commit the fake hub serves for ``repo`` at ``revision``."""
-    return hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
-
-
-class _QuietHandler(http.server.BaseHTTPRequestHandler):
-    hub: Path = None  # the fake hub's folder: a repo exists when <owner>__<name>/ does
-
-    def do_HEAD(self):  # noqa: N802 - http.server's naming
-        self.send_response(404)
-        self.end_headers()
-
-    def do_GET(self):  # noqa: N802 - /api/models/<owner>/<name>/revision/<revision>: the model info of a revision
-        parts = self.path.split("?")[0].split("/")
-        if len(parts) == 7 and parts[1:3] == ["api", "models"] and parts[5] == "revision":
-            repo = f"{parts[3]}/{parts[4]}"
-            if (self.hub / repo.replace("/", "__")).is_dir():
-                body = json.dumps({"id": repo, "sha": fake_commit(repo, parts[6])}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-        self.send_response(404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture

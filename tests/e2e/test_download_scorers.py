@@ -3,11 +3,13 @@ repos are fetched at their pinned commits with only safetensors and processor fi
 evaluation resolves, and a second run downloads nothing."""
 
 import http.server
+import json
 import os
 import shutil
 import threading
 from pathlib import Path
 
+from download_support import QuietHubHandler, fake_commit
 from procs import run_group
 
 from sage_grpo.rewards.clip_score import resolve_model_folder
@@ -29,15 +31,6 @@ exit 0
 """
 
 
-class _Answering(http.server.BaseHTTPRequestHandler):
-    def do_HEAD(self):  # noqa: N802 - http.server's naming
-        self.send_response(404)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def test_eval_scorers_are_fetched_pinned_and_once(tiny_root, tmp_path):
     from sage_grpo.rewards.tiny import write_tiny_clip_scorers
 
@@ -55,9 +48,11 @@ def test_eval_scorers_are_fetched_pinned_and_once(tiny_root, tmp_path):
     (bin_dir / "hf").chmod(0o755)
     root = tmp_path / "ckpts"
     shutil.copytree(tiny_root, root)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
+    handler = type("Handler", (QuietHubHandler,), {"hub": hub})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    # huggingface_hub reads either variable as offline mode (the revision resolution goes through it)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_HUB=str(hub),
                HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}")
     command = ["bash", "download_weights.sh", "--model_root", str(root), "--no_reward", "--eval_scorers"]
@@ -69,8 +64,14 @@ def test_eval_scorers_are_fetched_pinned_and_once(tiny_root, tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     calls = (hub / "calls.log").read_text().splitlines()
     assert len(calls) == 3, " || ".join(c[:60] for c in calls)
-    assert any("openai/clip-vit-large-patch14 --revision 32bd64288804d66eefd0ccbe215aa642df71cc41" in c for c in calls)
-    assert any("yuvalkirstain/PickScore_v1 --revision a4e4367c6dfa7288a00c550414478f865b875800" in c for c in calls)
+    # each pinned revision is resolved to the commit the hub serves for it, downloaded at that commit and locked
+    pins = {"openai/clip-vit-large-patch14": "32bd64288804d66eefd0ccbe215aa642df71cc41",
+            "yuvalkirstain/PickScore_v1": "a4e4367c6dfa7288a00c550414478f865b875800",
+            "laion/CLIP-ViT-H-14-laion2B-s32B-b79K": "1c2b8495b28150b8a4922ee1c8edee224c284c0c"}
+    for repo, pin in pins.items():
+        assert any(f"{repo} --revision {fake_commit(repo, pin)} " in c + " " for c in calls), (repo, calls)
+    lock = json.loads((root / "weights.lock.json").read_text())
+    assert {repo: lock[repo]["revision"] for repo in pins} == pins
     assert (root / "clip-vit-large-patch14" / "model.safetensors").is_file()
     assert not (root / "clip-vit-large-patch14" / "pytorch_model.bin").exists()
     assert not (root / "CLIP-ViT-H-14-laion2B-s32B-b79K" / "model.safetensors").exists()  # the processor only
