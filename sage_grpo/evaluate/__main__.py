@@ -1,5 +1,7 @@
+"""``python -m sage_grpo.evaluate``: Table 2 for any set of checkpoints (README "Evaluation")."""
 import sys
 
 from sage_grpo.evaluate import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing this module (gpu_check imports every module) runs nothing
+    sys.exit(main())
