@@ -39,11 +39,15 @@ ARMS: Dict[str, Dict] = {  # name -> post_train.py settings that differ from con
     "k4": {"num_inner_epochs": 4},
     "window": {"sde_window_size": 4, "sde_window_stride": 2},
     "frac05": {"timestep_fraction": 0.5},
+    "window2": {"sde_window_size": 2, "sde_window_stride": 2},
+    "window4_fixed": {"sde_window_size": 4, "sde_window_stride": 0},  # the 4 noisiest steps, never moving
+    "window4_slow": {"sde_window_size": 4, "sde_window_stride": 4},
     "window_frac05": {"sde_window_size": 4, "sde_window_stride": 2, "timestep_fraction": 0.5},
     "k2_window": {"num_inner_epochs": 2, "sde_window_size": 4, "sde_window_stride": 2},
     "k4_frac05": {"num_inner_epochs": 4, "timestep_fraction": 0.5},
     "k2_moving": {"num_inner_epochs": 2, "use_dual_kl": False},
     "k4_moving": {"num_inner_epochs": 4, "use_dual_kl": False},
+    "k2_clip1e3": {"num_inner_epochs": 2, "clip_range": 1e-3},  # a wider PPO clip, so later passes keep a gradient
 }
 WINDOW = 5
 REWARD_KEY = "gathered_avg_reward_mean"
@@ -166,16 +170,57 @@ def report(args) -> None:
         lines.append(f"| {name} | {flags} | {','.join(str(r['seed']) for r in runs)} | {reached} | "
                      + " | ".join(cost) + f" | {spread([r['best_5step_reward'] for r in runs], '{:.3f}')} |")
     Path(args.report).write_text("\n".join(lines) + "\n")
-    curves = {"flops": [], "cpu": []}
+    curves = {"flops": [], "cpu": [], "wall": []}
     for name, runs in results.items():
         steps = runs[0]["steps"]  # the first seed's curve
         smooth = [statistics.fmean(s["reward"] for s in steps[max(0, i - WINDOW + 1):i + 1]) for i in range(len(steps))]
         curves["flops"].append(Series(name, [s["cum_flops"] / 1e12 for s in steps], smooth))
         curves["cpu"].append(Series(name, [s["cum_cpu"] for s in steps], smooth))
+        curves["wall"].append(Series(name, [s["cum_wall"] for s in steps], smooth))
     plot_panels([Panel(f"5-step mean reward (target {args.target}) vs model TFLOPs", "reward", curves["flops"],
                        "model TFLOPs"),
-                 Panel("5-step mean reward vs process CPU seconds", "reward", curves["cpu"], "CPU seconds")],
+                 Panel("5-step mean reward vs process CPU seconds", "reward", curves["cpu"], "CPU seconds"),
+                 Panel("5-step mean reward vs wall seconds", "reward", curves["wall"], "wall seconds")],
                 Path(args.report).with_suffix(".png"), title="time to reward on the toy")
+    print("\n".join(lines))
+
+
+def kl_report(args) -> None:
+    """Fixed-length runs (``--target`` out of reach) compared at their end: the step-wise KL's effect at K > 1."""
+    from sage_grpo.tracking.run_dir import read_metrics as rows_of
+
+    def cell(values, form="{:.3f}"):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "n/a (not computed)"
+        text = form.format(statistics.fmean(values))
+        return text + (f" ± {form.format(statistics.pstdev(values))}" if len(values) > 1 else "")
+
+    lines = ["| arm | flags | seeds | steps | final 5-step reward | best 5-step reward | manifold error, last 5 steps "
+             "(max seed) | manifold error, max step | step-wise KL, last pass (median) | clipfrac, last pass "
+             "(median) |", "|" + "---|" * 10]
+    runs: Dict[str, List] = {}
+    for path in sorted(Path(args.runs).glob("*/speed.json")):
+        data = json.loads(path.read_text())
+        runs.setdefault(data["arm"], []).append((data, rows_of(path.parent)))
+    for name in [a for a in ARMS if a in runs]:
+        final, best, drift, worst, stepwise, clipped = [], [], [], [], [], []
+        for data, rows in runs[name]:
+            key = manifold_error_key(rows)
+            last = f"inner_epoch_{data['flags'].get('num_inner_epochs', 1) - 1}/"
+            final.append(statistics.fmean(r[REWARD_KEY] for r in rows[-WINDOW:]))
+            best.append(data["best_5step_reward"])
+            drift.append(statistics.fmean(r[key] for r in rows[-WINDOW:]))
+            worst.append(max(r[key] for r in rows))
+            kept = [r.get(last + "kl_stepwise", r.get("kl_stepwise")) for r in rows]
+            stepwise.append(statistics.median(kept) if None not in kept else None)
+            clipped.append(statistics.median(r.get(last + "clipfrac", r["clipfrac"]) for r in rows))
+        flags = " ".join(f"--{k} {v}" for k, v in runs[name][0][0]["flags"].items()) or "(demo)"
+        seeds = ",".join(str(d["seed"]) for d, _ in runs[name])
+        lines.append(f"| {name} | {flags} | {seeds} | {len(runs[name][0][1])} | {cell(final)} | {cell(best)} | "
+                     f"{cell(drift, '{:.4f}')} ({max(drift):.4f}) | {max(worst):.4f} | "
+                     f"{cell(stepwise, '{:.2e}')} | {cell(clipped, '{:.2f}')} |")
+    Path(args.kl_report).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -188,7 +233,11 @@ def main(argv=None) -> int:
     parser.add_argument("--target", type=float, default=0.9, help="the 5-step mean reward to reach")
     parser.add_argument("--runs", default=str(REPO / "outputs/toy_speed"))
     parser.add_argument("--report", default=None, help="write the table (markdown) and plot (.png) from --runs")
+    parser.add_argument("--kl_report", default=None, help="write the fixed-length comparison (markdown) from --runs")
     args = parser.parse_args(argv)
+    if args.kl_report:
+        kl_report(args)
+        return 0
     if args.report:
         report(args)
         return 0
