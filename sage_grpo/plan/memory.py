@@ -25,17 +25,16 @@ Tokens: L latent tokens of a video, n = L / sp image tokens per SP rank, T = L_m
 (replicated on every SP rank), S = L + T the attention sequence; D hidden, F MLP hidden, H heads, h_d head dim.
 
 **Components** (each a formula below): policy weights P·m/Z (they are the master weights: no second copy); Muon
-momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients P_g·m/Z sharded (``per_backward``) or P_g·4
-unsharded fp32 held across an update's backwards (``per_update``, plus the first reduced block's shard); the step's
-inputs (the rollout latents and the prompt embeddings, :func:`~sage_grpo.plan.sizes.prompt_embedding_bytes`); FSDP's gathered units in flight P_root·g +
-2·P_blk·g (the unit computing and the one prefetched) plus the last block's unsharded fp32 gradient (the first
-reduced, at the start of the backward where the peak is); autocast copies
-P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under
-autocast on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save
-by save and checked against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's
-bf16 shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while
-encoding when offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP
-leaders.
+momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients P_g·m/Z sharded (``per_backward``) or
+P_g·4 unsharded fp32 held across an update's backwards (``per_update``, plus the first reduced block's shard); the
+step's inputs (the rollout latents and the prompt embeddings, :func:`~sage_grpo.plan.sizes.prompt_embedding_bytes`);
+FSDP's gathered units in flight P_root·g + 2·P_blk·g (the unit computing and the one prefetched) plus the last
+block's unsharded fp32 gradient (the first reduced, at the start of the backward where the peak is); autocast copies
+P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under autocast
+on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save by save and
+checked against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's bf16
+shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding
+when offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP leaders.
 
 **Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train
 (forward + backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode). The
@@ -260,7 +259,7 @@ def _no_grad_forward(lay: _Layout, name: str, video_tokens: int) -> Component:
     t, b = lay.sizes.transformer, _calls(lay.cfg)
     elements = no_grad_forward_elements(t, video_tokens, lay.cfg, lay.sp, cfg_batch=lay.cfg.cfg_scale > 1)
     return Component(name, b * elements * lay.compute + rope_table_elements(t, video_tokens) * 4,
-                     f"b·[L·D + max(3nD + 2nF + 3TD, 4nD + 2TF + 3TD) + 3(T+L_img)·D + ...]·c + 2·L·h_d·4, b = {b}")
+                     f"b·[L·D + max(3nD + 2nF, 4nD + 2TF) + 3TD + 3(T+L_img)·D + ...]·c + 2·L·h_d·4, b = {b}")
 
 
 def _optimizer_step(lay: _Layout, placement: Placement) -> List[Component]:
@@ -364,8 +363,9 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     train += step_inputs + [Component(
         "activations" + (" (checkpointed)" if cfg.enable_gradient_checkpointing else ""),
         b * (kept * lay.compute + saved * lay.activation),
-        f"b·({'(blocks·(n+T) + L − n + L_img)·D·c + (one block + outside)·a' if cfg.enable_gradient_checkpointing else '(blocks·block + outside)·a'}), "
-        f"b = {b}, n = {tokens // lay.sp}, T = {text_token_count(cfg)}, a = {lay.activation:g} B")]
+        ("b·((blocks·(n+T) + L − n + L_img)·D·c + (one block + outside)·a), "
+         if cfg.enable_gradient_checkpointing else "b·(blocks·block + outside)·a, ")
+        + f"b = {b}, n = {tokens // lay.sp}, T = {text_token_count(cfg)}, a = {lay.activation:g} B")]
     phases.append(Phase("train", tuple(train)))
     phases.append(Phase("optimizer step", tuple(resident + step_inputs + _optimizer_step(lay, placement))))
     phases.append(Phase("decode + reward", tuple(resident + step_inputs + [

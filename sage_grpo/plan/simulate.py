@@ -3,14 +3,15 @@ FSDP2, checkpointing and autocast, run on fake tensors over a fake process group
 and FLOP counter watching each phase (``python -m sage_grpo.plan <flags> --simulate``).
 
 How: one process joins a ``fake`` process group of ``--world_size`` ranks as rank 0 and builds the meshes of
-:class:`~sage_grpo.distributed.parallel_dims.ParallelDims`; the policy (``--master_weight_type``) and the KL reference
-(``--dtype``) are built on the ``meta`` device from the transformer config the planner reads
+:class:`~sage_grpo.distributed.parallel_dims.ParallelDims`; the policy (``--master_weight_type``) and the KL
+reference (``--dtype``) are built on the ``meta`` device from the transformer config the planner reads
 (:func:`sage_grpo.plan.memory.sizes_of`), get the joint attention, SP, FSDP2 and checkpointing of
 :func:`~sage_grpo.distributed.parallelize.parallelize_models`, and are materialised with ``to_empty`` inside
-``FakeTensorMode``: every tensor has its shape, dtype and device and no storage, so 54 blocks at 81 x 352 x 624 run on a
-laptop's memory. :class:`FSDPMemTracker` (with two corrections, :mod:`sage_grpo.plan.tracking`) attributes every live byte to a category (sharded and unsharded parameters,
-gradients, all-gather and reduce-scatter buffers, optimizer state, activations, temporaries, inputs) and keeps the
-breakdown at the phase's peak; a dispatch mode with torch's FLOP formulas counts the phase's FLOPs on this rank's shapes.
+``FakeTensorMode``: every tensor has its shape, dtype and device and no storage, so 54 blocks at 81 x 352 x 624 run
+on a laptop's memory. :class:`FSDPMemTracker` (with two corrections, :mod:`sage_grpo.plan.tracking`) attributes
+every live byte to a category (sharded and unsharded parameters, gradients, all-gather and reduce-scatter buffers,
+optimizer state, activations, temporaries, inputs) and keeps the breakdown at the phase's peak; a dispatch mode with
+torch's FLOP formulas counts the phase's FLOPs on this rank's shapes.
 
 What fake mode cannot run, and where it is worked around:
 
