@@ -25,18 +25,21 @@ Tokens: L latent tokens of a video, n = L / sp image tokens per SP rank, T = L_m
 (replicated on every SP rank), S = L + T the attention sequence; D hidden, F MLP hidden, H heads, h_d head dim.
 
 **Components** (each a formula below): policy weights P·m/Z (they are the master weights: no second copy); Muon
-momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients P_g·m/Z sharded (``per_backward``) or P_g·4
-unsharded fp32 held across an update's backwards (``per_update``); FSDP's gathered units in flight P_root·g +
-2·P_blk·g (the unit computing and the one prefetched) plus one block's unsharded fp32 gradient; autocast copies
-P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under
-autocast on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save
-by save and checked against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's
-bf16 shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while
-encoding when offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP
-leaders.
+momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients P_g·m/Z sharded (``per_backward``) or
+P_g·4 unsharded fp32 held across an update's backwards (``per_update``, plus the first reduced block's shard); the
+step's inputs (the rollout latents and the prompt embeddings, :func:`~sage_grpo.plan.sizes.prompt_embedding_bytes`);
+FSDP's gathered units in flight P_root·g + 2·P_blk·g (the unit computing and the one prefetched) plus the last
+block's unsharded fp32 gradient (the first reduced, at the start of the backward where the peak is); autocast copies
+P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under autocast
+on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save by save and
+checked against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's bf16
+shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding
+when offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP leaders.
 
 **Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train
-(forward + backward), decode + reward, validation (sampling, decode). The peak is the largest phase.
+(forward + backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode). The
+peak is the largest phase. Every transformer phase is checked category by category against torch's memory tracker
+on fake tensors (``--simulate``, :mod:`sage_grpo.plan.simulate`).
 
 **Auto decisions** on CUDA (:func:`plan_launch`), each keeping ``MARGIN`` of the GPU free: the reference's shards
 stay on the device when the plan fits with them there (no host transfers), else go to the CPU if
@@ -58,8 +61,9 @@ import torch
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import rollout_size, validation_size
 from sage_grpo.models.placement import Placement
-from sage_grpo.plan.sizes import (ModelSizes, no_grad_block_elements, read_model_sizes,
-                                  text_token_count, training_activation_elements, vae_decode_bytes, video_token_count)
+from sage_grpo.plan.sizes import (ModelSizes, no_grad_forward_elements, prompt_embedding_bytes, read_model_sizes,
+                                  rope_table_elements, text_token_count, training_activation_elements,
+                                  vae_decode_bytes, video_token_count)
 
 GIB = 2 ** 30
 MARGIN = 0.10  # share of the GPU the auto decisions leave free: allocator fragmentation, NCCL buffers, the unplanned
@@ -214,9 +218,11 @@ def _gradients_persist(cfg: TrainConfig) -> bool:
 
 
 def _gradients(lay: _Layout, placement: Placement, note: str = "") -> Component:
-    if lay.shard > 1 and not placement.reduce_per_backward:
-        return Component("gradients (unsharded, held per update)", lay.trainable * 4,
-                         f"P_g·4: fp32, reduced once per update {note}".strip())
+    if lay.shard > 1 and not placement.reduce_per_backward:  # + at the peak, the first reduced (last) block's shard
+        t = lay.sizes.transformer
+        return Component("gradients (unsharded, held per update)",
+                         lay.trainable * 4 + (t.block_params - t.unused_params) * 4 / lay.shard,
+                         f"P_g·4 + (P_blk − P_unused)·4/Z: fp32, reduced once per update {note}".strip())
     return Component("gradients (sharded)" if lay.shard > 1 else "gradients", lay.trainable * lay.master / lay.shard,
                      f"P_g·m/Z {note}".strip())
 
@@ -229,8 +235,9 @@ def _gathered_units(lay: _Layout, dtype_bytes: int, with_gradient: bool) -> List
         return []
     out = [Component("FSDP gathered units", (t.root_params + 2 * t.block_params) * dtype_bytes,
                      f"(P_root + 2·P_blk)·{dtype_bytes}")]
-    if with_gradient:
-        out.append(Component("FSDP unsharded block gradient", t.block_params * 4, "P_blk·4 before reduce-scatter"))
+    if with_gradient:  # at the peak, the start of the backward: the last block's, whose unused outputs get none
+        out.append(Component("FSDP unsharded block gradient", (t.block_params - t.unused_params) * 4,
+                             "(P_blk − P_unused)·4: the last block's, before its reduce-scatter"))
     return out
 
 
@@ -247,10 +254,38 @@ def _calls(cfg: TrainConfig) -> int:
 
 
 def _no_grad_forward(lay: _Layout, name: str, video_tokens: int) -> Component:
+    """A no-grad forward's live tensors at its peak (:func:`no_grad_forward_elements`): c bytes each (nothing is
+    saved, so autocast's fp32 saves do not arise), plus the fp32 RoPE tables."""
     t, b = lay.sizes.transformer, _calls(lay.cfg)
-    elements = no_grad_block_elements(t, video_tokens, text_token_count(lay.cfg), lay.sp)
-    return Component(name, b * elements * lay.activation, f"b·[(n+T)(4D+2F) + 4SD/sp + S²]·a, b = {b}, S = "
-                     f"{video_tokens + text_token_count(lay.cfg)}")
+    elements = no_grad_forward_elements(t, video_tokens, lay.cfg, lay.sp, cfg_batch=lay.cfg.cfg_scale > 1)
+    return Component(name, b * elements * lay.compute + rope_table_elements(t, video_tokens) * 4,
+                     f"b·[L·D + max(3nD + 2nF, 4nD + 2TF) + 3TD + 3(T+L_img)·D + ...]·c + 2·L·h_d·4, b = {b}")
+
+
+def _optimizer_step(lay: _Layout, placement: Placement) -> List[Component]:
+    """The optimizer step: the reduced (sharded) gradients and the larger of its two optimizers' temporaries.
+
+    Muon (:class:`sage_grpo.optim.muon.Muon`) takes one matrix at a time: the gathered update of the largest trained
+    matrix (r x c, master dtype), Newton-Schulz's old and new iterates and the previous matrix's orthogonalized
+    update still referenced by the step's loop (3·r·c in bf16, a GPU's iteration dtype; the previous matrix is bounded
+    by the largest) and its Gram matrix and polynomial (2·min(r, c)² bf16). AdamW on a GPU runs torch's foreach
+    implementation: one temporary list the size of the shards it steps (its ``_foreach_sqrt`` of the second moments).
+    The global-norm clip adds only scalars (``plan/tracking.py``).
+    """
+    cfg, t, z, m = lay.cfg, lay.sizes.transformer, lay.shard, lay.master
+    out = [] if _gradients_persist(cfg) else [_gradients(lay, dataclasses.replace(placement,
+                                                                                  reduce_per_backward=True))]
+    if cfg.use_lora:  # LoRA's matrices are small and AdamW's list is the trainable set: the foreach bound
+        return out + [Component("optimizer step temporaries", lay.trainable * m / z, "P_g·m/Z (foreach AdamW)")]
+    if not cfg.use_muon:
+        return out + [Component("optimizer step temporaries", lay.trainable * m / z,
+                                "P_g·m/Z: foreach AdamW's sqrt of the second moments")]
+    rows, cols = t.largest_matrix
+    muon = rows * cols * (m + 3 * 2) + 2 * min(rows, cols) ** 2 * 2
+    adamw = (lay.trainable - t.num_matrix_params) * m / z
+    return out + [Component("optimizer step temporaries", max(muon, adamw),
+                            f"max(Muon: r·c·(m + 3·2) + 2·min(r,c)²·2, r x c = {rows} x {cols}; AdamW: "
+                            "(P_g − P_mat)·m/Z)")]
 
 
 def _vae_decode(lay: _Layout, placement: Placement, frames: int, height: int, width: int, name: str) -> Component:
@@ -305,10 +340,11 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
                                                         _encode(lay)])))
     latents = cfg.batch_size * (cfg.grpo_sampling_steps + 1) * sizes.vae_config["latent_channels"] * (
         tokens * t.config["patch_size"] ** 2 * t.config["patch_size_t"]) * 4
-    trajectories = Component("rollout latents x_0..x_N", latents, "B·(N+1)·latent·4")
-    phases.append(Phase("rollout", tuple(resident + policy_units + _autocast(lay)
-                                         + [_no_grad_forward(lay, "rollout block activations", tokens),
-                                            trajectories])))
+    step_inputs = [Component("rollout latents x_0..x_N", latents, "B·(N+1)·latent·4"),
+                   Component("prompt embeddings", prompt_embedding_bytes(t, cfg, lay.compute),
+                             "2·B·(L_mllm·E1 + L_byt5·E2)·c + int64 masks: positive and negative")]
+    phases.append(Phase("rollout", tuple(resident + policy_units + _autocast(lay) + step_inputs
+                                         + [_no_grad_forward(lay, "rollout block activations", tokens)])))
     if lay.separate_reference:
         if placement.reference_on_cpu:
             ref_bytes = (2 * t.block_params + t.root_params if lay.shard > 1 else t.num_params) * lay.compute
@@ -316,22 +352,24 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
         else:
             ref = Component("reference gathered units", (t.root_params + 2 * t.block_params) * lay.compute
                             if lay.shard > 1 else 0.0, "(P_root + 2·P_blk)·c")
-        phases.append(Phase("reference", tuple(resident + [ref, trajectories,
+        phases.append(Phase("reference", tuple(resident + [ref] + step_inputs + [
                                                            _no_grad_forward(lay, "reference block activations",
                                                                             tokens)])))
     b = _calls(cfg)
-    activation = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
+    kept, saved = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
     train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)
     if not _gradients_persist(cfg):
         train.append(_gradients(lay, placement))
-    train += [trajectories, Component(
+    train += step_inputs + [Component(
         "activations" + (" (checkpointed)" if cfg.enable_gradient_checkpointing else ""),
-        b * activation * lay.activation,
-        f"b·(blocks·{'(n+T)·D + one block' if cfg.enable_gradient_checkpointing else 'block'} + outside)·a, "
-        f"b = {b}, n = {tokens // lay.sp}, T = {text_token_count(cfg)}, a = {lay.activation:g} B")]
+        b * (kept * lay.compute + saved * lay.activation),
+        ("b·((blocks·(n+T) + L − n + L_img)·D·c + (one block + outside)·a), "
+         if cfg.enable_gradient_checkpointing else "b·(blocks·block + outside)·a, ")
+        + f"b = {b}, n = {tokens // lay.sp}, T = {text_token_count(cfg)}, a = {lay.activation:g} B")]
     phases.append(Phase("train", tuple(train)))
-    phases.append(Phase("decode + reward", tuple(resident + [
-        trajectories, _vae_decode(lay, placement, cfg.sample_n_frames, height, width, "VAE decode"),
+    phases.append(Phase("optimizer step", tuple(resident + step_inputs + _optimizer_step(lay, placement))))
+    phases.append(Phase("decode + reward", tuple(resident + step_inputs + [
+        _vae_decode(lay, placement, cfg.sample_n_frames, height, width, "VAE decode"),
         _reward_forward(lay)])))
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
         v_height, v_width = validation_size(cfg)

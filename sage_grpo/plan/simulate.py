@@ -3,14 +3,15 @@ FSDP2, checkpointing and autocast, run on fake tensors over a fake process group
 and FLOP counter watching each phase (``python -m sage_grpo.plan <flags> --simulate``).
 
 How: one process joins a ``fake`` process group of ``--world_size`` ranks as rank 0 and builds the meshes of
-:class:`~sage_grpo.distributed.parallel_dims.ParallelDims`; the policy (``--master_weight_type``) and the KL reference
-(``--dtype``) are built on the ``meta`` device from the transformer config the planner reads
+:class:`~sage_grpo.distributed.parallel_dims.ParallelDims`; the policy (``--master_weight_type``) and the KL
+reference (``--dtype``) are built on the ``meta`` device from the transformer config the planner reads
 (:func:`sage_grpo.plan.memory.sizes_of`), get the joint attention, SP, FSDP2 and checkpointing of
 :func:`~sage_grpo.distributed.parallelize.parallelize_models`, and are materialised with ``to_empty`` inside
-``FakeTensorMode``: every tensor has its shape, dtype and device and no storage, so 54 blocks at 81 x 352 x 624 run on a
-laptop's memory. :class:`FSDPMemTracker` attributes every live byte to a category (sharded and unsharded parameters,
-gradients, all-gather and reduce-scatter buffers, optimizer state, activations, temporaries, inputs) and keeps the
-breakdown at the phase's peak; ``FlopCounterMode`` counts the phase's FLOPs on this rank's shapes.
+``FakeTensorMode``: every tensor has its shape, dtype and device and no storage, so 54 blocks at 81 x 352 x 624 run
+on a laptop's memory. :class:`FSDPMemTracker` (with two corrections, :mod:`sage_grpo.plan.tracking`) attributes
+every live byte to a category (sharded and unsharded parameters, gradients, all-gather and reduce-scatter buffers,
+optimizer state, activations, temporaries, inputs) and keeps the breakdown at the phase's peak; a dispatch mode with
+torch's FLOP formulas counts the phase's FLOPs on this rank's shapes.
 
 What fake mode cannot run, and where it is worked around:
 
@@ -38,44 +39,14 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from sage_grpo.config import TrainConfig
+from sage_grpo.plan.tracking import GROUPS, Phase, SimulatedPhase, metadata_only_propagation, without
 
 GIB = 2 ** 30
-# The tracker's categories, summed into the planner's groups of components (see :func:`planner_groups`).
-GROUPS: Dict[str, Tuple[str, ...]] = {
-    "sharded weights": ("Sharded Param", "Buffer"),
-    "gathered weights": ("Unsharded Param", "All Gather"),
-    "gradients": ("Sharded Grad", "Unsharded Grad", "Reduce Scatter"),
-    "optimizer state": ("OptState",),
-    "activations": ("Activation", "Temp"),
-    "inputs": ("Inputs",),
-}
-# FSDP2 accumulates the gradients it holds between reductions (--gradient_reduction per_update) outside ``.grad``,
-# and the tracker counts them as activations/temporaries: the two groups are compared together as well.
-COMBINED = {"activations + gradients": ("activations", "gradients")}
 # What the simulation cannot see on a CPU-only fake run; the planner's "runtime overhead" and margin stand for it.
 UNSEEN = ("CUDA caching-allocator rounding and fragmentation", "NCCL communicator buffers",
           "flash/cuDNN attention workspaces and kernels' own temporaries", "the CUDA context")
-
-
-@dataclass
-class SimulatedPhase:
-    """One phase's tracker breakdown at its peak (bytes per tracker category) and its FLOPs on this rank."""
-
-    name: str
-    peak: Dict[str, int]
-    flops: int
-    seconds: float
-    note: str = ""
-
-    def group(self, name: str) -> int:
-        return sum(self.peak.get(category, 0) for category in GROUPS[name])
-
-    @property
-    def total(self) -> int:
-        return sum(self.group(g) for g in GROUPS)
 
 
 @dataclass
@@ -102,7 +73,9 @@ def static_t2v_forward(self, hidden_states, timestep, encoder_hidden_states, enc
     glyph = glyph + self.cond_type_embed(torch.ones_like(glyph[:, :, 0], dtype=torch.long))
     image = self.image_embedder(image_embeds) * 0.0  # text-to-video: diffusers zeroes the image slots
     image = image + self.cond_type_embed(2 * torch.ones_like(image[:, :, 0], dtype=torch.long))
-    joint = torch.cat([glyph, text, image], dim=1)[:, :glyph.shape[1] + text.shape[1]]
+    # diffusers concatenates each sample's slots, keeps that list while it stacks it, and hands the blocks the stack
+    per_sample = [torch.cat([g, t, i]) for g, t, i in zip(glyph, text, image)]
+    joint = torch.stack(per_sample)[:, :glyph.shape[1] + text.shape[1]]
     for block in self.transformer_blocks:
         if torch.is_grad_enabled() and self.gradient_checkpointing:
             hidden_states, joint = self._gradient_checkpointing_func(block, hidden_states, joint, temb, None, rope)
@@ -211,103 +184,6 @@ def _embeds(cfg: TrainConfig, batch: int, config: Dict, dtype: torch.dtype):
     return PromptEmbeds(text, mask, glyph, glyph_mask, text.clone(), mask.clone(), glyph.clone(), glyph_mask.clone())
 
 
-def _peak_tracker(models: torch.nn.Module):
-    """An ``FSDPMemTracker`` keeping the global peak only: its per-module peaks walk every tracked module on every
-    op (O(modules) per op, hours at 54 blocks), and the simulation reports phases, not modules."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    class PeakTracker(FSDPMemTracker):
-        def _update_peak_stats(self, peak_state) -> None:
-            for device, snapshot in self._curr_mem_snap.items():
-                if self._peak_mem.get(device, 0) < snapshot["Total"]:
-                    self._peak_mem[device] = snapshot["Total"]
-                    self._peak_mem_snap[device] = dict(snapshot)
-
-    return PeakTracker(models)
-
-
-def _flop_formulas() -> Dict:
-    """torch's FLOP formulas by op, plus the CPU flash attention this run dispatches to (the same count as the CUDA
-    flash kernel's, which torch's table has)."""
-    from torch.utils.flop_counter import flop_registry
-
-    aten = torch.ops.aten
-    formulas = dict(flop_registry)
-    formulas[aten._scaled_dot_product_flash_attention_for_cpu] = flop_registry[
-        aten._scaled_dot_product_flash_attention]
-    formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = flop_registry[
-        aten._scaled_dot_product_flash_attention_backward]
-    return formulas
-
-
-class _FlopCount(TorchDispatchMode):
-    """FLOPs of every op with a formula, without ``FlopCounterMode``'s module tracking (whose autograd hooks kept
-    tensors alive: the tracker saw 1.5 GB more activations with it at 2 blocks)."""
-
-    def __init__(self):
-        super().__init__()
-        self.total, self.formulas = 0, _flop_formulas()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        formula = self.formulas.get(func._overloadpacket)
-        if formula is not None:
-            self.total += int(formula(*args, **(kwargs or {}), out_val=out))
-        return out
-
-
-class _Phase:
-    """Tracks one phase: a fresh tracker over the models (and optimizer) plus a FLOP counter; ``result`` after."""
-
-    def __init__(self, name: str, models: torch.nn.Module, optimizer, extra: Tuple[torch.Tensor, ...], note: str = ""):
-        self.name, self.note = name, note
-        from sage_grpo.optim.optimizers import optimizer_parts
-
-        self.tracker = _peak_tracker(models)
-        self.tracker.track_inputs(extra)
-        # the tracker follows one torch optimizer; Muon + AdamW is two: their states are attributed here
-        self.parts = list(optimizer_parts(optimizer).values())
-        self.handles = []
-        self.flops = _FlopCount()
-        self.result: Optional[SimulatedPhase] = None
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-        from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
-
-        self.tracker.__enter__()
-        for part in self.parts:
-            self.tracker._track_optimizer_states(_FSDPRefType.OPT, part)
-            self.handles.append(part.register_step_post_hook(
-                lambda opt, args, kwargs: self.tracker._track_optimizer_states(_FSDPRefType.OPT, opt)))
-        self.flops.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.flops.__exit__(*exc)
-        for handle in self.handles:
-            handle.remove()
-        self.tracker.__exit__(*exc)
-        if exc[0] is None:
-            (peak,) = self.tracker.get_tracker_snapshot("peak").values() or ({},)
-            self.result = SimulatedPhase(self.name, {k: int(v) for k, v in peak.items() if k != "Total"},
-                                         self.flops.total, time.perf_counter() - self.start,
-                                         self.note)
-        return False
-
-
-def _without(phase: SimulatedPhase, module: Optional[torch.nn.Module], category: str) -> SimulatedPhase:
-    """``phase`` without ``module``'s local parameter bytes in ``category`` (offloaded shards: not on the GPU)."""
-    from torch.distributed.tensor import DTensor
-
-    if module is None:
-        return phase
-    local = sum((p.to_local() if isinstance(p, DTensor) else p).untyped_storage().nbytes() for p in module.parameters())
-    phase.peak[category] = max(0, phase.peak.get(category, 0) - local)
-    phase.note = (phase.note + "; " if phase.note else "") + "reference shards on the CPU, left out"
-    return phase
-
-
 def _warm_up(policy: torch.nn.Module, optimizer) -> None:
     """One untracked step on zero gradients, so that the optimizer's state exists as from a run's second step on;
     the parameters the model never uses (the last block's text outputs) get no gradient and no state, as in a run."""
@@ -328,7 +204,7 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
     from sage_grpo.distributed.parallelize import clip_gradients
     from sage_grpo.dtypes import DTYPES
     from sage_grpo.dtypes import autocast_dtype_of
-    from sage_grpo.optim.optimizers import build_optimizer
+    from sage_grpo.optim.optimizers import build_optimizer, optimizer_parts
     from sage_grpo.pipeline.velocity import cfg_velocity
 
     started = time.perf_counter()
@@ -336,7 +212,7 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
         ("encode", "the text encoders are another model family (Qwen2.5-VL, byT5); their bytes are the plan's"),
         ("decode + reward", "VAE decode and VideoAlign are other model families; their bytes are the plan's"),
         ("checkpoint save", "host memory and disk: sharded state is written by each rank from its own shards")])
-    with fake_process_group(world_size):
+    with fake_process_group(world_size), metadata_only_propagation():
         policy, reference, _dims = build_sharded(cfg, world_size, config, placement)
         models = _Models(policy, reference)
         from torch.distributed.fsdp import fully_shard
@@ -350,47 +226,55 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
                                         weight_decay=cfg.weight_decay)
             if cfg.use_muon:  # the Newton-Schulz dtype a GPU picks (sage_grpo.optim.muon.newton_schulz_dtype)
                 optimizer.optimizers["muon"].ns_dtype = torch.bfloat16
+            for part in optimizer_parts(optimizer).values():  # torch's AdamW picks foreach on CUDA, not on the CPU
+                if isinstance(part, torch.optim.AdamW):
+                    for group in part.param_groups:
+                        group["foreach"] = True
             _warm_up(policy, optimizer)
             latents = torch.zeros(batch, config["out_channels"], frames, height, width)
             trajectories = torch.zeros(cfg.batch_size, cfg.grpo_sampling_steps + 1, *latents.shape[1:])
             timesteps = torch.full((batch,), 500.0)
-            embeds = _embeds(cfg, batch, config, DTYPES[cfg.dtype])
-            inputs = (trajectories, embeds.embeds, embeds.embeds_2, embeds.neg_embeds, embeds.neg_embeds_2)
+            step_embeds = _embeds(cfg, cfg.batch_size, config, DTYPES[cfg.dtype])  # the step's, as the trainer's
+            inputs = (trajectories, *(getattr(step_embeds, f) for f in ("embeds", "masks", "embeds_2", "masks_2",
+                                                                       "neg_embeds", "neg_masks", "neg_embeds_2",
+                                                                       "neg_masks_2")))
+            embeds = step_embeds.select(slice(0, batch))  # one call's rows: views
 
             def velocity(model):
                 return cfg_velocity(model, latents, timesteps, embeds, cfg.cfg_scale, autocast_dtype=autocast,
                                     num_image_tokens=cfg.vision_num_semantic_tokens)
 
-            with _Phase("rollout", models, optimizer, inputs, "policy, no grad, CFG batch") as phase, torch.no_grad():
+            with Phase("rollout", models, optimizer, inputs, "policy, no grad, CFG batch") as phase, torch.no_grad():
                 velocity(policy)
             result.phases.append(phase.result)
             if reference is not None:
-                with _Phase("reference", models, optimizer, inputs, "KL means, no grad") as phase, torch.no_grad():
+                with Phase("reference", models, optimizer, inputs, "KL means, no grad") as phase, torch.no_grad():
                     velocity(reference)
                 result.phases.append(phase.result)
-            # per_update: the window's earlier backwards keep unsharded gradients, its last one reduces them
-            passes = [True] if placement.reduce_per_backward else [False, True]
-            with _Phase("train", models, optimizer, inputs, "forward + backward of one (sample, step) pair"
-                        + ("" if placement.reduce_per_backward else ", twice: held, then reduced")) as phase:
+            # An update's window has several backwards; the peak is in a later one, with the earlier ones' gradients
+            # held: sharded (per_backward) or unsharded fp32 until the window's last backward reduces them (per_update)
+            passes = [True, True] if placement.reduce_per_backward else [False, True]
+            with Phase("train", models, optimizer, inputs, "forward + backward of one (sample, step) pair, twice: "
+                       + ("both reduced" if placement.reduce_per_backward else "held, then reduced")) as phase:
                 for reduce_now in passes:
                     with gradient_sync(policy, enabled=reduce_now):
                         velocity(policy).square().mean().backward()
                     phase.tracker.reset_mod_stats()  # per-module stats cover one pass; the peak is kept
             result.phases.append(phase.result)
             params = [p for p in policy.parameters() if p.grad is not None]
-            name = "optimizer step (" + ("Muon + AdamW" if cfg.use_muon else "AdamW") + ")"
-            with _Phase(name, models, optimizer, inputs, "global-norm clip, step, zero_grad") as phase:
+            with Phase("optimizer step", models, optimizer, inputs, "global-norm clip, "
+                       + ("Muon + AdamW" if cfg.use_muon else "AdamW") + " step, zero_grad") as phase:
                 clip_gradients(params, cfg.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             result.phases.append(phase.result)
             if reference is not None:
-                with _Phase("anchor refresh", models, optimizer, inputs, "reference.load_state_dict(policy's)") \
+                with Phase("anchor refresh", models, optimizer, inputs, "reference.load_state_dict(policy's)") \
                         as phase, torch.no_grad():
                     reference.load_state_dict(policy.state_dict(), strict=True)
                 result.phases.append(phase.result)
         if placement.reference_on_cpu:
-            result.phases = [_without(p, reference, "Sharded Param") for p in result.phases]
+            result.phases = [without(p, reference, "Sharded Param") for p in result.phases]
     result.seconds = time.perf_counter() - started
     return result
 
@@ -406,7 +290,7 @@ _PLANNER_GROUPS = (
     ("optimizer state", ("optimizer:",)),
     ("activations", ("activations", "rollout block activations", "reference block activations",
                      "autocast bf16 weight copies", "optimizer step temporaries")),
-    ("inputs", ("rollout latents",)),
+    ("inputs", ("rollout latents", "prompt embeddings")),
 )
 
 
@@ -442,11 +326,6 @@ def comparison_table(plan, simulation: Simulation) -> str:
                 lines.append(f"| {phase.name} | {group} | {simulated / GIB:.3f} | "
                              f"{expected / GIB if planned is not None else float('nan'):.3f} | "
                              f"{_ratio(simulated, expected) if planned is not None else 'no plan phase'} |")
-        for name, parts in COMBINED.items():
-            simulated, expected = sum(phase.group(g) for g in parts), sum(groups.get(g, 0.0) for g in parts)
-            if planned is not None and expected:
-                lines.append(f"| {phase.name} | {name} | {simulated / GIB:.3f} | {expected / GIB:.3f} | "
-                             f"{_ratio(simulated, expected)} |")
     lines += ["", "| phase | simulated GB (tracked groups) | FLOPs on this rank | seconds | note |",
               "|---|---:|---:|---:|---|"]
     lines += [f"| {p.name} | {p.total / GIB:.2f} | {p.flops:.4g} | {p.seconds:.1f} | {p.note} |"

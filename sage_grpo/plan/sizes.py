@@ -9,7 +9,7 @@ Qwen2.5-VL-7B text model, 7.07B; the byT5-small glyph encoder, 0.22B; VideoAlign
 **Activations** are counted in elements per sample on one SP rank (the plan multiplies by the bytes per element and
 the samples per call), save by save: :func:`block_saved_elements` for one dual-stream block,
 :func:`checkpointed_block_elements` for one under activation checkpointing, :func:`outside_saved_elements` for the
-embedders and output layers, :func:`no_grad_block_elements` for a no-grad forward; :func:`vae_decode_bytes` is the
+embedders and output layers, :func:`no_grad_forward_elements` for a no-grad forward; :func:`vae_decode_bytes` is the
 peak of a VAE decode. The symbols are those of :mod:`sage_grpo.plan.memory`'s docstring.
 """
 
@@ -67,6 +67,7 @@ class TransformerSizes:
     # output, so they never get a gradient nor optimizer state. P_g = P - unused_params are the trained ones.
     unused_params: int
     unused_lora_width: int
+    largest_matrix: Tuple[int, int] = (0, 0)  # (rows, cols) of the largest trained 2-D weight (Muon's largest step)
 
     @property
     def root_params(self) -> int:  # P_root: what fully_shard(root) keeps
@@ -123,7 +124,9 @@ def transformer_sizes(config: Dict) -> TransformerSizes:
         num_matrix_params=sum(p.numel() for p in model.parameters() if p.ndim == 2 and not _in(p, unused)),
         block_params=_count(block), refiner_params=_count(model.context_embedder),
         lora_width=lora_width([model.transformer_blocks]), unused_params=sum(_count(m) for m in unused),
-        unused_lora_width=lora_width(unused))
+        unused_lora_width=lora_width(unused),
+        largest_matrix=tuple(max((p.shape for p in model.parameters() if p.ndim == 2 and not _in(p, unused)),
+                                 key=lambda shape: shape[0] * shape[1])))
 
 
 @functools.lru_cache(maxsize=8)
@@ -244,28 +247,81 @@ def checkpointed_block_elements(t: TransformerSizes, video_tokens: int, text_tok
 
 
 def forward_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
-                           checkpointing: bool) -> int:
-    """What one training forward saves for its backward, per sample: every block's saves, or with checkpointing every
-    block's inputs, plus the saves outside the blocks."""
-    text = text_token_count(cfg)
-    per_block = (checkpointed_block_elements(t, video_tokens, text, sp) if checkpointing
-                 else block_saved_elements(t, video_tokens, text, sp))
-    return t.config["num_layers"] * per_block + outside_saved_elements(t, video_tokens, cfg, sp)
+                           checkpointing: bool) -> Tuple[int, int]:
+    """What one training forward keeps for its backward, per sample, as (elements kept as they are, in the compute
+    dtype; elements autograd saves, some in fp32 under autocast): with checkpointing every block's two stream inputs
+    (:func:`checkpointed_block_elements`), where block 0's are views of the whole patch embedding output (L·D, not
+    n·D, under SP) and of the stacked text slots (the L_img image slots too); without it every block's saves. Both
+    with the saves outside the blocks.
+
+    The checkpointed inputs are plain tensors of the compute dtype (slope per block of the simulated launch: exactly
+    (n + T)·D·c at 2, 8 and 54 blocks, ``sage_grpo/plan/simulate.py``)."""
+    text, depth = text_token_count(cfg), t.config["num_layers"]
+    outside = outside_saved_elements(t, video_tokens, cfg, sp)
+    if not checkpointing:
+        return 0, depth * block_saved_elements(t, video_tokens, text, sp) + outside
+    block_zero = (video_tokens - video_tokens // sp + cfg.vision_num_semantic_tokens) * t.hidden
+    return depth * checkpointed_block_elements(t, video_tokens, text, sp) + block_zero, outside
 
 
 def training_activation_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
-                                 checkpointing: bool) -> int:
-    """Activations at their peak, the start of the backward, per sample: the forward's saves, plus with
-    checkpointing one block's saves while it is recomputed."""
+                                 checkpointing: bool) -> Tuple[int, int]:
+    """Activations at their peak, the start of the backward, per sample, split as :func:`forward_saved_elements`:
+    the forward's, plus with checkpointing one block's saves while it is recomputed."""
+    kept, saved = forward_saved_elements(t, video_tokens, cfg, sp, checkpointing)
     recomputed = block_saved_elements(t, video_tokens, text_token_count(cfg), sp) if checkpointing else 0
-    return forward_saved_elements(t, video_tokens, cfg, sp, checkpointing) + recomputed
+    return kept, saved + recomputed
 
 
-def no_grad_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
-    """Live elements inside one block of a no-grad forward, per sample (its peak at the MLP): the residual streams,
-    the normed input, q, k, v and the attention output over S/sp·D, both MLP activations and the key mask S."""
-    n, seq = video_tokens // sp, video_tokens + text_tokens
-    return (n + text_tokens) * (4 * t.hidden + 2 * t.mlp_hidden) + 4 * seq * t.hidden // sp + seq
+def no_grad_forward_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
+                             cfg_batch: bool) -> int:
+    """Elements live at the peak of a no-grad transformer forward, per sample on one SP rank, in the compute dtype
+    (the RoPE tables, fp32 and per call, are :func:`rope_table_elements`); read off the live tensors at the peak of
+    the simulated rollout (``sage_grpo/plan/simulate.py``, the same at 8 and 32 ranks, sp 2 and 4).
+
+    A no-grad forward keeps no saves: what is live is what the code still references. The peak is inside block 0,
+    the only block whose image input is a view of the patch embedding's output for the whole video (the SP rank's
+    tokens are a chunk of it, so all L·D stay), at the larger of two moments:
+
+    - the image MLP's GELU: its input and output (2·n·F), the residual after attention, the attention output (a
+      local of the block's forward) and the modulated MLP input (3·n·D); the text stream's residual, attention output
+      and modulated MLP input (3·T·D);
+    - the text MLP's GELU: 2·T·F and the same three text tensors, with the image stream's four (its MLP output too).
+
+    At both: the joint text input, (T + L_img)·D twice (diffusers stacks the per-sample concatenations of the
+    [byT5, MLLM, image] slots and keeps the list), the three embedders' outputs (L_mllm + L_byt5 + L_img)·D, the zero
+    image embeddings L_img·E3, the latent input C_in·L, and in a CFG batch the concatenated prompt embeddings
+    L_mllm·E1 + L_byt5·E2 (without CFG they are the step's own, counted with the inputs).
+    """
+    from sage_grpo.models.text_encoding import TextEncoderSettings
+
+    c = t.config
+    d, f, n, length = t.hidden, t.mlp_hidden, video_tokens // sp, video_tokens
+    mllm, byt5, image = (cfg.text_max_length or TextEncoderSettings.max_length), cfg.byt5_max_length, \
+        cfg.vision_num_semantic_tokens
+    text = mllm + byt5
+    image_mlp = 3 * n * d + 2 * n * f + 3 * text * d
+    text_mlp = 4 * n * d + 2 * text * f + 3 * text * d
+    outside = (length * d + 2 * (text + image) * d + (mllm + byt5 + image) * d + image * c["image_embed_dim"]
+               + c["in_channels"] * length)
+    prompts = mllm * c["text_embed_dim"] + byt5 * c["text_embed_2_dim"] if cfg_batch else 0
+    return max(image_mlp, text_mlp) + outside + prompts
+
+
+def rope_table_elements(t: TransformerSizes, video_tokens: int) -> int:
+    """The RoPE cos and sin tables of one transformer call, fp32: 2·L·h_d (the SP rank's rows are views of them)."""
+    return 2 * video_tokens * t.config["attention_head_dim"]
+
+
+def prompt_embedding_bytes(t: TransformerSizes, cfg: TrainConfig, dtype_bytes: int) -> int:
+    """The step's prompt embeddings as the trainer keeps them: ``--batch_size`` rows, positive and negative, of both
+    streams (L_mllm·E1 + L_byt5·E2 in ``--dtype``) and their int64 masks."""
+    from sage_grpo.models.text_encoding import TextEncoderSettings
+
+    mllm = cfg.text_max_length or TextEncoderSettings.max_length
+    per_row = (mllm * t.config["text_embed_dim"] + cfg.byt5_max_length * t.config["text_embed_2_dim"]) * dtype_bytes \
+        + (mllm + cfg.byt5_max_length) * 8
+    return 2 * cfg.batch_size * per_row
 
 
 # ====================================================================== VAE decode

@@ -1,26 +1,39 @@
 """The simulated GRPO step against the plan at reduced depth (issue 27): 2 dual-stream blocks at the real width,
-world 4, sp 2, fake tensors over a fake process group (sage_grpo/plan/simulate.py)."""
+world 4, sp 2, the reference launch's video (81 x 352 x 624), fake tensors over a fake process group
+(sage_grpo/plan/simulate.py). At this video the activations outweigh a block's gathered weights, as at full depth, so
+each phase peaks at the moment it peaks at 54 blocks."""
 import dataclasses
 
 import pytest
+import torch
 
 from sage_grpo.config import TrainConfig, parse_cli
 from sage_grpo.plan.simulate import GIB, planner_groups, simulation_report
+from sage_grpo.plan.tracking import GROUPS
 
 TOLERANCE = 0.05
 FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_generations", "4", "--enable_fsdp",
          "--enable_gradient_checkpointing", "--sp_size", "2", "--kl_weight", "1e-5", "--use_moving_KL", "True",
-         "--use_dual_kl", "True", "--validation_interval", "0", "--sample_n_frames", "9", "--rollout_height", "128",
-         "--rollout_width", "128", "--gradient_reduction", "per_backward"]
+         "--use_dual_kl", "True", "--validation_interval", "0", "--sample_n_frames", "81", "--rollout_height", "352",
+         "--rollout_width", "624"]
+# Both gradient reductions and both optimizers: each category of each phase is compared.
+LAUNCHES = {"per_backward, Muon": ["--gradient_reduction", "per_backward"],
+            "per_update, Muon": ["--gradient_reduction", "per_update"],
+            "per_update, AdamW": ["--gradient_reduction", "per_update", "--use_muon", "False"]}
+# The one known gap over 5%, at 2 blocks only: training activations 1.04 to 1.06 (1.01 at 54 blocks, where the
+# checkpointed inputs the plan counts exactly dominate). The simulation's training peak holds 0.12 GB of the token
+# refiner's masked attention that the CPU's SDPA math path saves (B·H·L_mllm² scores per refiner layer; a GPU's fused
+# kernel saves none), and the peak moment inside the last block's recomputation shifts by up to 0.05 GB (seen with
+# AdamW, and with Muon after other simulations ran in the same process). docs/benchmarks.md states it.
+GAPS = {(launch, "train", "activations"): 0.07 for launch in LAUNCHES}
 
 
-@pytest.fixture(scope="module")
-def simulated():
+def _simulate(extra):
     from sage_grpo.plan import memory as planner
     from sage_grpo.plan.simulate import public_config
     from sage_grpo.plan.sizes import transformer_sizes
 
-    cfg = parse_cli(TrainConfig, FLAGS)
+    cfg = parse_cli(TrainConfig, FLAGS + extra)
     text, simulation = simulation_report(cfg, 4, 80.0, num_layers=2)
     sizes = planner.sizes_of(cfg)
     config = dict(public_config(sizes.transformer.config), num_layers=2)
@@ -28,21 +41,34 @@ def simulated():
     return text, simulation, plan
 
 
-def test_weights_gathers_and_optimizer_state_agree_with_the_plan(simulated):
-    """Per phase: the policy's and the reference's shards, FSDP's gathered units and the optimizer's state, as the
-    tracker saw them at the phase's peak, equal the plan's components within 5%."""
-    _, simulation, plan = simulated
+@pytest.fixture(scope="module", params=list(LAUNCHES))
+def simulated(request):
+    return (request.param, *_simulate(LAUNCHES[request.param]))
+
+
+def test_every_category_of_every_phase_agrees_with_the_plan(simulated):
+    """Per phase (rollout, reference, train, optimizer step) and per group of tracker categories (sharded weights,
+    gathered weights, gradients, optimizer state, activations, inputs): the tracker's bytes at the phase's peak equal
+    the plan's components within 5%, and a group the plan leaves empty is empty in the simulation too."""
+    launch, _, simulation, plan = simulated
     names = [p.name for p in simulation.phases]
-    assert names[:3] == ["rollout", "reference", "train"] and names[3].startswith("optimizer step")
-    for phase in simulation.phases[:3]:
+    assert names[:4] == ["rollout", "reference", "train", "optimizer step"]
+    compared = 0
+    for phase in simulation.phases[:4]:
         planned, _ = planner_groups(plan.phase(phase.name))
-        for group in ("sharded weights", "gathered weights", "optimizer state"):
-            assert planned[group] > 0
-            assert abs(phase.group(group) / planned[group] - 1) <= TOLERANCE, (phase.name, group)
+        for group in GROUPS:
+            simulated_bytes = phase.group(group)
+            if planned[group] == 0:
+                assert simulated_bytes < 0.001 * GIB, (phase.name, group, simulated_bytes)
+                continue
+            compared += 1
+            ratio = simulated_bytes / planned[group]
+            assert abs(ratio - 1) <= GAPS.get((launch, phase.name, group), TOLERANCE), (phase.name, group, ratio)
+    assert compared >= 21  # 5 groups in each no-grad phase, 6 in training (gradients), 5 in the optimizer step
 
 
 def test_every_phase_is_reported_with_its_flops(simulated):
-    text, simulation, _ = simulated
+    _, text, simulation, _ = simulated
     rollout, reference, train = simulation.phases[:3]
     assert rollout.flops == reference.flops > 0  # the same forward on the same shapes
     assert train.flops > 2 * rollout.flops  # backward ~2x forward, plus the checkpointed recomputation
@@ -51,11 +77,53 @@ def test_every_phase_is_reported_with_its_flops(simulated):
         assert phase.total > 0 and phase.seconds >= 0
 
 
-def test_activations_are_measured_not_assumed(simulated):
-    """The tracker's activations are its own count (they differ from the plan's estimate; the ratios are in
-    docs/benchmarks.md): positive, larger in training than in the no-grad rollout, under one block's saves without
-    checkpointing times the depth."""
-    _, simulation, plan = simulated
-    rollout, train = simulation.phases[0], simulation.phases[2]
-    assert 0 < rollout.group("activations") < train.group("activations")
-    assert train.group("activations") < 64 * GIB
+class _LocalOutputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """(elements, made under a fake mode) of every local op's output under DTensor (DTensor ops are let through to
+    their local ops, as FSDPMemTracker does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._guards import active_fake_mode
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        for tensor in (out if isinstance(out, (list, tuple)) else [out]):
+            if isinstance(tensor, torch.Tensor):
+                self.outputs.append((tensor.numel(), active_fake_mode() is not None))
+        return out
+
+
+def test_global_norm_clip_gathers_nothing():
+    """``clip_gradients`` on real FSDP2 DTensor gradients (world 4, fake process group): one scalar all-reduce, no
+    all-gather, and no real tensor larger than a shard; the tensors of the global shapes it makes are fake ones inside
+    DTensor's sharding propagation, which the simulation's tracker therefore skips (sage_grpo/plan/tracking.py)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from sage_grpo.distributed.parallelize import clip_gradients
+    from sage_grpo.plan.simulate import fake_process_group
+
+    with fake_process_group(4):
+        mesh = init_device_mesh("cpu", (4,))
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256))
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        params = list(model.parameters())
+        for param in params:
+            param.grad = torch.ones_like(param)
+        with CommDebugMode() as comm, _LocalOutputs() as local:
+            clip_gradients(params, 1.0)
+        counts = {str(op): n for op, n in comm.get_comm_counts().items()}
+        shard = max(p.to_local().numel() for p in params)
+    assert not any("all_gather" in op for op in counts), counts
+    assert sum(n for op, n in counts.items() if "all_reduce" in op) == 1, counts
+    real = [n for n, fake in local.outputs if not fake]
+    assert real and max(real) <= shard
+    assert max(n for n, fake in local.outputs if fake) == 1024 * 256  # a global shape, fake: no memory on a GPU
