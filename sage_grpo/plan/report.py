@@ -139,15 +139,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         check_layout(cfg, known.world_size)
         print(report(cfg, known.world_size, gpu))
+        simulated_fit = True
         if known.simulate or known.simulate_layers is not None:
             from sage_grpo.plan.simulate import simulation_report
 
-            print("\n" + simulation_report(cfg, known.world_size, gpu, known.simulate_layers)[0])
+            text, simulation = simulation_report(cfg, known.world_size, gpu, known.simulate_layers)
+            print("\n" + text)
+            simulated_fit = simulation.verdict.fits
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    if not plan_launch(cfg, known.world_size, gpu).fits():
-        sys.exit(1)  # the table says why; a script can test the status
+    if not (plan_launch(cfg, known.world_size, gpu).fits() and simulated_fit):
+        sys.exit(1)  # the tables say why; a script can test the status
 
 
 def check_layout(cfg: TrainConfig, world_size: int) -> None:

@@ -54,6 +54,41 @@ class Simulation:
     phases: List[SimulatedPhase]
     not_simulated: List[Tuple[str, str]] = field(default_factory=list)  # (phase, why)
     seconds: float = 0.0
+    verdict: Optional["Verdict"] = None  # set by simulation_report
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The simulation's own answer to "does the launch fit": its peak phase with what it tracked there plus the
+    plan's bytes for what it does not run (VAE, reward, text encoders, the runtime overhead), against the budget."""
+    phase: str
+    tracked: float  # bytes the tracker saw in that phase (0 for a phase not executed)
+    outside: float  # the plan's bytes for that phase's components outside the simulation
+    budget: float
+
+    @property
+    def peak(self) -> float:
+        return self.tracked + self.outside
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.budget
+
+
+def simulated_verdict(plan, simulation: Simulation) -> Verdict:
+    """The largest phase by :class:`Verdict`'s count; phases the simulation does not execute count at the plan's
+    figure, so a launch over budget only in (say) the VAE decode is reported over budget here too."""
+    budget = plan.gpu_memory_gib * GIB
+    candidates = []
+    for phase in simulation.phases:
+        planned = plan.phase(phase.name)
+        outside = sum(c.bytes for c in planned.components if _group_of(c.name) is None) if planned else 0.0
+        candidates.append(Verdict(phase.name, phase.total, outside, budget))
+    for name, _ in simulation.not_simulated:
+        planned = plan.phase(name)
+        if planned is not None:
+            candidates.append(Verdict(name, 0.0, planned.bytes, budget))
+    return max(candidates, key=lambda v: v.peak)
 
 
 # ====================================================================== the forward fake mode can run
@@ -294,12 +329,16 @@ _PLANNER_GROUPS = (
 )
 
 
+def _group_of(component: str) -> Optional[str]:
+    return next((g for g, prefixes in _PLANNER_GROUPS if component.startswith(prefixes)), None)
+
+
 def planner_groups(phase) -> Tuple[Dict[str, float], List[str]]:
     """(bytes per group, names of the components outside the simulation) of a planner phase."""
     groups = {name: 0.0 for name in GROUPS}
     outside = []
     for component in phase.components:
-        group = next((g for g, prefixes in _PLANNER_GROUPS if component.name.startswith(prefixes)), None)
+        group = _group_of(component.name)
         if group is None:
             if component.bytes:
                 outside.append(f"{component.name} {component.bytes / GIB:.2f}")
@@ -339,6 +378,13 @@ def comparison_table(plan, simulation: Simulation) -> str:
     if plan.phases:
         _, outside = planner_groups(plan.peak)
         lines.append("planned but outside the simulation in the peak phase: " + ", ".join(outside))
+    verdict = simulated_verdict(plan, simulation)
+    plan_says = "fits" if plan.fits() else "does not fit"
+    lines.append(f"simulated verdict: {verdict.peak / GIB:.2f} GB in the {verdict.phase} phase ({verdict.tracked / GIB:.2f} "
+                 f"tracked + {verdict.outside / GIB:.2f} planned outside the simulation) of {plan.gpu_memory_gib:g} GB: "
+                 + ("fits" if verdict.fits else "OVER BUDGET") + f"; the plan: {plan.peak_gib:.2f} GB, {plan_says}"
+                 + ("" if verdict.fits == plan.fits() else " (the two disagree: the launch is within the plan's "
+                                                             "tolerance of the budget; test it before renting)"))
     from sage_grpo.plan.memory import MARGIN, RUNTIME_OVERHEAD_GIB
 
     lines.append("unseen by the simulation: " + "; ".join(UNSEEN) + f" (the plan's {RUNTIME_OVERHEAD_GIB:g} GB runtime "
@@ -373,4 +419,5 @@ def simulation_report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, 
     simulation = simulate(cfg, world_size, plan.placement, config, latent_shape(cfg, sizes))
     head = (f"simulated GRPO step: {world_size} ranks (fake process group, rank 0), sp {cfg.sp_size}, "
             f"{config['num_layers']} blocks, fake tensors on the CPU; placement {plan.placement}")
+    simulation.verdict = simulated_verdict(plan, simulation)
     return head + "\n\n" + comparison_table(plan, simulation), simulation

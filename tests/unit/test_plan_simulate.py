@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sage_grpo.config import TrainConfig, parse_cli
-from sage_grpo.plan.simulate import GIB, planner_groups, simulation_report
+from sage_grpo.plan.simulate import GIB, planner_groups, simulated_verdict, simulation_report
 from sage_grpo.plan.tracking import GROUPS
 
 TOLERANCE = 0.05
@@ -75,6 +75,19 @@ def test_every_phase_is_reported_with_its_flops(simulated):
     assert "| train | activations |" in text and "not simulated: encode" in text and "unseen by the simulation" in text
     for phase in simulation.phases:
         assert phase.total > 0 and phase.seconds >= 0
+
+
+def test_the_simulation_gives_its_own_verdict_and_it_agrees_with_the_plan(simulated):
+    """The simulated peak (tracked + the plan's figures for what is not simulated) is within 5% of the plan's peak, so
+    a budget the plan refuses by more than that is over budget in the simulation too, and one it accepts with that
+    room fits in both."""
+    _, text, simulation, plan = simulated
+    verdict = simulation.verdict
+    assert verdict.fits and plan.fits() and "simulated verdict:" in text and "fits; the plan:" in text
+    assert abs(verdict.peak / (plan.peak_gib * GIB) - 1) <= TOLERANCE
+    for scale, fits in ((0.9, False), (1.1, True)):
+        budget = dataclasses.replace(plan, gpu_memory_gib=plan.peak_gib * scale)
+        assert budget.fits() is fits and simulated_verdict(budget, simulation).fits is fits, scale
 
 
 class _LocalOutputs(torch.utils._python_dispatch.TorchDispatchMode):
