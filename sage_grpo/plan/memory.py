@@ -32,8 +32,8 @@ P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward)
 autocast on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save
 by save and checked against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's
 bf16 shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while
-encoding when offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP
-leaders.
+encoding when offloaded); the rollout's latents and its SDE noise (drawn up front, one latent per stochastic step);
+the VAE weights and its decode (tiled or not); the reward model and its forward on SP leaders.
 
 **Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train
 (forward + backward), decode + reward, validation (sampling, decode). The peak is the largest phase.
@@ -306,9 +306,13 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     latents = cfg.batch_size * (cfg.grpo_sampling_steps + 1) * sizes.vae_config["latent_channels"] * (
         tokens * t.config["patch_size"] ** 2 * t.config["patch_size_t"]) * 4
     trajectories = Component("rollout latents x_0..x_N", latents, "B·(N+1)·latent·4")
+    # the rollout's SDE noise, moved to the device in one copy (pipeline/rollout.py): one latent per stochastic step
+    sde_steps = cfg.sde_window_size or cfg.grpo_sampling_steps
+    sde_noise = Component("rollout SDE noise", latents // (cfg.grpo_sampling_steps + 1) * sde_steps,
+                          "B·N_sde·latent·4, N_sde = --sde_window_size or N")
     phases.append(Phase("rollout", tuple(resident + policy_units + _autocast(lay)
                                          + [_no_grad_forward(lay, "rollout block activations", tokens),
-                                            trajectories])))
+                                            trajectories, sde_noise])))
     if lay.separate_reference:
         if placement.reference_on_cpu:
             ref_bytes = (2 * t.block_params + t.root_params if lay.shard > 1 else t.num_params) * lay.compute
