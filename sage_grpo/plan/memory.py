@@ -42,10 +42,13 @@ the VAE weights and its decode (tiled or not); the reward model and its forward 
 stay on the device when the plan fits with them there (no host transfers), else go to the CPU if
 ``--reference_mode_offload`` allows it (the reference's own switch for offloading; without it the plan reports that
 the launch does not fit and names ``--reference_placement cpu``); then gradients are reduced once per update when the
-plan still fits with the unsharded fp32 gradients held, else after every backward. Tiling: ``--vae_tiling auto``
+plan still fits with the unsharded fp32 gradients held, else after every backward; last, ``--reference_batch_size 0``
+takes the largest reference batch (transitions per no-grad reference forward, doubling from
+``--mini_batch_size_per_update`` up to a rollout batch's transitions) that does not raise the step's peak. Tiling: ``--vae_tiling auto``
 tiles decodes above
 :data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. On a CPU device there is no GPU budget: a sharded full fine-tune
-reduces per backward and the reference stays where the model is.
+reduces per backward, the reference stays where the model is and its batch is ``--mini_batch_size_per_update``
+(a larger one changes the means in the last bits, and the golden CPU run is bit for bit).
 """
 
 import dataclasses
@@ -246,8 +249,10 @@ def _calls(cfg: TrainConfig) -> int:
     return cfg.mini_batch_size_per_update * (2 if cfg.cfg_scale > 1 else 1)
 
 
-def _no_grad_forward(lay: _Layout, name: str, video_tokens: int) -> Component:
-    t, b = lay.sizes.transformer, _calls(lay.cfg)
+def _no_grad_forward(lay: _Layout, name: str, video_tokens: int, samples: Optional[int] = None) -> Component:
+    """One no-grad forward on ``samples`` rows (default ``--mini_batch_size_per_update``), both CFG branches."""
+    t = lay.sizes.transformer
+    b = _calls(lay.cfg) if samples is None else samples * (2 if lay.cfg.cfg_scale > 1 else 1)
     elements = no_grad_block_elements(t, video_tokens, text_token_count(lay.cfg), lay.sp)
     return Component(name, b * elements * lay.activation, f"b·[(n+T)(4D+2F) + 4SD/sp + S²]·a, b = {b}, S = "
                      f"{video_tokens + text_token_count(lay.cfg)}")
@@ -322,7 +327,7 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
                             if lay.shard > 1 else 0.0, "(P_root + 2·P_blk)·c")
         phases.append(Phase("reference", tuple(resident + [ref, trajectories,
                                                            _no_grad_forward(lay, "reference block activations",
-                                                                            tokens)])))
+                                                                            tokens, placement.reference_batch_size)])))
     b = _calls(cfg)
     activation = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
     train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)
@@ -364,8 +369,9 @@ def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
     fixed_backward, fixed_cpu = _explicit(cfg)
     sharded = cfg.enable_fsdp and world_size > 1
 
-    def plan(per_backward: bool, on_cpu: bool) -> MemoryPlan:
-        return plan_memory(cfg, sizes, world_size, gpu_memory_gib, Placement(per_backward, on_cpu, cfg.vae_tiling))
+    def plan(per_backward: bool, on_cpu: bool, reference_batch: int = cfg.mini_batch_size_per_update) -> MemoryPlan:
+        return plan_memory(cfg, sizes, world_size, gpu_memory_gib,
+                           Placement(per_backward, on_cpu, cfg.vae_tiling, reference_batch))
 
     smallest_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
     on_cpu = fixed_cpu
@@ -374,7 +380,24 @@ def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
     per_backward = fixed_backward
     if per_backward is None:
         per_backward = sharded and not plan(False, on_cpu).fits(MARGIN)
-    return plan(per_backward, on_cpu)
+    if cfg.reference_batch_size:
+        return plan(per_backward, on_cpu, cfg.reference_batch_size)
+    # last, with the placements fixed: the largest reference batch that does not raise the step's peak (memory the
+    # step holds anyway; the no-grad forward's bytes are an estimate, so the GPU is not filled beyond that)
+    peak = plan(per_backward, on_cpu).peak.bytes
+    fitting = [size for size in reference_batch_candidates(cfg) if plan(per_backward, on_cpu, size).peak.bytes <= peak]
+    return plan(per_backward, on_cpu, max(fitting, default=cfg.mini_batch_size_per_update))
+
+
+def reference_batch_candidates(cfg: TrainConfig) -> List[int]:
+    """Reference batch sizes ``--reference_batch_size 0`` tries on CUDA: ``--mini_batch_size_per_update`` doubled up
+    to a rollout batch's transitions with reference means (B x the steps trained: the window's, or all N)."""
+    transitions = cfg.batch_size * (cfg.sde_window_size or cfg.grpo_sampling_steps)
+    sizes, size = [], cfg.mini_batch_size_per_update
+    while size < transitions:
+        sizes.append(size)
+        size *= 2
+    return sizes + [transitions]
 
 
 def sizes_of(cfg: TrainConfig) -> ModelSizes:
@@ -393,13 +416,20 @@ def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,
     """
     if plan is None and device_type == "cuda":
         plan = plan_launch(cfg, launch_world_size(), device_memory_gib(cfg))
+    # off CUDA, auto keeps the update's batch: a larger one would change the means in the last bits (not bit-identical
+    # on the CPU), and there is no GPU to fill
+    cpu_reference_batch = cfg.reference_batch_size or cfg.mini_batch_size_per_update
     if plan is not None:
         placement = plan.placement
-        return dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu and device_type != "cpu")
+        if device_type == "cuda":
+            return placement
+        return dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu and device_type != "cpu",
+                                   reference_batch_size=cpu_reference_batch)
     fixed_backward, fixed_cpu = _explicit(cfg)
     per_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
     on_cpu = bool(fixed_cpu)  # --reference_placement cpu is honoured on a CPU device too (FSDP's CPU offload)
-    return Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling)
+    return Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling,
+                     reference_batch_size=cpu_reference_batch)
 
 
 def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:
