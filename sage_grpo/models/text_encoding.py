@@ -93,12 +93,15 @@ class PromptEmbeds:
 
     def select(self, indices: Union[Sequence[int], Tensor, slice]) -> "PromptEmbeds":
         """The rows ``indices`` of every tensor (a list, a LongTensor or a slice)."""
-        if not isinstance(indices, slice):
-            indices = torch.as_tensor(indices, dtype=torch.long, device=self.embeds.device)
-        image = self.image.select(indices) if self.image is not None else None
         valid_tokens = None
-        if self.valid_tokens is not None:
-            valid_tokens = self.valid_tokens[indices if isinstance(indices, slice) else indices.cpu()]
+        if not isinstance(indices, slice):
+            indices = torch.as_tensor(indices, dtype=torch.long)  # a list's rows stay on the CPU for valid_tokens
+            if self.valid_tokens is not None:
+                valid_tokens = self.valid_tokens[indices.cpu()]
+            indices = indices.to(self.embeds.device)
+        elif self.valid_tokens is not None:
+            valid_tokens = self.valid_tokens[indices]
+        image = self.image.select(indices) if self.image is not None else None
         return self._map(lambda _, t: t[indices], image, valid_tokens)
 
     def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "PromptEmbeds":
