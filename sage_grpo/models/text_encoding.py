@@ -68,10 +68,10 @@ class PromptEmbeds:
     ``image``: the image-to-video condition of the B samples (:class:`~sage_grpo.models.image_condition.ImageCondition`,
     shared by both CFG branches), or None for text-to-video; selected and moved with the rest.
 
-    ``valid_tokens``: (B, 2) int64 on the CPU, each row's valid MLLM + byT5 tokens of the positive and the negative
-    prompt, counted once where the embeddings are built (:meth:`PromptEncoder.encode`) so that no transformer call
-    reads them back from the device (``sage_grpo/models/transformer_forward.py``); selected with the rest. None when
-    not counted: the transformer then counts them in every call (one host sync each)."""
+    ``valid_tokens``: per row, the (positive, negative) prompt's valid MLLM + byT5 tokens as Python ints, counted once
+    where the embeddings are built (:meth:`PromptEncoder.encode`) so that no transformer call reads them back from the
+    device (``sage_grpo/models/transformer_forward.py``; plain ints also hold under fake tensors); selected with the
+    rest. None when not counted: the transformer then counts them in every call (one host sync each)."""
 
     embeds: Tensor  # (B, L, D) Qwen2.5-VL hidden states
     masks: Tensor  # (B, L) 1 = real token
@@ -82,25 +82,24 @@ class PromptEmbeds:
     neg_embeds_2: Tensor
     neg_masks_2: Tensor
     image: Optional["ImageCondition"] = None
-    valid_tokens: Optional[Tensor] = None
+    valid_tokens: Optional[Tuple[Tuple[int, int], ...]] = None
 
     def __len__(self) -> int:
         return self.embeds.shape[0]
 
-    def _map(self, fn, image, valid_tokens: Optional[Tensor]) -> "PromptEmbeds":
+    def _map(self, fn, image, valid_tokens) -> "PromptEmbeds":
         streams = {name: fn(name, getattr(self, name)) for name in _ALL_STREAM_FIELDS}
         return PromptEmbeds(**streams, image=image, valid_tokens=valid_tokens)
 
     def select(self, indices: Union[Sequence[int], Tensor, slice]) -> "PromptEmbeds":
         """The rows ``indices`` of every tensor (a list, a LongTensor or a slice)."""
         valid_tokens = None
+        if self.valid_tokens is not None:
+            rows = range(len(self))[indices] if isinstance(indices, slice) else (
+                indices.tolist() if isinstance(indices, Tensor) else indices)
+            valid_tokens = tuple(self.valid_tokens[row] for row in rows)
         if not isinstance(indices, slice):
-            indices = torch.as_tensor(indices, dtype=torch.long)  # a list's rows stay on the CPU for valid_tokens
-            if self.valid_tokens is not None:
-                valid_tokens = self.valid_tokens[indices.cpu()]
-            indices = indices.to(self.embeds.device)
-        elif self.valid_tokens is not None:
-            valid_tokens = self.valid_tokens[indices]
+            indices = torch.as_tensor(indices, dtype=torch.long, device=self.embeds.device)
         image = self.image.select(indices) if self.image is not None else None
         return self._map(lambda _, t: t[indices], image, valid_tokens)
 
@@ -124,7 +123,7 @@ class PromptEmbeds:
                              "is one task")
         image = None if images[0] is None else type(images[0]).cat(images)
         counts = [p.valid_tokens for p in parts]
-        valid_tokens = None if any(c is None for c in counts) else torch.cat(counts)
+        valid_tokens = None if any(c is None for c in counts) else sum(counts, ())
         return cls(**{name: torch.cat([getattr(p, name) for p in parts]) for name in _ALL_STREAM_FIELDS}, image=image,
                    valid_tokens=valid_tokens)
 
@@ -138,7 +137,7 @@ class PromptEmbeds:
         """These embeddings with :attr:`valid_tokens` counted from the masks (one host sync)."""
         counts = [masks.bool().sum(dim=1) + masks_2.bool().sum(dim=1)
                   for masks, masks_2 in ((self.masks, self.masks_2), (self.neg_masks, self.neg_masks_2))]
-        return replace(self, valid_tokens=torch.stack(counts, dim=1).cpu())
+        return replace(self, valid_tokens=tuple(map(tuple, torch.stack(counts, dim=1).tolist())))
 
 
 def count_template_tokens(tokenizer, system_message: Optional[str] = None) -> int:

@@ -102,10 +102,10 @@ def text_layout(embeds: PromptEmbeds, use_cfg: bool, num_image_tokens: int) -> O
     stacks them), or None when the embeddings' valid tokens were not counted (the forward counts them then)."""
     if embeds.valid_tokens is None:
         return None
-    positive, negative = embeds.valid_tokens.unbind(dim=1)
-    counts = torch.cat([negative, positive]) if use_cfg else positive
-    has_image = embeds.image is not None
-    return TextLayout(has_image, tuple(n + (num_image_tokens if has_image else 0) for n in counts.tolist()))
+    positive = [pos for pos, _ in embeds.valid_tokens]
+    counts = [neg for _, neg in embeds.valid_tokens] + positive if use_cfg else positive
+    image_slots = num_image_tokens if embeds.image is not None else 0  # i2v: every image token is a valid slot
+    return TextLayout(embeds.image is not None, tuple(image_slots + n for n in counts))
 
 
 def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: PromptEmbeds, guidance_scale: float = 6.0,
