@@ -1,9 +1,9 @@
 """HunyuanVideo-1.5's transformer forward without a data-dependent host sync.
 
 diffusers' ``HunyuanVideo15Transformer3DModel.forward`` (0.42.1) reads three things off the device in every call:
-``torch.all(image_embeds == 0)`` (text-to-video or not), the valid-first order of each sample's text slots, built
-with boolean-mask indexing (12 index ops per sample and CFG branch, each an ``aten::nonzero`` that waits for the
-device), and, with our trimmed attention, the batch's longest valid text length. All three depend on the prompt batch
+``torch.all(image_embeds == 0)`` (text-to-video or not), the valid-first order of each row's text slots (a row:
+one sample in one CFG branch), built with boolean-mask indexing (12 index ops per row, each an ``aten::nonzero`` that
+waits for the device), and, with our trimmed attention, the batch's longest valid text length. All three depend on the prompt batch
 only, never on the latent or the timestep, so :func:`joint_forward` takes them from a :class:`TextLayout` decided on
 the host once per prompt batch (the prompt encoder counts the valid tokens when it builds the embeddings;
 :func:`sage_grpo.pipeline.velocity.cfg_velocity` adds the image condition and the CFG rows):
@@ -76,10 +76,10 @@ def valid_first(image: Tensor, image_valid: bool, glyph: Tensor, glyph_mask: Ten
 
 
 def joint_forward(self, hidden_states: Tensor, timestep: Tensor, encoder_hidden_states: Tensor,
-                   encoder_attention_mask: Tensor, timestep_r: Optional[Tensor] = None,
-                   encoder_hidden_states_2: Optional[Tensor] = None, encoder_attention_mask_2: Optional[Tensor] = None,
-                   image_embeds: Optional[Tensor] = None, attention_kwargs: Optional[dict] = None,
-                   return_dict: bool = True):
+                  encoder_attention_mask: Tensor, timestep_r: Optional[Tensor] = None,
+                  encoder_hidden_states_2: Optional[Tensor] = None, encoder_attention_mask_2: Optional[Tensor] = None,
+                  image_embeds: Optional[Tensor] = None, attention_kwargs: Optional[dict] = None,
+                  return_dict: bool = True):
     """``HunyuanVideo15Transformer3DModel.forward`` with the text layout from ``attention_kwargs["text_layout"]``
     (module docstring); the arguments and the result are diffusers'."""
     from diffusers.models.modeling_outputs import Transformer2DModelOutput
