@@ -19,8 +19,8 @@ A setting that runs out of GPU memory prints ``out of memory`` and the others st
 
 ``--compile on`` compiles each repeated block (``compile_repeated_blocks``, as ``generate.py --enable_torch_compile``
 does: diffusers' regional compilation). The 54 dual-stream blocks share one code path, so one compile serves them
-all; the forward around them has data-dependent shapes (the valid-first reordering of the text with boolean masks,
-the text trim's one host sync) that would break a whole-model graph; and checkpointing wraps each block call from
+all; the forward around them has a text length that depends on the prompt batch (the trimmed text), which would
+recompile a whole-model graph per batch; and checkpointing wraps each block call from
 outside the compiled region, so the same compiled block serves the forward and the recompute. The first compiled
 pass (compilation included) is printed apart from the timed ones.
 

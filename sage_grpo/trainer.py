@@ -185,6 +185,7 @@ class GRPOTrainer:
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
         self.eq_scales = self.sampler.grad_balance_scales() if cfg.use_grad_balancing else None
+        self.reference_sampler = self.sampler.with_micro_batch(self.models.placement.reference_batch_size)
         self.window = SDEWindow(cfg.sde_window_size, cfg.sde_window_stride, cfg.grpo_sampling_steps)
         self.num_train_steps = max(int(self.window.steps(0).numel() * cfg.timestep_fraction), 1)
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
@@ -369,15 +370,16 @@ class GRPOTrainer:
         return rewards, gather_group_rewards(rewards, self.dims, self.ranks_per_group)
 
     def reference_means(self, rollout, embeds) -> Optional[torch.Tensor]:
-        """mu_ref of every stored transition, (B, N, C, T, h, w) on CPU, ``--mini_batch_size_per_update``
-        transitions per forward; None without a KL reference."""
+        """mu_ref of every stored transition, (B, N, C, T, h, w) on CPU, the placement's reference batch of
+        transitions per forward (``--reference_batch_size``); None without a KL reference."""
         if self.models.reference is None or self.kl_controller is None:
             return None
         with self.models.reference_on_device() as reference:
             if self.window.enabled:  # only the window's transitions are trained
-                return window_transition_means(self.sampler, reference, rollout.latents, embeds, self.device,
-                                               self.window.steps(self.update_steps))
-            return self.sampler.transition_means(reference, rollout.latents, embeds, self.device, self.show_bars)
+                return window_transition_means(self.reference_sampler, reference, rollout.latents, embeds,
+                                               self.device, self.window.steps(self.update_steps))
+            return self.reference_sampler.transition_means(reference, rollout.latents, embeds, self.device,
+                                                           self.show_bars)
 
     def policy_update(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
                       trained_steps: torch.Tensor, pass_index: int = 0) -> Dict[str, float]:

@@ -5,7 +5,8 @@
 
 Needs the toy checkpoint (built by ``bash scripts/demo_cpu.sh`` or ``python scripts/make_toy_checkpoint.py``; built
 here if missing). Writes ``docs/toy_study.md`` (``docs/toy_study_quick.md`` with --quick), the PNG curves next to it
-and the raw numbers as JSON; runs go to ``outputs/toy_study/``.
+and the raw numbers as JSON; runs go to ``outputs/toy_study/``. An existing report keeps everything outside its
+generated sections (the hand-written verdict and time-to-reward section; ``sage_grpo.toy.study.write_report``).
 """
 
 import argparse
@@ -26,7 +27,8 @@ from sage_grpo import sde  # noqa: E402
 from sage_grpo.data import read_prompt_csvs  # noqa: E402
 from sage_grpo.tracking.plots import Panel, Series, plot_panels  # noqa: E402
 from sage_grpo.toy import analytic  # noqa: E402
-from sage_grpo.toy.study import ablation_arms, base_config, mean_spread, run_key, run_one  # noqa: E402
+from sage_grpo.toy.study import (ablation_arms, base_config, check_report, mean_spread, run_key,  # noqa: E402
+                                  run_one, write_report)
 
 REPO = Path(__file__).resolve().parents[1]
 ETAS = (0.3, 0.5, 0.7, 1.0)
@@ -163,6 +165,10 @@ def main(argv=None) -> int:
     samples = args.analytic_samples or (2000 if args.quick else 20000)
     output = Path(args.output or REPO / ("docs/toy_study_quick.md" if args.quick else "docs/toy_study.md"))
     output.parent.mkdir(parents=True, exist_ok=True)
+    try:  # refused now rather than after the study: an existing report whose generated parts are not marked
+        check_report(output)
+    except ValueError as err:
+        parser.error(str(err))
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
     base = base_config(args.config)
@@ -179,19 +185,17 @@ def main(argv=None) -> int:
     minutes = (time.perf_counter() - start) / 60
 
     command = "python scripts/toy_study.py" + (" --quick" if args.quick else "")
-    lines = [f"# Toy study{' (quick)' if args.quick else ''}: the paper's claims on the toy world", "",
-             f"Reproduce: `{command}` (needs the toy checkpoint of `bash scripts/demo_cpu.sh`). Measured on "
-             f"{date.today().isoformat()} on {platform.processor() or platform.machine()} with "
-             f"{torch.get_num_threads()} threads, torch {torch.__version__}; the whole study took {minutes:.0f} min.",
-             "", f"Each run: `{Path(args.config).resolve().relative_to(REPO)}` (the demo's settings) for "
-             f"{args.steps} GRPO steps, seeds {args.seeds}, overrides per arm as named. Eval: ODE samples of the "
-             "final policy for the training prompts x 2 seeds; KL to pretrained: the exact path KL per latent "
-             "element between the final policy and the pretrained model under the `sage_grpo` SDE at η = 0.5 "
-             "on the policy's rollouts.", "",
-             "<!-- verdict: written by hand from the numbers below (see the committed docs/toy_study.md) -->", ""]
-    lines += ablation_markdown(results, args.window, output.parent)
-    lines += analytic_markdown(analytic_results, analytic_png)
-    output.write_text("\n".join(lines) + "\n")
+    header = [f"# Toy study{' (quick)' if args.quick else ''}: the paper's claims on the toy world", "",
+              f"Reproduce: `{command}` (needs the toy checkpoint of `bash scripts/demo_cpu.sh`). Measured on "
+              f"{date.today().isoformat()} on {platform.processor() or platform.machine()} with "
+              f"{torch.get_num_threads()} threads, torch {torch.__version__}; the whole study took {minutes:.0f} min.",
+              "", f"Each run: `{Path(args.config).resolve().relative_to(REPO)}` (the demo's settings) for "
+              f"{args.steps} GRPO steps, seeds {args.seeds}, overrides per arm as named. Eval: ODE samples of the "
+              "final policy for the training prompts x 2 seeds; KL to pretrained: the exact path KL per latent "
+              "element between the final policy and the pretrained model under the `sage_grpo` SDE at η = 0.5 "
+              "on the policy's rollouts."]
+    body = ablation_markdown(results, args.window, output.parent) + analytic_markdown(analytic_results, analytic_png)
+    write_report(output, {"header": "\n".join(header), "results": "\n".join(body)})
     raw = output.with_suffix(".json")
     raw.write_text(json.dumps({"analytic": analytic_results, "ablations": results, "seeds": args.seeds,
                                "steps": args.steps}, indent=1))

@@ -151,6 +151,10 @@ class TrainConfig:
         "auto", "Where the frozen KL reference's FSDP shards live: device (GPU memory, no transfers), cpu (offloaded, "
         "copied to the GPU for every pass); auto: cpu only with --reference_mode_offload when the memory plan says "
         "the device shards do not fit", choices=("auto", "device", "cpu"))
+    reference_batch_size: int = config_field(
+        0, "Transitions per no-grad forward of the KL reference means (an addition); 0: auto, "
+        "--mini_batch_size_per_update on a CPU device (the reference's arithmetic: another batch size changes the "
+        "means in the last bits), on CUDA the largest the memory plan fits, up to all of a rollout batch's")
     offload_text_encoders: bool = config_field(
         True, "Keep the text encoders on the CPU and move them to the GPU only to encode prompts not cached yet")
     image_cache_gb: float = config_field(

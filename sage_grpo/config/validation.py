@@ -138,6 +138,8 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
               f"divide --batch_size {cfg.batch_size}", "use 1 (the reference's value)")
     if not 0.0 < cfg.timestep_fraction <= 1.0:
         _fail("timestep-fraction", f"--timestep_fraction {cfg.timestep_fraction} must be in (0, 1]", "use 1.0")
+    if cfg.reference_batch_size < 0:
+        _fail("reference-batch", f"--reference_batch_size {cfg.reference_batch_size} must be >= 0", "use 0 (auto)")
     if cfg.num_inner_epochs < 1:
         _fail("inner-epochs", f"--num_inner_epochs {cfg.num_inner_epochs} must be >= 1", "use 1 (the reference)")
     if not 0 <= cfg.sde_window_size <= cfg.grpo_sampling_steps or cfg.sde_window_stride < 0:

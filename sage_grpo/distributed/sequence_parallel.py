@@ -9,7 +9,7 @@ The reference builds SP into its DiT forward (reference_spec §3.3); here the di
    all-to-all that scatters heads and gathers the sequence, giving ``(B, N, H/sp, D)``; the text tokens, replicated
    on every rank, are projected in full and sliced to the same ``H/sp`` heads; attention runs over the *full*
    sequence with the same key-padding mask as without SP (``sage_grpo/models/attention.py``; the text is trimmed by
-   the hooks that module installs); a reverse all-to-all returns the image output to ``(B, N/sp, H, D)`` and the
+   the forward that module installs); a reverse all-to-all returns the image output to ``(B, N/sp, H, D)`` and the
    text output is all-gathered over heads before ``to_add_out``;
 4. a forward hook on ``proj_out`` all-gathering the image tokens, so every SP rank returns the full velocity.
 

@@ -12,9 +12,10 @@ unnecessary:
 * what remains is a key-padding mask (a padded query's output is never used), ``(B, 1, 1, S)``, and none at all when
   no sample of the batch has padding left (one sample per forward, or equal valid lengths).
 
-:func:`install_joint_attention` puts :class:`JointAttnProcessor` on every dual-stream block and a forward pre-hook
-that trims the text to the longest valid length (one host sync per transformer forward, on the first block; the other
-blocks reuse it). The Ulysses processor (``sequence_parallel.py``) shares :func:`joint_projections` and
+:func:`install_joint_attention` puts :class:`JointAttnProcessor` on every dual-stream block and makes the transformer
+run :func:`~sage_grpo.models.transformer_forward.joint_forward`, which orders the text valid-first and trims it to
+the longest valid length before the blocks, from a layout decided once per prompt batch (no host sync per forward).
+The Ulysses processor (``sequence_parallel.py``) shares :func:`joint_projections` and
 :func:`key_padding_mask`. ``--attention_backend`` names a backend of diffusers' attention dispatcher
 (``native`` = torch SDPA, ``flash``, ``flash_varlen``, ``sage``, ... where installed); a backend that cannot take a
 mask (``flash``, ``sage``) is used for the mask-free forwards and the masked ones fall back to its varlen sibling
@@ -28,8 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sage_grpo.config.train import ATTENTION_BACKENDS
+from sage_grpo.models.transformer_forward import install_joint_forward, remove_joint_forward
 
-_STATE_ATTR = "_sage_joint_attention"
 # Backends that take no attention mask, and what runs a masked batch instead.
 _MASKED_FALLBACK = {"flash": "flash_varlen", "_flash_3": "_flash_varlen_3", "sage": "sage_varlen",
                     "_native_flash": "native"}
@@ -143,55 +144,20 @@ class JointAttnProcessor:
         return image_out, attn.to_add_out(out[:, num_image_tokens:])
 
 
-class _TextTrim:
-    """Forward pre-hook of every dual-stream block: text states and mask cut to the batch's longest valid length; the
-    mask becomes None when no padding is left. Computed once per transformer forward (keyed by the mask tensor the
-    forward hands every block) and reused by the other blocks and by checkpoint recomputation."""
-
-    def __init__(self):
-        self._mask: Optional[Tensor] = None
-        self._result: Tuple[int, Optional[Tensor]] = (0, None)
-
-    def trimmed(self, mask: Tensor) -> Tuple[int, Optional[Tensor]]:
-        if mask is not self._mask:
-            valid = mask.bool()
-            counts = valid.sum(dim=1)
-            length, shortest = torch.stack([counts.max(), counts.min()]).tolist()  # the one host sync of the forward
-            keep = valid[:, :length]
-            self._mask, self._result = mask, (length, None if shortest == length else keep)
-        return self._result
-
-    def __call__(self, block, args, kwargs):
-        names = ("hidden_states", "encoder_hidden_states", "temb", "attention_mask", "freqs_cis")
-        values = dict(zip(names, args), **kwargs)
-        mask = values.get("attention_mask")
-        if mask is None:
-            return None
-        length, keep = self.trimmed(mask)
-        values["encoder_hidden_states"] = values["encoder_hidden_states"][:, :length]
-        values["attention_mask"] = keep
-        return (), values
-
-
 def install_joint_attention(transformer: torch.nn.Module, backend: Optional[str] = "native") -> None:
-    """:class:`JointAttnProcessor` on ``backend`` and the text trim on every dual-stream block (idempotent: a second
-    call only changes the backend)."""
+    """:class:`JointAttnProcessor` on ``backend`` on every dual-stream block and the trimming forward (idempotent: a
+    second call only changes the backend)."""
     if backend is not None:
         check_attention_backend(backend)
     for block in transformer.transformer_blocks:
         block.attn.set_processor(JointAttnProcessor(backend))
-    if getattr(transformer, _STATE_ATTR, None) is None:
-        trim = _TextTrim()
-        handles = [block.register_forward_pre_hook(trim, with_kwargs=True) for block in transformer.transformer_blocks]
-        setattr(transformer, _STATE_ATTR, handles)
+    install_joint_forward(transformer)
 
 
 def remove_joint_attention(transformer: torch.nn.Module) -> None:
-    """Back to diffusers' processor and the untrimmed text (for parity tests)."""
+    """Back to diffusers' forward, processor and untrimmed text (for parity tests)."""
     from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
-    for handle in getattr(transformer, _STATE_ATTR, None) or ():
-        handle.remove()
-    setattr(transformer, _STATE_ATTR, None)
+    remove_joint_forward(transformer)
     for block in transformer.transformer_blocks:
         block.attn.set_processor(HunyuanVideo15AttnProcessor2_0())

@@ -66,7 +66,12 @@ class PromptEmbeds:
     """Positive and negative conditioning of B prompts, both streams; negatives are aligned with the positives.
 
     ``image``: the image-to-video condition of the B samples (:class:`~sage_grpo.models.image_condition.ImageCondition`,
-    shared by both CFG branches), or None for text-to-video; selected and moved with the rest."""
+    shared by both CFG branches), or None for text-to-video; selected and moved with the rest.
+
+    ``valid_tokens``: per row, the (positive, negative) prompt's valid MLLM + byT5 tokens as Python ints, counted once
+    where the embeddings are built (:meth:`PromptEncoder.encode`) so that no transformer call reads them back from the
+    device (``sage_grpo/models/transformer_forward.py``; plain ints also hold under fake tensors); selected with the
+    rest. None when not counted: the transformer then counts them in every call (one host sync each)."""
 
     embeds: Tensor  # (B, L, D) Qwen2.5-VL hidden states
     masks: Tensor  # (B, L) 1 = real token
@@ -77,25 +82,32 @@ class PromptEmbeds:
     neg_embeds_2: Tensor
     neg_masks_2: Tensor
     image: Optional["ImageCondition"] = None
+    valid_tokens: Optional[Tuple[Tuple[int, int], ...]] = None
 
     def __len__(self) -> int:
         return self.embeds.shape[0]
 
-    def _map(self, fn, image) -> "PromptEmbeds":
+    def _map(self, fn, image, valid_tokens) -> "PromptEmbeds":
         streams = {name: fn(name, getattr(self, name)) for name in _ALL_STREAM_FIELDS}
-        return PromptEmbeds(**streams, image=image)
+        return PromptEmbeds(**streams, image=image, valid_tokens=valid_tokens)
 
     def select(self, indices: Union[Sequence[int], Tensor, slice]) -> "PromptEmbeds":
         """The rows ``indices`` of every tensor (a list, a LongTensor or a slice)."""
+        valid_tokens = None
+        if self.valid_tokens is not None:
+            rows = range(len(self))[indices] if isinstance(indices, slice) else (
+                indices.tolist() if isinstance(indices, Tensor) else indices)
+            valid_tokens = tuple(self.valid_tokens[row] for row in rows)
         if not isinstance(indices, slice):
             indices = torch.as_tensor(indices, dtype=torch.long, device=self.embeds.device)
         image = self.image.select(indices) if self.image is not None else None
-        return self._map(lambda _, t: t[indices], image)
+        return self._map(lambda _, t: t[indices], image, valid_tokens)
 
     def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "PromptEmbeds":
         """Move every tensor to ``device``; ``dtype`` applies to the embeddings only (masks keep theirs)."""
         image = self.image.to(device, dtype) if self.image is not None else None
-        return self._map(lambda name, t: t.to(device=device, dtype=dtype if "embeds" in name else None), image)
+        return self._map(lambda name, t: t.to(device=device, dtype=dtype if "embeds" in name else None), image,
+                         self.valid_tokens)
 
     def with_image(self, image: Optional["ImageCondition"]) -> "PromptEmbeds":
         """The same prompts with the image condition ``image`` (one row per prompt; None: text-to-video)."""
@@ -110,13 +122,22 @@ class PromptEmbeds:
             raise ValueError("cannot concatenate image-to-video and text-to-video conditioning: one transformer call "
                              "is one task")
         image = None if images[0] is None else type(images[0]).cat(images)
-        return cls(**{name: torch.cat([getattr(p, name) for p in parts]) for name in _ALL_STREAM_FIELDS}, image=image)
+        counts = [p.valid_tokens for p in parts]
+        valid_tokens = None if any(c is None for c in counts) else sum(counts, ())
+        return cls(**{name: torch.cat([getattr(p, name) for p in parts]) for name in _ALL_STREAM_FIELDS}, image=image,
+                   valid_tokens=valid_tokens)
 
     def positive(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         return self.embeds, self.masks, self.embeds_2, self.masks_2
 
     def negative(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         return self.neg_embeds, self.neg_masks, self.neg_embeds_2, self.neg_masks_2
+
+    def counted(self) -> "PromptEmbeds":
+        """These embeddings with :attr:`valid_tokens` counted from the masks (one host sync)."""
+        counts = [masks.bool().sum(dim=1) + masks_2.bool().sum(dim=1)
+                  for masks, masks_2 in ((self.masks, self.masks_2), (self.neg_masks, self.neg_masks_2))]
+        return replace(self, valid_tokens=tuple(map(tuple, torch.stack(counts, dim=1).tolist())))
 
 
 def count_template_tokens(tokenizer, system_message: Optional[str] = None) -> int:
@@ -235,7 +256,7 @@ class PromptEncoder:
         positive = self._lookup(prompts)
         negative = self._lookup([negative_prompt])
         repeat = {k: v.expand(len(prompts), *v.shape[1:]).contiguous() for k, v in negative.items()}
-        return PromptEmbeds(**positive, **{f"neg_{k}": v for k, v in repeat.items()})
+        return PromptEmbeds(**positive, **{f"neg_{k}": v for k, v in repeat.items()}).counted()
 
     def precompute(self, prompts: Sequence[str], negative_prompt: str = "") -> None:
         """Fill the cache with ``prompts`` (e.g. a whole prompt file) and save it if a cache path is set."""

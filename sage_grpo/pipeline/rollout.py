@@ -14,7 +14,9 @@ Randomness: each sample owns a CPU ``torch.Generator`` seeded with its seed. It 
 (fp32, (C, T, h, w)) and then every SDE noise ε_k of that sample, so a sample's trajectory does not depend on the
 batch or micro-batch it runs in, nor on the device. ``initial_latents`` replaces the drawn x_0 (the draw still
 happens, so the SDE noise is the same as without it). ``sde_generators`` (one per sample) take over the SDE noise,
-e.g. so that a prompt re-drawn in a later epoch keeps its seeded x_0 but gets fresh SDE noise.
+e.g. so that a prompt re-drawn in a later epoch keeps its seeded x_0 but gets fresh SDE noise. The SDE noise of the
+whole rollout (B x stochastic steps latents, fp32) is drawn on the CPU before the first step, in the order the steps
+consume it, and moved to the device in one copy (:func:`draw_sde_noise`).
 
 Micro-batching: ``micro_batch_size`` samples go through the transformer together (the reference uses 1). Replaying a
 stored transition with the same micro-batch composition reproduces the log-probs bit-exactly.
@@ -72,6 +74,23 @@ def sample_generators(seeds: Sequence[int]) -> List[torch.Generator]:
 def draw_initial_noise(generators: Sequence[torch.Generator], shape: Sequence[int]) -> Tensor:
     """(B, *shape) fp32 standard normal noise on the CPU, one row per generator."""
     return torch.stack([torch.randn(tuple(shape), generator=g, dtype=torch.float32) for g in generators])
+
+
+def draw_sde_noise(generators: Sequence[torch.Generator], flags: Sequence[bool], shape: Sequence[int],
+                   micro_batch_size: int) -> Tensor:
+    """(B, S, *shape) fp32 SDE noise ε of the S stochastic steps (``flags[k]`` False), row i from ``generators[i]``,
+    on the generators' device (the CPU). Drawn in the order the steps used to draw them one by one (micro-batch by
+    micro-batch, step by step, sample by sample), so every generator gives the same numbers and ends in the same
+    state; the rollout then moves them to the compute device in one copy instead of one per sample and step."""
+    num_samples, sde_steps = len(generators), sum(not flag for flag in flags)
+    noise = torch.empty(num_samples, sde_steps, *shape, dtype=torch.float32)
+    for start in range(0, num_samples, micro_batch_size):
+        for slot in range(sde_steps):
+            for row in range(start, min(start + micro_batch_size, num_samples)):
+                generator = generators[row]
+                noise[row, slot] = torch.randn(tuple(shape), generator=generator, device=generator.device,
+                                               dtype=torch.float32)
+    return noise
 
 
 def _per_step_flags(deterministic: Union[bool, Sequence[bool]], num_steps: int) -> List[bool]:
@@ -143,6 +162,8 @@ def rollout(
     all_latents = torch.empty(num_samples, num_steps + 1, *shape, dtype=torch.float32, device=device)
     all_log_probs = torch.empty(num_samples, num_steps, dtype=torch.float32, device=device)
     all_latents[:, 0] = noise.to(device)
+    sde_noise = draw_sde_noise(generators, flags, shape, micro_batch_size).to(device)  # (B, S, *shape)
+    slots = {k: slot for slot, k in enumerate(k for k, flag in enumerate(flags) if not flag)}  # k -> sde_noise column
     bar = tqdm(total=num_steps * -(-num_samples // micro_batch_size), desc="denoising", unit="step", leave=False,
                disable=not progress)
     for start in range(0, num_samples, micro_batch_size):
@@ -153,8 +174,9 @@ def rollout(
             timesteps = step_timesteps(sigmas, k, latents.shape[0])
             velocity = cfg_velocity(transformer, latents, timesteps, batch_embeds, sampler.guidance_scale,
                                     autocast_dtype=sampler.autocast_dtype, num_image_tokens=sampler.num_image_tokens)
-            out = sde.step(kernel, velocity, latents, sigmas, k, eta, generator=generators[rows],
-                           deterministic=flags[k], sde_solver=sampler.sde_solver)
+            eps = None if flags[k] else sde_noise[rows, slots[k]]
+            out = sde.step(kernel, velocity, latents, sigmas, k, eta, noise=eps, deterministic=flags[k],
+                           sde_solver=sampler.sde_solver)
             latents = out.prev_sample
             all_latents[rows, k + 1] = latents
             all_log_probs[rows, k] = out.log_prob

@@ -63,6 +63,11 @@ class Sampler:
         """The same sampler on another schedule (validation: its own steps and shift, run deterministically)."""
         return replace(self, sigmas=sde.shifted_sigmas(num_steps, shift))
 
+    def with_micro_batch(self, micro_batch_size: int) -> "Sampler":
+        """The same sampler, ``micro_batch_size`` samples (or transitions) per transformer call (the reference
+        means' own batch, ``--reference_batch_size``)."""
+        return replace(self, micro_batch_size=micro_batch_size)
+
     def grad_balance_scales(self) -> Tensor:
         """The gradient-norm equalizer's (N,) per-step scales for this SDE, η and schedule."""
         return grad_balance_scales(self.kernel.name, self.sigmas, self.eta)

@@ -12,6 +12,10 @@ Image-to-video (``embeds.image`` set, as diffusers' ``HunyuanVideo15ImageToVideo
     hidden_states = cat([x_t, [z_ref, 0, ..., 0] (C ch), [1, 0, ..., 0] (1 ch: the i2v task mask)], dim=1)
     image_embeds  = the SigLIP states of the reference image, the same in both CFG branches (as in the reference)
 
+Text layout. The valid tokens of every row (counted once by the prompt encoder) and the image condition's presence
+give the call's :class:`~sage_grpo.models.transformer_forward.TextLayout`, passed in ``attention_kwargs``, so the
+transformer forward reads nothing back from the device.
+
 CFG (spec §2.12, §6): ``v = v_u + s·(v_c − v_u)`` with s = ``guidance_scale``, computed in fp32, applied only when
 s > 1 as in the reference's ``denoise_step``; with s <= 1 only the positive branch runs and v = v_c (diffusers' guider
 instead switches guidance off only at s = 1). Both branches run in ONE transformer call on the doubled batch
@@ -37,6 +41,7 @@ from torch import Tensor
 from sage_grpo.dtypes import compute_dtype
 from sage_grpo.models.image_condition import ImageCondition
 from sage_grpo.models.text_encoding import PromptEmbeds
+from sage_grpo.models.transformer_forward import TEXT_LAYOUT_KEY, TextLayout
 from sage_grpo.sde import timesteps_from_sigmas
 
 T2V_IMAGE_TOKENS = 729  # SigLIP tokens the pipeline feeds (as zeros) for text-to-video
@@ -92,6 +97,17 @@ def image_embeds_for(embeds: PromptEmbeds, batch: int, num_image_tokens: int, em
     return states.repeat(batch // states.shape[0], 1, 1)
 
 
+def text_layout(embeds: PromptEmbeds, use_cfg: bool, num_image_tokens: int) -> Optional[TextLayout]:
+    """The host-side text layout of one call on ``embeds`` (rows ``[negative; positive]`` with CFG, as the call
+    stacks them), or None when the embeddings' valid tokens were not counted (the forward counts them then)."""
+    if embeds.valid_tokens is None:
+        return None
+    positive = [pos for pos, _ in embeds.valid_tokens]
+    counts = [neg for _, neg in embeds.valid_tokens] + positive if use_cfg else positive
+    image_slots = num_image_tokens if embeds.image is not None else 0  # i2v: every image token is a valid slot
+    return TextLayout(embeds.image is not None, tuple(image_slots + n for n in counts))
+
+
 def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: PromptEmbeds, guidance_scale: float = 6.0,
                  *, autocast_dtype: Optional[torch.dtype] = None,
                  num_image_tokens: int = T2V_IMAGE_TOKENS) -> Tensor:
@@ -108,12 +124,14 @@ def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: Prompt
     text, text_mask, glyph, glyph_mask = streams
     image_embeds = image_embeds_for(embeds, hidden.shape[0], num_image_tokens, transformer.config.image_embed_dim,
                                     dtype, latents.device)
+    layout = text_layout(embeds, use_cfg, image_embeds.shape[1])
     with _autocast(latents.device, _compute_dtype(dtype, autocast_dtype)):
         prediction = transformer(
             hidden_states=hidden, timestep=timestep,
             encoder_hidden_states=text.to(dtype), encoder_attention_mask=text_mask,
             encoder_hidden_states_2=glyph.to(dtype), encoder_attention_mask_2=glyph_mask,
             image_embeds=image_embeds, return_dict=False,
+            attention_kwargs=None if layout is None else {TEXT_LAYOUT_KEY: layout},
         )[0]
     prediction = prediction.float()
     if not use_cfg:

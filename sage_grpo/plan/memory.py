@@ -34,7 +34,7 @@ P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward)
 on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save by save and
 checked against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's bf16
 shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding
-when offloaded); the VAE weights and its decode (tiled or not); the reward model and its forward on SP leaders.
+when offloaded); the rollout's SDE noise (drawn up front, one latent per stochastic step); the VAE weights and its decode (tiled or not); the reward model and its forward on SP leaders.
 
 **Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train
 (forward + backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode). The
@@ -45,10 +45,13 @@ on fake tensors (``--simulate``, :mod:`sage_grpo.plan.simulate`).
 stay on the device when the plan fits with them there (no host transfers), else go to the CPU if
 ``--reference_mode_offload`` allows it (the reference's own switch for offloading; without it the plan reports that
 the launch does not fit and names ``--reference_placement cpu``); then gradients are reduced once per update when the
-plan still fits with the unsharded fp32 gradients held, else after every backward. Tiling: ``--vae_tiling auto``
+plan still fits with the unsharded fp32 gradients held, else after every backward; last, ``--reference_batch_size 0``
+takes the largest reference batch (transitions per no-grad reference forward, doubling from
+``--mini_batch_size_per_update`` up to a rollout batch's transitions) that does not raise the step's peak. Tiling: ``--vae_tiling auto``
 tiles decodes above
 :data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. On a CPU device there is no GPU budget: a sharded full fine-tune
-reduces per backward and the reference stays where the model is.
+reduces per backward, the reference stays where the model is and its batch is ``--mini_batch_size_per_update``
+(a larger one changes the means in the last bits, and the golden CPU run is bit for bit).
 """
 
 import dataclasses
@@ -253,10 +256,12 @@ def _calls(cfg: TrainConfig) -> int:
     return cfg.mini_batch_size_per_update * (2 if cfg.cfg_scale > 1 else 1)
 
 
-def _no_grad_forward(lay: _Layout, name: str, video_tokens: int) -> Component:
-    """A no-grad forward's live tensors at its peak (:func:`no_grad_forward_elements`): c bytes each (nothing is
-    saved, so autocast's fp32 saves do not arise), plus the fp32 RoPE tables."""
-    t, b = lay.sizes.transformer, _calls(lay.cfg)
+def _no_grad_forward(lay: _Layout, name: str, video_tokens: int, samples: Optional[int] = None) -> Component:
+    """A no-grad forward on ``samples`` rows (default ``--mini_batch_size_per_update``), both CFG branches: its live
+    tensors at its peak (:func:`no_grad_forward_elements`), c bytes each (nothing is saved, so autocast's fp32 saves
+    do not arise), plus the fp32 RoPE tables."""
+    t = lay.sizes.transformer
+    b = _calls(lay.cfg) if samples is None else samples * (2 if lay.cfg.cfg_scale > 1 else 1)
     elements = no_grad_forward_elements(t, video_tokens, lay.cfg, lay.sp, cfg_batch=lay.cfg.cfg_scale > 1)
     return Component(name, b * elements * lay.compute + rope_table_elements(t, video_tokens) * 4,
                      f"b·[L·D + max(3nD + 2nF, 4nD + 2TF) + 3TD + 3(T+L_img)·D + ...]·c + 2·L·h_d·4, b = {b}")
@@ -343,7 +348,11 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     step_inputs = [Component("rollout latents x_0..x_N", latents, "B·(N+1)·latent·4"),
                    Component("prompt embeddings", prompt_embedding_bytes(t, cfg, lay.compute),
                              "2·B·(L_mllm·E1 + L_byt5·E2)·c + int64 masks: positive and negative")]
-    phases.append(Phase("rollout", tuple(resident + policy_units + _autocast(lay) + step_inputs
+    # the rollout's SDE noise, moved to the device in one copy (pipeline/rollout.py): one latent per stochastic step
+    sde_steps = cfg.sde_window_size or cfg.grpo_sampling_steps
+    sde_noise = Component("rollout SDE noise", latents // (cfg.grpo_sampling_steps + 1) * sde_steps,
+                          "B·N_sde·latent·4, N_sde = --sde_window_size or N")
+    phases.append(Phase("rollout", tuple(resident + policy_units + _autocast(lay) + step_inputs + [sde_noise]
                                          + [_no_grad_forward(lay, "rollout block activations", tokens)])))
     if lay.separate_reference:
         if placement.reference_on_cpu:
@@ -354,7 +363,7 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
                             if lay.shard > 1 else 0.0, "(P_root + 2·P_blk)·c")
         phases.append(Phase("reference", tuple(resident + [ref] + step_inputs + [
                                                            _no_grad_forward(lay, "reference block activations",
-                                                                            tokens)])))
+                                                                            tokens, placement.reference_batch_size)])))
     b = _calls(cfg)
     kept, saved = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
     train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)
@@ -398,8 +407,9 @@ def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
     fixed_backward, fixed_cpu = _explicit(cfg)
     sharded = cfg.enable_fsdp and world_size > 1
 
-    def plan(per_backward: bool, on_cpu: bool) -> MemoryPlan:
-        return plan_memory(cfg, sizes, world_size, gpu_memory_gib, Placement(per_backward, on_cpu, cfg.vae_tiling))
+    def plan(per_backward: bool, on_cpu: bool, reference_batch: int = cfg.mini_batch_size_per_update) -> MemoryPlan:
+        return plan_memory(cfg, sizes, world_size, gpu_memory_gib,
+                           Placement(per_backward, on_cpu, cfg.vae_tiling, reference_batch))
 
     smallest_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
     on_cpu = fixed_cpu
@@ -408,7 +418,24 @@ def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
     per_backward = fixed_backward
     if per_backward is None:
         per_backward = sharded and not plan(False, on_cpu).fits(MARGIN)
-    return plan(per_backward, on_cpu)
+    if cfg.reference_batch_size:
+        return plan(per_backward, on_cpu, cfg.reference_batch_size)
+    # last, with the placements fixed: the largest reference batch that does not raise the step's peak (memory the
+    # step holds anyway; the no-grad forward's bytes are an estimate, so the GPU is not filled beyond that)
+    peak = plan(per_backward, on_cpu).peak.bytes
+    fitting = [size for size in reference_batch_candidates(cfg) if plan(per_backward, on_cpu, size).peak.bytes <= peak]
+    return plan(per_backward, on_cpu, max(fitting, default=cfg.mini_batch_size_per_update))
+
+
+def reference_batch_candidates(cfg: TrainConfig) -> List[int]:
+    """Reference batch sizes ``--reference_batch_size 0`` tries on CUDA: ``--mini_batch_size_per_update`` doubled up
+    to a rollout batch's transitions with reference means (B x the steps trained: the window's, or all N)."""
+    transitions = cfg.batch_size * (cfg.sde_window_size or cfg.grpo_sampling_steps)
+    sizes, size = [], cfg.mini_batch_size_per_update
+    while size < transitions:
+        sizes.append(size)
+        size *= 2
+    return sizes + [transitions]
 
 
 def sizes_of(cfg: TrainConfig) -> ModelSizes:
@@ -427,13 +454,20 @@ def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,
     """
     if plan is None and device_type == "cuda":
         plan = plan_launch(cfg, launch_world_size(), device_memory_gib(cfg))
+    # off CUDA, auto keeps the update's batch: a larger one would change the means in the last bits (not bit-identical
+    # on the CPU), and there is no GPU to fill
+    cpu_reference_batch = cfg.reference_batch_size or cfg.mini_batch_size_per_update
     if plan is not None:
         placement = plan.placement
-        return dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu and device_type != "cpu")
+        if device_type == "cuda":
+            return placement
+        return dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu and device_type != "cpu",
+                                   reference_batch_size=cpu_reference_batch)
     fixed_backward, fixed_cpu = _explicit(cfg)
     per_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
     on_cpu = bool(fixed_cpu)  # --reference_placement cpu is honoured on a CPU device too (FSDP's CPU offload)
-    return Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling)
+    return Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling,
+                     reference_batch_size=cpu_reference_batch)
 
 
 def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:

@@ -273,18 +273,20 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
             inputs = (trajectories, *(getattr(step_embeds, f) for f in ("embeds", "masks", "embeds_2", "masks_2",
                                                                        "neg_embeds", "neg_masks", "neg_embeds_2",
                                                                        "neg_masks_2")))
-            embeds = step_embeds.select(slice(0, batch))  # one call's rows: views
-
-            def velocity(model):
-                return cfg_velocity(model, latents, timesteps, embeds, cfg.cfg_scale, autocast_dtype=autocast,
+            def velocity(model, rows: int = batch):  # one call of ``rows`` transitions (CFG doubles them)
+                return cfg_velocity(model, latents.new_zeros(rows, *latents.shape[1:]), timesteps.new_full((rows,), 500.0),
+                                    step_embeds.select([i % cfg.batch_size for i in range(rows)]), cfg.cfg_scale,
+                                    autocast_dtype=autocast,
                                     num_image_tokens=cfg.vision_num_semantic_tokens)
 
             with Phase("rollout", models, optimizer, inputs, "policy, no grad, CFG batch") as phase, torch.no_grad():
                 velocity(policy)
             result.phases.append(phase.result)
             if reference is not None:
-                with Phase("reference", models, optimizer, inputs, "KL means, no grad") as phase, torch.no_grad():
-                    velocity(reference)
+                rows = placement.reference_batch_size or batch  # the planner's choice (--reference_batch_size)
+                with Phase("reference", models, optimizer, inputs, f"KL means, no grad, {rows} transitions per call") \
+                        as phase, torch.no_grad():
+                    velocity(reference, rows)
                 result.phases.append(phase.result)
             # An update's window has several backwards; the peak is in a later one, with the earlier ones' gradients
             # held: sharded (per_backward) or unsharded fp32 until the window's last backward reduces them (per_update)

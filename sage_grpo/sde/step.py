@@ -10,7 +10,9 @@ and x' enters it detached, so gradients reach ``model_output`` only through μ.
 
 Departures from the reference:
 - ``generator`` may be None (global RNG, what the reference uses for SDE noise, spec §10.10), one
-  torch.Generator, or a list of B generators so that every sample's SDE noise can be seeded on its own.
+  torch.Generator, or a list of B generators so that every sample's SDE noise can be seeded on its own; or the
+  caller draws ε itself and passes it as ``noise`` (the rollout draws a whole trajectory's ε at once and moves it to
+  the device in one copy).
 - ``prev_sample`` is returned detached: it is an action / stored datum, never a differentiable output.
 - ``deterministic=True`` together with a ``prev_sample`` raises ValueError (the reference silently replaces
   the given latent by the Euler step).
@@ -74,6 +76,7 @@ def step(
     *,
     prev_sample: Optional[Tensor] = None,
     generator: Generators = None,
+    noise: Optional[Tensor] = None,
     deterministic: bool = False,
     sde_solver: bool = True,
 ) -> SDEStepOutput:
@@ -85,6 +88,7 @@ def step(
     model_output: (B, ...) CFG-combined velocity v; sample: (B, ...) current latent x (any float dtype).
     sigmas: (N+1,) schedule; index: step k, an int or a (B,) integer tensor; eta: noise level η.
     prev_sample: the stored x_{k+1} to re-score (detached); None draws x' = μ + noise_std·ε from ``generator``.
+    noise: ε (B, ...) fp32 on the sample's device, drawn by the caller; then ``generator`` must be None.
     deterministic: x' = x + dt·v (plain Euler), log_prob still taken w.r.t. the SDE mean.
     sde_solver: include the score (Itô) correction in μ; only sage_grpo and dance_grpo use it.
     """
@@ -94,6 +98,8 @@ def step(
         )
     if deterministic and prev_sample is not None:
         raise ValueError("deterministic=True draws the Euler step; do not also pass prev_sample")
+    if noise is not None and generator is not None:
+        raise ValueError("pass the SDE noise or a generator to draw it from, not both")
     x, v = sample.float(), model_output.float()
     step_sigmas = _step_sigmas(sigmas, index, x)
     mean = kernel.mean(x, v, step_sigmas, eta, sde_solver)
@@ -105,7 +111,8 @@ def step(
     elif deterministic:
         next_sample = (x + step_sigmas.dt * v).detach()
     else:
-        next_sample = (mean + noise_std * _standard_normal(x, generator)).detach()
+        eps = noise.float() if noise is not None else _standard_normal(x, generator)
+        next_sample = (mean + noise_std * eps).detach()
     log_prob = kernel.log_density(next_sample, mean, noise_std).mean(dim=tuple(range(1, x.ndim)))
     return SDEStepOutput(
         prev_sample=next_sample,

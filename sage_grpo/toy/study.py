@@ -10,6 +10,10 @@ Per run: the reward gain (mean ``gathered_avg_reward_mean`` of the last ``window
 ``window``), the manifold error of the last ``window`` steps' rollouts, and, on a fixed evaluation set after
 training, ODE samples of the final policy (reward, manifold error, prompt adherence) and the KL from the pretrained
 model (:func:`path_kl`), plus the wall time.
+
+The report is partly the script's and partly written by hand (the verdict, the time-to-reward section): the script's
+parts sit between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->`` lines, and
+:func:`write_report` rewrites only those, so a re-run keeps every hand-written line.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -133,3 +137,50 @@ def mean_spread(values: Sequence[float], digits: int = 4) -> str:
     spread = statistics.pstdev(values) if len(values) > 1 else 0.0
     return f"{statistics.fmean(values):.{digits}f} ± {spread:.{digits}f}"
 
+
+def _markers(name: str) -> Tuple[str, str]:
+    return f"<!-- generated: {name} -->", f"<!-- end generated: {name} -->"
+
+
+def generated_block(name: str, text: str) -> str:
+    """``text`` between the markers of the generated section ``name``."""
+    begin, end = _markers(name)
+    body = text.strip("\n")
+    return f"{begin}\n{body}\n{end}"
+
+
+def replace_generated(document: str, sections: Dict[str, str], source: str = "the document") -> str:
+    """``document`` with the text of each generated section ``name`` (between its markers) replaced by
+    ``sections[name]``, and every line outside the markers kept as it is. A section whose two markers do not each
+    appear once, in order, is refused (``ValueError``, naming ``source``): the script would not know what it owns."""
+    for name, text in sections.items():
+        begin, end = _markers(name)
+        if document.count(begin) != 1 or document.count(end) != 1 or document.index(begin) > document.index(end):
+            raise ValueError(f"{source} has no generated section {name!r} (one '{begin}' line, then one '{end}' "
+                             "line, around the part the script writes); add the two lines, or move the file away to "
+                             "have a new one written")
+        head, rest = document.split(begin)
+        tail = rest.split(end)[1]
+        document = head + generated_block(name, text) + tail
+    return document
+
+
+REPORT_SECTIONS = ("header", "results")  # what scripts/toy_study.py writes; the lines around them are by hand
+_VERDICT_PLACE = "<!-- verdict: written by hand from the numbers below (see the committed docs/toy_study.md) -->"
+
+
+def check_report(path: Path) -> None:
+    """Refuse (``ValueError``) an existing report at ``path`` without the markers of every generated section."""
+    if path.exists():
+        replace_generated(path.read_text(), dict.fromkeys(REPORT_SECTIONS, ""), str(path))
+
+
+def write_report(path: Path, sections: Dict[str, str]) -> None:
+    """The generated ``sections`` (``REPORT_SECTIONS``) into the report at ``path``: between their markers in an
+    existing report (all else kept), or a new report of the header, a place for the verdict and the results."""
+    if path.exists():
+        path.write_text(replace_generated(path.read_text(), sections, str(path)))
+        return
+    blocks = [generated_block("header", sections["header"]), _VERDICT_PLACE,
+              generated_block("results", sections["results"])]
+    path.write_text("\n\n".join(blocks) + "\n")

@@ -68,9 +68,11 @@ def test_every_category_of_every_phase_agrees_with_the_plan(simulated):
 
 
 def test_every_phase_is_reported_with_its_flops(simulated):
-    _, text, simulation, _ = simulated
+    _, text, simulation, plan = simulated
     rollout, reference, train = simulation.phases[:3]
-    assert rollout.flops == reference.flops > 0  # the same forward on the same shapes
+    rows = plan.placement.reference_batch_size  # the plan's reference batch; the rollout calls one transition here
+    assert rows > 1 and f"{rows} transitions per call" in reference.note
+    assert reference.flops == rows * rollout.flops > 0  # the same forward, batched
     assert train.flops > 2 * rollout.flops  # backward ~2x forward, plus the checkpointed recomputation
     assert "| train | activations |" in text and "not simulated: encode" in text and "unseen by the simulation" in text
     for phase in simulation.phases:
