@@ -19,12 +19,11 @@ What fake mode cannot run, and where it is worked around:
   CPU-only torch does not have: the simulation runs on the ``cpu`` device type. Shapes and dtypes are the same; the
   CUDA caching allocator's rounding and fragmentation, NCCL's buffers and the attention kernels' workspaces are not
   seen (the plan's ``runtime overhead`` and its margin cover them, see :data:`UNSEEN`).
-- diffusers' forward asks data-dependent questions the fake tensors cannot answer: ``torch.all(image_embeds == 0)``
-  (``aten._local_scalar_dense``) and the reordering of the text slots by boolean masks (``aten.nonzero``), then this
-  project's text trim reads the longest valid length back (``.tolist()``). :func:`static_t2v_forward` replaces the
-  transformer's forward with the same modules in the same order for the planner's worst case (text-to-video, every
-  MLLM and byT5 slot valid, the image slots padding and trimmed), so the blocks see T = L_mllm + L_byt5 text tokens
-  and no mask, as ``sage_grpo.plan.sizes.text_token_count`` assumes.
+- The transformer runs the trainer's own forward (``sage_grpo/models/transformer_forward.py``), which takes the text
+  layout from the host instead of reading it off the device (diffusers' forward asks ``torch.all(image_embeds == 0)``
+  and reorders the text by boolean masks, data-dependent questions fake tensors cannot answer). The simulation's
+  prompts have every MLLM and byT5 slot valid (the planner's worst case), so the blocks see T = L_mllm + L_byt5 text
+  tokens and no mask, as ``sage_grpo.plan.sizes.text_token_count`` assumes.
 - Offloaded reference shards (``--reference_placement cpu``) live on the CPU and cannot be told apart from the
   device's on a CPU-only run: the simulation keeps them in place and leaves their bytes out of the device's tally.
 
@@ -34,7 +33,6 @@ families: their memory is the planner's estimate), checkpoint save (host memory 
 
 import contextlib
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -91,38 +89,6 @@ def simulated_verdict(plan, simulation: Simulation) -> Verdict:
     return max(candidates, key=lambda v: v.peak)
 
 
-# ====================================================================== the forward fake mode can run
-
-def static_t2v_forward(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
-                       encoder_hidden_states_2, encoder_attention_mask_2, image_embeds, return_dict=False, **_):
-    """``HunyuanVideo15Transformer3DModel.forward`` for text-to-video with every text slot valid, without its
-    data-dependent steps (module docstring): the same submodules in the same order; the joint text stream is
-    [byT5, MLLM] with the zeroed image slots trimmed, and no key mask (none is left after the trim)."""
-    batch, _, frames, height, width = hidden_states.shape
-    rope = self.rope(hidden_states)
-    temb = self.time_embed(timestep, timestep_r=None)
-    hidden_states = self.x_embedder(hidden_states)
-    text = self.context_embedder(encoder_hidden_states, timestep, encoder_attention_mask)
-    text = text + self.cond_type_embed(torch.zeros_like(text[:, :, 0], dtype=torch.long))
-    glyph = self.context_embedder_2(encoder_hidden_states_2)
-    glyph = glyph + self.cond_type_embed(torch.ones_like(glyph[:, :, 0], dtype=torch.long))
-    image = self.image_embedder(image_embeds) * 0.0  # text-to-video: diffusers zeroes the image slots
-    image = image + self.cond_type_embed(2 * torch.ones_like(image[:, :, 0], dtype=torch.long))
-    # diffusers concatenates each sample's slots, keeps that list while it stacks it, and hands the blocks the stack
-    per_sample = [torch.cat([g, t, i]) for g, t, i in zip(glyph, text, image)]
-    joint = torch.stack(per_sample)[:, :glyph.shape[1] + text.shape[1]]
-    for block in self.transformer_blocks:
-        if torch.is_grad_enabled() and self.gradient_checkpointing:
-            hidden_states, joint = self._gradient_checkpointing_func(block, hidden_states, joint, temb, None, rope)
-        else:
-            hidden_states, joint = block(hidden_states, joint, temb, None, rope)
-    hidden_states = self.proj_out(self.norm_out(hidden_states, temb))
-    p_t, p = self.config.patch_size_t, self.config.patch_size
-    hidden_states = hidden_states.reshape(batch, frames // p_t, height // p, width // p, -1, p_t, p, p)
-    hidden_states = hidden_states.permute(0, 4, 1, 5, 2, 6, 3, 7).flatten(6, 7).flatten(4, 5).flatten(2, 3)
-    return (hidden_states,)
-
-
 # ====================================================================== building
 
 @contextlib.contextmanager
@@ -153,8 +119,7 @@ def _transformer_on_meta(config: Dict, dtype: torch.dtype, backend: Optional[str
 
     with torch.device("meta"):
         model = HunyuanVideo15Transformer3DModel.from_config(public_config(config)).to(dtype)
-    install_joint_attention(model, backend)
-    model.forward = types.MethodType(static_t2v_forward, model)
+    install_joint_attention(model, backend)  # and the sync-free forward (models/transformer_forward.py)
     return model
 
 
@@ -216,7 +181,9 @@ def _embeds(cfg: TrainConfig, batch: int, config: Dict, dtype: torch.dtype):
 
     (text, mask), (glyph, glyph_mask) = stream(mllm, config["text_embed_dim"]), stream(cfg.byt5_max_length,
                                                                                        config["text_embed_2_dim"])
-    return PromptEmbeds(text, mask, glyph, glyph_mask, text.clone(), mask.clone(), glyph.clone(), glyph_mask.clone())
+    counted = ((mllm + cfg.byt5_max_length,) * 2,) * batch  # every slot valid: what the forward reads, on the host
+    return PromptEmbeds(text, mask, glyph, glyph_mask, text.clone(), mask.clone(), glyph.clone(), glyph_mask.clone(),
+                        valid_tokens=counted)
 
 
 def _warm_up(policy: torch.nn.Module, optimizer) -> None:
