@@ -52,3 +52,17 @@ def wandb_run(folder: Path) -> dict:
             row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
             history.setdefault(row["_step"], {}).update(row)
     return {"history": history, "config": config, "id": run_id}
+
+
+def wandb_run_when_written(folder: Path, last_step: int, seconds: float = 30.0) -> dict:
+    """:func:`wandb_run` once the record log holds the run record and ``last_step``: wandb's service process writes
+    the log on its own, and on a busy machine ``finish()`` returned before it had (seen for both the first and the
+    resumed run, about 1 CI run in 10). Returns what was read at the deadline otherwise, for the test to report."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    run = wandb_run(folder)
+    while (run["id"] is None or last_step not in run["history"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        run = wandb_run(folder)
+    return run

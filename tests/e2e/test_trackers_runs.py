@@ -12,7 +12,7 @@ from sage_grpo.tracking.run_dir import read_metrics
 from sage_grpo.trainer import GRPOTrainer
 
 from model_fixtures import tiny_args
-from trackers_support import needs_wandb, wandb_run
+from trackers_support import needs_wandb, wandb_run_when_written
 
 
 def test_missing_tracker_package_fails_before_any_model_loads(tiny_root, tmp_path, monkeypatch):
@@ -32,7 +32,8 @@ def test_training_run_reports_to_wandb_and_resumes_the_same_run(tiny_root, tmp_p
     GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, run_dir, "--max_steps", "1", *flags))).train()
     GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, run_dir, "--max_steps", "2", *flags,
                                                  "--resume_from_checkpoint", "latest"))).train()
-    first, second = (wandb_run(f) for f in sorted((run_dir / "wandb").glob("offline-run-*")))
+    first, second = (wandb_run_when_written(f, last_step=step)
+                     for f, step in zip(sorted((run_dir / "wandb").glob("offline-run-*")), (1, 2)))
     assert first["id"] == second["id"] == json.loads((run_dir / RUN_IDS_FILE).read_text())["wandb"]
     assert first["config"]["sde_type"] == "sage_grpo" and first["config"]["report_to"] == ["tensorboard,wandb"]
     assert first["config"]["output_dir"] == str(run_dir) and any((run_dir / "tb").iterdir())

@@ -5,7 +5,6 @@ import importlib.util
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from sage_grpo.tracking.trackers import (RUN_IDS_FILE, LoggedVideo, TensorBoardT
 from sage_grpo.tracking.run_dir import MetricsLogger, read_metrics
 from sage_grpo.video_io import write_video
 
-from trackers_support import needs_wandb, read_record_log, wandb_run
+from trackers_support import needs_wandb, read_record_log, wandb_run_when_written
 
 
 needs_swanlab = pytest.mark.skipif(importlib.util.find_spec("swanlab") is None,
@@ -131,7 +130,7 @@ def test_wandb_offline_run_holds_scalars_config_videos_and_resumes(tmp_path, off
     logger.close()
     first_id = json.loads((tmp_path / RUN_IDS_FILE).read_text())["wandb"]
     (folder,) = (tmp_path / "wandb").glob("offline-run-*")
-    run = wandb_run(folder)
+    run = wandb_run_when_written(folder, last_step=2)
     assert run["id"] == first_id and {k: run["config"][k] for k in config} == config
     assert [run["history"][s]["KL/kl_loss"] for s in (1, 2)] == [1e-3, 2e-3]
     assert run["history"][2]["Reward/gathered_avg_reward_mean"] == 0.25
@@ -147,13 +146,7 @@ def test_wandb_offline_run_holds_scalars_config_videos_and_resumes(tmp_path, off
     # both folders carry the run id; wandb appends "-1" to the second when both starts fall in the same second
     assert len(runs) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{first_id}(-\d+)?", run.name)
                                   for run in runs), [run.name for run in runs]
-    # wandb's service process writes the record log on its own: once (1 of ~10 CI runs) the resumed run's file held
-    # no run record yet when finish() returned, so read it until it is complete (or 30 s have passed)
-    deadline = time.monotonic() + 30
-    second = wandb_run(runs[1])
-    while (second["id"] is None or 3 not in second["history"]) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        second = wandb_run(runs[1])
+    second = wandb_run_when_written(runs[1], last_step=3)
     assert second["id"] == first_id and 3 in second["history"]
 
 
