@@ -113,4 +113,5 @@ class Muon(torch.optim.Muon):
                                                     ns_dtype)
                 param.mul_(1 - lr * weight_decay)
                 param.add_(_shard_like(ortho, param), alpha=-lr * muon_lr_ratio(group["adjust_lr_fn"], param.shape))
+                del update, ortho  # one gathered matrix at a time: not this one's alive through the next one's
         return loss

@@ -271,9 +271,8 @@ def _optimizer_step(lay: _Layout, placement: Placement) -> List[Component]:
     """The optimizer step: the reduced (sharded) gradients and the larger of its two optimizers' temporaries.
 
     Muon (:class:`sage_grpo.optim.muon.Muon`) takes one matrix at a time: the gathered update of the largest trained
-    matrix (r x c, master dtype), Newton-Schulz's old and new iterates and the previous matrix's orthogonalized
-    update still referenced by the step's loop (3·r·c in bf16, a GPU's iteration dtype; the previous matrix is bounded
-    by the largest) and its Gram matrix and polynomial (2·min(r, c)² bf16). AdamW on a GPU runs torch's foreach
+    matrix (r x c, master dtype), Newton-Schulz's old and new iterates (2·r·c in bf16, a GPU's iteration dtype) and
+    its Gram matrix and polynomial (2·min(r, c)² bf16). AdamW on a GPU runs torch's foreach
     implementation: one temporary list the size of the shards it steps (its ``_foreach_sqrt`` of the second moments).
     The global-norm clip adds only scalars (``plan/tracking.py``).
     """
@@ -286,10 +285,10 @@ def _optimizer_step(lay: _Layout, placement: Placement) -> List[Component]:
         return out + [Component("optimizer step temporaries", lay.trainable * m / z,
                                 "P_g·m/Z: foreach AdamW's sqrt of the second moments")]
     rows, cols = t.largest_matrix
-    muon = rows * cols * (m + 3 * 2) + 2 * min(rows, cols) ** 2 * 2
+    muon = rows * cols * (m + 2 * 2) + 2 * min(rows, cols) ** 2 * 2
     adamw = (lay.trainable - t.num_matrix_params) * m / z
     return out + [Component("optimizer step temporaries", max(muon, adamw),
-                            f"max(Muon: r·c·(m + 3·2) + 2·min(r,c)²·2, r x c = {rows} x {cols}; AdamW: "
+                            f"max(Muon: r·c·(m + 2·2) + 2·min(r,c)²·2, r x c = {rows} x {cols}; AdamW: "
                             "(P_g − P_mat)·m/Z)")]
 
 
