@@ -106,8 +106,11 @@ def memory_fixes(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> Li
 
 
 def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
-    """``post_train.py``'s check before any model loads, on CUDA devices only: a ``ConfigError`` naming the flags
-    that would make it fit, with the table, when the launch does not fit, unless ``--ignore_memory_plan``."""
+    """``post_train.py``'s check before any model loads, on CUDA devices only (a CPU run has no GPU budget): a
+    ``ConfigError`` naming the flags that would make it fit, with the table, when the launch does not fit, unless
+    ``--ignore_memory_plan``; a warning on stderr when it fits with less than ``MARGIN`` of the GPU free (what the
+    plan cannot see, allocator fragmentation and NCCL buffers, may then not fit; refusing would stop launches that
+    run)."""
     device = torch.device(cfg.device) if cfg.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" or cfg.ignore_memory_plan:
         return None
@@ -123,6 +126,12 @@ def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
             f"[memory-plan] the launch needs {plan.peak_gib:.1f} GB per GPU in its {plan.peak.name} phase but the GPU "
             f"has {gpu:.1f} GB (python -m sage_grpo.plan prints the whole plan). Fix: {fix}; or pass "
             f"--ignore_memory_plan true to start anyway.\n{plan.table()}")
+    if not plan.fits(MARGIN):
+        free = gpu - plan.peak_gib
+        print(f"warning: [memory-plan] the launch fits with {free:.1f} GB ({free / gpu:.0%}) of the GPU free, less "
+              f"than the {MARGIN:.0%} the plan keeps for allocator fragmentation, NCCL buffers and kernel workspaces: "
+              f"it may run out of memory (peak {plan.peak_gib:.1f} GB in its {plan.peak.name} phase; python -m "
+              "sage_grpo.plan prints the whole plan)", file=sys.stderr, flush=True)
     return plan
 
 

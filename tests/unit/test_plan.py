@@ -286,6 +286,20 @@ def test_launch_that_cannot_fit_is_refused_with_the_table(monkeypatch):
     assert plan_report.check_memory_plan(dataclasses.replace(cfg, device="cpu")) is None  # no GPU budget on the CPU
 
 
+def test_launch_that_fits_without_the_margin_starts_with_a_warning(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    roomy = TrainConfig(sp_size=2, validation_interval=0, gpu_memory_gb=80.0, device="cuda",  # placements fixed:
+                        gradient_reduction="per_update", reference_placement="device", reference_batch_size=1)
+    plan = plan_report.check_memory_plan(roomy)
+    assert plan.fits(planner.MARGIN) and capsys.readouterr().err == ""
+    # a GPU 5% larger than that plan's peak: it fits, with less free than the margin
+    tight = dataclasses.replace(roomy, gpu_memory_gb=plan.peak_gib * 1.05)
+    tight_plan = plan_report.check_memory_plan(tight)
+    assert tight_plan.fits() and not tight_plan.fits(planner.MARGIN)
+    assert re.search(r"warning: \[memory-plan\] the launch fits with \d+\.\d GB \(\d+%\) of the GPU free, less than the "
+                     r"10%", capsys.readouterr().err)
+
+
 def test_command_line_ends_with_the_peak(tiny_root, capsys):
     with pytest.raises(SystemExit) as exit_info:  # 1 GB is less than the 2 GB runtime overhead: exit status 1
         plan_report.main(["--world_size", "1", "--gpu_memory_gb", "1", "--pretrained_model_root", str(tiny_root),
