@@ -359,7 +359,8 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
         else:
             ref = Component("reference gathered units", (t.root_params + 2 * t.block_params) * lay.compute
                             if lay.shard > 1 else 0.0, "(P_root + 2·P_blk)·c")
-    if lay.separate_reference or (cfg.use_lora and lay.kl.uses_reference):  # LoRA: the policy itself, its units gathered as for the rollout
+    # LoRA: the reference passes run the policy itself, its units gathered as for the rollout
+    if lay.separate_reference or (cfg.use_lora and lay.kl.uses_reference):
         ref = [ref] if lay.separate_reference else policy_units
         phases.append(Phase("reference", tuple(resident + ref + step_inputs + [
                                                            _no_grad_forward(lay, "reference block activations",

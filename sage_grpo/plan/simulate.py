@@ -10,10 +10,11 @@ trainer's adapters (:func:`sage_grpo.models.bundle.build_lora`: peft, the moving
 reference model (its phase runs the policy through ``LoraTraining.reference_mode``). They get the joint attention,
 SP, FSDP2 and checkpointing of :func:`~sage_grpo.distributed.parallelize.parallelize_models`, and are materialised
 with ``to_empty`` inside ``FakeTensorMode``: every tensor has its shape, dtype and device and no storage, so 54
-blocks at 81 x 352 x 624 run on a laptop's memory. :class:`FSDPMemTracker` (with two corrections, :mod:`sage_grpo.plan.tracking`) attributes
-every live byte to a category (sharded and unsharded parameters, gradients, all-gather and reduce-scatter buffers,
-optimizer state, activations, temporaries, inputs) and keeps the breakdown at the phase's peak; a dispatch mode with
-torch's FLOP formulas counts the phase's FLOPs on this rank's shapes.
+blocks at 81 x 352 x 624 run on a laptop's memory. :class:`FSDPMemTracker` (with two corrections,
+:mod:`sage_grpo.plan.tracking`) attributes every live byte to a category (sharded and unsharded parameters,
+gradients, all-gather and reduce-scatter buffers, optimizer state, activations, temporaries, inputs) and keeps the
+breakdown at the phase's peak; a dispatch mode with torch's FLOP formulas counts the phase's FLOPs on this rank's
+shapes.
 
 What fake mode cannot run, and where it is worked around:
 

@@ -254,7 +254,9 @@ def lora_in_blocks_only(cfg: TrainConfig) -> bool:
     """Whether a LoRA run's adapters sit only in the dual-stream blocks (the default ``all-linear`` targets,
     ``sage_grpo.models.lora``): then nothing upstream of the blocks takes part in the backward. Other targets (plain
     names reach the refiner's layers too) are planned as a full fine-tune's saves outside the blocks, an upper bound."""
-    return cfg.use_lora and [t for t in (cfg.lora_target_modules or []) if t.strip()] in ([], ["all-linear"])
+    from sage_grpo.models.lora import ALL_LINEAR, check_targets
+
+    return cfg.use_lora and check_targets(cfg.lora_target_modules) in ([], [ALL_LINEAR])
 
 
 def checkpointed_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:

@@ -95,3 +95,19 @@ def test_launches_without_fsdp_shards_are_still_refused(flags, world):
     cfg = parse_cli(TrainConfig, FLAGS + flags)
     with pytest.raises(ConfigError, match="--enable_fsdp and --world_size > 1"):
         simulation_report(cfg, world, 80.0, num_layers=2)
+
+
+def test_only_block_adapters_drop_the_saves_upstream_of_the_blocks():
+    """The default targets adapt the blocks only: the frozen embedders and refiner save nothing for the backward (the
+    simulation's training activations agree only with that). Plain names such as ``to_q`` also reach the refiner's
+    layers, so the plan keeps the full fine-tune's saves outside the blocks there (an upper bound)."""
+    from sage_grpo.plan.memory import sizes_of
+    from sage_grpo.plan.sizes import outside_saved_elements
+
+    def outside(*extra):
+        cfg = parse_cli(TrainConfig, FLAGS + list(extra))
+        return outside_saved_elements(sizes_of(cfg).transformer, 18018, cfg, 2)
+
+    full = outside("--use_lora", "false")
+    assert outside() == outside("--lora_target_modules", "all-linear") < full / 2  # RoPE + output layers remain
+    assert outside("--lora_target_modules", "to_q", "to_k") == full
