@@ -44,8 +44,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks import common as bench  # noqa: E402
 
 PHASES = ("encode", "rollout", "decode", "reward", "reference means", "policy update")
-# the memory planner's phases (sage_grpo.plan) that each phase falls in, the first the plan has: without a separate
-# reference (LoRA: the policy with its adapters off) the reference means are no-grad forwards like the rollout's
+# the memory planner's phases (sage_grpo.plan) that each phase falls in, the first the plan has (its reference phase
+# covers LoRA's too: the policy's own no-grad passes with the anchor adapter or none)
 PLAN_PHASES = {"encode": ("encode",), "rollout": ("rollout",), "decode": ("decode + reward",),
                "reward": ("decode + reward",), "reference means": ("reference", "rollout"), "policy update": ("train",)}
 RUNTIME_OVERHEAD = "runtime overhead"  # the planner's fixed component that the peak counter does not see

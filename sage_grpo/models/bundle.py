@@ -211,7 +211,9 @@ class ModelBundle:
             self.lora.save_folder(Path(checkpoint_dir) / LORA_DIR)
 
 
-def _build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
+def build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
+    """``policy`` frozen with the run's adapters (``--lora_*``; the ``anchor`` too for the moving anchor), in place;
+    also what ``python -m sage_grpo.plan --simulate`` builds its LoRA policy with."""
     return LoraTraining.create(
         policy, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, target_modules=cfg.lora_target_modules,
         pretrained_path=cfg.pretrained_lora_path, with_anchor=kl_mode.moving_anchor, seed=cfg.seed, dtype=master_dtype)
@@ -238,7 +240,7 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> Mod
     install_joint_attention(policy, cfg.attention_backend)
     lora = None
     if cfg.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
-        lora = _build_lora(cfg, kl_mode, policy, master_dtype)
+        lora = build_lora(cfg, kl_mode, policy, master_dtype)
         reference = policy if kl_mode.uses_reference else None
     else:
         if policy.dtype != master_dtype:

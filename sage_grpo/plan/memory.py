@@ -1,57 +1,59 @@
-"""Memory plan of a launch: what lives on each GPU, phase by phase, and the placement decisions the ``auto`` flags
-leave to it.
+"""Memory plan of a launch: what lives on each GPU, phase by phase, and the placement decisions the ``auto`` flags leave
+to it.
 
     python -m sage_grpo.plan --world_size 8 --gpu_memory_gb 80 <post_train.py flags>
 
 prints (:mod:`sage_grpo.plan.report`) the per-GPU bytes by component for each phase of a step, the largest
-``--batch_size``, ``--mini_batch_size_per_update`` and ``--sample_n_frames`` that fit, and ends with
-``peak per GPU: <GB> GB``.
-``post_train.py`` runs the same plan before any model loads on CUDA devices and refuses a launch that does not fit
-(``--ignore_memory_plan true`` goes on).
+``--batch_size``, ``--mini_batch_size_per_update`` and ``--sample_n_frames`` that fit, and ends with ``peak per GPU:
+<GB> GB``. ``post_train.py`` runs the same plan before any model loads on CUDA devices and refuses a launch that does
+not fit (``--ignore_memory_plan true`` goes on).
 
 Units: GB here is 2^30 bytes, the unit ``torch.cuda`` reports (an "80 GB" H100 holds 79.2 of them).
 
-**Model sizes** are exact (counted on the ``meta`` device) and the activation and decode formulas are counted save
-by save, in :mod:`sage_grpo.plan.sizes`; this module turns them into bytes per GPU and decides the placements.
+**Model sizes** are exact (counted on the ``meta`` device) and the activation and decode formulas are counted save by
+save, in :mod:`sage_grpo.plan.sizes`; this module turns them into bytes per GPU and decides the placements.
 
 **Symbols** (per GPU): P transformer parameters, P_g those that get a gradient (all but the last block's unused
-text-stream outputs), P_mat the trained 2-D matrices (Muon), P_blk one dual-stream block, P_root
-the parameters of the root FSDP unit (embedders, output layers); W world size, Z = W / dp_replicate the FSDP shard
-degree (1 without FSDP), sp the Ulysses degree; m, g, c the bytes of the master dtype (``--master_weight_type``),
-of the all-gathered compute weights and of ``--dtype``; a = c bytes per activation element, times
-``AUTOCAST_ACTIVATION_FACTOR`` (measured) when the forward runs under autocast; b the samples per transformer call
-(``--mini_batch_size_per_update``, doubled when ``--cfg_scale`` > 1: both CFG branches run in one call).
-Tokens: L latent tokens of a video, n = L / sp image tokens per SP rank, T = L_mllm + L_byt5 + L_image text tokens
-(replicated on every SP rank), S = L + T the attention sequence; D hidden, F MLP hidden, H heads, h_d head dim.
+text-stream outputs), P_mat the trained 2-D matrices (Muon), P_blk one dual-stream block, P_root the parameters of the
+root FSDP unit (embedders, output layers); W world size, Z = W / dp_replicate the FSDP shard degree (1 without FSDP),
+sp the Ulysses degree; m, g, c the bytes of the master dtype (``--master_weight_type``), of the all-gathered compute
+weights and of ``--dtype``; a = c bytes per activation element, times ``AUTOCAST_ACTIVATION_FACTOR`` (measured) when
+the forward runs under autocast; b the samples per transformer call (``--mini_batch_size_per_update``, doubled when
+``--cfg_scale`` > 1: both CFG branches run in one call). Tokens: L latent tokens of a video, n = L / sp image tokens
+per SP rank, T = L_mllm + L_byt5 + L_image text tokens (replicated on every SP rank), S = L + T the attention
+sequence; D hidden, F MLP hidden, H heads, h_d head dim.
 
 **Components** (each a formula below): policy weights P·m/Z (they are the master weights: no second copy); Muon
-momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients P_g·m/Z sharded (``per_backward``) or
-P_g·4 unsharded fp32 held across an update's backwards (``per_update``, plus the first reduced block's shard); the
-step's inputs (the rollout latents and the prompt embeddings, :func:`~sage_grpo.plan.sizes.prompt_embedding_bytes`);
-FSDP's gathered units in flight P_root·g + 2·P_blk·g (the unit computing and the one prefetched) plus the last
-block's unsharded fp32 gradient (the first reduced, at the start of the backward where the peak is); autocast copies
-P·2 (bf16 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under autocast
-on fp32 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save by save and
-checked against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's bf16
-shards P·c/Z on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding
-when offloaded); the rollout's SDE noise (drawn up front, one latent per stochastic step); the VAE weights and its decode (tiled or not); the reward model and its forward on SP leaders.
+momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients P_g·m/Z sharded (``per_backward``) or P_g·4
+unsharded fp32 held across an update's backwards (``per_update``, plus the first reduced block's shard); the step's
+inputs (the rollout latents and the prompt embeddings, :func:`~sage_grpo.plan.sizes.prompt_embedding_bytes`); FSDP's
+gathered units in flight P_root·g + 2·P_blk·g (the unit computing and the one prefetched) plus the last block's
+unsharded fp32 gradient (the first reduced, at the start of the backward where the peak is); autocast copies P·2 (bf16
+casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under autocast on fp32
+weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save by save and checked
+against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's bf16 shards P·c/Z
+on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding when offloaded);
+the rollout's SDE noise (drawn up front, one latent per stochastic step); the VAE weights and its decode (tiled or
+not); the reward model and its forward on SP leaders. LoRA: the frozen base P·c/Z and every adapter (the anchor's too)
+in m; P_g the adapters that get a gradient; no separate reference: its passes run the policy (the anchor adapter, or
+none), gathering the policy's units.
 
-**Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train
-(forward + backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode). The
-peak is the largest phase. Every transformer phase is checked category by category against torch's memory tracker
-on fake tensors (``--simulate``, :mod:`sage_grpo.plan.simulate`).
+**Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train (forward +
+backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode). The peak is the
+largest phase. Every transformer phase is checked category by category against torch's memory tracker on fake tensors
+(``--simulate``, :mod:`sage_grpo.plan.simulate`).
 
-**Auto decisions** on CUDA (:func:`plan_launch`), each keeping ``MARGIN`` of the GPU free: the reference's shards
-stay on the device when the plan fits with them there (no host transfers), else go to the CPU if
+**Auto decisions** on CUDA (:func:`plan_launch`), each keeping ``MARGIN`` of the GPU free: the reference's shards stay
+on the device when the plan fits with them there (no host transfers), else go to the CPU if
 ``--reference_mode_offload`` allows it (the reference's own switch for offloading; without it the plan reports that
 the launch does not fit and names ``--reference_placement cpu``); then gradients are reduced once per update when the
 plan still fits with the unsharded fp32 gradients held, else after every backward; last, ``--reference_batch_size 0``
 takes the largest reference batch (transitions per no-grad reference forward, doubling from
-``--mini_batch_size_per_update`` up to a rollout batch's transitions) that does not raise the step's peak. Tiling: ``--vae_tiling auto``
-tiles decodes above
-:data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. On a CPU device there is no GPU budget: a sharded full fine-tune
-reduces per backward, the reference stays where the model is and its batch is ``--mini_batch_size_per_update``
-(a larger one changes the means in the last bits, and the golden CPU run is bit for bit).
+``--mini_batch_size_per_update`` up to a rollout batch's transitions) that does not raise the step's peak. Tiling:
+``--vae_tiling auto`` tiles decodes above :data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. On a CPU device there
+is no GPU budget: a sharded full fine-tune reduces per backward, the reference stays where the model is and its batch
+is ``--mini_batch_size_per_update`` (a larger one changes the means in the last bits, and the golden CPU run is bit
+for bit).
 """
 
 import dataclasses
@@ -64,9 +66,9 @@ import torch
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import rollout_size, validation_size
 from sage_grpo.models.placement import Placement
-from sage_grpo.plan.sizes import (ModelSizes, no_grad_forward_elements, prompt_embedding_bytes, read_model_sizes,
-                                  rope_table_elements, text_token_count, training_activation_elements,
-                                  vae_decode_bytes, video_token_count)
+from sage_grpo.plan.sizes import (ModelSizes, lora_muon_step_bytes, no_grad_forward_elements, prompt_embedding_bytes,
+                                  read_model_sizes, reward_forward_bytes, rope_table_elements, text_token_count,
+                                  training_activation_elements, vae_decode_bytes, video_token_count)
 
 GIB = 2 ** 30
 MARGIN = 0.10  # share of the GPU the auto decisions leave free: allocator fragmentation, NCCL buffers, the unplanned
@@ -76,9 +78,6 @@ DEFAULT_GPU_MEMORY_GIB = 80.0  # the CLI's budget when neither --gpu_memory_gb n
 # saves more than its element count times 2 bytes: measured 1.30x without and 1.17x with checkpointing on the tiny
 # model under CPU autocast (tests/unit/test_plan.py). Activation bytes are elements x c x this factor under autocast.
 AUTOCAST_ACTIVATION_FACTOR = 1.25
-REWARD_FRAME_PIXELS, REWARD_FPS = 240 * 320, 2.0  # VideoAlign's max_frame_pixels and fps defaults
-REWARD_PATCH, REWARD_MERGE = 14, 2  # Qwen2-VL: 14-pixel patches, 2x2 of them merged into one token
-REWARD_TEXT_TOKENS = 256  # the prompt template and prompt around the video tokens
 
 
 # ====================================================================== the plan
@@ -152,6 +151,9 @@ class _Layout:
     separate_reference: bool
     trainable: int  # P_g
     offload_encoders: bool
+    kl: object  # the run's KLMode (sage_grpo.rl.kl_mode_of)
+    adapters: int  # LoRA: every adapter's parameters, the anchor's too (r·Σ(in+out) each); 0 without LoRA
+    block_trainable: int  # the last block's trained parameters (not its unused text outputs): FSDP reduces it first
 
 
 def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: str) -> _Layout:
@@ -163,16 +165,19 @@ def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: s
     t = sizes.transformer
     gathered = policy_param_dtype(cfg).itemsize if sharded else DTYPES[cfg.master_weight_type].itemsize
     compute = DTYPES[cfg.dtype].itemsize
+    kl, r, per_block = kl_mode_of(cfg), cfg.lora_r, t.lora_width // t.config["num_layers"]
     # P_g: parameters that get a gradient (and optimizer state)
-    trainable = cfg.lora_r * (t.lora_width - t.unused_lora_width) if cfg.use_lora else t.num_params - t.unused_params
+    trainable = r * (t.lora_width - t.unused_lora_width) if cfg.use_lora else t.num_params - t.unused_params
     autocast = autocast_dtype_of(cfg) is not None  # the transformer's forward runs under autocast
     return _Layout(
         cfg=cfg, sizes=sizes, world_size=world_size, shard=world_size // cfg.dp_replicate if sharded else 1,
         sp=cfg.sp_size, master=DTYPES[cfg.master_weight_type].itemsize, gathered=gathered, compute=compute,
         activation=compute * (AUTOCAST_ACTIVATION_FACTOR if autocast else 1.0),
         autocast_copies=autocast and not cfg.use_lora and compute < gathered,
-        separate_reference=kl_mode_of(cfg).uses_reference and not cfg.use_lora,
-        trainable=trainable, offload_encoders=cfg.offload_text_encoders and device_type != "cpu")
+        separate_reference=kl.uses_reference and not cfg.use_lora, trainable=trainable,
+        offload_encoders=cfg.offload_text_encoders and device_type != "cpu",
+        kl=kl, adapters=r * t.lora_width * (2 if kl.moving_anchor else 1) if cfg.use_lora else 0,
+        block_trainable=r * (per_block - t.unused_lora_width) if cfg.use_lora else t.block_params - t.unused_params)
 
 
 def _resident(lay: _Layout, placement: Placement) -> List[Component]:
@@ -180,9 +185,9 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
     cfg, t, z = lay.cfg, lay.sizes.transformer, lay.shard
     out = []
     if cfg.use_lora:
-        out.append(Component("policy weights (frozen base + LoRA)", (t.num_params * lay.compute + lay.trainable
+        out.append(Component("policy weights (frozen base + LoRA)", (t.num_params * lay.compute + lay.adapters
                                                                      * lay.master) / z,
-                             f"P·c/Z + r·Σ(in+out)·m/Z, Z = {z}"))
+                             f"P·c/Z + k·r·Σ(in+out)·m/Z, k adapters (the anchor too), Z = {z}"))
     else:
         out.append(Component("policy weights = fp32 master shards" if lay.master == 4 else "policy weight shards",
                              t.num_params * lay.master / z, f"P·m/Z = {_count_text(t.num_params)}·{lay.master}/{z}"))
@@ -222,24 +227,26 @@ def _gradients_persist(cfg: TrainConfig) -> bool:
 
 def _gradients(lay: _Layout, placement: Placement, note: str = "") -> Component:
     if lay.shard > 1 and not placement.reduce_per_backward:  # + at the peak, the first reduced (last) block's shard
-        t = lay.sizes.transformer
         return Component("gradients (unsharded, held per update)",
-                         lay.trainable * 4 + (t.block_params - t.unused_params) * 4 / lay.shard,
-                         f"P_g·4 + (P_blk − P_unused)·4/Z: fp32, reduced once per update {note}".strip())
+                         lay.trainable * 4 + lay.block_trainable * 4 / lay.shard,
+                         f"P_g·4 + ({'r·(w_blk − w_unused)' if lay.cfg.use_lora else 'P_blk − P_unused'})·4/Z: fp32, "
+                         f"reduced once per update {note}".strip())
     return Component("gradients (sharded)" if lay.shard > 1 else "gradients", lay.trainable * lay.master / lay.shard,
                      f"P_g·m/Z {note}".strip())
 
 
 def _gathered_units(lay: _Layout, dtype_bytes: int, with_gradient: bool) -> List[Component]:
     """FSDP's unsharded units in flight: the root (kept through forward and backward), the block computing and the
-    one prefetched, and in the backward one block's unsharded fp32 gradient before its reduce-scatter."""
+    one prefetched (with LoRA, its adapters), and in the backward one block's unsharded fp32 gradient before its
+    reduce-scatter."""
     t = lay.sizes.transformer
     if lay.shard == 1:
         return []
-    out = [Component("FSDP gathered units", (t.root_params + 2 * t.block_params) * dtype_bytes,
+    block = t.block_params + lay.adapters // t.config["num_layers"]
+    out = [Component("FSDP gathered units", (t.root_params + 2 * block) * dtype_bytes,
                      f"(P_root + 2·P_blk)·{dtype_bytes}")]
     if with_gradient:  # at the peak, the start of the backward: the last block's, whose unused outputs get none
-        out.append(Component("FSDP unsharded block gradient", (t.block_params - t.unused_params) * 4,
+        out.append(Component("FSDP unsharded block gradient", lay.block_trainable * 4,
                              "(P_blk − P_unused)·4: the last block's, before its reduce-scatter"))
     return out
 
@@ -256,13 +263,14 @@ def _calls(cfg: TrainConfig) -> int:
     return cfg.mini_batch_size_per_update * (2 if cfg.cfg_scale > 1 else 1)
 
 
-def _no_grad_forward(lay: _Layout, name: str, video_tokens: int, samples: Optional[int] = None) -> Component:
+def _no_grad_forward(lay: _Layout, name: str, video_tokens: int, samples: Optional[int] = None,
+                     adapters_active: Optional[bool] = None) -> Component:
     """A no-grad forward on ``samples`` rows (default ``--mini_batch_size_per_update``), both CFG branches: its live
     tensors at its peak (:func:`no_grad_forward_elements`), c bytes each (nothing is saved, so autocast's fp32 saves
     do not arise), plus the fp32 RoPE tables."""
     t = lay.sizes.transformer
     b = _calls(lay.cfg) if samples is None else samples * (2 if lay.cfg.cfg_scale > 1 else 1)
-    elements = no_grad_forward_elements(t, video_tokens, lay.cfg, lay.sp, cfg_batch=lay.cfg.cfg_scale > 1)
+    elements = no_grad_forward_elements(t, video_tokens, lay.cfg, lay.sp, lay.cfg.cfg_scale > 1, adapters_active)
     return Component(name, b * elements * lay.compute + rope_table_elements(t, video_tokens) * 4,
                      f"b·[L·D + max(3nD + 2nF, 4nD + 2TF) + 3TD + 3(T+L_img)·D + ...]·c + 2·L·h_d·4, b = {b}")
 
@@ -279,8 +287,9 @@ def _optimizer_step(lay: _Layout, placement: Placement) -> List[Component]:
     cfg, t, z, m = lay.cfg, lay.sizes.transformer, lay.shard, lay.master
     out = [] if _gradients_persist(cfg) else [_gradients(lay, dataclasses.replace(placement,
                                                                                   reduce_per_backward=True))]
-    if cfg.use_lora:  # LoRA's matrices are small and AdamW's list is the trainable set: the foreach bound
-        return out + [Component("optimizer step temporaries", lay.trainable * m / z, "P_g·m/Z (foreach AdamW)")]
+    if cfg.use_lora and cfg.use_muon:
+        return out + [Component("optimizer step temporaries", lora_muon_step_bytes(t, cfg.lora_r, m),
+                                "Muon, LoRA: r·c·(m + 2·2) + r·D·2 + 2·r²·2, c the widest layer side")]
     if not cfg.use_muon:
         return out + [Component("optimizer step temporaries", lay.trainable * m / z,
                                 "P_g·m/Z: foreach AdamW's sqrt of the second moments")]
@@ -302,21 +311,10 @@ def _vae_decode(lay: _Layout, placement: Placement, frames: int, height: int, wi
 
 
 def _reward_forward(lay: _Layout) -> Component:
-    """VideoAlign on ``--reward_batch_size`` videos: one layer's activations over the video and text tokens."""
-    from sage_grpo.rewards.video_preprocess import num_sampled_frames
-
-    cfg = lay.cfg
-    if cfg.reward_model != "videoalign_local":
+    if lay.cfg.reward_model != "videoalign_local":
         return Component("reward forward", 0.0)
-    hidden, intermediate = lay.sizes.reward_shape
-    try:
-        frames = num_sampled_frames(cfg.sample_n_frames, cfg.video_fps, fps=REWARD_FPS)
-    except ValueError:  # a video too short to sample: the reward sees it whole
-        frames = cfg.sample_n_frames
-    video_tokens = frames // 2 * REWARD_FRAME_PIXELS // (REWARD_PATCH * REWARD_MERGE) ** 2
-    tokens = cfg.reward_batch_size * (video_tokens + REWARD_TEXT_TOKENS)
-    return Component("reward forward (SP leaders)", tokens * (4 * hidden + 3 * intermediate) * 2,
-                     f"B_r·tokens·(4h + 3i)·2, {tokens} tokens")
+    tokens, forward = reward_forward_bytes(lay.cfg, lay.sizes.reward_shape)
+    return Component("reward forward (SP leaders)", forward, f"B_r·tokens·(4h + 3i)·2, {tokens} tokens")
 
 
 def _encode(lay: _Layout) -> Component:
@@ -360,9 +358,13 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
         else:
             ref = Component("reference gathered units", (t.root_params + 2 * t.block_params) * lay.compute
                             if lay.shard > 1 else 0.0, "(P_root + 2·P_blk)·c")
-        phases.append(Phase("reference", tuple(resident + [ref] + step_inputs + [
+    # LoRA: the reference passes run the policy itself, its units gathered as for the rollout
+    if lay.separate_reference or (cfg.use_lora and lay.kl.uses_reference):
+        ref = [ref] if lay.separate_reference else policy_units
+        phases.append(Phase("reference", tuple(resident + ref + step_inputs + [
                                                            _no_grad_forward(lay, "reference block activations",
-                                                                            tokens, placement.reference_batch_size)])))
+                                                                            tokens, placement.reference_batch_size,
+                                                                            cfg.use_lora and lay.kl.moving_anchor)])))
     b = _calls(cfg)
     kept, saved = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
     train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)

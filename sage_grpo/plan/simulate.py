@@ -5,13 +5,16 @@ and FLOP counter watching each phase (``python -m sage_grpo.plan <flags> --simul
 How: one process joins a ``fake`` process group of ``--world_size`` ranks as rank 0 and builds the meshes of
 :class:`~sage_grpo.distributed.parallel_dims.ParallelDims`; the policy (``--master_weight_type``) and the KL
 reference (``--dtype``) are built on the ``meta`` device from the transformer config the planner reads
-(:func:`sage_grpo.plan.memory.sizes_of`), get the joint attention, SP, FSDP2 and checkpointing of
-:func:`~sage_grpo.distributed.parallelize.parallelize_models`, and are materialised with ``to_empty`` inside
-``FakeTensorMode``: every tensor has its shape, dtype and device and no storage, so 54 blocks at 81 x 352 x 624 run
-on a laptop's memory. :class:`FSDPMemTracker` (with two corrections, :mod:`sage_grpo.plan.tracking`) attributes
-every live byte to a category (sharded and unsharded parameters, gradients, all-gather and reduce-scatter buffers,
-optimizer state, activations, temporaries, inputs) and keeps the breakdown at the phase's peak; a dispatch mode with
-torch's FLOP formulas counts the phase's FLOPs on this rank's shapes.
+(:func:`sage_grpo.plan.memory.sizes_of`); with ``--use_lora`` the policy is the frozen ``--dtype`` base with the
+trainer's adapters (:func:`sage_grpo.models.bundle.build_lora`: peft, the moving anchor a second adapter) and no
+reference model (its phase runs the policy through ``LoraTraining.reference_mode``). They get the joint attention,
+SP, FSDP2 and checkpointing of :func:`~sage_grpo.distributed.parallelize.parallelize_models`, and are materialised
+with ``to_empty`` inside ``FakeTensorMode``: every tensor has its shape, dtype and device and no storage, so 54
+blocks at 81 x 352 x 624 run on a laptop's memory. :class:`FSDPMemTracker` (with two corrections,
+:mod:`sage_grpo.plan.tracking`) attributes every live byte to a category (sharded and unsharded parameters,
+gradients, all-gather and reduce-scatter buffers, optimizer state, activations, temporaries, inputs) and keeps the
+breakdown at the phase's peak; a dispatch mode with torch's FLOP formulas counts the phase's FLOPs on this rank's
+shapes.
 
 What fake mode cannot run, and where it is worked around:
 
@@ -133,31 +136,42 @@ class _Models(torch.nn.Module):
 
 
 def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
-    """Policy and reference (None without one) parallelized as ``parallelize_models`` does, still on ``meta``."""
+    """(policy, reference, dims, lora) parallelized as ``parallelize_models`` does, still on ``meta``: the reference
+    is None without one; with ``--use_lora`` it is None too and ``lora`` the trainer's
+    :class:`~sage_grpo.models.lora.LoraTraining` on the policy (the frozen base in ``--dtype``, the adapters in
+    ``--master_weight_type``, the KL anchor a second adapter), built by the trainer's own
+    :func:`~sage_grpo.models.bundle.build_lora`."""
     from sage_grpo.distributed.fsdp import apply_fsdp
     from sage_grpo.distributed.parallel_dims import ParallelDims
     from sage_grpo.distributed.parallelize import policy_param_dtype, shard_frozen
     from sage_grpo.distributed.sequence_parallel import apply_sequence_parallel
     from sage_grpo.dtypes import DTYPES
-    from sage_grpo.rl import resolve_kl_mode
+    from sage_grpo.models.bundle import build_lora
+    from sage_grpo.rl import kl_mode_of
 
     from sage_grpo.config import ConfigError
 
-    if cfg.use_lora or not (cfg.enable_fsdp and world_size > 1):
-        raise ConfigError("--simulate covers FSDP full fine-tuning on several ranks (torch's FSDP memory tracker); "
-                          "this launch is planned only: drop --use_lora, pass --enable_fsdp and --world_size > 1")
+    if not (cfg.enable_fsdp and world_size > 1):
+        raise ConfigError("--simulate covers FSDP2 launches on several ranks (torch's FSDP memory tracker), full "
+                          "fine-tuning or --use_lora; this launch is planned only: pass --enable_fsdp and "
+                          "--world_size > 1")
     dims = ParallelDims(world_size=world_size, sp_size=cfg.sp_size, dp_replicate=cfg.dp_replicate,
                         batch_size=cfg.batch_size, num_generations=cfg.num_generations,
                         num_attention_heads=config.get("num_attention_heads", 16))
     dims.build_meshes()
-    policy = _transformer_on_meta(config, DTYPES[cfg.master_weight_type], cfg.attention_backend)
-    policy.requires_grad_(True)
+    kl_mode = kl_mode_of(cfg)
+    lora = reference = None
+    if cfg.use_lora:  # as build_models: the base loaded in --dtype, frozen, the adapters in the master dtype
+        policy = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg.attention_backend)
+        lora = build_lora(cfg, kl_mode, policy, DTYPES[cfg.master_weight_type])
+    else:
+        policy = _transformer_on_meta(config, DTYPES[cfg.master_weight_type], cfg.attention_backend)
+        policy.requires_grad_(True)
+        if kl_mode.uses_reference:
+            reference = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg.attention_backend)
+            reference.requires_grad_(False)
+            reference.eval()
     policy.train()
-    uses_reference = resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl).uses_reference
-    reference = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg.attention_backend) if uses_reference else None
-    if reference is not None:
-        reference.requires_grad_(False)
-        reference.eval()
     for model in (policy, reference):
         if model is not None:
             apply_sequence_parallel(model, dims.sp_group)
@@ -165,7 +179,7 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
                activation_checkpointing=cfg.enable_gradient_checkpointing)
     if reference is not None:  # offloaded shards are left on the device here and out of its tally (docstring)
         shard_frozen(reference, dims.fsdp_mesh, offload=False)
-    return policy, reference, dims
+    return policy, reference, dims, lora
 
 
 # ====================================================================== running the phases
@@ -192,10 +206,16 @@ def _warm_up(policy: torch.nn.Module, optimizer) -> None:
     last = policy.transformer_blocks[-1]
     unused = {id(p) for m in (last.attn.to_add_out, last.ff_context) for p in m.parameters()}
     for param in policy.parameters():
-        if id(param) not in unused:
+        if param.requires_grad and id(param) not in unused:
             param.grad = torch.zeros_like(param)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def _reference_of(reference, lora):
+    """The KL reference for its phase: the reference model, or the LoRA policy switched by the trainer's own
+    ``LoraTraining.reference_mode`` (the anchor adapter once refreshed, else adapters disabled)."""
+    return lora.reference_mode() if lora is not None else contextlib.nullcontext(reference)
 
 
 def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_tokens_shape: Tuple[int, int, int]):
@@ -208,6 +228,7 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
     from sage_grpo.dtypes import autocast_dtype_of
     from sage_grpo.optim.optimizers import build_optimizer, optimizer_parts
     from sage_grpo.pipeline.velocity import cfg_velocity
+    from sage_grpo.rl import kl_mode_of
 
     started = time.perf_counter()
     result = Simulation([], [
@@ -215,7 +236,7 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
         ("decode + reward", "VAE decode and VideoAlign are other model families; their bytes are the plan's"),
         ("checkpoint save", "host memory and disk: sharded state is written by each rank from its own shards")])
     with fake_process_group(world_size), metadata_only_propagation():
-        policy, reference, _dims = build_sharded(cfg, world_size, config, placement)
+        policy, reference, _dims, lora = build_sharded(cfg, world_size, config, placement)
         models = _Models(policy, reference)
         from torch.distributed.fsdp import fully_shard
 
@@ -249,11 +270,14 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
             with Phase("rollout", models, optimizer, inputs, "policy, no grad, CFG batch") as phase, torch.no_grad():
                 velocity(policy)
             result.phases.append(phase.result)
-            if reference is not None:
+            if reference is not None or (lora is not None and kl_mode_of(cfg).uses_reference):
                 rows = placement.reference_batch_size or batch  # the planner's choice (--reference_batch_size)
-                with Phase("reference", models, optimizer, inputs, f"KL means, no grad, {rows} transitions per call") \
-                        as phase, torch.no_grad():
-                    velocity(reference, rows)
+                if lora is not None and lora.has_anchor:  # the anchor adapter, as from the first refresh on
+                    lora.refresh_anchor()
+                with Phase("reference", models, optimizer, inputs, f"KL means, no grad, {rows} transitions per call"
+                           + (", the LoRA policy as its reference" if lora is not None else "")) as phase, \
+                        torch.no_grad(), _reference_of(reference, lora) as model:
+                    velocity(model, rows)
                 result.phases.append(phase.result)
             # An update's window has several backwards; the peak is in a later one, with the earlier ones' gradients
             # held: sharded (per_backward) or unsharded fp32 until the window's last backward reduces them (per_update)
@@ -272,10 +296,14 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             result.phases.append(phase.result)
-            if reference is not None:
-                with Phase("anchor refresh", models, optimizer, inputs, "reference.load_state_dict(policy's)") \
-                        as phase, torch.no_grad():
-                    reference.load_state_dict(policy.state_dict(), strict=True)
+            if reference is not None or (lora is not None and lora.has_anchor):
+                with Phase("anchor refresh", models, optimizer, inputs, "LoRA: the policy adapter copied into the "
+                           "anchor" if lora is not None else "reference.load_state_dict(policy's)") as phase, \
+                        torch.no_grad():
+                    if lora is not None:
+                        lora.refresh_anchor()
+                    else:
+                        reference.load_state_dict(policy.state_dict(), strict=True)
                 result.phases.append(phase.result)
         if placement.reference_on_cpu:
             result.phases = [without(p, reference, "Sharded Param") for p in result.phases]

@@ -45,6 +45,9 @@ REAL_REWARD_CONFIG = dict(  # VideoAlign's base, Qwen2-VL-2B-Instruct
                        spatial_merge_size=2, temporal_patch_size=2),
     tie_word_embeddings=True)
 BYT5_PROJECTION_WIDTH = 2048  # HunyuanVideo15ByT5TextProjection's hidden width (fixed in diffusers)
+REWARD_FRAME_PIXELS, REWARD_FPS = 240 * 320, 2.0  # VideoAlign's max_frame_pixels and fps defaults
+REWARD_PATCH, REWARD_MERGE = 14, 2  # Qwen2-VL: 14-pixel patches, 2x2 of them merged into one token
+REWARD_TEXT_TOKENS = 256  # the prompt template and prompt around the video tokens
 
 
 # ====================================================================== model sizes
@@ -68,6 +71,7 @@ class TransformerSizes:
     unused_params: int
     unused_lora_width: int
     largest_matrix: Tuple[int, int] = (0, 0)  # (rows, cols) of the largest trained 2-D weight (Muon's largest step)
+    largest_linear_side: int = 0  # max(in, out) over the blocks' Linear layers: LoRA's largest matrix is r x this
 
     @property
     def root_params(self) -> int:  # P_root: what fully_shard(root) keeps
@@ -126,7 +130,9 @@ def transformer_sizes(config: Dict) -> TransformerSizes:
         lora_width=lora_width([model.transformer_blocks]), unused_params=sum(_count(m) for m in unused),
         unused_lora_width=lora_width(unused),
         largest_matrix=tuple(max((p.shape for p in model.parameters() if p.ndim == 2 and not _in(p, unused)),
-                                 key=lambda shape: shape[0] * shape[1])))
+                                 key=lambda shape: shape[0] * shape[1])),
+        largest_linear_side=max(max(m.in_features, m.out_features) for m in model.transformer_blocks.modules()
+                                if isinstance(m, torch.nn.Linear)))
 
 
 @functools.lru_cache(maxsize=8)
@@ -228,17 +234,29 @@ def outside_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainCon
     tables (2·n·h_d, shared by all blocks), the output norm and projection (3·D + 2 per token), the byT5 projection
     (its norm's input and output, 2·E2 + 2, and two GELUs' inputs and outputs, 4·2048), the image projection
     (4·E3 + D + 4) and the token refiner (its input, E1, and per refiner layer 10 D-wide and 2 F-wide saves, the
-    statistics and the L_mllm² mask)."""
+    statistics and the L_mllm² mask). With LoRA in the blocks only (:func:`lora_in_blocks_only`) the frozen
+    embedders and refiner save nothing: the RoPE tables and the output layers' saves remain."""
     from sage_grpo.models.text_encoding import TextEncoderSettings
 
     c = t.config
     d, f, heads, n = t.hidden, t.mlp_hidden, c["num_attention_heads"], video_tokens // sp
     mllm = cfg.text_max_length or TextEncoderSettings.max_length
+    if lora_in_blocks_only(cfg):  # frozen and upstream of every adapter: the embedders and refiner save nothing
+        return 2 * n * c["attention_head_dim"] + n * (3 * d + 2)
     embed = c["in_channels"] * video_tokens + 2 * n * c["attention_head_dim"] + n * (3 * d + 2)
     byt5 = cfg.byt5_max_length * (2 * c["text_embed_2_dim"] + 2 + 4 * BYT5_PROJECTION_WIDTH)
     image = cfg.vision_num_semantic_tokens * (4 * c["image_embed_dim"] + d + 4)
     refiner = mllm * c["text_embed_dim"] + c["num_refiner_layers"] * (mllm * (10 * d + 2 * f + 4 + heads) + mllm * mllm)
     return embed + byt5 + image + refiner
+
+
+def lora_in_blocks_only(cfg: TrainConfig) -> bool:
+    """Whether a LoRA run's adapters sit only in the dual-stream blocks (the default ``all-linear`` targets,
+    ``sage_grpo.models.lora``): then nothing upstream of the blocks takes part in the backward. Other targets (plain
+    names reach the refiner's layers too) are planned as a full fine-tune's saves outside the blocks, an upper bound."""
+    from sage_grpo.models.lora import ALL_LINEAR, check_targets
+
+    return cfg.use_lora and check_targets(cfg.lora_target_modules) in ([], [ALL_LINEAR])
 
 
 def checkpointed_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
@@ -274,7 +292,7 @@ def training_activation_elements(t: TransformerSizes, video_tokens: int, cfg: Tr
 
 
 def no_grad_forward_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
-                             cfg_batch: bool) -> int:
+                             cfg_batch: bool, adapters_active: Optional[bool] = None) -> int:
     """Elements live at the peak of a no-grad transformer forward, per sample on one SP rank, in the compute dtype
     (the RoPE tables, fp32 and per call, are :func:`rope_table_elements`); read off the live tensors at the peak of
     the simulated rollout (``sage_grpo/plan/simulate.py``, the same at 8 and 32 ranks, sp 2 and 4).
@@ -288,6 +306,10 @@ def no_grad_forward_elements(t: TransformerSizes, video_tokens: int, cfg: TrainC
       and modulated MLP input (3·T·D);
     - the text MLP's GELU: 2·T·F and the same three text tensors, with the image stream's four (its MLP output too).
 
+    With LoRA (the default targets adapt the MLP's first projection) the moment is that projection's out-of-place
+    sum in peft: the base output, the scaled adapter output and their sum, one F-wide tensor more per token
+    (``adapters_active``, default ``--use_lora``; a LoRA run's fixed reference runs with its adapters disabled).
+
     At both: the joint text input, (T + L_img)·D twice (diffusers stacks the per-sample concatenations of the
     [byT5, MLLM, image] slots and keeps the list), the three embedders' outputs (L_mllm + L_byt5 + L_img)·D, the zero
     image embeddings L_img·E3, the latent input C_in·L, and in a CFG batch the concatenated prompt embeddings
@@ -300,8 +322,10 @@ def no_grad_forward_elements(t: TransformerSizes, video_tokens: int, cfg: TrainC
     mllm, byt5, image = (cfg.text_max_length or TextEncoderSettings.max_length), cfg.byt5_max_length, \
         cfg.vision_num_semantic_tokens
     text = mllm + byt5
-    image_mlp = 3 * n * d + 2 * n * f + 3 * text * d
-    text_mlp = 4 * n * d + 2 * text * f + 3 * text * d
+    # LoRA on the MLP's first projection adds out of place (peft: base + B(A(x))·scale): three F-wide tensors there
+    lora = f if (cfg.use_lora if adapters_active is None else adapters_active) else 0
+    image_mlp = 3 * n * d + 2 * n * f + n * lora + 3 * text * d
+    text_mlp = 4 * n * d + 2 * text * f + text * lora + 3 * text * d
     outside = (length * d + 2 * (text + image) * d + (mllm + byt5 + image) * d + image * c["image_embed_dim"]
                + c["in_channels"] * length)
     prompts = mllm * c["text_embed_dim"] + byt5 * c["text_embed_2_dim"] if cfg_batch else 0
@@ -322,6 +346,30 @@ def prompt_embedding_bytes(t: TransformerSizes, cfg: TrainConfig, dtype_bytes: i
     per_row = (mllm * t.config["text_embed_dim"] + cfg.byt5_max_length * t.config["text_embed_2_dim"]) * dtype_bytes \
         + (mllm + cfg.byt5_max_length) * 8
     return 2 * cfg.batch_size * per_row
+
+
+def lora_muon_step_bytes(t: TransformerSizes, r: int, master_bytes: int) -> int:
+    """Muon's temporaries on LoRA adapters (every adapter tensor is a matrix, one at a time): the largest is r x c, c
+    the widest side of the blocks' layers (the modulation's 6·D output), in the master dtype, with Newton-Schulz's
+    two bf16 iterates and its r² Gram matrix and polynomial, and the matrix stepped before it still referenced: that
+    layer's A, r x D in bf16 (measured on the simulated step, ``sage_grpo/plan/simulate.py``)."""
+    c = t.largest_linear_side
+    return r * c * (master_bytes + 2 * 2) + r * t.hidden * 2 + 2 * r * r * 2
+
+
+def reward_forward_bytes(cfg: TrainConfig, reward_shape: Tuple[int, int]) -> Tuple[int, int]:
+    """(tokens, bytes) of VideoAlign on ``--reward_batch_size`` videos: one layer's activations over the sampled
+    video's and the prompt's tokens, bf16."""
+    from sage_grpo.rewards.video_preprocess import num_sampled_frames
+
+    hidden, intermediate = reward_shape
+    try:
+        frames = num_sampled_frames(cfg.sample_n_frames, cfg.video_fps, fps=REWARD_FPS)
+    except ValueError:  # a video too short to sample: the reward sees it whole
+        frames = cfg.sample_n_frames
+    video_tokens = frames // 2 * REWARD_FRAME_PIXELS // (REWARD_PATCH * REWARD_MERGE) ** 2
+    tokens = cfg.reward_batch_size * (video_tokens + REWARD_TEXT_TOKENS)
+    return tokens, tokens * (4 * hidden + 3 * intermediate) * 2
 
 
 # ====================================================================== VAE decode

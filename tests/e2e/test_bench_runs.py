@@ -53,8 +53,8 @@ def test_benchmark_step_at_real_width(capsys, real_width_root):
     assert sum(shares) == pytest.approx(100.0, abs=0.5)
     for phase in ("rollout", "decode", "policy update"):
         assert value_of(rf"^memory {phase}: peak n/a, planned {NUMBER} GB", out) > 0
-    # LoRA: no separate reference, its means are no-grad forwards planned as the rollout's
-    assert re.search(r"^memory reference means: peak n/a, planned [0-9.]+ GB \(rollout,", out, flags=re.MULTILINE)
+    # LoRA: no separate reference, its means are the policy's no-grad forwards, in the plan's reference phase
+    assert re.search(r"^memory reference means: peak n/a, planned [0-9.]+ GB \(reference,", out, flags=re.MULTILINE)
     assert value_of(rf"^memory step: peak n/a, planned {NUMBER} GB", out) > 2.0  # the runtime overhead and more
 
 

@@ -1,0 +1,113 @@
+"""The simulated GRPO step of a LoRA launch against the plan at reduced depth (issue 27): 2 dual-stream blocks at the
+real width, world 4, sp 2, the reference launch's video (81 x 352 x 624), fake tensors over a fake process group.
+The policy is built by the trainer's own ``build_lora`` (peft adapters on the frozen bf16 base, the moving anchor a
+second adapter), sharded by the trainer's FSDP2; the reference phase runs the policy through
+``LoraTraining.reference_mode`` (sage_grpo/plan/simulate.py)."""
+import dataclasses
+
+import pytest
+
+from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.plan.simulate import GIB, planner_groups, simulated_verdict, simulation_report
+from sage_grpo.plan.tracking import GROUPS
+
+TOLERANCE = 0.05
+FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_generations", "4", "--enable_fsdp",
+         "--enable_gradient_checkpointing", "--sp_size", "2", "--kl_weight", "1e-5", "--use_dual_kl", "True",
+         "--validation_interval", "0", "--sample_n_frames", "81", "--rollout_height", "352", "--rollout_width", "624",
+         "--use_lora", "true"]
+# The reference launch's LoRA (moving anchor: a second adapter, Muon, gradients held per update) and a fixed KL
+# reference (adapters disabled in its passes) with AdamW.
+LAUNCHES = {"moving anchor, Muon": ["--use_moving_KL", "True"],
+            "fixed reference, AdamW": ["--use_moving_KL", "False", "--use_muon", "False"]}
+
+
+def _simulate(extra):
+    from sage_grpo.plan import memory as planner
+    from sage_grpo.plan.simulate import public_config
+    from sage_grpo.plan.sizes import transformer_sizes
+
+    cfg = parse_cli(TrainConfig, FLAGS + extra)
+    text, simulation = simulation_report(cfg, 4, 80.0, num_layers=2)
+    sizes = planner.sizes_of(cfg)
+    config = dict(public_config(sizes.transformer.config), num_layers=2)
+    plan = planner.plan_launch(cfg, 4, 80.0, dataclasses.replace(sizes, transformer=transformer_sizes(config)))
+    return text, simulation, plan
+
+
+@pytest.fixture(scope="module", params=list(LAUNCHES))
+def simulated(request):
+    return (request.param, *_simulate(LAUNCHES[request.param]))
+
+
+def test_every_category_of_every_lora_phase_agrees_with_the_plan(simulated):
+    """Per phase (rollout, reference, train, optimizer step) and per group of tracker categories: the tracker's bytes
+    at the phase's peak equal the plan's LoRA components within 5%, and a group the plan leaves empty is empty in the
+    simulation too. The plan has a reference phase for LoRA (the policy's own no-grad passes), so its reference
+    batch is bounded by the step's peak."""
+    launch, _, simulation, plan = simulated
+    assert [p.name for p in simulation.phases][:4] == ["rollout", "reference", "train", "optimizer step"]
+    compared = 0
+    for phase in simulation.phases[:4]:
+        planned, _ = planner_groups(plan.phase(phase.name))
+        for group in GROUPS:
+            simulated_bytes = phase.group(group)
+            if planned[group] == 0:
+                assert simulated_bytes < 0.001 * GIB, (launch, phase.name, group, simulated_bytes)
+                continue
+            compared += 1
+            ratio = simulated_bytes / planned[group]
+            assert abs(ratio - 1) <= TOLERANCE, (launch, phase.name, group, ratio)
+    assert compared >= 21  # 5 groups in each no-grad phase, 6 in training, 5 in the optimizer step
+    assert plan.placement.reference_batch_size < 40  # not the whole rollout batch: it would raise the peak
+
+
+def test_the_reference_phase_runs_the_policy_with_its_anchor_or_without_adapters(simulated):
+    """No second transformer: the reference phase's sharded weights are the policy's. With the moving anchor it runs
+    the anchor adapter (the same FLOPs per transition as the rollout's policy); a fixed reference runs the base model
+    (adapters disabled: fewer FLOPs). The anchor refresh copies the adapter only with the moving anchor."""
+    launch, text, simulation, plan = simulated
+    rollout, reference = simulation.phases[:2]
+    rows = plan.placement.reference_batch_size
+    assert "LoRA policy as its reference" in reference.note and f"{rows} transitions per call" in reference.note
+    assert reference.group("sharded weights") == rollout.group("sharded weights")
+    names = [p.name for p in simulation.phases]
+    if launch.startswith("moving"):
+        assert reference.flops == rows * rollout.flops > 0
+        assert names[-1] == "anchor refresh" and simulation.phases[-1].flops == 0
+    else:
+        assert 0.99 * rows * rollout.flops < reference.flops < rows * rollout.flops
+        assert "anchor refresh" not in names
+
+
+def test_the_lora_verdict_agrees_with_the_plan(simulated):
+    _, text, simulation, plan = simulated
+    verdict = simulation.verdict
+    assert verdict.fits and plan.fits() and "simulated verdict:" in text
+    assert abs(verdict.peak / (plan.peak_gib * GIB) - 1) <= TOLERANCE
+    for scale, fits in ((0.9, False), (1.1, True)):
+        budget = dataclasses.replace(plan, gpu_memory_gib=plan.peak_gib * scale)
+        assert budget.fits() is fits and simulated_verdict(budget, simulation).fits is fits, scale
+
+
+@pytest.mark.parametrize("flags, world", [([], 1), (["--enable_fsdp", "false"], 4)])
+def test_launches_without_fsdp_shards_are_still_refused(flags, world):
+    cfg = parse_cli(TrainConfig, FLAGS + flags)
+    with pytest.raises(ConfigError, match="--enable_fsdp and --world_size > 1"):
+        simulation_report(cfg, world, 80.0, num_layers=2)
+
+
+def test_only_block_adapters_drop_the_saves_upstream_of_the_blocks():
+    """The default targets adapt the blocks only: the frozen embedders and refiner save nothing for the backward (the
+    simulation's training activations agree only with that). Plain names such as ``to_q`` also reach the refiner's
+    layers, so the plan keeps the full fine-tune's saves outside the blocks there (an upper bound)."""
+    from sage_grpo.plan.memory import sizes_of
+    from sage_grpo.plan.sizes import outside_saved_elements
+
+    def outside(*extra):
+        cfg = parse_cli(TrainConfig, FLAGS + list(extra))
+        return outside_saved_elements(sizes_of(cfg).transformer, 18018, cfg, 2)
+
+    full = outside("--use_lora", "false")
+    assert outside() == outside("--lora_target_modules", "all-linear") < full / 2  # RoPE + output layers remain
+    assert outside("--lora_target_modules", "to_q", "to_k") == full
