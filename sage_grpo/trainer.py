@@ -84,7 +84,7 @@ from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
-from sage_grpo.rl.sde_window import SDEWindow, window_transition_means
+from sage_grpo.rl.sde_window import SDEWindow
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
 from sage_grpo.safe_io import CheckpointError, DiskFullError
@@ -370,16 +370,15 @@ class GRPOTrainer:
         return rewards, gather_group_rewards(rewards, self.dims, self.ranks_per_group)
 
     def reference_means(self, rollout, embeds) -> Optional[torch.Tensor]:
-        """mu_ref of every stored transition, (B, N, C, T, h, w) on CPU, the placement's reference batch of
-        transitions per forward (``--reference_batch_size``); None without a KL reference."""
+        """mu_ref of every stored transition, (B, N, C, T, h, w) on the device, the placement's reference batch of
+        transitions per forward (``--reference_batch_size``); with the SDE window only the window's transitions
+        (the others are never trained); None without a KL reference."""
         if self.models.reference is None or self.kl_controller is None:
             return None
+        steps = self.window.steps(self.update_steps) if self.window.enabled else None
         with self.models.reference_on_device() as reference:
-            if self.window.enabled:  # only the window's transitions are trained
-                return window_transition_means(self.reference_sampler, reference, rollout.latents, embeds,
-                                               self.device, self.window.steps(self.update_steps))
             return self.reference_sampler.transition_means(reference, rollout.latents, embeds, self.device,
-                                                           self.show_bars)
+                                                           self.show_bars, steps=steps)
 
     def policy_update(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
                       trained_steps: torch.Tensor, pass_index: int = 0) -> Dict[str, float]:

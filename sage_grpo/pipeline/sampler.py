@@ -85,24 +85,28 @@ class Sampler:
 
     @torch.no_grad()
     def transition_means(self, transformer, latents: Tensor, embeds: PromptEmbeds, device: torch.device,
-                         progress: bool = False) -> Tensor:
-        """SDE means of every stored transition of a rollout: ``latents`` (B, N+1, C, T, h, w) -> (B, N, C, T, h, w)
-        fp32 on the CPU (the KL reference's means).
+                         progress: bool = False, steps: Optional[Tensor] = None) -> Tensor:
+        """SDE means of the stored transitions of a rollout: ``latents`` (B, N+1, C, T, h, w) -> (B, N, C, T, h, w)
+        fp32 on ``device`` (the KL reference's means; they stay there for the update's KL terms, the size of the
+        rollout's own trajectory, with no copy to the host and back: a ``.cpu()`` per forward was a host sync).
 
-        The B x N transitions are replayed ``micro_batch_size`` per forward in sample-major order, a forward mixing
-        samples and steps (one step index per row); its inputs go to ``device``. ``progress``: a tqdm bar.
+        ``steps``: only those steps' transitions (the SDE window, ``rl.sde_window``); the others are never trained
+        and are NaN, so that any accidental use is loud. The transitions are replayed ``micro_batch_size`` per
+        forward in sample-major order, a forward mixing samples and steps (one step index per row); its inputs go to
+        ``device``. ``progress``: a tqdm bar.
         """
         from tqdm.auto import tqdm
 
         batch, num_steps = latents.shape[0], latents.shape[1] - 1
-        pairs = torch.cartesian_prod(torch.arange(batch), torch.arange(num_steps))  # (B*N, 2): (sample, step)
-        means = torch.empty((batch, num_steps, *latents.shape[2:]), dtype=torch.float32)
+        chosen = torch.arange(num_steps) if steps is None else steps.reshape(-1).cpu()
+        pairs = torch.cartesian_prod(torch.arange(batch), chosen)  # (B*n, 2): (sample, step)
+        means = torch.full((batch, num_steps, *latents.shape[2:]), float("nan"), dtype=torch.float32, device=device)
         for chunk in tqdm(pairs.split(self.micro_batch_size), desc="reference means", leave=False,
                           disable=not progress):
-            rows, steps = chunk[:, 0], chunk[:, 1]
-            out = self.replay(transformer, latents[rows, steps].to(device), latents[rows, steps + 1].to(device),
-                              steps.to(device), embeds.select(rows.tolist()).to(device))
-            means[rows, steps] = out.mean.float().cpu()
+            rows, index = chunk[:, 0], chunk[:, 1]
+            out = self.replay(transformer, latents[rows, index].to(device), latents[rows, index + 1].to(device),
+                              index.to(device), embeds.select(rows.tolist()).to(device))
+            means[rows.to(device), index.to(device)] = out.mean.float()
         return means
 
 

@@ -26,7 +26,7 @@ sequence; D hidden, F MLP hidden, H heads, h_d head dim.
 **Components** (each a formula below): policy weights P·m/Z (they are the master weights: no second copy); Muon
 momentum P_mat·m/Z plus AdamW's two moments 2·(P_g − P_mat)·m/Z; gradients P_g·m/Z sharded (``per_backward``) or P_g·4
 unsharded fp32 held across an update's backwards (``per_update``, plus the first reduced block's shard); the step's
-inputs (the rollout latents and the prompt embeddings, :func:`~sage_grpo.plan.sizes.prompt_embedding_bytes`); FSDP's
+inputs (rollout latents, prompt embeddings, from the reference pass on the KL reference's means); FSDP's
 gathered units in flight P_root·g + 2·P_blk·g (the unit computing and the one prefetched) plus the last block's
 unsharded fp32 gradient (the first reduced, at the start of the backward where the peak is); autocast copies P·2 (bf16
 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under autocast on fp32
@@ -50,10 +50,9 @@ the launch does not fit and names ``--reference_placement cpu``); then gradients
 plan still fits with the unsharded fp32 gradients held, else after every backward; last, ``--reference_batch_size 0``
 takes the largest reference batch (transitions per no-grad reference forward, doubling from
 ``--mini_batch_size_per_update`` up to a rollout batch's transitions) that does not raise the step's peak. Tiling:
-``--vae_tiling auto`` tiles decodes above :data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. On a CPU device there
-is no GPU budget: a sharded full fine-tune reduces per backward, the reference stays where the model is and its batch
-is ``--mini_batch_size_per_update`` (a larger one changes the means in the last bits, and the golden CPU run is bit
-for bit).
+``--vae_tiling auto`` tiles decodes above :data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. A CPU device has no
+GPU budget: a sharded full fine-tune reduces per backward, the reference stays with the model, its batch is
+``--mini_batch_size_per_update`` (a larger one changes the means in the last bits; the golden run is bit for bit).
 """
 
 import dataclasses
@@ -351,6 +350,8 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
                           "B·N_sde·latent·4, N_sde = --sde_window_size or N")
     phases.append(Phase("rollout", tuple(resident + policy_units + _autocast(lay) + step_inputs + [sde_noise]
                                          + [_no_grad_forward(lay, "rollout block activations", tokens)])))
+    means = [Component("reference means", latents // (cfg.grpo_sampling_steps + 1) * cfg.grpo_sampling_steps,
+                       "B·N·latent·4: reference pass to optimizer step")] if lay.kl.uses_reference else []
     if lay.separate_reference:
         if placement.reference_on_cpu:
             ref_bytes = (2 * t.block_params + t.root_params if lay.shard > 1 else t.num_params) * lay.compute
@@ -361,7 +362,7 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     # LoRA: the reference passes run the policy itself, its units gathered as for the rollout
     if lay.separate_reference or (cfg.use_lora and lay.kl.uses_reference):
         ref = [ref] if lay.separate_reference else policy_units
-        phases.append(Phase("reference", tuple(resident + ref + step_inputs + [
+        phases.append(Phase("reference", tuple(resident + ref + step_inputs + means + [
                                                            _no_grad_forward(lay, "reference block activations",
                                                                             tokens, placement.reference_batch_size,
                                                                             cfg.use_lora and lay.kl.moving_anchor)])))
@@ -370,14 +371,14 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)
     if not _gradients_persist(cfg):
         train.append(_gradients(lay, placement))
-    train += step_inputs + [Component(
+    train += step_inputs + means + [Component(
         "activations" + (" (checkpointed)" if cfg.enable_gradient_checkpointing else ""),
         b * (kept * lay.compute + saved * lay.activation),
         ("b·((blocks·(n+T) + L − n + L_img)·D·c + (one block + outside)·a), "
          if cfg.enable_gradient_checkpointing else "b·(blocks·block + outside)·a, ")
         + f"b = {b}, n = {tokens // lay.sp}, T = {text_token_count(cfg)}, a = {lay.activation:g} B")]
     phases.append(Phase("train", tuple(train)))
-    phases.append(Phase("optimizer step", tuple(resident + step_inputs + _optimizer_step(lay, placement))))
+    phases.append(Phase("optimizer step", tuple(resident + step_inputs + means + _optimizer_step(lay, placement))))
     phases.append(Phase("decode + reward", tuple(resident + step_inputs + [
         _vae_decode(lay, placement, cfg.sample_n_frames, height, width, "VAE decode"),
         _reward_forward(lay)])))

@@ -261,6 +261,7 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
             inputs = (trajectories, *(getattr(step_embeds, f) for f in ("embeds", "masks", "embeds_2", "masks_2",
                                                                        "neg_embeds", "neg_masks", "neg_embeds_2",
                                                                        "neg_masks_2")))
+
             def velocity(model, rows: int = batch):  # one call of ``rows`` transitions (CFG doubles them)
                 return cfg_velocity(model, latents.new_zeros(rows, *latents.shape[1:]), timesteps.new_full((rows,), 500.0),
                                     step_embeds.select([i % cfg.batch_size for i in range(rows)]), cfg.cfg_scale,
@@ -270,6 +271,8 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
             with Phase("rollout", models, optimizer, inputs, "policy, no grad, CFG batch") as phase, torch.no_grad():
                 velocity(policy)
             result.phases.append(phase.result)
+            if kl_mode_of(cfg).uses_reference:  # the reference means, held on the device until the step ends
+                inputs += (torch.zeros(cfg.batch_size, cfg.grpo_sampling_steps, *latents.shape[1:]),)
             if reference is not None or (lora is not None and kl_mode_of(cfg).uses_reference):
                 rows = placement.reference_batch_size or batch  # the planner's choice (--reference_batch_size)
                 if lora is not None and lora.has_anchor:  # the anchor adapter, as from the first refresh on
@@ -322,7 +325,7 @@ _PLANNER_GROUPS = (
     ("optimizer state", ("optimizer:",)),
     ("activations", ("activations", "rollout block activations", "reference block activations",
                      "autocast bf16 weight copies", "optimizer step temporaries")),
-    ("inputs", ("rollout latents", "prompt embeddings")),
+    ("inputs", ("rollout latents", "prompt embeddings", "reference means")),
 )
 
 

@@ -57,21 +57,3 @@ class SDEWindow:
             return False
         inside = set(self.steps(update_steps).tolist())
         return [k not in inside for k in range(self.num_steps)]
-
-
-@torch.no_grad()
-def window_transition_means(sampler, transformer, latents: torch.Tensor, embeds, device: torch.device,
-                            steps: torch.Tensor) -> torch.Tensor:
-    """The KL reference's SDE means of the window's transitions only: ``latents`` (B, N+1, ...) ->
-    (B, N, ...) fp32 on the CPU, NaN outside ``steps`` (those transitions are never trained, and a NaN makes any
-    accidental use loud). ``sampler.micro_batch_size`` transitions per forward, sample-major as
-    ``Sampler.transition_means`` does for every step."""
-    batch, num_steps = latents.shape[0], latents.shape[1] - 1
-    pairs = torch.cartesian_prod(torch.arange(batch), steps.reshape(-1))  # (B*W, 2): (sample, step)
-    means = torch.full((batch, num_steps, *latents.shape[2:]), float("nan"), dtype=torch.float32)
-    for chunk in pairs.split(sampler.micro_batch_size):
-        rows, index = chunk[:, 0], chunk[:, 1]
-        out = sampler.replay(transformer, latents[rows, index].to(device), latents[rows, index + 1].to(device),
-                             index.to(device), embeds.select(rows.tolist()).to(device))
-        means[rows, index] = out.mean.float().cpu()
-    return means

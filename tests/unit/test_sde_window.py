@@ -8,7 +8,7 @@ from model_fixtures import TINY_IMAGE_TOKENS, TINY_VIDEO
 from sage_grpo import sde
 from sage_grpo.pipeline import cfg_velocity, step_timesteps
 from sage_grpo.pipeline.sampler import Sampler
-from sage_grpo.rl.sde_window import SDEWindow, window_transition_means
+from sage_grpo.rl.sde_window import SDEWindow
 
 PROMPTS = ["A cat walks on the grass", "A dog runs on a beach"]
 SEEDS = [11, 12]
@@ -73,8 +73,7 @@ def test_windowed_rollout_replays_exactly_and_its_ode_steps_are_deterministic(ti
                                     num_image_tokens=TINY_IMAGE_TOKENS)
             euler = sde.step(sampler.kernel, velocity, x, out.sigmas, k, 0.5, deterministic=True).prev_sample
             assert torch.equal(euler, out.latents[sample, k + 1]), (sde_type, k, row)
-    means = window_transition_means(sampler, transformer, out.latents, embeds, torch.device("cpu"),
-                                    window.steps(1))
+    means = sampler.transition_means(transformer, out.latents, embeds, torch.device("cpu"), steps=window.steps(1))
     every = sampler.transition_means(transformer, out.latents, embeds, torch.device("cpu"))
     assert torch.equal(means[:, 1:3], every[:, 1:3])
     assert torch.isnan(means[:, [0, 3]]).all()  # never computed, never trained
