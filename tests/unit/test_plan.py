@@ -204,8 +204,8 @@ def test_reference_launch_fits_in_80_gb():
     plan = planner.plan_launch(cfg, world_size=8, gpu_memory_gib=80.0)
     assert plan.peak_gib <= 70.0
     # bf16 gathers and trimmed text leave room for the unsharded gradients: one reduction per update
-    # and the reference means run all of the rollout batch's 2 x 16 transitions in one forward (that fits under the
-    # train phase's peak)
+    # and the reference means run 32 of the rollout batch's 2 x 20 transitions per forward (the largest candidate
+    # under the train phase's peak; all 40 would raise it)
     assert plan.placement == Placement(reduce_per_backward=False, reference_on_cpu=False, vae_tiling="auto",
                                        reference_batch_size=32)
     train = next(p for p in plan.phases if p.name == "train")

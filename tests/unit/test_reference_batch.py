@@ -29,8 +29,8 @@ def test_cuda_auto_takes_the_largest_batch_under_the_peak():
     cfg = TrainConfig(sp_size=2, validation_interval=0, batch_size=2, grpo_sampling_steps=16)
     assert planner.reference_batch_candidates(cfg) == [1, 2, 4, 8, 16, 32]
     assert planner.reference_batch_candidates(dataclasses.replace(cfg, sde_window_size=3)) == [1, 2, 4, 6]
-    # the reference launch's whole rollout batch (2 x 16 transitions) fits under its training peak; at 4 prompts
-    # (4 x 16) the largest candidate would not
+    # this launch's whole rollout batch (2 x 16 transitions) fits under its training peak; at 4 prompts (4 x 16)
+    # the largest candidate would not
     assert planner.plan_launch(cfg, 8, 80.0).placement.reference_batch_size == 32
     cfg = dataclasses.replace(cfg, batch_size=4)
     faithful = planner.plan_launch(dataclasses.replace(cfg, reference_batch_size=1), 8, 80.0)
