@@ -351,10 +351,10 @@ def prompt_embedding_bytes(t: TransformerSizes, cfg: TrainConfig, dtype_bytes: i
 def lora_muon_step_bytes(t: TransformerSizes, r: int, master_bytes: int) -> int:
     """Muon's temporaries on LoRA adapters (every adapter tensor is a matrix, one at a time): the largest is r x c, c
     the widest side of the blocks' layers (the modulation's 6·D output), in the master dtype, with Newton-Schulz's
-    two bf16 iterates and its r² Gram matrix and polynomial, and the matrix stepped before it still referenced: that
-    layer's A, r x D in bf16 (measured on the simulated step, ``sage_grpo/plan/simulate.py``)."""
+    two bf16 iterates and its r² Gram matrix and polynomial (the step drops each matrix's gathered update before the
+    next one's; checked on the simulated step, ``sage_grpo/plan/simulate.py``)."""
     c = t.largest_linear_side
-    return r * c * (master_bytes + 2 * 2) + r * t.hidden * 2 + 2 * r * r * 2
+    return r * c * (master_bytes + 2 * 2) + 2 * r * r * 2
 
 
 def reward_forward_bytes(cfg: TrainConfig, reward_shape: Tuple[int, int]) -> Tuple[int, int]:
