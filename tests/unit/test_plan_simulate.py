@@ -2,14 +2,10 @@
 world 4, sp 2, the reference launch's video (81 x 352 x 624), fake tensors over a fake process group
 (sage_grpo/plan/simulate.py). At this video the activations outweigh a block's gathered weights, as at full depth, so
 each phase peaks at the moment it peaks at 54 blocks."""
-import dataclasses
-
 import pytest
 import torch
 
-from sage_grpo.config import TrainConfig, parse_cli
-from sage_grpo.plan.simulate import GIB, planner_groups, simulated_verdict, simulation_report
-from sage_grpo.plan.tracking import GROUPS
+from plan_simulate_support import assert_categories_agree, assert_verdict_agrees, simulate_two_blocks
 
 TOLERANCE = 0.05
 FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_generations", "4", "--enable_fsdp",
@@ -28,22 +24,9 @@ LAUNCHES = {"per_backward, Muon": ["--gradient_reduction", "per_backward"],
 GAPS = {(launch, "train", "activations"): 0.07 for launch in LAUNCHES}
 
 
-def _simulate(extra):
-    from sage_grpo.plan import memory as planner
-    from sage_grpo.plan.simulate import public_config
-    from sage_grpo.plan.sizes import transformer_sizes
-
-    cfg = parse_cli(TrainConfig, FLAGS + extra)
-    text, simulation = simulation_report(cfg, 4, 80.0, num_layers=2)
-    sizes = planner.sizes_of(cfg)
-    config = dict(public_config(sizes.transformer.config), num_layers=2)
-    plan = planner.plan_launch(cfg, 4, 80.0, dataclasses.replace(sizes, transformer=transformer_sizes(config)))
-    return text, simulation, plan
-
-
 @pytest.fixture(scope="module", params=list(LAUNCHES))
 def simulated(request):
-    return (request.param, *_simulate(LAUNCHES[request.param]))
+    return (request.param, *simulate_two_blocks(FLAGS + LAUNCHES[request.param]))
 
 
 def test_every_category_of_every_phase_agrees_with_the_plan(simulated):
@@ -51,19 +34,8 @@ def test_every_category_of_every_phase_agrees_with_the_plan(simulated):
     gathered weights, gradients, optimizer state, activations, inputs): the tracker's bytes at the phase's peak equal
     the plan's components within 5%, and a group the plan leaves empty is empty in the simulation too."""
     launch, _, simulation, plan = simulated
-    names = [p.name for p in simulation.phases]
-    assert names[:4] == ["rollout", "reference", "train", "optimizer step"]
-    compared = 0
-    for phase in simulation.phases[:4]:
-        planned, _ = planner_groups(plan.phase(phase.name))
-        for group in GROUPS:
-            simulated_bytes = phase.group(group)
-            if planned[group] == 0:
-                assert simulated_bytes < 0.001 * GIB, (phase.name, group, simulated_bytes)
-                continue
-            compared += 1
-            ratio = simulated_bytes / planned[group]
-            assert abs(ratio - 1) <= GAPS.get((launch, phase.name, group), TOLERANCE), (phase.name, group, ratio)
+    compared = assert_categories_agree(simulation, plan, lambda phase, group: GAPS.get((launch, phase, group),
+                                                                                       TOLERANCE), launch)
     assert compared >= 21  # 5 groups in each no-grad phase, 6 in training (gradients), 5 in the optimizer step
 
 
@@ -80,16 +52,8 @@ def test_every_phase_is_reported_with_its_flops(simulated):
 
 
 def test_the_simulation_gives_its_own_verdict_and_it_agrees_with_the_plan(simulated):
-    """The simulated peak (tracked + the plan's figures for what is not simulated) is within 5% of the plan's peak, so
-    a budget the plan refuses by more than that is over budget in the simulation too, and one it accepts with that
-    room fits in both."""
     _, text, simulation, plan = simulated
-    verdict = simulation.verdict
-    assert verdict.fits and plan.fits() and "simulated verdict:" in text and "fits; the plan:" in text
-    assert abs(verdict.peak / (plan.peak_gib * GIB) - 1) <= TOLERANCE
-    for scale, fits in ((0.9, False), (1.1, True)):
-        budget = dataclasses.replace(plan, gpu_memory_gib=plan.peak_gib * scale)
-        assert budget.fits() is fits and simulated_verdict(budget, simulation).fits is fits, scale
+    assert_verdict_agrees(text, simulation, plan, TOLERANCE)
 
 
 class _LocalOutputs(torch.utils._python_dispatch.TorchDispatchMode):

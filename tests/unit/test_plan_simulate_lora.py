@@ -3,13 +3,11 @@ real width, world 4, sp 2, the reference launch's video (81 x 352 x 624), fake t
 The policy is built by the trainer's own ``build_lora`` (peft adapters on the frozen bf16 base, the moving anchor a
 second adapter), sharded by the trainer's FSDP2; the reference phase runs the policy through
 ``LoraTraining.reference_mode`` (sage_grpo/plan/simulate.py)."""
-import dataclasses
-
 import pytest
 
+from plan_simulate_support import assert_categories_agree, assert_verdict_agrees, simulate_two_blocks
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
-from sage_grpo.plan.simulate import GIB, planner_groups, simulated_verdict, simulation_report
-from sage_grpo.plan.tracking import GROUPS
+from sage_grpo.plan.simulate import simulation_report
 
 TOLERANCE = 0.05
 # Training activations at 2 blocks: within 5% when this file runs alone, 1.054 (moving anchor, Muon) after the other
@@ -26,22 +24,9 @@ LAUNCHES = {"moving anchor, Muon": ["--use_moving_KL", "True"],
             "fixed reference, AdamW": ["--use_moving_KL", "False", "--use_muon", "False"]}
 
 
-def _simulate(extra):
-    from sage_grpo.plan import memory as planner
-    from sage_grpo.plan.simulate import public_config
-    from sage_grpo.plan.sizes import transformer_sizes
-
-    cfg = parse_cli(TrainConfig, FLAGS + extra)
-    text, simulation = simulation_report(cfg, 4, 80.0, num_layers=2)
-    sizes = planner.sizes_of(cfg)
-    config = dict(public_config(sizes.transformer.config), num_layers=2)
-    plan = planner.plan_launch(cfg, 4, 80.0, dataclasses.replace(sizes, transformer=transformer_sizes(config)))
-    return text, simulation, plan
-
-
 @pytest.fixture(scope="module", params=list(LAUNCHES))
 def simulated(request):
-    return (request.param, *_simulate(LAUNCHES[request.param]))
+    return (request.param, *simulate_two_blocks(FLAGS + LAUNCHES[request.param]))
 
 
 def test_every_category_of_every_lora_phase_agrees_with_the_plan(simulated):
@@ -50,19 +35,8 @@ def test_every_category_of_every_lora_phase_agrees_with_the_plan(simulated):
     simulation too. The plan has a reference phase for LoRA (the policy's own no-grad passes), so its reference
     batch is bounded by the step's peak."""
     launch, _, simulation, plan = simulated
-    assert [p.name for p in simulation.phases][:4] == ["rollout", "reference", "train", "optimizer step"]
-    compared = 0
-    for phase in simulation.phases[:4]:
-        planned, _ = planner_groups(plan.phase(phase.name))
-        for group in GROUPS:
-            simulated_bytes = phase.group(group)
-            if planned[group] == 0:
-                assert simulated_bytes < 0.001 * GIB, (launch, phase.name, group, simulated_bytes)
-                continue
-            compared += 1
-            ratio = simulated_bytes / planned[group]
-            allowed = TRAIN_ACTIVATIONS_TOLERANCE if (phase.name, group) == ("train", "activations") else TOLERANCE
-            assert abs(ratio - 1) <= allowed, (launch, phase.name, group, ratio)
+    compared = assert_categories_agree(simulation, plan, lambda phase, group: TRAIN_ACTIVATIONS_TOLERANCE if (
+        phase, group) == ("train", "activations") else TOLERANCE, launch)
     assert compared >= 21  # 5 groups in each no-grad phase, 6 in training, 5 in the optimizer step
     assert plan.placement.reference_batch_size < 40  # not the whole rollout batch: it would raise the peak
 
@@ -87,12 +61,7 @@ def test_the_reference_phase_runs_the_policy_with_its_anchor_or_without_adapters
 
 def test_the_lora_verdict_agrees_with_the_plan(simulated):
     _, text, simulation, plan = simulated
-    verdict = simulation.verdict
-    assert verdict.fits and plan.fits() and "simulated verdict:" in text
-    assert abs(verdict.peak / (plan.peak_gib * GIB) - 1) <= TOLERANCE
-    for scale, fits in ((0.9, False), (1.1, True)):
-        budget = dataclasses.replace(plan, gpu_memory_gib=plan.peak_gib * scale)
-        assert budget.fits() is fits and simulated_verdict(budget, simulation).fits is fits, scale
+    assert_verdict_agrees(text, simulation, plan, TOLERANCE)
 
 
 @pytest.mark.parametrize("flags, world", [([], 1), (["--enable_fsdp", "false"], 4)])
