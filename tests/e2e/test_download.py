@@ -4,17 +4,15 @@ variant's guider and scheduler configs, the revisions resolved to commits, downl
 weights.lock.json (and reproduced from a lock file), and VideoReward under its current hub name with a fall-back to
 its former one."""
 
-import http.server
 import json
 import os
 import shutil
 import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from download_support import QuietHubHandler as _QuietHandler, fake_commit
+from download_support import fake_commit, fake_hub_env
 from procs import run_group
 
 from sage_grpo.models.variants import read_variant_sampling
@@ -24,21 +22,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "download_weights.sh"
 PIPELINE_COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")
 VARIANTS = ("480p_t2v", "720p_t2v", "480p_t2v_distilled")
-FAKE_HF = r"""#!/usr/bin/env bash
-# fake `hf download REPO --revision REV --local-dir DIR [--include PATTERN]...`: copies $FAKE_HUB/<owner>__<name>/
-# (any revision: the calls are logged for the tests to check)
-echo "$*" >> "$FAKE_HUB/calls.log"
-[ "$1" = download ] || exit 1
-repo=$2; shift 2; dir=; includes=()
-while [ $# -gt 0 ]; do
-  case $1 in --local-dir) dir=$2; shift 2 ;; --include) includes+=("$2"); shift 2 ;; *) shift ;; esac
-done
-src="$FAKE_HUB/${repo//\//__}"
-[ -d "$src" ] || { echo "404: $repo" >&2; exit 1; }
-mkdir -p "$dir"
-if [ ${#includes[@]} -eq 0 ]; then cp -r "$src/." "$dir/"; exit 0; fi
-for pattern in "${includes[@]}"; do c=${pattern%/*}; mkdir -p "$dir/$c"; cp -r "$src/$c/." "$dir/$c/"; done
-"""
 
 
 def run_script(*args, env=None, timeout=120):
@@ -128,17 +111,8 @@ def fake_hub(tiny_root, tmp_path, monkeypatch):
         (repo / "variants").rmdir()
     write_tiny_video_reward(hub / "reward")
     (hub / "reward" / "VideoReward").rename(hub / "KwaiVGI__VideoReward")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "hf").write_text(FAKE_HF)
-    (bin_dir / "hf").chmod(0o755)
-    handler = type("Handler", (_QuietHandler,), {"hub": hub})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_HUB": str(hub),
-           "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}"}
-    yield hub, env
-    server.shutdown()
+    with fake_hub_env(hub, tmp_path / "bin") as env:
+        yield hub, env
 
 
 def test_download_arranges_the_layout_links_and_is_idempotent(fake_hub, tmp_path):

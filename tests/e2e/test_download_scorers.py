@@ -2,33 +2,17 @@
 repos are fetched at their pinned commits with only safetensors and processor files, into the folders the
 evaluation resolves, and a second run downloads nothing."""
 
-import http.server
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 
-from download_support import QuietHubHandler, fake_commit
+from download_support import fake_commit, fake_hub_env
 from procs import run_group
 
 from sage_grpo.rewards.clip_score import resolve_model_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# fake `hf download REPO --revision REV --local-dir DIR [--include GLOB]...`: copies the matching top-level files of
-# $FAKE_HUB/<owner>__<name>/ and logs the call
-FAKE_HF = r"""#!/usr/bin/env bash
-echo "$*" >> "$FAKE_HUB/calls.log"
-repo=$2; shift 2; dir=; includes=()
-while [ $# -gt 0 ]; do
-  case $1 in --local-dir) dir=$2; shift 2 ;; --include) includes+=("$2"); shift 2 ;; *) shift ;; esac
-done
-src="$FAKE_HUB/${repo//\//__}"
-[ -d "$src" ] || { echo "404: $repo" >&2; exit 1; }
-mkdir -p "$dir"
-for pattern in "${includes[@]}"; do for f in "$src"/$pattern; do [ -e "$f" ] && cp "$f" "$dir/"; done; done
-exit 0
-"""
 
 
 def test_eval_scorers_are_fetched_pinned_and_once(tiny_root, tmp_path):
@@ -42,25 +26,15 @@ def test_eval_scorers_are_fetched_pinned_and_once(tiny_root, tmp_path):
         shutil.copytree(made / folder, hub / repo)
     (hub / "laion__CLIP-ViT-H-14-laion2B-s32B-b79K" / "model.safetensors").write_bytes(b"large CLIP-H weights")
     (hub / "openai__clip-vit-large-patch14" / "pytorch_model.bin").write_bytes(b"a pickle, never fetched")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "hf").write_text(FAKE_HF)
-    (bin_dir / "hf").chmod(0o755)
     root = tmp_path / "ckpts"
     shutil.copytree(tiny_root, root)
-    handler = type("Handler", (QuietHubHandler,), {"hub": hub})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     # huggingface_hub reads either variable as offline mode (the revision resolution goes through it)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_HUB=str(hub),
-               HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}")
     command = ["bash", "download_weights.sh", "--model_root", str(root), "--no_reward", "--eval_scorers"]
-    try:
+    with fake_hub_env(hub, tmp_path / "bin") as hub_env:
+        env.update(hub_env)
         first = run_group(command, cwd=REPO_ROOT, env=env, timeout=120)
         second = run_group(command, cwd=REPO_ROOT, env=env, timeout=120)
-    finally:
-        server.shutdown()
     assert first.returncode == 0, first.stderr[-2000:]
     calls = (hub / "calls.log").read_text().splitlines()
     assert len(calls) == 3, " || ".join(c[:60] for c in calls)
