@@ -9,6 +9,12 @@ from sage_grpo.plan.simulate import GIB, planner_groups, simulated_verdict, simu
 from sage_grpo.plan.tracking import GROUPS
 
 PHASES = ["rollout", "reference", "train", "optimizer step"]
+# The reference launch's shape (81 x 352 x 624, 2 prompts x 4 videos, FSDP, checkpointing, sp 2, the dual KL) with
+# validation off; each test adds what it varies
+LAUNCH_FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_generations", "4",
+                "--enable_fsdp", "--enable_gradient_checkpointing", "--sp_size", "2", "--kl_weight", "1e-5",
+                "--use_dual_kl", "True", "--validation_interval", "0", "--sample_n_frames", "81", "--rollout_height",
+                "352", "--rollout_width", "624"]
 
 
 def simulate_two_blocks(flags: Sequence[str]):

@@ -5,13 +5,11 @@ each phase peaks at the moment it peaks at 54 blocks."""
 import pytest
 import torch
 
-from plan_simulate_support import assert_categories_agree, assert_verdict_agrees, simulate_two_blocks
+from plan_simulate_support import (LAUNCH_FLAGS, assert_categories_agree, assert_verdict_agrees,
+                                   simulate_two_blocks)
 
 TOLERANCE = 0.05
-FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_generations", "4", "--enable_fsdp",
-         "--enable_gradient_checkpointing", "--sp_size", "2", "--kl_weight", "1e-5", "--use_moving_KL", "True",
-         "--use_dual_kl", "True", "--validation_interval", "0", "--sample_n_frames", "81", "--rollout_height", "352",
-         "--rollout_width", "624"]
+FLAGS = LAUNCH_FLAGS + ["--use_moving_KL", "True"]
 # Both gradient reductions and both optimizers: each category of each phase is compared.
 LAUNCHES = {"per_backward, Muon": ["--gradient_reduction", "per_backward"],
             "per_update, Muon": ["--gradient_reduction", "per_update"],

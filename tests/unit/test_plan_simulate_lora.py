@@ -5,7 +5,8 @@ second adapter), sharded by the trainer's FSDP2; the reference phase runs the po
 ``LoraTraining.reference_mode`` (sage_grpo/plan/simulate.py)."""
 import pytest
 
-from plan_simulate_support import assert_categories_agree, assert_verdict_agrees, simulate_two_blocks
+from plan_simulate_support import (LAUNCH_FLAGS, assert_categories_agree, assert_verdict_agrees,
+                                   simulate_two_blocks)
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.plan.simulate import simulation_report
 
@@ -14,10 +15,7 @@ TOLERANCE = 0.05
 # simulations of the unit tier ran in the same process: the peak moment inside the last block's recomputation shifts
 # (test_plan_simulate.py names the same effect; not tracked down). At 54 blocks 1.005.
 TRAIN_ACTIVATIONS_TOLERANCE = 0.07
-FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_generations", "4", "--enable_fsdp",
-         "--enable_gradient_checkpointing", "--sp_size", "2", "--kl_weight", "1e-5", "--use_dual_kl", "True",
-         "--validation_interval", "0", "--sample_n_frames", "81", "--rollout_height", "352", "--rollout_width", "624",
-         "--use_lora", "true"]
+FLAGS = LAUNCH_FLAGS + ["--use_lora", "true"]
 # The reference launch's LoRA (moving anchor: a second adapter, Muon, gradients held per update) and a fixed KL
 # reference (adapters disabled in its passes) with AdamW.
 LAUNCHES = {"moving anchor, Muon": ["--use_moving_KL", "True"],
