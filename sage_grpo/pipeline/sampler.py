@@ -104,9 +104,10 @@ class Sampler:
         for chunk in tqdm(pairs.split(self.micro_batch_size), desc="reference means", leave=False,
                           disable=not progress):
             rows, index = chunk[:, 0], chunk[:, 1]
-            out = self.replay(transformer, latents[rows, index].to(device), latents[rows, index + 1].to(device),
-                              index.to(device), embeds.select(rows.tolist()).to(device))
-            means[rows.to(device), index.to(device)] = out.mean.float()
+            rows_on, index_on = rows.to(device), index.to(device)
+            out = self.replay(transformer, latents[rows_on, index_on], latents[rows_on, index_on + 1], index_on,
+                              embeds.select(rows.tolist()).to(device))
+            means[rows_on, index_on] = out.mean.float()
         return means
 
 
