@@ -186,5 +186,6 @@ def read_sampling_record(folder: PathLike) -> Optional[Dict[str, Any]]:
         if type(value) not in (int, float) or not math.isfinite(value):
             raise ValueError(f"{path}: {name} must be a finite number, got {str(value)[:60]!r}")
     if record.get("task") not in PIPELINE_CLASSES:
-        raise ValueError(f"{path}: task must be one of {sorted(PIPELINE_CLASSES)}, got {str(record.get('task'))[:60]!r}")
+        raise ValueError(f"{path}: task must be one of {sorted(PIPELINE_CLASSES)}, got "
+                         f"{str(record.get('task'))[:60]!r}")
     return record

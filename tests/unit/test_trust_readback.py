@@ -20,7 +20,6 @@ import torch
 import yaml
 from eval_support import linked_root
 from model_fixtures import tiny_args
-from safetensors.torch import save_file
 from trust_support import alias_bomb, write_module
 
 import sage_grpo.trainer as trainer_module
