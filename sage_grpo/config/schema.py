@@ -194,24 +194,34 @@ def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None
     parser.add_argument(*names, **kwargs)
 
 
-def load_yaml(path: str) -> Dict[str, Any]:
-    """Read a YAML config file into a flat ``{field: value}`` dict."""
+MAX_YAML_BYTES = 4 << 20  # a configuration is a few KiB; a file far larger is not one (and is not read whole)
+
+
+def load_yaml(path: str, what: Optional[str] = None) -> Dict[str, Any]:
+    """Read a YAML config file into a flat ``{field: value}`` dict: the one reader of every YAML file the project
+    reads (``--config``, a checkpoint's ``config.yaml``, a run's ``run_config.yaml``). ``what`` names the file in
+    errors (default ``--config PATH``). The values are built by ``yaml.safe_load`` and never expanded here: a value
+    that is not the option's shape (a YAML alias bomb's shared lists) is refused by :func:`from_dict` unexpanded."""
     file = Path(path)
+    what = what or f"--config {path}"
     if not file.is_file():
-        raise FileNotFoundError(f"--config: file {path!r} does not exist")
+        raise FileNotFoundError(f"{what}: file {str(path)!r} does not exist")
+    size = file.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ValueError(f"{what}: {size} bytes, more than the {MAX_YAML_BYTES} a configuration file may hold")
     try:
         data = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as err:  # e.g. a !!python/object tag, which safe_load refuses to build
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"--config {path}{where}: not plain YAML data ({shorten(problem, quote=False)}). Option "
+        raise ValueError(f"{what}{where}: not plain YAML data ({shorten(problem, quote=False)}). Option "
                          "values are strings, numbers, booleans and lists; tags such as !!python/object are refused"
                          ) from None
     except UnicodeDecodeError as err:
-        raise ValueError(f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise ValueError(f"{what}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: the top level must be a mapping of option names to values")
+        raise ValueError(f"{what}: the top level must be a mapping of option names to values")
     return data
 
 

@@ -6,6 +6,8 @@ got (the run's ``metrics.jsonl`` up to the checkpoint's step). It is written off
 ``push_to_hub`` is called (``scripts/export_checkpoint.py --push_to_hub --hub_model_id you/name``).
 """
 
+import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -24,13 +26,29 @@ CARD_SETTINGS = ("pretrained_transformer_version", "reward_model", "reward_weigh
                  "lr_scheduler", "batch_size", "num_generations", "use_lora", "lora_r", "lora_alpha", "seed")
 
 
+def code_span(value: Any) -> str:
+    """``value`` as one inline Markdown code span that a table cell or a list item can hold: whatever the text (a
+    recorded setting, a folder name, a metric's name), it stays data. Line breaks become spaces, ``|`` is escaped
+    for tables, and the fence is one backtick longer than the longest run of backticks inside."""
+    text = " ".join(str(value).splitlines()).replace("|", "\\|")
+    fence = "`" * (1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return f"{fence} {text} {fence}" if "`" in text else f"{fence}{text}{fence}"
+
+
 def _checkpoint_step(checkpoint: Path) -> Optional[int]:
     name = checkpoint.name
     return int(name.split("-", 1)[1]) if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit() else None
 
 
+def _number(row: Dict[str, Any], key: str) -> Optional[float]:
+    """A finite number logged in a metrics row, else None (metrics.jsonl is read back: a value may be anything)."""
+    value = row.get(key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
 def _metrics_summary(rows: List[Dict[str, Any]]) -> List[str]:
-    rewards = [row["gathered_avg_reward_mean"] for row in rows if "gathered_avg_reward_mean" in row]
+    rewards = [value for value in (_number(row, "gathered_avg_reward_mean") for row in rows) if value is not None]
     if not rewards:
         return ["No metrics were found next to the checkpoint."]
     window = max(1, min(5, len(rewards) // 2))
@@ -41,9 +59,10 @@ def _metrics_summary(rows: List[Dict[str, Any]]) -> List[str]:
     last = rows[-1]
     for key in sorted(k for k in last if k.startswith("gathered_") and k.endswith("_reward_mean")
                       and k not in ("gathered_avg_reward_mean", "gathered_ori_avg_reward_mean")):
-        lines.append(f"- `{key}` at the last step: {last[key]:.4f}")
-    if "kl_loss" in last:
-        lines.append(f"- KL to the anchor at the last step (`kl_loss`): {last['kl_loss']:.3g}")
+        if _number(last, key) is not None:
+            lines.append(f"- {code_span(key)} at the last step: {_number(last, key):.4f}")
+    if _number(last, "kl_loss") is not None:
+        lines.append(f"- KL to the anchor at the last step (`kl_loss`): {_number(last, 'kl_loss'):.3g}")
     return lines
 
 
@@ -55,17 +74,17 @@ def _weights_lines(checkpoint: Path) -> str:
     if not lines:
         return "The run's model root had no `weights.lock.json`: the base weights' hub commits are not recorded."
     return "Downloaded at these commits (`bash download_weights.sh --lock weights.lock.json` fetches them again):\n\n" + \
-        "\n".join(f"- `{line}`" for line in lines)
+        "\n".join(f"- {code_span(line)}" for line in lines)
 
 
 def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora: bool,
-               pipeline_record: Optional[Dict[str, Any]] = None) -> str:
+               pipeline_record: Optional[Dict[str, Any]] = None, run_config: Optional[Dict[str, Any]] = None) -> str:
     """The card's Markdown for an export of ``checkpoint`` (a ``checkpoint-N`` folder or another weights location);
-    ``pipeline_record``: the sampling.json of a ``--format pipeline`` export."""
+    ``pipeline_record``: the sampling.json of a ``--format pipeline`` export; ``run_config``: the settings the
+    checkpoint recorded (default: its ``config.yaml``, read and checked like the command line). Every value from a
+    file enters the Markdown as a code span (:func:`code_span`), never as Markdown."""
     checkpoint = Path(checkpoint)
-    config_file = checkpoint / CONFIG_FILE
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else None
-    config = config if isinstance(config, dict) else {}
+    config = run_config if run_config is not None else recorded_settings(checkpoint)
     step = _checkpoint_step(checkpoint)
     rows = [row for row in read_metrics(checkpoint.parent) if step is None or row["step"] <= step]
     version = config.get("pretrained_transformer_version", "480p_t2v")
@@ -79,7 +98,7 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
     header = {"base_model": BASE_REPO, "library_name": "peft" if export_format == "lora" else "diffusers",
               "pipeline_tag": "text-to-video", "tags": tags}
     shown = [key for key in CARD_SETTINGS if key in config and (config.get("use_lora") or not key.startswith("lora_"))]
-    settings = [f"| `--{key}` | `{config[key]}` |" for key in shown]
+    settings = [f"| `--{key}` | {code_span(config[key])} |" for key in shown]
     if pipeline_record is not None:
         from sage_grpo.export.pipeline import attribute_overrides, loading_code
 
@@ -98,8 +117,9 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
     parts = [
         "---\n" + yaml.safe_dump(header, sort_keys=False) + "---",
         f"# {what[0].upper()}{what[1:]}",
-        f"Post-trained with SAGE-GRPO (sage-grpo) from `{BASE_REPO}` (transformer `{version}`), exported from "
-        f"`{checkpoint.name}`{f' (step {step})' if step is not None else ''} as `{export_format}` in `{dtype}`.",
+        f"Post-trained with SAGE-GRPO (sage-grpo) from `{BASE_REPO}` (transformer {code_span(version)}), exported "
+        f"from {code_span(checkpoint.name)}{f' (step {step})' if step is not None else ''} as `{export_format}` in "
+        f"`{dtype}`.",
         "## Training settings",
         "| setting | value |\n|---|---|\n" + "\n".join(settings) if settings else
         "The checkpoint holds no `config.yaml`; its settings are unknown.",
@@ -111,6 +131,15 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
         loading,
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def recorded_settings(checkpoint: Path) -> Dict[str, Any]:
+    """The settings the run of ``checkpoint`` recorded in its ``config.yaml``, checked like the command line ({}
+    when it has none)."""
+    from sage_grpo.config.recorded import read_run_config, recorded_values
+
+    config_file = checkpoint / CONFIG_FILE
+    return recorded_values(read_run_config(config_file)) if config_file.is_file() else {}
 
 
 def write_model_card(output: Path, checkpoint: Path, **card) -> Path:

@@ -63,7 +63,10 @@ def test_mean_and_standard_error():
     stat = mean_and_stderr([1.0, 2.0, 4.0])
     # mean 7/3; sample variance ((4/3)^2 + (1/3)^2 + (5/3)^2) / 2 = 7/3; s.e. = sqrt(7/3 / 3)
     assert stat["mean"] == pytest.approx(7 / 3) and stat["stderr"] == pytest.approx(math.sqrt(7 / 9))
-    assert mean_and_stderr([5.0]) == {"mean": 5.0, "stderr": None, "n": 1}
+    assert mean_and_stderr([5.0]) == {"mean": 5.0, "stderr": None, "n": 1, "failed": 0}
+    # a failed score (None) is counted and left out of the mean and its error
+    assert mean_and_stderr([1.0, None, 4.0]) == {"mean": 2.5, "stderr": pytest.approx(1.5), "n": 2, "failed": 1}
+    assert mean_and_stderr([None]) == {"mean": None, "stderr": None, "n": 0, "failed": 1}
 
 
 def test_markdown_is_table2_first():

@@ -51,14 +51,17 @@ def test_dry_run_flag_extra_arguments_and_no_secret(tmp_path):
 
 
 def test_a_requeued_job_resumes_from_the_latest_checkpoint(tmp_path):
+    """A restart continues with auto: the latest checkpoint, or (none saved yet) the run from step 0 in place, which
+    post_train.py allows once run_config.yaml defines the same run (unit/test_trust_readback.py); a fixed 'latest'
+    failed there with "already holds a run"."""
     run_dir = tmp_path / "run"
     first = dry_run(tmp_path, FOUR_NODES, OUTPUT_DIR=str(run_dir), SLURM_RESTART_COUNT="1")
-    assert "--resume_from_checkpoint" not in first.stdout  # nothing saved yet: a fresh start
+    assert "--resume_from_checkpoint auto" in first.stdout  # nothing saved yet: the run again, in place
     (run_dir / "checkpoint-20").mkdir(parents=True)
     fresh = dry_run(tmp_path, FOUR_NODES, OUTPUT_DIR=str(run_dir))
     assert "--resume_from_checkpoint" not in fresh.stdout  # a first start never resumes by itself
     requeued = dry_run(tmp_path, FOUR_NODES, OUTPUT_DIR=str(run_dir), SLURM_RESTART_COUNT="2")
-    assert "--resume_from_checkpoint latest" in requeued.stdout
+    assert "--resume_from_checkpoint auto" in requeued.stdout
     assert "restart 2 of job 12345: resuming from the latest checkpoint" in requeued.stderr
     explicit = dry_run(tmp_path, FOUR_NODES, OUTPUT_DIR=str(run_dir), SLURM_RESTART_COUNT="2",
                        RESUME=str(run_dir / "checkpoint-20"))
