@@ -26,7 +26,6 @@ import os
 import re
 import runpy
 import shlex
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -37,7 +36,6 @@ from unittest import mock
 from procs import run_group
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MODES = ("run", "dry-run", "parse", "skip", "file")
 MARKER = re.compile(r"<!-- check: (run|dry-run|parse|skip|file)(?::? (.*?))? -->$")
 FENCE = re.compile(r"^```(\S*)\s*$")
 INDENTED_COMMAND = re.compile(r"^    (python3?|bash|torchrun|sbatch|pip|[A-Z_]+=\S*) ")
@@ -143,8 +141,8 @@ def record_commands(block: Block, cwd: Path) -> List[Command]:
         record, empty = Path(folder) / "record", Path(folder) / "bin"
         empty.mkdir()
         base = {"PATH": str(empty), "HOME": os.environ.get("HOME", "/tmp"), "DOC_RECORD": str(record)}
-        proc = subprocess.run(["/bin/bash", "--noprofile", "--norc", "-e", "-c", RECORDER + block.text], cwd=cwd,
-                              env=base, capture_output=True, text=True, timeout=30)
+        proc = run_group(["/bin/bash", "--noprofile", "--norc", "-e", "-c", RECORDER + block.text], cwd=cwd,
+                         env=base, timeout=30)
         if proc.returncode != 0:
             raise CommandFailed(f"{block.id}: bash could not expand the block (only {', '.join(RECORDED)}, timeout "
                                 f"and taskset are known): {proc.stderr.strip()[-2000:]}")
@@ -381,7 +379,7 @@ def sbatch_command(argv: Sequence[str], env: Dict[str, str], mode: str) -> None:
 def shell_syntax(script: str) -> None:
     if not (REPO_ROOT / script).is_file():
         raise CommandFailed(f"{script}: no such file")
-    proc = subprocess.run(["bash", "-n", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    proc = run_group(["bash", "-n", script], cwd=REPO_ROOT, timeout=30)
     if proc.returncode != 0:
         raise CommandFailed(f"bash -n {script}: {proc.stderr.strip()}")
 
@@ -421,7 +419,8 @@ def check_block(block: Block, cwd: Path = REPO_ROOT) -> int:
     if block.mode == "skip":
         return 0
     if block.mode == "file":
-        compile(block.text, block.detail, "exec") if block.detail.endswith(".py") else None
+        if block.detail.endswith(".py"):
+            compile(block.text, block.detail, "exec")  # a SyntaxError names the file and line
         return 0
     commands = record_commands(block, cwd)
     if not commands:
