@@ -27,6 +27,8 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, 
 
 import yaml
 
+from sage_grpo.config.help_groups import grouped_fields
+
 T = TypeVar("T")
 
 _EXPLICIT_ATTR = "_explicit_fields"  # set on instances by from_dict; not a dataclass field (asdict, == ignore it)
@@ -174,7 +176,7 @@ def coerce_value(field: dataclasses.Field, value: Any) -> Any:
     return result
 
 
-def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+def _add_flag(parser: Any, field: dataclasses.Field) -> None:
     convert, is_list, _ = _converter(field)
     meta = field.metadata
     names = [f"--{field.name}"] + [f"--{a}" for a in meta.get("aliases", ())]
@@ -291,10 +293,13 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
 
 def build_parser(cls: Type[Any], description: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _OneLineErrorParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                 usage="%(prog)s [-h] [--config FILE] [--option VALUE ...]")
     parser.add_argument("--config", default=None, help="YAML file of option values; command-line flags override it")
-    for field in dataclasses.fields(cls):
-        _add_flag(parser, field)
+    for title, description, fields in grouped_fields(cls):  # --help's topic groups (config/help_groups.py)
+        group = parser if title is None else parser.add_argument_group(title, description)
+        for field in fields:
+            _add_flag(group, field)
     return parser
 
 

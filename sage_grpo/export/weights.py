@@ -30,6 +30,7 @@ Export (``scripts/export_checkpoint.py``):
 Each gets a model card, ``README.md`` (:mod:`sage_grpo.export.model_card`): base, settings, the run's metrics.
 """
 
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,14 +215,13 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
     run_config = recorded_settings(checkpoint)  # checked before anything is read or written
     weights = read_trained_weights(checkpoint)
     pipeline_record = None  # a pipeline export's sampling.json
+    version = transformer_version or run_config.get("pretrained_transformer_version") or DEFAULT_TRANSFORMER_VERSION
     if export_format == "lora":
         if not weights.is_lora:
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter; use --format transformer")
         state = {k: v.to(DTYPES[dtype]) for k, v in weights.state.items()}
         lora.write_adapter_folder(output, weights.lora_config, state)
     else:
-        version = transformer_version or run_config.get("pretrained_transformer_version") or \
-            DEFAULT_TRANSFORMER_VERSION
         transformer = load_transformer(model_root, version, dtype=torch.float32, device="cpu")
         apply_trained_weights(transformer, weights)  # merged in fp32, then cast once
         if DTYPES[dtype] != torch.float32:
@@ -234,5 +234,17 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
                                     safe_serialization=True)
     write_model_card(output, checkpoint, run_config=run_config, export_format=export_format, dtype=dtype,
                      merged_lora=weights.is_lora and export_format != "lora",
-                     pipeline_record=pipeline_record)
+                     pipeline_record=pipeline_record, base_config=_base_config(model_root, version))
     return output
+
+
+def _base_config(model_root: PathLike, version: str) -> Optional[dict]:
+    """The config.json of the transformer the export starts from (None when the root has none or it is unreadable):
+    the model card tells the released architecture from a tiny or toy one by it."""
+    from sage_grpo.models.layout import transformer_layout
+
+    try:
+        config = json.loads((Path(model_root) / transformer_layout(version).subdir / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None

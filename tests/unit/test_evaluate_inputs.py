@@ -94,3 +94,19 @@ def test_bar_chart_draws_each_bar_in_its_colour(tmp_path):
     image = Image.open(path).convert("RGB")
     colours = {image.getpixel((x, y)) for x in range(image.width) for y in range(40, image.height)}
     assert COLOURS[0] in colours and COLOURS[1] in colours and image.size[0] == 300
+
+
+def test_bar_chart_legend_shows_long_checkpoint_labels_whole(tmp_path):
+    from PIL import Image, ImageDraw
+
+    from sage_grpo.tracking.plots import BarPanel, plot_bars
+
+    long = "/scratch/someone/sage_grpo_runs/outputs/run_2026_11_25_sage_dual_kl/checkpoint-1000"
+    path = plot_bars([BarPanel("Overall", ["base", long], [1.0, 2.0], [0.1, 0.1])], tmp_path / "bars.png",
+                     title="mean ± standard error per checkpoint", columns=3)
+    image = Image.open(path).convert("L")
+    text_width = ImageDraw.Draw(image).textlength(long)
+    row = range(30 + 16, 30 + 16 + 14)  # the legend's second line: title 30 px, then 16 px a name
+    inked = [x for x in range(28, image.width) for y in row if image.getpixel((x, y)) < 128]
+    assert max(inked) >= 28 + text_width - 4  # the label is drawn to its last character ...
+    assert max(inked) <= image.width - 8  # ... inside the picture, with its margin

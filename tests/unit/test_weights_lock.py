@@ -73,3 +73,33 @@ def test_a_run_records_its_weights_and_the_card_shows_them(tmp_path):
     unlocked.mkdir(parents=True)
     assert "hub commits are not recorded" in model_card(unlocked, export_format="lora", dtype="fp32",
                                                          merged_lora=False)
+
+
+def test_the_model_card_names_the_released_model_only_for_its_architecture(tmp_path):
+    from sage_grpo.models.tiny import TINY_TRANSFORMER_CONFIG
+
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump({"pretrained_model_root": "ckpts/tiny",
+                                                            "pretrained_transformer_version": "480p_t2v"}))
+
+    def card(base_config, export_format="transformer"):
+        text = model_card(checkpoint, export_format=export_format, dtype="fp32", merged_lora=False,
+                          base_config=base_config)
+        return yaml.safe_load(text.split("---")[1]), text.split("---", 2)[2]
+
+    header, body = card(dict(TINY_TRANSFORMER_CONFIG))
+    assert "base_model" not in header
+    assert body.startswith("\n\n# A small test transformer of the HunyuanVideo-1.5 class (2 blocks, width 16), fully "
+                           "fine-tuned\n\nPost-trained with SAGE-GRPO (sage-grpo) from the checkpoint root "
+                           "`ckpts/tiny` (transformer `480p_t2v`), not from the released `tencent/HunyuanVideo-1.5`: "
+                           "its transformer has 2 blocks of width 16 where the released one has 54 of width 2048")
+    header, body = card({"_class_name": "HunyuanVideo15Transformer3DModel", "num_layers": 54}, "lora")
+    assert header["base_model"] == "tencent/HunyuanVideo-1.5"  # the released architecture (the rest: defaults)
+    assert body.startswith("\n\n# A LoRA adapter (peft) for the HunyuanVideo-1.5 transformer\n\nPost-trained with "
+                           "SAGE-GRPO (sage-grpo) from `tencent/HunyuanVideo-1.5` (transformer `480p_t2v`). Exported "
+                           "from `checkpoint-3` (step 3) as `lora` in `fp32`.")
+    header, body = card(None)
+    assert "base_model" not in header and ("from the checkpoint root `ckpts/tiny` (transformer `480p_t2v`), whose "
+                                           "configuration the export did not find: whether it is the released "
+                                           "`tencent/HunyuanVideo-1.5` is not known.") in body
