@@ -107,7 +107,7 @@ def _base(config: Dict[str, Any], base_config: Optional[Dict[str, Any]]) -> Tupl
     blocks, heads, head_dim = (base_config.get(key) for key in ("num_layers", "num_attention_heads",
                                                                   "attention_head_dim"))
     width = heads * head_dim if all(type(v) is int for v in (heads, head_dim)) else "?"
-    blocks, width = code_span(blocks), code_span(width)
+    blocks, width = (value if type(value) is int else code_span(value) for value in (blocks, width))
     return None, f"a small test transformer of the HunyuanVideo-1.5 class ({blocks} blocks, width {width})", (
         f"{root}, not from the released `{BASE_REPO}`: its transformer has {blocks} blocks of width {width} where the "
         "released one has 54 of width 2048, a tiny or toy checkpoint such as sage-grpo writes for tests and demos "
