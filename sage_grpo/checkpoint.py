@@ -62,11 +62,17 @@ from sage_grpo.distributed.parallelize import is_sharded
 from sage_grpo.faults import fault_point
 from sage_grpo.optim.optimizers import optimizer_parts
 from sage_grpo.rl.anchor import MovingAnchorSchedule
-from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, dcp_load, disk_full_as_error, fsync_dir,
-                               fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
+from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, check_finite, dcp_load, disk_full_as_error,
+                               fsync_dir, fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 StateDict = Dict[str, torch.Tensor]
+
+
+def _finite(state, checkpoint: Path, name: str):
+    """``state`` of the checkpoint's file ``name``, refused when it holds NaN or inf (:func:`check_finite`)."""
+    check_finite(state, str(checkpoint / name))
+    return state
 
 
 def capture_rng_state() -> dict:
@@ -350,11 +356,14 @@ class CheckpointManager:
         self._restore_rng(training_state)
 
     def _load_files(self, path: Path, has_reference: bool) -> None:
-        """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`)."""
-        self.models.load_trainable_state_dict(_load_safetensors(path / TRANSFORMER_FILE))
-        self.optimizer.load_state_dict(load_plain(path / OPTIMIZER_FILE, "optimizer state"))
+        """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`; weights and optimizer state
+        finite: NaN weights would only show as NaN rewards and updates)."""
+        self.models.load_trainable_state_dict(_finite(_load_safetensors(path / TRANSFORMER_FILE), path,
+                                                      TRANSFORMER_FILE))
+        self.optimizer.load_state_dict(_finite(load_plain(path / OPTIMIZER_FILE, "optimizer state"), path,
+                                               OPTIMIZER_FILE))
         if has_reference and (path / ANCHOR_FILE).exists():
-            self.models.load_reference_state(_load_safetensors(path / ANCHOR_FILE))
+            self.models.load_reference_state(_finite(_load_safetensors(path / ANCHOR_FILE), path, ANCHOR_FILE))
 
     def _load_dcp(self, path: Path, training_state: dict, has_reference: bool) -> None:
         """A sharded checkpoint, in place on every rank and resharded to this layout (a collective)."""

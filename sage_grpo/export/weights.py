@@ -43,6 +43,7 @@ from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, DCP_MODEL, LORA_DI
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.export.model_card import recorded_settings, write_model_card
 from sage_grpo.models.loading import _read_safetensors, resolve_transformer_weights
+from sage_grpo.safe_io import check_finite
 
 PathLike = Union[str, Path]
 DCP_METADATA = ".metadata"
@@ -214,6 +215,7 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
     check_export_output(output, checkpoint, Path(model_root))
     run_config = recorded_settings(checkpoint)  # checked before anything is read or written
     weights = read_trained_weights(checkpoint)
+    check_finite(weights.state, str(weights.source))  # NaN weights exported would be served as a model
     pipeline_record = None  # a pipeline export's sampling.json
     version = transformer_version or run_config.get("pretrained_transformer_version") or DEFAULT_TRANSFORMER_VERSION
     if export_format == "lora":

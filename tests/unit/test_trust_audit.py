@@ -1,0 +1,211 @@
+"""Issue 33, the audit's gaps: what a careless or hostile user still broke after the second engineer's round.
+
+Non-finite numbers: a NaN or inf gradient was applied to the weights (a model root whose transformer held NaN
+where the resume's sampled fingerprint does not look made every checkpoint after the resume NaN); a NaN video got a
+finite reward from a reward that quantises it (remote, mp4), so it never reached the failed-reward count; inf pixels
+were clamped to 0 or 1; generate.py wrote NaN videos as black frames, exit 0; NaN weights in a checkpoint were
+resumed or exported. Files read back: a LoRA adapter_config.json (NaN alpha, PiSSA rewriting the base weights, DoRA,
+an r that allocates gigabytes), metrics.jsonl (plot and model card tracebacks), training_state.pt (a NaN beta, a
+garbled RNG state found only after the models loaded), YAML and JSON nested thousands deep or holding integers of
+thousands of digits. Writes where the user's data lives: generate.py through an output that links into the model
+root, make-tiny over a downloaded model root (its default --output is ckpts/), make_toy_checkpoint.py deleting a
+non-toy --output after four minutes of training.
+
+In-process and fast: no model is loaded, except the stand-in modules below.
+"""
+
+import json
+import math
+import random
+import re
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from eval_support import linked_root
+from safetensors.torch import save_file
+
+from sage_grpo.checkpoint import (CheckpointManager, capture_rng_state, resolve_resume_path,
+                                  write_checkpoint_files)
+from sage_grpo.distributed.parallel_dims import ParallelDims
+from sage_grpo.rewards.base import score_with_fallback
+from sage_grpo.rewards.setup import RewardFailure
+from sage_grpo.rl import AdaptiveKLController, MovingAnchorSchedule
+from sage_grpo.safe_io import CheckpointError, load_plain
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in text, text[-2000:]
+    return lines[0]
+
+
+# ---------------------------------------------------------------- a non-finite gradient never reaches the weights
+
+def _trainer(use_muon: bool):
+    """What GRPOTrainer.optimizer_step uses of the trainer, over a (4, 3) linear layer."""
+    from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 4)
+    named = list(layer.named_parameters())
+    return SimpleNamespace(
+        cfg=SimpleNamespace(debug_grad_flow=False, max_grad_norm=1.0), dims=ParallelDims(world_size=1),
+        models=SimpleNamespace(trainable_named_parameters=lambda: named), layer=layer,
+        optimizer=build_optimizer(named, use_muon=use_muon, lr=0.1, weight_decay=0.01),
+        lr_schedule=LRSchedule("constant", 0.1, 0, total_updates=10), update_steps=0, skipped_updates=0)
+
+
+@pytest.mark.parametrize("use_muon", [False, True])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_non_finite_gradient_is_never_applied(use_muon, bad):
+    """Before: clipping scaled every gradient by max_norm / NaN and AdamW wrote NaN into every weight and moment."""
+    from sage_grpo.trainer import GRPOTrainer
+
+    trainer = _trainer(use_muon)
+    before = {name: p.detach().clone() for name, p in trainer.layer.named_parameters()}
+    trainer.layer(torch.ones(2, 3)).sum().backward()
+    trainer.layer.weight.grad[0, 0] = bad
+    metrics = GRPOTrainer.optimizer_step(trainer)
+    for name, param in trainer.layer.named_parameters():
+        assert torch.equal(param, before[name]), name  # the weights as they were
+        assert param.grad is None
+    assert all(not state for state in _optimizer_states(trainer.optimizer))  # no moment was written
+    assert not math.isfinite(metrics["grad_norm"]) and trainer.skipped_updates == 1 and trainer.update_steps == 1
+
+    trainer.layer(torch.ones(2, 3)).sum().backward()  # the next finite gradient trains as usual
+    GRPOTrainer.optimizer_step(trainer)
+    assert trainer.skipped_updates == 1 and not torch.equal(trainer.layer.weight, before["weight"])
+    assert all(torch.isfinite(p).all() for p in trainer.layer.parameters())
+
+
+def _optimizer_states(optimizer):
+    parts = getattr(optimizer, "optimizers", None) or [optimizer]
+    parts = parts.values() if isinstance(parts, dict) else parts
+    return [state for part in parts for state in part.state.values()]
+
+
+def test_steps_that_train_on_nothing_are_counted_and_stop_the_run():
+    from sage_grpo.pipeline.failed_steps import count_failed_step, step_failures
+
+    logged = []
+    ok = {"failed_reward_count": 0.0, "total_loss": 0.1, "skipped_updates": 0.0, "grad_norm": 0.5}
+    nan_loss = {**ok, "total_loss": math.nan, "skipped_updates": 1.0, "grad_norm": math.nan}
+    assert step_failures(ok, 2) == []
+    streak = count_failed_step(0, 1, step_failures(nan_loss, 2), 3, logged.append)
+    streak = count_failed_step(streak, 2, step_failures(nan_loss, 2), 3, logged.append)
+    assert streak == 2 and logged[-1] == ("warning: step 2 trained on nothing (2 step(s) in a row): its loss was nan, "
+                                          "so its gradient was not applied (weights and optimizer state unchanged)")
+    assert count_failed_step(streak, 3, step_failures(ok, 2), 3, logged.append) == 0  # a step that trained resets
+    overflow = {**ok, "skipped_updates": 1.0, "grad_norm": math.inf}  # a finite loss whose gradient overflowed
+    assert step_failures(overflow, 2) == ["its gradient norm was inf, so its gradient was not applied (weights and "
+                                          "optimizer state unchanged)"]
+    streak = 0
+    for step in (4, 5):
+        streak = count_failed_step(streak, step, step_failures(nan_loss, 2), 3, logged.append)
+    with pytest.raises(RewardFailure, match=r"^3 consecutive steps \(steps 4-6\) trained on nothing, the last because "
+                                            r"the reward failed on every sample \(its advantages are 0\); its loss "
+                                            r"was nan.*weights holding NaN or inf .*--max_failed_reward_steps"):
+        count_failed_step(streak, 6, step_failures({**nan_loss, "failed_reward_count": 2.0}, 2), 3, logged.append)
+    with pytest.raises(RewardFailure, match=r"^the reward failed on every sample for 1 consecutive steps"):
+        count_failed_step(0, 7, step_failures({**ok, "failed_reward_count": 2.0}, 2), 1, logged.append)
+    assert count_failed_step(99, 8, step_failures(nan_loss, 2), 0, logged.append) == 100  # 0: never stop
+
+
+# ---------------------------------------------------------------- non-finite videos
+
+def _always_one(calls):
+    def reward(videos, prompts):  # like a remote or mp4 reward: NaN pixels become 0 and score like any video
+        calls.append(list(prompts))
+        return {"score": torch.ones(len(prompts))}
+    return reward
+
+
+def test_a_non_finite_video_is_failed_without_being_scored():
+    calls = []
+    videos = torch.rand(4, 3, 2, 4, 4)
+    videos[1, 0, 0, 0, 0] = math.nan
+    videos[3] = math.inf
+    with pytest.warns(RuntimeWarning) as caught:
+        scores = score_with_fallback(_always_one(calls), videos, ["a", "b", "c", "d"], name="quantised", batch_size=2)
+    assert calls == [["a", "c"]]  # the finite videos, in chunks of 2
+    assert torch.equal(scores["score"].isnan(), torch.tensor([False, True, False, True]))
+    assert [str(w.message) for w in caught] == [
+        f"reward 'quantised' gave NaN for prompt '{p}': its video is not finite (NaN or inf pixels), so it is not "
+        "scored" for p in "bd"]
+    assert score_with_fallback(_always_one([]), videos[:1].to(torch.uint8), ["a"], name="u8")["score"].item() == 1.0
+
+
+class _StandInVAE(torch.nn.Module):
+    dtype = torch.float32
+    config = SimpleNamespace(scaling_factor=1.0)
+
+    def decode(self, latents, return_dict=False):
+        return (latents.repeat(1, 3, 1, 1, 1) * 4.0,)
+
+
+def test_decoded_pixels_that_overflow_stay_nan():
+    """Before: clamp(0, 1) turned inf into 1 and -inf into 0, a finite video from a broken sample."""
+    from sage_grpo.models.vae import decode_latents
+
+    latents = torch.tensor([0.0, 0.1, math.inf, -math.inf, math.nan]).view(1, 1, 1, 1, 5)
+    video = decode_latents(_StandInVAE(), latents)
+    assert video.shape == (1, 3, 1, 1, 5)
+    assert torch.equal(video[0, :, 0, 0, :2], torch.tensor([[0.0, 0.1]] * 3) * 4 / 2 + 0.5)
+    assert video[..., 2:].isnan().all()
+
+
+# ---------------------------------------------------------------- weights holding NaN are never loaded as good
+
+class _StandInModels:
+    def __init__(self):
+        self.policy, self.reference = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2).requires_grad_(False)
+
+    def load_trainable_state_dict(self, state):
+        self.policy.load_state_dict(state)
+
+    def load_reference_state(self, state):
+        self.reference.load_state_dict(state)
+
+
+@pytest.mark.parametrize("part", ["weights", "optimizer"])
+def test_a_checkpoint_holding_nan_is_refused_when_resumed(tmp_path, part):
+    """Before: resumed, its rewards were NaN and the run went on until the failed-reward stop, every checkpoint NaN."""
+    models = _StandInModels()
+    weights = {k: v.detach().clone() for k, v in models.policy.state_dict().items()}
+    optimizer = torch.optim.AdamW(models.policy.parameters())
+    models.policy(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    optimizer_state = optimizer.state_dict()
+    (weights if part == "weights" else optimizer_state["state"][0])["bias" if part == "weights" else "exp_avg"][0] = \
+        math.nan
+    path = tmp_path / "checkpoint-2"
+    training = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
+                "anchor_schedule": {"last_refreshed_at": None}, "rng": capture_rng_state()}
+    write_checkpoint_files(path, model_state=weights, training_state=training, optimizer_state=optimizer_state)
+    manager = CheckpointManager(
+        models=models, optimizer=optimizer, kl_controller=None, anchor_schedule=MovingAnchorSchedule(False, 2),
+        counters=SimpleNamespace(state_dict=lambda: {}, load_state_dict=lambda s: None),
+        dims=ParallelDims(world_size=1), run_dir=tmp_path, keep_checkpoints=0, layout={}, config_yaml=lambda: "",
+        log=print)
+    file, name = ("transformer/model.safetensors", "bias") if part == "weights" else ("optimizer.pt", "state.0.exp_avg")
+    with pytest.raises(CheckpointError, match=re.escape(f"{path / file}: {name} holds NaN or inf values")):
+        manager.load(resolve_resume_path("latest", tmp_path), load_plain(path / "training_state.pt", "state"))
+
+
+def test_export_refuses_weights_holding_nan(tiny_root, tmp_path):
+    from sage_grpo.export.weights import export_checkpoint
+    from sage_grpo.models import load_transformer
+
+    state = load_transformer(tiny_root, dtype=torch.float32).state_dict()
+    state["proj_out.weight"][0, 0] = math.inf
+    save_file(state, tmp_path / "weights.safetensors")
+    with pytest.raises(CheckpointError, match="proj_out.weight holds NaN or inf values"):
+        export_checkpoint(tmp_path / "weights.safetensors", tiny_root, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
