@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import shorten
+from sage_grpo.config.validation import check_seeds
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.models import layout
@@ -152,6 +153,7 @@ def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> Eva
     if not config.prompts:
         raise ValueError("--prompts is required: a CSV with a 'prompt' column")
     prompts = [item.prompt for item in read_prompt_csvs([config.prompts], notes=[])]
+    check_seeds(config)  # every seed, not only the first one the generation plan below is made with
     if not config.seeds or len(set(config.seeds)) != len(config.seeds):
         raise ValueError(f"--seeds must name distinct seeds, got {config.seeds}")
     if config.picture_frames < 1 or config.picture_height < 8:

@@ -161,6 +161,29 @@ def test_decoded_pixels_that_overflow_stay_nan():
     assert video[..., 2:].isnan().all()
 
 
+def test_generate_refuses_to_write_a_non_finite_video(tiny_root, tmp_path, monkeypatch, capsys):
+    """Before: a checkpoint holding NaN sampled NaN videos that were written as black frames, exit 0."""
+    from sage_grpo.cli.generate import main
+    from sage_grpo.pipeline import generation
+
+    class NaNGenerator:
+        def __init__(self, config, plan):
+            pass
+
+        def render(self, item, progress=False):
+            return torch.full((3, 5, 16, 16), math.nan)
+
+    monkeypatch.setattr(generation, "VideoGenerator", NaNGenerator)
+    output = tmp_path / "out.mp4"
+    assert main(["--model_path", str(tiny_root), "--prompt", "a cat", "--device", "cpu", "--fixed_size", "16x16",
+                 "--video_length", "5", "--output_path", str(output)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == (f"error: the video of prompt 'a cat' (seed 930) is not finite (NaN or inf pixels), so it is not "
+                    f"written to {output}: the weights hold NaN or inf (--model_path {tiny_root}), or the settings "
+                    "overflow the model's range")
+    assert not output.exists()
+
+
 # ---------------------------------------------------------------- weights holding NaN are never loaded as good
 
 class _StandInModels:
@@ -209,3 +232,44 @@ def test_export_refuses_weights_holding_nan(tiny_root, tmp_path):
     with pytest.raises(CheckpointError, match="proj_out.weight holds NaN or inf values"):
         export_checkpoint(tmp_path / "weights.safetensors", tiny_root, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- writes where the user's data lives
+
+def test_generate_refuses_an_output_that_links_into_an_input(tiny_root, tmp_path, capsys):
+    """Before: generate.py wrote the mp4 through the link, over the model root's VAE weights."""
+    from sage_grpo.cli.generate import main
+
+    root = linked_root(tmp_path / "root", tiny_root)
+    (root / "vae").unlink()
+    shutil.copytree(tiny_root / "vae", root / "vae")  # this test's own copy: the shared fixture stays intact
+    target = next((root / "vae").glob("*.safetensors"))
+    before = target.read_bytes()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "video.mp4").symlink_to(target)
+    assert main(["--model_path", str(root), "--prompt", "a cat", "--device", "cpu", "--fixed_size", "16x16",
+                 "--video_length", "5", "--output_path", str(tmp_path / "out" / "video.mp4")]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        f"error: --output_path {tmp_path / 'out' / 'video.mp4'} lies inside --model_path {root}: the command "
+        f"would write into what it reads. Choose an --output_path outside {root}")
+    assert target.read_bytes() == before
+
+
+def test_seeds_beyond_the_generators_range_are_refused_before_any_model_loads(tiny_root, tmp_path):
+    """Before: torch's generators refused them ("Overflow when unpacking long long") after the models had loaded."""
+    from model_fixtures import tiny_args
+
+    from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+    from sage_grpo.config.generate import GenerateConfig
+    from sage_grpo.config.validation import check_option_values
+    from sage_grpo.data import read_prompt_csvs
+    from sage_grpo.pipeline.generation import plan_generation
+
+    (tmp_path / "p.csv").write_text(f"prompt,seed\na cat,{2**64}\n")
+    with pytest.raises(ConfigError, match=rf"p.csv'?, row 2: seed {2**64} must be in \[0, 2\*\*63\)$"):
+        read_prompt_csvs([str(tmp_path / "p.csv")])
+    with pytest.raises(ConfigError, match=rf"^\[seed-range\] --seed {2**64} must be in \[0, 2\*\*63\)"):
+        plan_generation(GenerateConfig(model_path=str(tiny_root), prompt="a cat", seed=2**64, device="cpu"))
+    with pytest.raises(ConfigError, match=r"^\[validation_global_seed-range\] --validation_global_seed -1 must be"):
+        check_option_values(parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run",
+                                                             "--validation_global_seed", "-1")))
