@@ -128,6 +128,8 @@ def locate_trained_weights(path: PathLike) -> Path:
                                 f"{', '.join(sorted(p.name for p in located.iterdir())[:10])}); only safetensors "
                                 "weights are read. Save the adapter with peft's save_pretrained(safe_serialization="
                                 "True), or pass a checkpoint-N folder")
+    if lora.is_adapter_folder(located):
+        lora.check_adapter_folder(located)  # its adapter_config.json, before any model loads
     return located
 
 
@@ -182,8 +184,9 @@ def apply_trained_weights(transformer: torch.nn.Module, weights: TrainedWeights)
     """Put ``weights`` into the base ``transformer`` (LoRA: inject, load strictly, merge); returns it."""
     if not weights.is_lora:
         return load_full_state(transformer, weights.state, str(weights.source))
-    lora.add_adapter(transformer, weights.lora_config, lora.POLICY_ADAPTER)
-    lora.load_adapter_state(transformer, weights.state, lora.POLICY_ADAPTER)
+    with lora.adapter_fits(weights.source):
+        lora.add_adapter(transformer, weights.lora_config, lora.POLICY_ADAPTER)
+        lora.load_adapter_state(transformer, weights.state, lora.POLICY_ADAPTER)
     return lora.merge_adapter(transformer, lora.POLICY_ADAPTER)
 
 

@@ -234,6 +234,59 @@ def test_export_refuses_weights_holding_nan(tiny_root, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+# ---------------------------------------------------------------- LoRA adapter configs read back
+
+def _adapter(folder: Path, rank: int = 4, **changes) -> Path:
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": "to_q",
+              "init_lora_weights": True, "use_dora": False, "modules_to_save": None, "rank_pattern": {},
+              "alpha_pattern": {}, "bias": "none", **changes}
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    save_file({"base_model.model.blocks.0.to_q.lora_A.weight": torch.zeros(rank, 8),
+               "base_model.model.blocks.0.to_q.lora_B.weight": torch.zeros(8, rank)},
+              folder / "adapter_model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"lora_alpha": math.nan}, "lora_alpha must be a number > 0 and < 1e300, got 'nan'"),  # sampled black videos
+    ({"lora_alpha": 0}, "lora_alpha must be a number > 0"),
+    ({"r": 10**9}, "r is 1000000000 but the lora_A tensors of adapter_model.safetensors have rank [4]"),
+    ({"r": -1}, "r must be a positive integer, got '-1'"),
+    ({"init_lora_weights": "pissa"}, "init_lora_weights must be true, false or 'gaussian' (other initialisations "
+                                     "rewrite the base weights)"),
+    ({"use_dora": True}, "use_dora must be unset (sage-grpo reads plain LoRA adapters)"),
+    ({"modules_to_save": ["proj_out"]}, "modules_to_save must be unset"),
+    ({"rank_pattern": {"to_q": 64}}, "rank_pattern must be unset"),
+    ({"peft_type": "LOHA"}, "peft_type must be 'LORA'"),
+    ({"lora_dropout": 1.5}, "lora_dropout must be a number in [0, 1)"),
+    ({"target_modules": 5}, "target_modules must be a regex or a list of module names"),
+    ({"target_modules": "(to_q"}, "target_modules is not a valid regex"),
+])
+def test_a_crafted_adapter_config_is_one_line_before_any_model_loads(tmp_path, changes, match):
+    from sage_grpo.export.weights import locate_trained_weights
+
+    folder = _adapter(tmp_path / "lora", **changes)
+    with pytest.raises(CheckpointError, match=re.escape(f"{folder / 'adapter_config.json'}: {match}")):
+        locate_trained_weights(folder)  # generate.py's and the evaluation's check, before the models load
+
+
+def test_adapter_files_that_are_not_lora_settings_or_hold_nan(tmp_path):
+    from sage_grpo.models.lora import check_adapter_folder, read_adapter_folder
+
+    assert check_adapter_folder(_adapter(tmp_path / "ok"))["r"] == 4
+    folder = _adapter(tmp_path / "deep")
+    (folder / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError, match="adapter_config.json: not JSON"):
+        check_adapter_folder(folder)
+    folder = _adapter(tmp_path / "nan")
+    save_file({"base_model.model.blocks.0.to_q.lora_A.weight": torch.full((4, 8), math.nan),
+               "base_model.model.blocks.0.to_q.lora_B.weight": torch.zeros(8, 4)},
+              folder / "adapter_model.safetensors")
+    with pytest.raises(CheckpointError, match=r"adapter_model.safetensors: blocks.0.to_q.lora_A.weight holds NaN"):
+        read_adapter_folder(folder)
+
+
 # ---------------------------------------------------------------- writes where the user's data lives
 
 def test_generate_refuses_an_output_that_links_into_an_input(tiny_root, tmp_path, capsys):
