@@ -46,7 +46,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import numpy as np
 import torch
@@ -85,16 +85,35 @@ def capture_rng_state() -> dict:
     return state
 
 
+def _host_rng_states(state: dict) -> Tuple[tuple, tuple]:
+    """The Python and NumPy states of a saved RNG state, as ``setstate`` and ``set_state`` take them."""
+    name, keys, position, has_gauss, cached = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)  # earlier versions: a NumPy array
+    return (tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]),
+            (name, keys.astype(np.uint32), position, has_gauss, cached))
+
+
+def check_rng_state(state: Any, source: str) -> None:
+    """Refuse a saved RNG state (``source`` names it) that the global RNGs would not take: it is restored only
+    after the models have loaded, so a wrong one is named here, before (tried on throwaway generators)."""
+    try:
+        python, numpy_state = _host_rng_states(state)
+        random.Random().setstate(python)
+        np.random.RandomState().set_state(numpy_state)
+        torch.Generator().set_state(state["torch"])
+    except Exception as err:  # noqa: BLE001 - a garbled state fails in many ways (KeyError, TypeError, ValueError)
+        raise CheckpointError(f"{source} is not a saved RNG state ({type(err).__name__}: {str(err)[:150]})") from None
+
+
 def restore_rng_state(state: dict) -> List[str]:
     """Set the global RNGs to ``state``; returns notes on what could not be restored. The CUDA states go to the
     devices this process sees, by index: a machine that sees fewer GPUs than the one that saved (another
     ``CUDA_VISIBLE_DEVICES``) restores the first ones and says which were left (rollout noise comes from CPU
     generators, so only CUDA-side randomness such as dropout on the missing devices differs)."""
     notes: List[str] = []
-    random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
-    name, keys, position, has_gauss, cached = state["numpy"]
-    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)  # earlier versions: a NumPy array
-    np.random.set_state((name, keys.astype(np.uint32), position, has_gauss, cached))
+    python, numpy_state = _host_rng_states(state)
+    random.setstate(python)
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         saved, visible = state["cuda"], torch.cuda.device_count()
@@ -393,7 +412,9 @@ class CheckpointManager:
     def _restore_rng(self, training_state: dict) -> None:
         """This rank's global RNG states. After a change of world size the ranks keep their fresh ``seed + dp_rank``
         seeding (the trainer's own randomness comes from explicitly seeded generators and does not depend on it)."""
-        if "rng" in training_state or len(training_state["rng_per_rank"]) == self.dims.world_size:
+        if "rng" not in training_state and not training_state.get("rng_per_rank"):
+            self.log("note: the checkpoint holds no RNG states; the global RNG states are not restored")
+        elif "rng" in training_state or len(training_state["rng_per_rank"]) == self.dims.world_size:
             state = training_state["rng"] if "rng" in training_state else training_state["rng_per_rank"][self.dims.rank]
             for note in restore_rng_state(state):
                 self.log(note)

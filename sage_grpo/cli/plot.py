@@ -7,29 +7,36 @@ Reads only ``metrics.jsonl``; the reward is ``gathered_avg_reward_mean`` with it
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 
 from sage_grpo.tracking.plots import Panel, Series, plot_panels
-from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics
+from sage_grpo.tracking.run_dir import manifold_error_key, metric_value, read_metrics
+
+
+def _values(rows, key, missing=math.nan):
+    """The rows' finite numbers under ``key``; anything else (absent, NaN, a string: the file is read back) is
+    ``missing``, a gap in the line."""
+    return [value if value is not None else missing for value in (metric_value(row, key) for row in rows)]
 
 
 def run_panels(rows):
     steps = [row["step"] for row in rows]
     reward = Panel("GRPO reward per step (mean over the step's videos; band: std within the step)", "reward", [
-        Series("reward", steps, [row["gathered_avg_reward_mean"] for row in rows],
-               [row.get("gathered_avg_reward_std", 0.0) for row in rows])])
+        Series("reward", steps, _values(rows, "gathered_avg_reward_mean"),
+               _values(rows, "gathered_avg_reward_std", 0.0))])
     panels = [reward]
     key = manifold_error_key(rows)
     if key is not None:
         panels.append(Panel("manifold error of the rollouts (RMS distance to the nearest toy-world video)", "RMS",
                             [Series(key.replace("gathered_", "").replace("_reward_mean", ""), steps,
-                                    [row.get(key, float("nan")) for row in rows])]))
+                                    _values(rows, key))]))
     kl_keys = [k for k in ("kl_loss",) if any(k in row for row in rows)]
     if kl_keys:
         panels.append(Panel("KL to the moving anchor (kl_loss)", "KL",
-                            [Series(k, steps, [row.get(k, float("nan")) for row in rows]) for k in kl_keys]))
+                            [Series(k, steps, _values(rows, k)) for k in kl_keys]))
     return panels
 
 

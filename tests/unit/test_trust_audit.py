@@ -287,6 +287,114 @@ def test_adapter_files_that_are_not_lora_settings_or_hold_nan(tmp_path):
         read_adapter_folder(folder)
 
 
+# ---------------------------------------------------------------- metrics.jsonl read back: plot, model card, resume
+
+CRAFTED_ROWS = [
+    '{"step": 1, "gathered_avg_reward_mean": "x", "gathered_avg_reward_std": [1], "kl_loss": {"a": 1}}',
+    '{"step": 2}',
+    '{"step": 3, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",  # RecursionError in json.loads
+    '{"step": 4' + "0" * 5000 + "}",  # more digits than int() converts: a ValueError, not a JSONDecodeError
+    '{"step": true, "gathered_avg_reward_mean": 0.5}',
+    '{"step": 5, "gathered_avg_reward_mean": 1e308, "gathered_avg_reward_std": Infinity}',
+    '{"step": 6, "gathered_avg_reward_mean": 1e308, "gathered_t_manifold_error_reward_mean": "q"}',
+    '{"step": 7, "gathered_avg_reward_mean": 1' + "0" * 400 + ', "gathered_x_reward_mean": 1' + "0" * 400 + "}",
+]
+
+
+def test_crafted_metric_rows_are_dropped_or_ignored_by_every_reader(tmp_path, capsys):
+    """Before: sage-grpo plot gave a TypeError, KeyError or RecursionError traceback, the model card an
+    OverflowError (fsum of 1e308s; an integer beyond the float range), a resume's metrics rewrite the same."""
+    from sage_grpo.cli.plot import main as plot
+    from sage_grpo.export.model_card import model_card
+    from sage_grpo.tracking.run_dir import read_metrics, truncate_metrics
+
+    (tmp_path / "metrics.jsonl").write_text("\n".join(CRAFTED_ROWS) + "\n")
+    with pytest.warns(RuntimeWarning) as caught:
+        rows = read_metrics(tmp_path)
+    assert [row["step"] for row in rows] == [1, 2, 5, 6, 7]
+    assert [re.search(r"line (\d+)", str(w.message)).group(1) for w in caught] == ["3", "4", "5"]
+    with pytest.warns(RuntimeWarning):
+        assert plot([str(tmp_path)]) == 0 and (tmp_path / "run.png").is_file()
+        card = model_card(tmp_path / "checkpoint-7", export_format="transformer", dtype="fp32", merged_lora=False,
+                          run_config={})
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'run.png'}\n"
+    assert "- steps logged: 2\n- GRPO reward (`gathered_avg_reward_mean`), mean of the first 1 steps: " in card
+    with pytest.warns(RuntimeWarning):
+        truncate_metrics(tmp_path, 6)
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 5, 6]
+
+
+# ---------------------------------------------------------------- training_state.pt read back
+
+def _training_state(**changes):
+    state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "failed_reward_steps": 0,
+             "kl_controller": {"kl_coef": 1e-4, "num_updates": 4, "history": [0.0, 0.1]},
+             "anchor_schedule": {"last_refreshed_at": None}, "layout": {"videos_per_step": 2},
+             "rng": capture_rng_state()}
+    for key, value in changes.items():
+        owner, _, name = key.partition(".")
+        if name:
+            state[owner] = {**state[owner], name: value}
+        else:
+            state[owner] = value
+    return state
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"kl_controller.kl_coef": math.nan}, "kl_controller.kl_coef must be a finite number >= 0, got nan"),
+    ({"kl_controller.kl_coef": "0.1"}, "kl_controller.kl_coef must be a finite number >= 0, got '0.1'"),
+    ({"kl_controller.num_updates": -7}, "kl_controller.num_updates must be a non-negative integer, got -7"),
+    ({"kl_controller.history": "abc"}, "kl_controller.history must be a list of numbers, got 'abc'"),
+    ({"anchor_schedule.last_refreshed_at": "x"}, "anchor_schedule.last_refreshed_at must be empty or a "
+                                                 "non-negative integer, got 'x'"),
+    ({"anchor_schedule": {}}, "anchor_schedule must be a mapping with last_refreshed_at"),
+    ({"rng.torch": torch.zeros(3, dtype=torch.uint8)}, r"rng is not a saved RNG state \(RuntimeError: "),
+    ({"rng.python": (3, (1, 2), None)}, r"rng is not a saved RNG state \(ValueError: state vector is the wrong "
+                                        "size"),
+    ({"rng_per_rank": 5}, None),
+])
+def test_a_crafted_training_state_is_one_line_before_any_model_loads(tmp_path, changes, match):
+    """Before: a NaN beta made every loss NaN and the weights NaN; a garbled RNG state or controller history gave a
+    traceback after the models had loaded."""
+    from sage_grpo.resume import check_training_state
+
+    state = _training_state(**changes)
+    if match is None:  # several processes' RNG states
+        del state["rng"]
+        match = "rng_per_rank must be a list of RNG states, got 5"
+    with pytest.raises(CheckpointError, match=rf"training_state.pt: {match}"):
+        check_training_state(state, tmp_path / "training_state.pt")
+    check_training_state(_training_state(), tmp_path / "training_state.pt")  # a real one passes
+    random.random(), np.random.rand(), torch.rand(1)  # the global RNGs untouched by the check
+
+
+# ---------------------------------------------------------------- YAML and JSON nested thousands deep, huge integers
+
+def test_deep_or_huge_values_in_files_read_back_are_one_line(tmp_path):
+    """Before: a RecursionError traceback (--config, a checkpoint's config.yaml), a ValueError traceback (an integer of
+    thousands of digits in trackers.json, weights.lock.json, sampling.json, the evaluation's settings.json)."""
+    from sage_grpo.config import ConfigError
+    from sage_grpo.config.reward_weights import parse_reward_weights
+    from sage_grpo.config.schema import load_yaml
+    from sage_grpo.export.pipeline import read_sampling_record
+    from sage_grpo.models.revisions import read_lock
+    from sage_grpo.tracking.trackers import read_run_ids
+
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("reward_kwargs: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(ValueError, match=f"^--config {deep}: nested too deeply to be a configuration$"):
+        load_yaml(str(deep))
+    with pytest.raises(ValueError, match=r"^reward_weights is not valid JSON \(maximum recursion depth exceeded"):
+        parse_reward_weights('{"a": ' + "[" * 5000 + "]" * 5000 + "}")
+    huge = '{"a": 1' + "0" * 5000 + "}"
+    for name, read, error in (("trackers.json", lambda: read_run_ids(tmp_path), ConfigError),
+                              ("weights.lock.json", lambda: read_lock(tmp_path / "weights.lock.json"), ValueError),
+                              ("sampling.json", lambda: read_sampling_record(tmp_path), ValueError)):
+        (tmp_path / name).write_text(huge)
+        with pytest.raises(error, match=re.escape(str(tmp_path / name))):
+            read()
+
+
 # ---------------------------------------------------------------- writes where the user's data lives
 
 def test_generate_refuses_an_output_that_links_into_an_input(tiny_root, tmp_path, capsys):
