@@ -416,6 +416,42 @@ def test_generate_refuses_an_output_that_links_into_an_input(tiny_root, tmp_path
     assert target.read_bytes() == before
 
 
+def test_make_tiny_refuses_a_model_root_it_did_not_write(tmp_path, capsys, monkeypatch):
+    """Before: `sage-grpo make-tiny` (default --output ckpts, where download_weights.sh puts the real weights)
+    replaced the downloaded VAE, encoders and scheduler with random tiny ones."""
+    from sage_grpo.cli import make_tiny
+
+    monkeypatch.setattr(make_tiny, "write_tiny_hunyuan", lambda *a, **k: pytest.fail("wrote over the model root"))
+    root = tmp_path / "ckpts"
+    (root / "vae").mkdir(parents=True)
+    (root / "vae" / "config.json").write_text("{}")
+    assert make_tiny.main(["--output", str(root)]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        f"error: --output {root} already holds a model that make-tiny did not write (vae): its weights would be "
+        "replaced by random ones. Choose a new folder, e.g. --output ckpts/tiny")
+    assert sorted(p.name for p in root.iterdir()) == ["vae"]
+    make_tiny.check_output(REPO_ROOT / "ckpts")  # a fresh clone's ckpts/ (its README only) is still the default
+    (root / make_tiny.MARKER).touch()
+    make_tiny.check_output(root)  # a root make-tiny wrote is written again
+
+
+def test_make_toy_checkpoint_refuses_to_replace_what_is_not_a_toy_checkpoint(tmp_path, capsys, monkeypatch):
+    """Before: --output ckpts (a typo for ckpts/toy) trained for four minutes, then deleted the whole folder."""
+    import sage_grpo.toy.pretrain as pretrain
+
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    monkeypatch.setattr(pretrain, "write_toy_checkpoint", lambda *a, **k: pytest.fail("trained before refusing"))
+    sys.modules.pop("make_toy_checkpoint", None)
+    import make_toy_checkpoint
+
+    (tmp_path / "ckpts" / "vae").mkdir(parents=True)
+    assert make_toy_checkpoint.main(["--output", str(tmp_path / "ckpts")]) == 2
+    assert _one_line(capsys.readouterr().err).startswith(f"error: --output {tmp_path / 'ckpts'} exists and is not a "
+                                                         "toy checkpoint (no .complete); it would be deleted")
+    assert (tmp_path / "ckpts" / "vae").is_dir()
+    sys.modules.pop("make_toy_checkpoint", None)
+
+
 def test_seeds_beyond_the_generators_range_are_refused_before_any_model_loads(tiny_root, tmp_path):
     """Before: torch's generators refused them ("Overflow when unpacking long long") after the models had loaded."""
     from model_fixtures import tiny_args
