@@ -321,7 +321,8 @@ class GRPOTrainer:
         metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.num_generations))
         metrics["learning_rate"] = self.lr_schedule.lr_at(max(self.update_steps - 1, 0))
         metrics["update_steps"] = float(self.update_steps)
-        metrics["skipped_updates"] = float(self.skipped_updates)
+        if self.skipped_updates:  # logged only when it happens: the logged keys of a healthy run stay as they were
+            metrics["skipped_updates"] = float(self.skipped_updates)
         return metrics
 
     # ------------------------------------------------------------------ phases

@@ -104,7 +104,7 @@ def test_weights_changed_where_the_fingerprint_does_not_look_stop_the_run_with_n
                                                            r"the last because its loss was nan"):
         resumed.train()
     rows = read_metrics(run)
-    assert [(r["step"], r["skipped_updates"]) for r in rows] == [(1, 0.0), (2, 1.0), (3, 1.0)]
+    assert [(r["step"], r.get("skipped_updates")) for r in rows] == [(1, None), (2, 1.0), (3, 1.0)]
     saved = load_file(run / "checkpoint-1" / "transformer" / "model.safetensors")
     for name, value in resumed.models.trainable_state_dict().items():
         assert torch.equal(value, saved[name]), name  # no NaN gradient reached the weights

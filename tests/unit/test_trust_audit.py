@@ -95,7 +95,7 @@ def test_steps_that_train_on_nothing_are_counted_and_stop_the_run():
     from sage_grpo.pipeline.failed_steps import count_failed_step, step_failures
 
     logged = []
-    ok = {"failed_reward_count": 0.0, "total_loss": 0.1, "skipped_updates": 0.0, "grad_norm": 0.5}
+    ok = {"failed_reward_count": 0.0, "total_loss": 0.1, "grad_norm": 0.5}  # skipped_updates: logged when > 0
     nan_loss = {**ok, "total_loss": math.nan, "skipped_updates": 1.0, "grad_norm": math.nan}
     assert step_failures(ok, 2) == []
     streak = count_failed_step(0, 1, step_failures(nan_loss, 2), 3, logged.append)
