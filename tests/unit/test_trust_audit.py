@@ -287,6 +287,18 @@ def test_adapter_files_that_are_not_lora_settings_or_hold_nan(tmp_path):
         read_adapter_folder(folder)
 
 
+
+def test_an_adapter_that_does_not_fit_the_transformer_is_one_line(tiny_root, tmp_path):
+    """Before: peft's NoMatchingPeftModuleError (target_modules matching no layer) or a KeyError was a traceback."""
+    from sage_grpo.export.weights import TrainedWeights, apply_trained_weights
+    from sage_grpo.models import load_transformer, lora
+
+    transformer = load_transformer(tiny_root, dtype=torch.float32)
+    weights = TrainedWeights("lora", {}, tmp_path / "lora", lora.make_lora_config(4, 8, 0.0, ["no_such_layer"]))
+    with pytest.raises(CheckpointError, match=re.escape(f"{tmp_path / 'lora'}: the LoRA adapter does not fit this "
+                                                        "transformer (Target modules {'no_such_layer'} not found")):
+        apply_trained_weights(transformer, weights)
+
 # ---------------------------------------------------------------- metrics.jsonl read back: plot, model card, resume
 
 CRAFTED_ROWS = [
