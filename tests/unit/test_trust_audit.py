@@ -34,7 +34,7 @@ from sage_grpo.checkpoint import (CheckpointManager, capture_rng_state, resolve_
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.rewards.base import score_with_fallback
 from sage_grpo.rewards.setup import RewardFailure
-from sage_grpo.rl import AdaptiveKLController, MovingAnchorSchedule
+from sage_grpo.rl import MovingAnchorSchedule
 from sage_grpo.safe_io import CheckpointError, load_plain
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
