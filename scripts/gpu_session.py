@@ -76,6 +76,7 @@ CUT = (
     ("the rollout at all 54 blocks", "8 blocks, the step checkpoint's depth, keep the part under a minute; the "
      "attention processor that makes the difference is per block"),
     ("a 16-block step, multi-GPU FSDP / Ulysses over NCCL", "one GPU per machine; the 8-block plan leaves 2x margin"),
+    ("flash-attn, SageAttention, xformers", "not in the image; the attention part lists them as unusable, with why"),
 )
 
 

@@ -154,6 +154,18 @@ def test_usage_errors(argv, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_the_runbook_names_the_call_and_everything_cut():
+    runbook = (REPO_ROOT / "docs" / "gpu_runbook.md").read_text().replace("`", "")
+    for argument, value in (("command", "python3 scripts/gpu_session.py"), ("carry", '[".whl"]'),
+                            ("timeout_s", "540")):
+        assert f"| {argument} | {value} |" in runbook
+    assert f"global deadline of {runner.DEFAULT_DEADLINE_S} s" in runbook
+    for what, _ in runner.CUT:
+        assert f"| {what} |" in runbook, what
+    benchmarks = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
+    assert "## GPU numbers (measured)\n\n**Not yet measured.**" in benchmarks
+
+
 @pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="not a git checkout (the device machine's copy)")
 def test_carried_wheels_and_runner_output_stay_out_of_git():
     proc = run_group(["git", "check-ignore", ".whl/diffusers-0.42.1-py3-none-any.whl", "gpu_out/check.log"],
