@@ -61,6 +61,7 @@ DEFAULT_DEADLINE_S = 480
 WHEELS = REPO / ".whl"  # made here by scripts/gpu_wheels.sh, carried by the run call
 GPU_CHECKPOINT = Path("/tmp/sage_gpu_real8")  # kept between calls on a warm machine (a rerun of `step` reuses it)
 WHEEL_SITE = "/tmp/site"
+OUTPUTS = ("env.txt", "summary.tsv")  # besides each part's log
 MARKER = ".written"  # in a finished checkpoint: the writer's command line (what determines its contents)
 
 # What the one call does not run, and why (printed to env.txt; docs/gpu_runbook.md "Cut").
@@ -422,6 +423,8 @@ def main(argv=None) -> int:
         return 2
     out = Path(os.environ.get("OUT") or REPO / "gpu_out")
     out.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUTS + tuple(part.log for part in every.values()):  # a previous run's, by these names only
+        (out / name).unlink(missing_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1"}
     session = Session(out, args.deadline, env)

@@ -139,7 +139,11 @@ def test_the_step_checkpoint_is_reused_or_refused(tmp_path, monkeypatch, capsys)
 def test_without_wheels_the_gpu_call_stops_before_any_part(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(runner, "WHEELS", tmp_path / "no_wheels")
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    (tmp_path / "out").mkdir()
+    for name, text in (("summary.tsv", "check\tgpu_check\t0\n"), ("notes.txt", "mine")):  # an earlier run's, a user's
+        (tmp_path / "out" / name).write_text(text)
     assert runner.main(["--checkpoint", str(tmp_path / "ckpt")]) == 1
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
     env = (tmp_path / "out" / "env.txt").read_text()
     assert "error: no wheels in .whl/: run 'bash scripts/gpu_wheels.sh'" in env
     assert "cut: torch.compile of the blocks (inductor): " in env  # what the one call leaves out is named
