@@ -109,7 +109,8 @@ def test_a_trickling_body_is_dropped_at_the_request_deadline(serve):
 
 
 def test_the_connection_caps_refuse_the_next_request_and_connection(serve):
-    server = serve(limits=ServerLimits(max_connections=3, max_pending_connections=1, idle_timeout_s=30.0))
+    server = serve(limits=ServerLimits(max_connections=3, max_pending_connections=1, header_timeout_s=30.0,
+                                       idle_timeout_s=30.0))
     held = [_connect(server) for _ in range(3)]
     for sock in held:  # each is being served: its head arrived, its body is awaited
         sock.sendall(b"POST /score HTTP/1.1\r\nContent-Length: 100\r\n\r\n")
