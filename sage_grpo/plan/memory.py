@@ -35,8 +35,8 @@ against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py`
 on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding when offloaded);
 the rollout's SDE noise (drawn up front, one latent per stochastic step); the VAE weights and its decode (tiled or
 not); the reward model and its forward on SP leaders. LoRA: the frozen base P·c/Z and every adapter (the anchor's too)
-in m; P_g the adapters that get a gradient; no separate reference: its passes run the policy (the anchor adapter, or
-none), gathering the policy's units.
+in m; P_g the adapters that get a gradient, no reduced shard (the peak is the end of the last block's recomputation);
+no separate reference: its passes run the policy (the anchor adapter, or none), gathering the policy's units.
 
 **Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train (forward +
 backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode). The peak is the
@@ -225,11 +225,11 @@ def _gradients_persist(cfg: TrainConfig) -> bool:
 
 
 def _gradients(lay: _Layout, placement: Placement, note: str = "") -> Component:
-    if lay.shard > 1 and not placement.reduce_per_backward:  # + at the peak, the first reduced (last) block's shard
+    if lay.shard > 1 and not placement.reduce_per_backward:  # + the first reduced (last) block's shard at the peak,
+        first = "" if lay.cfg.use_lora else " + (P_blk − P_unused)·4/Z"  # which LoRA's peak precedes (docstring)
         return Component("gradients (unsharded, held per update)",
-                         lay.trainable * 4 + lay.block_trainable * 4 / lay.shard,
-                         f"P_g·4 + ({'r·(w_blk − w_unused)' if lay.cfg.use_lora else 'P_blk − P_unused'})·4/Z: fp32, "
-                         f"reduced once per update {note}".strip())
+                         lay.trainable * 4 + (0 if lay.cfg.use_lora else lay.block_trainable * 4 / lay.shard),
+                         f"P_g·4{first}: fp32, reduced once per update {note}".strip())
     return Component("gradients (sharded)" if lay.shard > 1 else "gradients", lay.trainable * lay.master / lay.shard,
                      f"P_g·m/Z {note}".strip())
 

@@ -106,6 +106,18 @@ def test_peak_tflops():
     assert table["H100"] == table["H200"] == 989.0 and table["A100"] == 312.0
 
 
+def _relative_rounding(text: str) -> float:
+    """Half a unit of the last printed digit of ``text`` ("0.0194", "9.876e-05"), relative to its value."""
+    mantissa, _, exponent = text.partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 0.5 * 10.0 ** (int(exponent or 0) - decimals) / float(text)
+
+
+def test_printed_rounding_reads_both_notations():
+    assert _relative_rounding("0.0194") == pytest.approx(0.5e-4 / 0.0194)
+    assert _relative_rounding("9.876e-05") == pytest.approx(0.5e-8 / 9.876e-05)
+
+
 def test_benchmark_transformer(capsys):
     out = run_benchmark("benchmark_transformer", capsys, "--geometry", "tiny", "--repeats", "1", "--warmup", "0",
                         "--threads", "2")
@@ -113,11 +125,10 @@ def test_benchmark_transformer(capsys):
     for mode in ("off", "on"):
         seconds = value_of(rf"^checkpointing {mode}: {NUMBER} s, ", out)
         rate = value_of(rf"^checkpointing {mode}: [0-9.]+ s, {NUMBER} TFLOP/s$", out)  # the CPU: no MFU
-        # both printed to 3-4 significant digits: the ratio holds within their rounding (0.0194 s is +-2.6e-3)
-        # a slow pass prints its rate in scientific notation (7.611e-05): the rounding is the mantissa's
+        # both printed to 3-4 significant digits: the ratio holds within their rounding (0.0194 s is +-2.6e-3); a
+        # slow machine prints a rate below 1e-4 in exponent form (9.876e-05)
         shown = re.search(rf"^checkpointing {mode}: {NUMBER} s, {NUMBER} TFLOP/s$", out, re.M).groups()
-        mantissas = [text.split("e")[0] for text in shown]
-        rounding = sum(0.5 * 10.0 ** -len(m.split(".")[1]) / float(m) for m in mantissas)
+        rounding = sum(_relative_rounding(text) for text in shown)
         assert seconds > 0 and rate == pytest.approx(flops / seconds, rel=rounding + 1e-4)
         ratio = value_of(rf"^saved per block, checkpointing {mode}: .*ratio planner / measured {NUMBER} ", out)
         assert abs(ratio - 1) <= BLOCK_MEMORY_TOLERANCE
@@ -178,45 +189,15 @@ def test_sp_rank_flops_match_the_flop_counter():
         emulate_sp_rank(transformer, 3, None)
 
 
-def test_benchmark_attention(capsys, monkeypatch):
-    """Each backend with the CFG pair's key mask and without it (the negative rows as long as the positive: the same
-    rows, no mask reaches the kernel), each against diffusers' processor on the same inputs; --skip leaves a backend
-    out."""
-    from sage_grpo.models import attention
-
-    masks = []  # per block call: did a key mask reach the dispatch?
-    dispatch = attention.dispatch
-    monkeypatch.setattr(attention, "dispatch", lambda q, k, v, mask, backend: (masks.append(mask is not None),
-                                                                              dispatch(q, k, v, mask, backend))[1])
+def test_benchmark_attention(capsys):
     out = run_benchmark("benchmark_attention", capsys, "--geometry", "tiny", "--repeats", "1", "--warmup", "0",
-                        "--threads", "2", "--key_mask", "both", "--skip", "_native_math")
+                        "--threads", "2")
     # tiny: 8 video tokens + 16 MLLM + 8 byT5 + 4 image slots; CFG: 2 rows
     assert value_of(r"^dense mask avoided: 2 x 36 x 36 bool = ([0-9.]+) MiB", out) == pytest.approx(0.0, abs=0.05)
     assert value_of(rf"^dense mask \(diffusers' processor\): {NUMBER} s$", out) > 0
-    assert "without a key mask: the negative rows get the positive's valid lengths (8, 4)" in out
-    assert value_of(rf"^joint attention, native: [0-9.]+ s, ratio dense / ours {NUMBER}, ", out) > 0
-    assert value_of(rf"^joint attention, native: .*max \|velocity difference\| {NUMBER}$", out) < 1e-4
-    with_mask = value_of(rf"^joint attention, native: {NUMBER} s", out)
-    without = value_of(rf"^joint attention, native, no key mask: {NUMBER} s, ", out)
-    assert value_of(rf"^joint attention, native, no key mask: .*ratio with / without the key mask {NUMBER}, ",
-                    out) == pytest.approx(with_mask / without, abs=0.01)
-    assert value_of(rf"^joint attention, native, no key mask: .*max \|velocity difference\| {NUMBER}$", out) < 1e-4
-    assert "_native_math" not in out
-    # with the mask: 2 blocks x (a no-grad forward + a training pass), then as many calls without one
-    assert masks == [True] * 4 + [False] * 4
-
-
-def test_attention_backends_are_timed_when_the_dense_run_fails(capsys):
-    """diffusers' dense-mask processor can run out of memory at the real width: the backends are still timed."""
-    script = benchmark_module("benchmark_attention")
-    timed = script.timed
-    script.timed = lambda label, call, setup: None if label.startswith("dense") else timed(label, call, setup)
-    script.main(["--geometry", "tiny", "--repeats", "1", "--warmup", "0", "--threads", "2", "--backends", "native",
-                 "--key_mask", "both"])
-    out = capsys.readouterr().out
-    assert value_of(rf"^joint attention, native: {NUMBER} s \(no dense-mask run to compare with\)$", out) > 0
-    assert re.search(r"^joint attention, native, no key mask: [0-9.]+ s, ratio with / without the key mask [0-9.]+ "
-                     r"\(no dense-mask run to compare with\)$", out, flags=re.MULTILINE), out
+    for backend in ("native", "_native_math"):
+        assert value_of(rf"^joint attention, {backend}: [0-9.]+ s, ratio dense / ours {NUMBER}, ", out) > 0
+        assert value_of(rf"^joint attention, {backend}: .*max \|velocity difference\| {NUMBER}$", out) < 1e-4
 
 
 def test_benchmark_rollout(capsys):
@@ -234,15 +215,13 @@ def test_step_phases_are_the_best_of_the_measured_steps():
             dict(step=2, rollout_time=3.0, reward_time=0.5, ref_model_time=1.0, grpo_loop_time=4.0),
             dict(step=3, rollout_time=2.0, reward_time=0.7, ref_model_time=0.8, grpo_loop_time=5.0)]
     encode, decode = {0: 5.0, 1: 0.5, 2: 0.25}, {0: 5.0, 1: 0.5, 2: 0.25}  # keyed by global_step = step - 1
-    optimizer = {0: 3.0, 1: 1.5, 2: 0.5}
-    phases = step.phase_seconds(rows, encode, decode, warmup=1, optimizer=optimizer)
-    # rollout = rollout_time - encode - decode: 3 - 0.5 - 0.5 = 2.0 at step 2, 2 - 0.25 - 0.25 = 1.5 at step 3;
-    # policy update = grpo_loop_time - optimizer step: 4 - 1.5 = 2.5 at step 2, 5 - 0.5 = 4.5 at step 3
+    phases = step.phase_seconds(rows, encode, decode, warmup=1)
+    # rollout = rollout_time - encode - decode: 3 - 0.5 - 0.5 = 2.0 at step 2, 2 - 0.25 - 0.25 = 1.5 at step 3
     assert phases == {"encode": 0.25, "rollout": 1.5, "decode": 0.25, "reward": 0.5, "reference means": 0.8,
-                      "policy update": 2.5, "optimizer step": 0.5}
+                      "policy update": 4.0}
     assert list(phases) == list(step.PHASES)
     with pytest.raises(SystemExit, match="raise --repeats"):
-        step.phase_seconds(rows[:1], encode, decode, warmup=1, optimizer=optimizer)
+        step.phase_seconds(rows[:1], encode, decode, warmup=1)
 
 
 def test_step_memory_lines_against_the_plan():
@@ -263,8 +242,6 @@ def test_step_memory_lines_against_the_plan():
     assert "(rollout, " in step.memory_line("reference means", 4.0, plan)
     assert step.memory_line("encode", None, plan) == "peak n/a, planned n/a (the plan has no encode phase)"
     assert step.memory_line("rollout", None, plan).endswith("measured / planned n/a")
-    assert step.memory_line("optimizer step", 1.0, plan) == ("peak 1.00 GB, planned n/a (the plan has no optimizer "
-                                                             "step phase)")
 
 
 def test_phase_memory_is_the_largest_peak_after_the_warmup():
