@@ -10,7 +10,7 @@ from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
-from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics, validation_rows
 from sage_grpo.trainer import GRPOTrainer
 
 
@@ -126,6 +126,10 @@ def test_run_directory_contents(tiny_root, tmp_path):
     run = trainer.run_dir
     assert (run / "run_config.yaml").exists() and any((run / "tb").iterdir())
     assert len(list((run / "samples" / "step_000002").glob("sample_000_seed_930_*.mp4"))) == 1
+    # the validation videos scored by the training reward: a row of its own (avg = 1.0 x target_color)
+    (validation,) = validation_rows(read_metrics(run))
+    assert validation["step"] == 2 and validation["Validation/avg"] == validation["Validation/target_color"]
+    assert {"Validation/sampling_time", "Validation/reward_time", "Validation/time"} <= set(validation)
     group = json.loads(next((run / "rl_samples" / "0000001" / "group_0").glob("*_rewards.json")).read_text())
     assert len(group) == 2 and {"prompt", "seed", "target_color", "avg", "advantage"} <= set(group[0])
     # two members of one group: advantages are the z-scores, +-1 (or 0 when both rewards are equal)
