@@ -100,7 +100,7 @@ from sage_grpo.pipeline.validation import (ValidationResult, ValidationSettings,
                                            per_video)
 from sage_grpo.plan.memory import placement_of
 from sage_grpo.rewards.remote import RemoteRewardError
-from sage_grpo.rewards.setup import RewardFailure, build_reward, check_reward_config
+from sage_grpo.rewards.setup import RewardFailure, build_held_out_scorers, build_reward, check_reward_config
 from sage_grpo.video_io import BackgroundWriter
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
@@ -142,6 +142,7 @@ class GRPOTrainer:
         self._check_i2v_tokens()
         self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
+        self.notes += self.reward_plan.notes
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
         check_video_sizes(cfg)  # sizes and frame counts, which the first rollout would otherwise be the first to see
@@ -178,6 +179,8 @@ class GRPOTrainer:
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
         self.reward_fn = build_reward(cfg, self.reward_plan, self.device) if self.dims.is_sp_leader else None
+        # the held-out validation metrics load on the main process only, and only when asked (--validation_metrics)
+        self.held_out = build_held_out_scorers(cfg, self.reward_plan, self.device) if self.is_main else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         # β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward
@@ -431,7 +434,7 @@ class GRPOTrainer:
 
     def _build_validator(self) -> Validator:
         """The validation step (:mod:`sage_grpo.pipeline.validation`): sampling, then the training reward and its
-        sub-rewards on the videos (where the reward lives, on the main process)."""
+        sub-rewards on the videos (where the reward lives, on the main process), then the held-out metrics."""
         cfg = self.cfg
         size = validation_size(cfg)
         settings = ValidationSettings(tuple(self.validation_items), cfg.validate_video_length, cfg.video_fps,
@@ -443,6 +446,8 @@ class GRPOTrainer:
                               log_videos=partial(self.logger.log_videos, VALIDATION_VIDEOS))
         if self.reward_fn is not None:
             validator.add_metric(VideoScoreMetric("reward", per_video(self.reward_fn)))
+        if self.held_out is not None:
+            validator.add_metric(VideoScoreMetric("held_out", self.held_out))
         return validator
 
     def validate(self, step: int) -> ValidationResult:

@@ -105,7 +105,8 @@ def startup_summary(cfg, dims, run_dir: Path, device) -> List[str]:
     return ["run summary:",
             f"  run directory  {run_dir}",
             f"  model root     {cfg.pretrained_model_root} (transformer {cfg.pretrained_transformer_version}{adapters})",
-            f"  reward         {reward}, weights {cfg.reward_weights}",
+            f"  reward         {reward}, weights {cfg.reward_weights}"
+            + (f", plus {cfg.extra_rewards}" if cfg.extra_rewards else ""),
             f"  world          {dims.world_size} process(es) = dp {dims.dp_size} x sp {dims.sp_size} on {device}",
             f"  dtype          {cfg.dtype}",
             f"  steps          to {cfg.max_steps}, {cfg.batch_size * dims.dp_size} videos per step"]
