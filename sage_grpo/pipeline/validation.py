@@ -11,8 +11,8 @@ the deterministic (Euler ODE) sampler of ``--validation_num_inference_steps`` st
 same videos at every validation. The main process decodes the videos, writes them to ``samples/step_{step:06d}/`` and
 hands them to the trackers. Then every **validation metric** measures the samples:
 
-* the training reward and each of its sub-rewards (:class:`VideoScoreMetric` of the trainer's reward: ``Validation/avg``,
-  ``Validation/<reward key>``);
+* the training reward and each of its sub-rewards (:class:`VideoScoreMetric` of the trainer's reward:
+  ``Validation/avg``, ``Validation/<reward key>``);
 * the held-out scorers ``--validation_metrics`` names (CLIPScore, PickScore, VideoAlign, any registered reward:
   :class:`sage_grpo.rewards.scorers.Scorers`, the evaluation command's own);
 * whatever is added with :meth:`Validator.add_metric`.

@@ -17,7 +17,7 @@ so the default ``videoalign_local`` with ``{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}`` g
 ``weight``; a lone model must have weight 1.0) and additionally rejects what it silently ignored: metric names a
 model does not produce, invalid JSON, unknown entry keys.
 
-Names resolve through one explicit table (``BUILTIN_REWARDS``, :mod:`.builtins`), then ``register_reward`` registrations, then
+Names resolve through one explicit table (``BUILTIN_REWARDS``), then ``register_reward`` registrations, then
 dotted paths ``"package.module:attr"`` / ``"package.module.attr"`` (a class is instantiated with the entry's
 ``kwargs``, a function is used as it is). ``video_align`` / ``video_score2`` are stubs returning None in the
 reference and are rejected. With ``remote`` settings the primary model is a :class:`.remote.RemoteReward` scoring on

@@ -140,7 +140,8 @@ def test_run_directory_contents(tiny_root, tmp_path):
             "Validation/sampling_time", "Validation/reward_time", "Validation/held_out_time", "Validation/time"
             } == set(validation) - {"step", "Validation/avg", "Validation/target_color"}
     video = trainer.validate(2).samples.samples[0].video  # the same weights sample the same video
-    assert validation["Validation/clipscore"] == trainer.held_out(video, trainer.validation_items[0].prompt)["clipscore"]
+    prompt = trainer.validation_items[0].prompt
+    assert validation["Validation/clipscore"] == trainer.held_out(video, prompt)["clipscore"]
     group = json.loads(next((run / "rl_samples" / "0000001" / "group_0").glob("*_rewards.json")).read_text())
     assert len(group) == 2 and {"prompt", "seed", "target_color", "avg", "advantage"} <= set(group[0])
     # two members of one group: advantages are the z-scores, +-1 (or 0 when both rewards are equal)

@@ -105,7 +105,7 @@ def test_clipscore_and_pickscore_train_like_any_reward(scorer_root):
 def test_missing_scorer_folders_and_unknown_held_out_metrics_stop_before_any_model_loads(tmp_path, scorer_root):
     cfg = parse_cli(TrainConfig, ["--reward_model", "clipscore", "--reward_weights", "", "--pretrained_model_root",
                                   str(tmp_path)])
-    with pytest.raises(ConfigError, match=r"--clip_model openai/clip-vit-large-patch14: neither a folder nor found as "):
+    with pytest.raises(ConfigError, match=r"--clip_model openai/clip-vit-large-patch14: neither a folder nor found "):
         check_reward_config(cfg)
     base = ["--reward_model", "target_color", "--reward_weights", '{"target_color": 1}', "--pretrained_model_root",
             str(scorer_root)]
