@@ -35,7 +35,8 @@ against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py`
 on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding when offloaded);
 the rollout's SDE noise (drawn up front, one latent per stochastic step); the VAE weights and its decode (tiled or
 not); the reward models and their forward on SP leaders, the held-out validation scorers on rank 0
-(:mod:`sage_grpo.plan.scorers`). LoRA: the frozen base P·c/Z and every adapter (the anchor's too)
+(:mod:`sage_grpo.plan.scorers`); the EMA of ``--ema_decay``, P·4/Z (LoRA: the policy adapter's r·Σ(in+out)·4/Z).
+LoRA: the frozen base P·c/Z and every adapter (the anchor's too)
 in m; P_g the adapters that get a gradient; no separate reference: its passes run the policy (the anchor adapter, or
 none), gathering the policy's units.
 
@@ -203,6 +204,9 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
         out.append(Component("reference (KL anchor) shards", t.num_params * lay.compute / z, "P·c/Z, on the device"))
     out.append(Component("VAE weights", lay.sizes.vae_params * lay.compute, "resident in --dtype"))
     out += [Component(*row) for row in resident_rows(cfg, lay.sizes, lay.compute)]  # rewards, held-out scorers
+    if cfg.ema_decay > 0:  # every trainable tensor (the policy adapter's with LoRA) in fp32, sharded like the weights
+        ema = cfg.lora_r * t.lora_width if cfg.use_lora else t.num_params
+        out.append(Component("EMA of the trained weights", ema * 4 / z, f"{_count_text(ema)}·4/Z, --ema_decay"))
     if not lay.offload_encoders:
         out.append(_encoder_weights(lay, "resident (--offload_text_encoders false)"))
     if _gradients_persist(cfg):
