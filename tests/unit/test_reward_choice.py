@@ -75,6 +75,8 @@ def test_several_rewards_combine_from_words_a_yaml_mapping_or_a_list(tmp_path):
     words = parse_cli(TrainConfig, ["--reward_model", "brightness", "--reward_weights", "",
                                     "--extra_rewards", "target_color=0.5", "temporal_smoothness"])
     assert words.extra_rewards == {"target_color": 0.5, "temporal_smoothness": None}
+    assert parse_cli(TrainConfig, ["--extra_rewards", '{"target_color": {"weight": 0.5}}']).extra_rewards == {
+        "target_color": {"weight": 0.5}}  # JSON on the command line
     config = tmp_path / "run.yaml"
     config.write_text("reward_model: brightness\nreward_weights: ''\nextra_rewards:\n  brightness: 0.25\n"
                       "  target_color: {weight: 0.5, kwargs: {target_rgb: [0, 0, 1]}}\n")
