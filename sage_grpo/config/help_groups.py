@@ -27,7 +27,8 @@ TRAIN_GROUPS: FlagGroups = (
     ("reward", "the reward model, its weights and the remote reward server", (
         "reward_model", "reward_weights", "reward_kwargs", "reward_aggregation", "reward_checkpoint_mode",
         "reward_batch_size", "reward_from_mp4", "videoalign_fps", "videoalign_num_frames", "videoalign_max_pixels",
-        "remote_reward_url", "remote_reward_retries", "remote_reward_timeout", "max_failed_reward_steps")),
+        "remote_reward_url", "remote_reward_retries", "remote_reward_timeout", "max_failed_reward_steps",
+        "extra_rewards", "clip_model", "pickscore_model", "pickscore_processor")),
     ("GRPO update", "advantages, the clipped ratio, the gradient-norm equalizer and the trained steps", (
         "clip_range", "adv_clip_max", "timestep_fraction", "use_grad_balancing", "enable_timestep_permutation",
         "num_inner_epochs")),
@@ -36,7 +37,7 @@ TRAIN_GROUPS: FlagGroups = (
         "dual_kl_moving_weight", "dual_kl_step_weight")),
     ("optimisation", "optimizer, learning-rate schedule and run length", (
         "learning_rate", "lr_scheduler", "warmup_steps", "lr_num_cycles", "lr_power", "weight_decay", "use_muon",
-        "max_grad_norm", "gradient_accumulation_steps", "max_steps")),
+        "max_grad_norm", "gradient_accumulation_steps", "max_steps", "ema_decay")),
     ("LoRA", "train LoRA adapters instead of every weight", (
         "use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "pretrained_lora_path")),
     ("parallelism and memory", "FSDP2, Ulysses, the memory plan's placements, the device", (
@@ -48,10 +49,10 @@ TRAIN_GROUPS: FlagGroups = (
         "output_dir", "overwrite_output_dir", "save_interval", "keep_checkpoints", "resume_from_checkpoint",
         "allow_config_change", "log_interval", "quiet", "report_to", "tracker_project_name", "run_name",
         "save_rollout_videos", "keep_rollout_steps", "debug_grad_flow", "debug_train_diagnostics_interval")),
-    ("validation", "ODE sampling of fixed prompts during training", (
+    ("validation", "ODE sampling of fixed prompts during training, scored by the reward and held-out metrics", (
         "validation_interval", "validate_at_step0", "validation_prompts", "valid_video_csv", "validation_global_seed",
         "validation_num_inference_steps", "validation_timestep_shift", "validation_fixed_size",
-        "validate_video_length")),
+        "validate_video_length", "validation_metrics", "validate_ema")),
     ("reference flags without effect", "accepted so the reference's launch lines run; setting one warns", (
         "train_timestep_shift", "flow_snr_type", "i2v_prob", "num_workers", "prefetch_factor")),
 )
@@ -94,7 +95,7 @@ REWARD_SERVER_GROUPS: FlagGroups = (
         "videoalign_max_pixels")),
     ("server", "where it listens, who may call it and how much a request may carry", (
         "host", "port", "auth_token_file", "max_request_mb", "max_videos_per_request", "max_buffered_mb",
-        "max_connections", "idle_timeout_s", "request_timeout_s")),
+        "max_connections", "header_timeout_s", "idle_timeout_s", "request_timeout_s")),
 )
 
 # Each command's config class (module.QualifiedName) -> its groups. A config class not named here keeps one flat

@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from sage_grpo.checkpoint_layout import CONFIG_FILE
-from sage_grpo.tracking.run_dir import metric_value, read_metrics
+from sage_grpo.checkpoint_layout import CONFIG_FILE, EMA_FILE
+from sage_grpo.tracking.run_dir import metric_value, read_metrics, training_rows
 
 CARD_FILE = "README.md"
 BASE_REPO = "tencent/HunyuanVideo-1.5"
@@ -119,9 +119,11 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
     config.json of the transformer the run started from (None: unknown, and the card says so). Every value from a
     file enters the Markdown as a code span (:func:`code_span`), never as Markdown."""
     checkpoint = Path(checkpoint)
+    ema = checkpoint.name == EMA_FILE.parent.name and (checkpoint.parent / CONFIG_FILE).is_file()
+    checkpoint = checkpoint.parent if ema else checkpoint  # checkpoint-N/ema: the EMA of that checkpoint's weights
     config = run_config if run_config is not None else recorded_settings(checkpoint)
     step = _checkpoint_step(checkpoint)
-    rows = [row for row in read_metrics(checkpoint.parent) if step is None or row["step"] <= step]
+    rows = [row for row in training_rows(read_metrics(checkpoint.parent)) if step is None or row["step"] <= step]
     base_model, transformer, origin = _base(config, base_config)
     if export_format == "lora":
         what = f"a LoRA adapter (peft) for {transformer}"
@@ -129,6 +131,9 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
         what = f"{transformer} with a trained LoRA adapter merged into its weights"
     else:
         what = f"{transformer}, fully fine-tuned"
+    if ema:
+        decay = code_span(config.get("ema_decay"))
+        what += f" (the exponential moving average of the trained weights, --ema_decay {decay})"
     tags = ["text-to-video", "hunyuanvideo-1.5", "grpo", "sage-grpo", "reinforcement-learning"]
     header = {"base_model": base_model, "library_name": "peft" if export_format == "lora" else "diffusers",
               "pipeline_tag": "text-to-video", "tags": tags}

@@ -106,18 +106,18 @@ def test_post_train_and_plan_help_list_their_flags_by_topic(capsys):
 
 
 def test_a_new_flag_without_a_group_fails_naming_where_to_declare_it(monkeypatch):
-    """The rule on a deliberately broken config: a branch adds --ema_decay and forgets its group."""
+    """The rule on a deliberately broken config: a branch adds --example_new_flag and forgets its group."""
 
     @dataclasses.dataclass
     class WithNewFlag(TrainConfig):
-        ema_decay: float = config_field(0.0, "EMA of the policy weights")
+        example_new_flag: float = config_field(0.0, "a flag some branch adds")
 
     monkeypatch.setitem(FLAG_GROUPS, class_key(WithNewFlag), TRAIN_GROUPS)
     assert group_problems(WithNewFlag) == [
-        "WithNewFlag.ema_decay (--ema_decay) has no --help group: add 'ema_decay' to one of the groups of "
-        "TRAIN_GROUPS in sage_grpo/config/help_groups.py"]
+        "WithNewFlag.example_new_flag (--example_new_flag) has no --help group: add 'example_new_flag' to one of the "
+        "groups of TRAIN_GROUPS in sage_grpo/config/help_groups.py"]
     shown = help_sections(build_parser(WithNewFlag).format_help())
-    assert shown["--ema_decay"] == UNGROUPED and shown["--kl_weight"] == "KL and trust region"  # it still works
+    assert shown["--example_new_flag"] == UNGROUPED and shown["--kl_weight"] == "KL and trust region"  # it still works
     stale = (("KL and trust region", "", ("kl_weight", "kl_weight_typo")),)
     monkeypatch.setitem(FLAG_GROUPS, class_key(WithNewFlag), stale)
     assert f"its table in {GROUPS_FILE} names 'kl_weight_typo', which is not a field of WithNewFlag: remove or " \

@@ -59,7 +59,7 @@ def _trainer(use_muon: bool):
         cfg=SimpleNamespace(debug_grad_flow=False, max_grad_norm=1.0), dims=ParallelDims(world_size=1),
         models=SimpleNamespace(trainable_named_parameters=lambda: named), layer=layer,
         optimizer=build_optimizer(named, use_muon=use_muon, lr=0.1, weight_decay=0.01),
-        lr_schedule=LRSchedule("constant", 0.1, 0, total_updates=10), update_steps=0, skipped_updates=0)
+        lr_schedule=LRSchedule("constant", 0.1, 0, total_updates=10), update_steps=0, skipped_updates=0, ema=None)
 
 
 @pytest.mark.parametrize("use_muon", [False, True])
