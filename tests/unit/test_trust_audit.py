@@ -310,6 +310,7 @@ CRAFTED_ROWS = [
     '{"step": 5, "gathered_avg_reward_mean": 1e308, "gathered_avg_reward_std": Infinity}',
     '{"step": 6, "gathered_avg_reward_mean": 1e308, "gathered_t_manifold_error_reward_mean": "q"}',
     '{"step": 7, "gathered_avg_reward_mean": 1' + "0" * 400 + ', "gathered_x_reward_mean": 1' + "0" * 400 + "}",
+    '{"step": 7, "Validation/avg": "x", "Validation/clipscore": [1]}',  # a validation row (issue 34)
 ]
 
 
@@ -323,7 +324,7 @@ def test_crafted_metric_rows_are_dropped_or_ignored_by_every_reader(tmp_path, ca
     (tmp_path / "metrics.jsonl").write_text("\n".join(CRAFTED_ROWS) + "\n")
     with pytest.warns(RuntimeWarning) as caught:
         rows = read_metrics(tmp_path)
-    assert [row["step"] for row in rows] == [1, 2, 5, 6, 7]
+    assert [row["step"] for row in rows] == [1, 2, 5, 6, 7, 7]
     assert [re.search(r"line (\d+)", str(w.message)).group(1) for w in caught] == ["3", "4", "5"]
     with pytest.warns(RuntimeWarning):
         assert plot([str(tmp_path)]) == 0 and (tmp_path / "run.png").is_file()
