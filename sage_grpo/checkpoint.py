@@ -49,7 +49,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import numpy as np
 import torch
@@ -65,11 +65,17 @@ from sage_grpo.distributed.parallelize import is_sharded
 from sage_grpo.faults import fault_point
 from sage_grpo.optim.optimizers import optimizer_parts
 from sage_grpo.rl.anchor import MovingAnchorSchedule
-from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, dcp_load, disk_full_as_error, fsync_dir,
-                               fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
+from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, check_finite, dcp_load, disk_full_as_error,
+                               fsync_dir, fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 StateDict = Dict[str, torch.Tensor]
+
+
+def _finite(state, checkpoint: Path, name: str):
+    """``state`` of the checkpoint's file ``name``, refused when it holds NaN or inf (:func:`check_finite`)."""
+    check_finite(state, str(checkpoint / name))
+    return state
 
 
 def capture_rng_state() -> dict:
@@ -82,16 +88,35 @@ def capture_rng_state() -> dict:
     return state
 
 
+def _host_rng_states(state: dict) -> Tuple[tuple, tuple]:
+    """The Python and NumPy states of a saved RNG state, as ``setstate`` and ``set_state`` take them."""
+    name, keys, position, has_gauss, cached = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)  # earlier versions: a NumPy array
+    return (tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]),
+            (name, keys.astype(np.uint32), position, has_gauss, cached))
+
+
+def check_rng_state(state: Any, source: str) -> None:
+    """Refuse a saved RNG state (``source`` names it) that the global RNGs would not take: it is restored only
+    after the models have loaded, so a wrong one is named here, before (tried on throwaway generators)."""
+    try:
+        python, numpy_state = _host_rng_states(state)
+        random.Random().setstate(python)
+        np.random.RandomState().set_state(numpy_state)
+        torch.Generator().set_state(state["torch"])
+    except Exception as err:  # noqa: BLE001 - a garbled state fails in many ways (KeyError, TypeError, ValueError)
+        raise CheckpointError(f"{source} is not a saved RNG state ({type(err).__name__}: {str(err)[:150]})") from None
+
+
 def restore_rng_state(state: dict) -> List[str]:
     """Set the global RNGs to ``state``; returns notes on what could not be restored. The CUDA states go to the
     devices this process sees, by index: a machine that sees fewer GPUs than the one that saved (another
     ``CUDA_VISIBLE_DEVICES``) restores the first ones and says which were left (rollout noise comes from CPU
     generators, so only CUDA-side randomness such as dropout on the missing devices differs)."""
     notes: List[str] = []
-    random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
-    name, keys, position, has_gauss, cached = state["numpy"]
-    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)  # earlier versions: a NumPy array
-    np.random.set_state((name, keys.astype(np.uint32), position, has_gauss, cached))
+    python, numpy_state = _host_rng_states(state)
+    random.setstate(python)
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         saved, visible = state["cuda"], torch.cuda.device_count()
@@ -361,13 +386,17 @@ class CheckpointManager:
         self._restore_rng(training_state)
 
     def _load_files(self, path: Path, has_reference: bool) -> None:
-        """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`)."""
-        self.models.load_trainable_state_dict(_load_safetensors(path / TRANSFORMER_FILE))
-        self.optimizer.load_state_dict(load_plain(path / OPTIMIZER_FILE, "optimizer state"))
+        """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`; weights and optimizer state
+        finite: NaN weights would only show as NaN rewards and updates)."""
+        self.models.load_trainable_state_dict(_finite(_load_safetensors(path / TRANSFORMER_FILE), path,
+                                                      TRANSFORMER_FILE))
+        self.optimizer.load_state_dict(_finite(load_plain(path / OPTIMIZER_FILE, "optimizer state"), path,
+                                               OPTIMIZER_FILE))
         if has_reference and (path / ANCHOR_FILE).exists():
-            self.models.load_reference_state(_load_safetensors(path / ANCHOR_FILE))
+            self.models.load_reference_state(_finite(_load_safetensors(path / ANCHOR_FILE), path, ANCHOR_FILE))
         if self.ema is not None:
-            self._restore_ema(_load_safetensors(path / EMA_FILE) if (path / EMA_FILE).exists() else None, path)
+            self._restore_ema(_finite(_load_safetensors(path / EMA_FILE), path, EMA_FILE) if (path / EMA_FILE).exists()
+                              else None, path)
 
     def _load_dcp(self, path: Path, training_state: dict, has_reference: bool) -> None:
         """A sharded checkpoint, in place on every rank and resharded to this layout (a collective)."""
@@ -408,7 +437,9 @@ class CheckpointManager:
     def _restore_rng(self, training_state: dict) -> None:
         """This rank's global RNG states. After a change of world size the ranks keep their fresh ``seed + dp_rank``
         seeding (the trainer's own randomness comes from explicitly seeded generators and does not depend on it)."""
-        if "rng" in training_state or len(training_state["rng_per_rank"]) == self.dims.world_size:
+        if "rng" not in training_state and not training_state.get("rng_per_rank"):
+            self.log("note: the checkpoint holds no RNG states; the global RNG states are not restored")
+        elif "rng" in training_state or len(training_state["rng_per_rank"]) == self.dims.world_size:
             state = training_state["rng"] if "rng" in training_state else training_state["rng_per_rank"][self.dims.rank]
             for note in restore_rng_state(state):
                 self.log(note)

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from sage_grpo.checkpoint import is_sharded_checkpoint, resolve_resume_path
+from sage_grpo.checkpoint import check_rng_state, is_sharded_checkpoint, resolve_resume_path
 from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_MODEL, OPTIMIZER_FILE,
                                          TRAINING_STATE_FILE, TRANSFORMER_FILE)
 from sage_grpo.config import TrainConfig, to_dict
@@ -121,6 +121,39 @@ def check_training_state(training: Any, file: Path) -> None:
                               f"{shorten(layout.get('videos_per_step'))}")
     if not isinstance(layout.get("model_root") or {}, dict):
         raise CheckpointError(f"{file}: layout.model_root must be a mapping, got {shorten(layout['model_root'])}")
+    _check_small_states(training, file)
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def _check_small_states(training: Dict[str, Any], file: Path) -> None:
+    """The KL controller's and the anchor schedule's states and the RNG states, as this version restores them: a
+    NaN or inf beta would make every loss NaN, a garbled RNG state failed only after the models had loaded."""
+    controller = training.get("kl_controller") or {}
+    if controller:
+        coef, history = controller.get("kl_coef"), controller.get("history")
+        if not _number(coef) or not 0 <= coef < float("inf"):
+            raise CheckpointError(f"{file}: kl_controller.kl_coef must be a finite number >= 0, got {shorten(coef)}")
+        if type(controller.get("num_updates")) is not int or controller["num_updates"] < 0:
+            raise CheckpointError(f"{file}: kl_controller.num_updates must be a non-negative integer, got "
+                                  f"{shorten(controller.get('num_updates'))}")
+        if not isinstance(history, list) or len(history) > 100_000 or not all(map(_number, history)):
+            raise CheckpointError(f"{file}: kl_controller.history must be a list of numbers, got {shorten(history)}")
+    schedule = training.get("anchor_schedule")
+    if not isinstance(schedule, dict) or "last_refreshed_at" not in schedule:
+        raise CheckpointError(f"{file}: anchor_schedule must be a mapping with last_refreshed_at, got "
+                              f"{shorten(schedule)}")
+    refreshed = schedule["last_refreshed_at"]
+    if refreshed is not None and (type(refreshed) is not int or refreshed < 0):
+        raise CheckpointError(f"{file}: anchor_schedule.last_refreshed_at must be empty or a non-negative integer, "
+                              f"got {shorten(refreshed)}")
+    ranks = [training["rng"]] if "rng" in training else training.get("rng_per_rank", [])
+    if not isinstance(ranks, list):
+        raise CheckpointError(f"{file}: rng_per_rank must be a list of RNG states, got {shorten(ranks)}")
+    for index, state in enumerate(ranks):
+        check_rng_state(state, f"{file}: {'rng' if 'rng' in training else f'rng_per_rank[{index}]'}")
 
 
 def _check_parts(path: Path, sharded: bool) -> List[str]:

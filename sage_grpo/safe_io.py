@@ -80,6 +80,22 @@ def load_plain(path: PathLike, what: str, fix: str = _PLAIN_FIX) -> Any:
                               "an interrupted copy leaves such files; use another checkpoint)") from None
 
 
+def check_finite(tensors: Any, source: str, name: str = "") -> None:
+    """Refuse weights (a mapping or sequence of tensors, nested as an optimizer state is) holding NaN or inf, naming
+    ``source`` and the first such tensor: sampled or trained on, they give NaN videos and NaN updates, never a clear
+    error."""
+    if isinstance(tensors, torch.Tensor):
+        if tensors.is_floating_point() and not bool(torch.isfinite(tensors).all()):
+            raise CheckpointError(f"{source}: {name or 'a tensor'} holds NaN or inf values (corrupt or diverged "
+                                  "weights); use another checkpoint or weights file")
+    elif isinstance(tensors, dict):
+        for key, value in tensors.items():
+            check_finite(value, source, f"{name}.{key}" if name else str(key))
+    elif isinstance(tensors, (list, tuple)):
+        for index, value in enumerate(tensors):
+            check_finite(value, source, f"{name}[{index}]")
+
+
 # ---------------------------------------------------------------- torch.distributed.checkpoint
 
 _DCP_METADATA_CLASSES = {

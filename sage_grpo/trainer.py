@@ -83,6 +83,7 @@ from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim.ema import PolicyEMA
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
+from sage_grpo.pipeline.failed_steps import count_failed_step, finite_update, step_failures
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
@@ -201,7 +202,8 @@ class GRPOTrainer:
                                       self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
-        self.failed_reward_steps = 0  # consecutive steps whose reward failed on every sample
+        self.failed_reward_steps = 0  # consecutive steps that trained on nothing (pipeline/failed_steps.py)
+        self.skipped_updates = 0  # optimizer updates of the current step whose gradient was not finite
 
         # Models and reward are loaded: only now does the run directory change.
         self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
@@ -259,7 +261,9 @@ class GRPOTrainer:
             metrics = self.train_step()
             self.global_step += 1
             self.logger.log_step(self.global_step, metrics)
-            self._count_failed_rewards(metrics)
+            self.failed_reward_steps = count_failed_step(  # the streak of steps that trained on nothing
+                self.failed_reward_steps, self.global_step, step_failures(metrics, cfg.batch_size * self.dp_size),
+                cfg.max_failed_reward_steps, self.logger.info)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['gathered_avg_reward_mean']:.4f}",
                                  kl=f"{metrics.get('kl_loss', 0.0):.2e}")
@@ -272,21 +276,6 @@ class GRPOTrainer:
         self.logger.info(f"training finished at step {self.global_step}; outputs in {self.run_dir}")
         self.logger.close()
 
-    def _count_failed_rewards(self, metrics: Dict[str, float]) -> None:
-        """A step whose reward failed on every sample trains on nothing (all advantages 0); stop after
-        ``--max_failed_reward_steps`` such steps in a row."""
-        all_failed = metrics["failed_reward_count"] >= self.cfg.batch_size * self.dp_size
-        self.failed_reward_steps = self.failed_reward_steps + 1 if all_failed else 0
-        if all_failed:
-            self.logger.info(f"warning: the reward failed on every sample of step {self.global_step} "
-                             f"({self.failed_reward_steps} step(s) in a row); its advantages are 0")
-        limit = self.cfg.max_failed_reward_steps
-        if limit > 0 and self.failed_reward_steps >= limit:
-            raise RewardFailure(f"the reward failed on every sample for {self.failed_reward_steps} consecutive steps "
-                                f"(steps {self.global_step - self.failed_reward_steps + 1}-{self.global_step}); the "
-                                "warnings above name each failure. Fix the reward (its model files, plug-in or "
-                                "server), or raise --max_failed_reward_steps (0: never stop)")
-
     def train_step(self) -> Dict[str, float]:
         cfg, step = self.cfg, self.global_step
         items = [self.items[i] for i in self.prompt_sampler.indices(step)]
@@ -295,6 +284,7 @@ class GRPOTrainer:
                              cfg.use_same_noise)
         check_same_in_sp_group(self.dims, items=[item.index for item in items], seeds=seeds)
         timings: Dict[str, float] = {}
+        self.skipped_updates = 0  # optimizer updates of this step whose gradient was not finite
         step_start = start = time.perf_counter()
         height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
         embeds = self._encode(items, (height, width))
@@ -339,6 +329,8 @@ class GRPOTrainer:
         metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.num_generations))
         metrics["learning_rate"] = self.lr_schedule.lr_at(max(self.update_steps - 1, 0))
         metrics["update_steps"] = float(self.update_steps)
+        if self.skipped_updates:  # logged only when it happens: the logged keys of a healthy run stay as they were
+            metrics["skipped_updates"] = float(self.skipped_updates)
         return metrics
 
     # ------------------------------------------------------------------ phases
@@ -415,11 +407,14 @@ class GRPOTrainer:
         watched = _local(params[0]).detach().clone() if cfg.debug_grad_flow else None
         average_unsharded_gradients(params, self.dims)
         grad_norm = clip_gradients(params, cfg.max_grad_norm)
-        self.lr_schedule.apply(self.optimizer, self.update_steps)
-        self.optimizer.step()
+        if finite_update(grad_norm):  # a NaN or inf gradient is never applied (pipeline/failed_steps.py)
+            self.lr_schedule.apply(self.optimizer, self.update_steps)
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
+        else:
+            self.skipped_updates += 1
         self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None:
-            self.ema.update()
         self.update_steps += 1
         metrics = {"grad_norm": float(grad_norm)}
         if watched is not None and self.update_steps % cfg.debug_train_diagnostics_interval == 0:

@@ -18,3 +18,31 @@ def alias_bomb(path: Path, levels: int, key: str = "reward_kwargs") -> Path:
     lines += [f"  l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def nan_outside_fingerprint(weights: Path) -> str:
+    """Set to NaN, in place, the smallest tensor of a safetensors file that lies wholly outside the blocks the model
+    root's fingerprint samples (``sage_grpo.resume._sample_file``): the file keeps its size and its fingerprint, as
+    weights changed in place by a bad copy or a bit flip would. Returns the tensor's name."""
+    import json
+    import struct
+
+    from sage_grpo.resume import _SAMPLE_BYTES, _SAMPLES
+
+    data = bytearray(weights.read_bytes())
+    size, header_size = len(data), struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + header_size])
+    starts = [max(size - _SAMPLE_BYTES, 0) * i // (_SAMPLES - 1) for i in range(_SAMPLES)]
+    sampled = [(start, start + _SAMPLE_BYTES) for start in starts]
+    nan = {"F32": b"\x00\x00\xc0\x7f", "BF16": b"\xc0\x7f", "F16": b"\x00\x7e"}
+    tensors = sorted((meta["data_offsets"][1] - meta["data_offsets"][0], name) for name, meta in header.items()
+                     if name != "__metadata__" and meta["dtype"] in nan)
+    for _, name in tensors:
+        meta = header[name]
+        begin, end = (8 + header_size + offset for offset in meta["data_offsets"])
+        if end > begin and all(end <= start or begin >= stop for start, stop in sampled):
+            value = nan[meta["dtype"]]
+            data[begin:end] = value * ((end - begin) // len(value))
+            weights.write_bytes(bytes(data))
+            return name
+    raise ValueError(f"{weights}: every tensor overlaps a sampled block")

@@ -10,20 +10,28 @@ held-out validation metric (``--validation_metrics``: a key the training reward 
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 
 from sage_grpo.tracking.plots import Panel, Series, plot_panels
-from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics, training_rows, validation_rows
+from sage_grpo.tracking.run_dir import (manifold_error_key, metric_value, read_metrics, training_rows,
+                                        validation_rows)
 
 VALIDATION = "Validation/"
 
 
+def _values(rows, key, missing=math.nan):
+    """The rows' finite numbers under ``key``; anything else (absent, NaN, a string: the file is read back) is
+    ``missing``, a gap in the line."""
+    return [value if value is not None else missing for value in (metric_value(row, key) for row in rows)]
+
+
 def _validation_series(rows, key: str, name: str) -> list:
     """The validation rows' ``key`` as a list of one series (empty when no row has it)."""
-    points = [(row["step"], row[key]) for row in rows if key in row]
-    return [Series(name, [p[0] for p in points], [p[1] for p in points])] if points else []
+    rows = [row for row in rows if key in row]
+    return [Series(name, [row["step"] for row in rows], _values(rows, key))] if rows else []
 
 
 def held_out_keys(rows, validation):
@@ -38,20 +46,20 @@ def run_panels(rows):
     rows, validation = training_rows(rows), validation_rows(rows)
     steps = [row["step"] for row in rows]
     reward = Panel("GRPO reward per step (mean over the step's videos; band: std within the step)", "reward", [
-        Series("reward", steps, [row["gathered_avg_reward_mean"] for row in rows],
-               [row.get("gathered_avg_reward_std", 0.0) for row in rows])])
+        Series("reward", steps, _values(rows, "gathered_avg_reward_mean"),
+               _values(rows, "gathered_avg_reward_std", 0.0))])
     reward.series += _validation_series(validation, VALIDATION + "avg", "validation prompts")
     panels = [reward]
     key = manifold_error_key(rows)
     if key is not None:
         name = key.replace("gathered_", "").replace("_reward_mean", "")
         panels.append(Panel("manifold error of the rollouts (RMS distance to the nearest toy-world video)", "RMS",
-                            [Series(name, steps, [row.get(key, float("nan")) for row in rows])]
+                            [Series(name, steps, _values(rows, key))]
                             + _validation_series(validation, VALIDATION + name, "validation")))
     kl_keys = [k for k in ("kl_loss",) if any(k in row for row in rows)]
     if kl_keys:
         panels.append(Panel("KL to the moving anchor (kl_loss)", "KL",
-                            [Series(k, steps, [row.get(k, float("nan")) for row in rows]) for k in kl_keys]))
+                            [Series(k, steps, _values(rows, k)) for k in kl_keys]))
     for key in held_out_keys(rows, validation):
         panels.append(Panel(f"held-out {key} of the validation prompts (mean over the prompts)", key[len(VALIDATION):],
                             _validation_series(validation, key, key[len(VALIDATION):])))

@@ -247,6 +247,10 @@ def load_yaml(path: str, what: Optional[str] = None) -> Dict[str, Any]:
                          ) from None
     except UnicodeDecodeError as err:
         raise ValueError(f"{what}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except RecursionError:  # the YAML composer recurses once per level: [[[[...]]]]
+        raise ValueError(f"{what}: nested too deeply to be a configuration") from None
+    except ValueError as err:  # a constructor's, e.g. an integer of more than 4300 digits
+        raise ValueError(f"{what}: {shorten(str(err), quote=False)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{what}: the top level must be a mapping of option names to values")
     return data

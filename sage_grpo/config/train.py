@@ -261,7 +261,8 @@ class TrainConfig:
         30.0, "Minutes any collective (all-reduce, broadcast, barrier) may wait for the other ranks before the run "
         "stops naming the rank that did not answer (the reference waits 120 minutes)")
     max_failed_reward_steps: int = config_field(
-        3, "Stop after this many consecutive steps in which the reward failed on every sample (0: never stop)")
+        3, "Stop after this many consecutive steps that trained on nothing: the reward failed on every sample, or "
+        "the loss was not finite so the update was skipped (0: never stop)")
     report_to: List[str] = config_field(
         ["tensorboard"], "Experiment trackers: any of tensorboard, wandb, swanlab (several: space- or "
         "comma-separated), or none; metrics.jsonl is always written", nargs="+")

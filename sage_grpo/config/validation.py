@@ -124,6 +124,21 @@ def check_finite_options(config) -> None:
                   else "give a number, or leave it unset for its default")
 
 
+SEED_LIMIT = 1 << 63  # torch generators take seeds below 2**64; a group's members add their index to a seed
+
+
+def check_seeds(config) -> None:
+    """Every seed option (``seed``, ``*_seed``, ``seeds``) is an integer in [0, 2**63): a larger one stopped a run
+    or a generation after the models had loaded ("Overflow when unpacking long long")."""
+    for field in dataclasses.fields(config):
+        if field.name == "seeds" or field.name == "seed" or field.name.endswith("_seed"):
+            value = getattr(config, field.name)
+            for seed in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(seed, int) and not 0 <= seed < SEED_LIMIT:
+                    _fail(f"{field.name}-range", f"--{field.name} {seed} must be in [0, 2**63)",
+                          "see --help for the default")
+
+
 MAX_TOKENS = 1 << 16  # no stream of HunyuanVideo-1.5 is near it (1000, 256, 729); a larger one is a typo or a bomb
 
 
@@ -152,6 +167,7 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
     checkpoint's recorded ``config.yaml`` is checked against too. Returns notes."""
     notes: List[str] = []
     check_finite_options(cfg)
+    check_seeds(cfg)
     if cfg.post_train_type != "grpo":
         _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
               "'standard' path crashes)", "use --post_train_type grpo")

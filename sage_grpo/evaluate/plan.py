@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import shorten
+from sage_grpo.config.validation import check_seeds
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.models import layout
@@ -120,6 +121,7 @@ def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> Eva
     if not config.prompts:
         raise ValueError("--prompts is required: a CSV with a 'prompt' column")
     prompts = [item.prompt for item in read_prompt_csvs([config.prompts], notes=[])]
+    check_seeds(config)  # every seed, not only the first one the generation plan below is made with
     if not config.seeds or len(set(config.seeds)) != len(config.seeds):
         raise ValueError(f"--seeds must name distinct seeds, got {config.seeds}")
     if config.picture_frames < 1 or config.picture_height < 8:
@@ -194,7 +196,7 @@ def check_cache_settings(plan: EvaluationPlan) -> None:
         return
     try:
         cached = json.loads(settings_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: also an integer of 4300+ digits
         cached = f"not readable JSON ({str(err)[:100]})"
     if not isinstance(cached, dict):
         raise ValueError(f"--output {plan.output}: {settings_file} is {shorten(cached)}, not the settings of an "

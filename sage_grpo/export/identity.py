@@ -53,7 +53,7 @@ def _safetensors_shapes(file: Path) -> Shapes:
 def _index_shards(index: Path) -> List[Path]:
     try:
         weight_map = json.loads(index.read_text()).get("weight_map")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+    except (OSError, ValueError, RecursionError, AttributeError) as err:
         raise CheckpointError(f"cannot read the weight index {index}: {err}") from None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")

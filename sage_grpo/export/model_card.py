@@ -7,16 +7,14 @@ far it got (the run's ``metrics.jsonl`` up to the checkpoint's step). It is writ
 unless ``push_to_hub`` is called (``scripts/export_checkpoint.py --push_to_hub --hub_model_id you/name``).
 """
 
-import math
 import re
-import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
 from sage_grpo.checkpoint_layout import CONFIG_FILE, EMA_FILE
-from sage_grpo.tracking.run_dir import read_metrics, training_rows
+from sage_grpo.tracking.run_dir import metric_value, read_metrics, training_rows
 
 CARD_FILE = "README.md"
 BASE_REPO = "tencent/HunyuanVideo-1.5"
@@ -42,29 +40,27 @@ def _checkpoint_step(checkpoint: Path) -> Optional[int]:
     return int(name.split("-", 1)[1]) if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit() else None
 
 
-def _number(row: Dict[str, Any], key: str) -> Optional[float]:
-    """A finite number logged in a metrics row, else None (metrics.jsonl is read back: a value may be anything)."""
-    value = row.get(key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
+def _mean(values: List[float]) -> float:
+    return sum(value / len(values) for value in values)  # finite values: no overflow (fmean's sum can overflow)
 
 
 def _metrics_summary(rows: List[Dict[str, Any]]) -> List[str]:
-    rewards = [value for value in (_number(row, "gathered_avg_reward_mean") for row in rows) if value is not None]
+    rewards = [value for value in (metric_value(row, "gathered_avg_reward_mean") for row in rows)
+               if value is not None]
     if not rewards:
         return ["No metrics were found next to the checkpoint."]
     window = max(1, min(5, len(rewards) // 2))
-    first, final = statistics.fmean(rewards[:window]), statistics.fmean(rewards[-window:])
+    first, final = _mean(rewards[:window]), _mean(rewards[-window:])
     lines = [f"- steps logged: {len(rewards)}",
              f"- GRPO reward (`gathered_avg_reward_mean`), mean of the first {window} steps: {first:.4f}; of the "
              f"last {window}: {final:.4f}"]
     last = rows[-1]
     for key in sorted(k for k in last if k.startswith("gathered_") and k.endswith("_reward_mean")
                       and k not in ("gathered_avg_reward_mean", "gathered_ori_avg_reward_mean")):
-        if _number(last, key) is not None:
-            lines.append(f"- {code_span(key)} at the last step: {_number(last, key):.4f}")
-    if _number(last, "kl_loss") is not None:
-        lines.append(f"- KL to the anchor at the last step (`kl_loss`): {_number(last, 'kl_loss'):.3g}")
+        if metric_value(last, key) is not None:
+            lines.append(f"- {code_span(key)} at the last step: {metric_value(last, key):.4f}")
+    if metric_value(last, "kl_loss") is not None:
+        lines.append(f"- KL to the anchor at the last step (`kl_loss`): {metric_value(last, 'kl_loss'):.3g}")
     return lines
 
 

@@ -43,6 +43,7 @@ from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, DCP_MODEL, LORA_DI
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.export.model_card import recorded_settings, write_model_card
 from sage_grpo.models.loading import _read_safetensors, resolve_transformer_weights
+from sage_grpo.safe_io import check_finite
 
 PathLike = Union[str, Path]
 DCP_METADATA = ".metadata"
@@ -127,6 +128,8 @@ def locate_trained_weights(path: PathLike) -> Path:
                                 f"{', '.join(sorted(p.name for p in located.iterdir())[:10])}); only safetensors "
                                 "weights are read. Save the adapter with peft's save_pretrained(safe_serialization="
                                 "True), or pass a checkpoint-N folder")
+    if lora.is_adapter_folder(located):
+        lora.check_adapter_folder(located)  # its adapter_config.json, before any model loads
     return located
 
 
@@ -181,8 +184,9 @@ def apply_trained_weights(transformer: torch.nn.Module, weights: TrainedWeights)
     """Put ``weights`` into the base ``transformer`` (LoRA: inject, load strictly, merge); returns it."""
     if not weights.is_lora:
         return load_full_state(transformer, weights.state, str(weights.source))
-    lora.add_adapter(transformer, weights.lora_config, lora.POLICY_ADAPTER)
-    lora.load_adapter_state(transformer, weights.state, lora.POLICY_ADAPTER)
+    with lora.adapter_fits(weights.source):
+        lora.add_adapter(transformer, weights.lora_config, lora.POLICY_ADAPTER)
+        lora.load_adapter_state(transformer, weights.state, lora.POLICY_ADAPTER)
     return lora.merge_adapter(transformer, lora.POLICY_ADAPTER)
 
 
@@ -214,6 +218,7 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
     check_export_output(output, checkpoint, Path(model_root))
     run_config = recorded_settings(checkpoint)  # checked before anything is read or written
     weights = read_trained_weights(checkpoint)
+    check_finite(weights.state, str(weights.source))  # NaN weights exported would be served as a model
     pipeline_record = None  # a pipeline export's sampling.json
     version = transformer_version or run_config.get("pretrained_transformer_version") or DEFAULT_TRANSFORMER_VERSION
     if export_format == "lora":

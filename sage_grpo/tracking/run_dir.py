@@ -15,6 +15,7 @@ Run directory (``--output_dir``)::
 """
 
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -230,8 +231,9 @@ def validation_rows(rows: list) -> list:
 
 
 def read_metrics(run_dir: Path) -> list:
-    """All rows of ``metrics.jsonl`` (for plots and tests). A line that is not a JSON object (a kill mid-write
-    leaves a torn last line) is dropped with a warning."""
+    """All rows of ``metrics.jsonl`` (for plots and tests). A line that is not a JSON object with a step number (a
+    kill mid-write leaves a torn last line; the file is read back, so a line may be anything: nested thousands deep,
+    a number of thousands of digits) is dropped with a warning. Read a row's values with :func:`metric_value`."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
@@ -241,14 +243,26 @@ def read_metrics(run_dir: Path) -> list:
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError, an integer too long to convert, deep nesting
             row = None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        if not isinstance(row, dict) or type(row.get("step")) is not int or not 0 <= row["step"] < 2**63:
             warnings.warn(f"{path}, line {number}: not a complete metrics row (an interrupted write?); dropped",
                           RuntimeWarning, stacklevel=2)
             continue
         rows.append(row)
     return rows
+
+
+def metric_value(row: dict, key: str) -> Optional[float]:
+    """The finite number a metrics row logs under ``key``, else None (absent, NaN, inf, not a number, too large)."""
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond the float range
+        return None
+    return value if math.isfinite(value) else None
 
 
 # the phases of a step; they add up to the step's wall time (other_time: the rest of train_step). The background

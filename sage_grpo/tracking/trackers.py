@@ -177,7 +177,7 @@ def read_run_ids(run_dir: Path) -> Dict[str, str]:
         return {}
     try:
         ids = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: JSON, UTF-8, an integer of 4300+ digits
         ids = None
     if not isinstance(ids, dict) or not all(isinstance(v, str) for v in ids.values()):
         raise ConfigError(f"{path} is not a JSON object of tracker run ids; delete it to start new tracker runs")
