@@ -341,7 +341,8 @@ class CheckpointManager:
             self._load_dcp(path, training_state, has_reference)
         else:
             self._load_files(path, has_reference)
-        self.counters.load_state_dict({key: training_state[key] for key in self.counters.state_dict()})
+        self.counters.load_state_dict({key: training_state[key] for key in self.counters.state_dict()
+                                       if key in training_state})  # counters added later start from their default
         if self.kl_controller is not None and training_state["kl_controller"] is not None:
             self.kl_controller.load_state_dict(training_state["kl_controller"])
         if has_reference:  # a run resumed without the KL has no anchor to schedule

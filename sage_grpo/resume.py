@@ -21,6 +21,8 @@ from sage_grpo.checkpoint import is_sharded_checkpoint, resolve_resume_path
 from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_MODEL, OPTIMIZER_FILE,
                                          TRAINING_STATE_FILE, TRANSFORMER_FILE)
 from sage_grpo.config import TrainConfig, to_dict
+from sage_grpo.config.recorded import read_run_config, recorded_values
+from sage_grpo.config.schema import shorten
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.rl import KLMode
 from sage_grpo.safe_io import CheckpointError, atomic_write, load_plain, read_dcp_metadata
@@ -91,16 +93,34 @@ def config_differences(saved: Dict[str, Any], cfg: TrainConfig) -> Dict[str, Tup
 
 
 def _read_saved_config(path: Path) -> Optional[Dict[str, Any]]:
+    """The settings the checkpoint recorded, checked like the command line (one line naming the file and the key)."""
     file = path / CONFIG_FILE
     if not file.is_file():
         return None
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise CheckpointError(f"cannot read {file}: {err}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} is not a mapping of option names to values")
-    return data
+    return recorded_values(read_run_config(file))
+
+
+_COUNTERS = ("global_step", "update_steps", "micro_steps", "failed_reward_steps")
+
+
+def check_training_state(training: Any, file: Path) -> None:
+    """The plain data of ``training_state.pt`` has the shape this version reads (counters non-negative integers,
+    the layout record and the small objects' states mappings): one line naming the file and the key otherwise."""
+    if not isinstance(training, dict) or "global_step" not in training:
+        raise CheckpointError(f"{file} is not a sage-grpo training state")
+    for key in _COUNTERS:
+        value = training.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise CheckpointError(f"{file}: {key} must be a non-negative integer, got {shorten(value)}")
+    for key in ("layout", "anchor_schedule", "kl_controller"):
+        if not isinstance(training.get(key) or {}, dict):
+            raise CheckpointError(f"{file}: {key} must be a mapping, got {shorten(training[key])}")
+    layout = training.get("layout") or {}
+    if layout and (type(layout.get("videos_per_step")) is not int or layout["videos_per_step"] < 1):
+        raise CheckpointError(f"{file}: layout.videos_per_step must be a positive integer, got "
+                              f"{shorten(layout.get('videos_per_step'))}")
+    if not isinstance(layout.get("model_root") or {}, dict):
+        raise CheckpointError(f"{file}: layout.model_root must be a mapping, got {shorten(layout['model_root'])}")
 
 
 def _check_parts(path: Path, sharded: bool) -> List[str]:
@@ -121,6 +141,9 @@ def _check_parts(path: Path, sharded: bool) -> List[str]:
     return []
 
 
+# What a user is told wherever weights are identified by the cheap fingerprint (model_fingerprint), not every byte.
+SAMPLED_IDENTITY = ("{what} is {compared} by its configs, file sizes and 64 KiB sampled from each weight file: "
+                    "weights changed in place elsewhere in a file of the same size are not detected")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _HASHED_FILE_LIMIT = 64 << 20  # config, index and tokenizer files are hashed whole; larger files are sampled
 _SAMPLES, _SAMPLE_BYTES = 16, 4096  # a weight file: 16 blocks of 4 KiB, evenly spaced (header and tensor data)
@@ -144,21 +167,23 @@ def model_fingerprint(root: Path, transformer_version: str) -> Dict[str, str]:
 
     folders = [layout.transformer_layout(transformer_version), *layout.variant_config_layouts(transformer_version),
                layout.VAE, *layout.TEXT_COMPONENTS, layout.SCHEDULER, *layout.IMAGE_COMPONENTS]
-    digests = {}
-    for component in folders:
-        folder = Path(root) / component.subdir
-        if not folder.is_dir():
-            continue
-        digest = hashlib.sha256()
-        for file in sorted(p for p in folder.rglob("*") if p.is_file()):
-            size = file.stat().st_size
-            digest.update(f"{file.relative_to(folder)}\0{size}\0".encode())
-            if file.suffix not in WEIGHT_SUFFIXES and size <= _HASHED_FILE_LIMIT:
-                digest.update(hashlib.sha256(file.read_bytes()).digest())
-            else:
-                _sample_file(file, size, digest)
-        digests[component.subdir] = digest.hexdigest()[:16]
-    return digests
+    return {component.subdir: folder_digest(Path(root) / component.subdir) for component in folders
+            if (Path(root) / component.subdir).is_dir()}
+
+
+def folder_digest(folder: Path) -> str:
+    """The digest :func:`model_fingerprint` gives one folder (or one file): small files whole, weight files by name,
+    size and 64 KiB sampled from them."""
+    digest = hashlib.sha256()
+    files = [folder] if folder.is_file() else sorted(p for p in folder.rglob("*") if p.is_file())
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.relative_to(folder) if file != folder else file.name}\0{size}\0".encode())
+        if file.suffix not in WEIGHT_SUFFIXES and size <= _HASHED_FILE_LIMIT:
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+        else:
+            _sample_file(file, size, digest)
+    return digest.hexdigest()[:16]
 
 
 def layout_record(cfg: TrainConfig, world_size: int, dp_size: int, sp_size: int) -> dict:
@@ -198,8 +223,7 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
                           "start a new run from its weights")
     stored = _check_parts(path, sharded)
     training = load_plain(path / TRAINING_STATE_FILE, "training state")
-    if not isinstance(training, dict) or "global_step" not in training:
-        raise CheckpointError(f"{path / TRAINING_STATE_FILE} is not a sage-grpo training state")
+    check_training_state(training, path / TRAINING_STATE_FILE)
     check = ResumeCheck(path, sharded, training)
 
     anchor_moved = (training.get("anchor_schedule") or {}).get("last_refreshed_at") is not None
@@ -226,8 +250,11 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
         check.differences["videos per step (batch_size x dp)"] = (layout["videos_per_step"], cfg.batch_size * dp_size)
     # the KL reference, the VAE and the encoders come from the model root: other weights make another run
     check.differences.update(model_root_difference((saved or {}).get("pretrained_model_root"), layout, cfg))
+    if (layout or {}).get("model_root"):
+        check.notes.append(SAMPLED_IDENTITY.format(what=f"the model root {cfg.pretrained_model_root}",
+                                                   compared=f"compared with {path}'s record"))
     if check.differences and not cfg.allow_config_change:
-        lines = "; ".join(f"{describe_setting(key)} {old!r} -> {new!r}"
+        lines = "; ".join(f"{describe_setting(key)} {shorten(old)} -> {shorten(new)}"
                           for key, (old, new) in check.differences.items())
         raise ConfigError(f"resuming {path} with settings that define a different run: {lines}. Use the "
                           f"checkpoint's values (its config.yaml), or pass --allow_config_change true to continue "
@@ -235,12 +262,41 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
     return check
 
 
+def restarts(cfg: TrainConfig) -> bool:
+    """Whether this start continues the run in ``--output_dir`` from step 0: ``--resume_from_checkpoint auto`` in a
+    directory that holds a run but no checkpoint yet (a crash, or a Slurm requeue, before the first save). Its
+    recorded ``run_config.yaml`` is read back and checked like the command line, and a run it defines differently is
+    refused as a resume onto other settings is (unless ``--allow_config_change``)."""
+    from sage_grpo.checkpoint import list_checkpoints
+    from sage_grpo.tracking.run_dir import RUN_MARKER
+
+    run_dir = Path(cfg.output_dir)
+    if cfg.resume_from_checkpoint != "auto" or list_checkpoints(run_dir) or not (run_dir / RUN_MARKER).is_file():
+        return False
+    differences = config_differences(recorded_values(read_run_config(run_dir / RUN_MARKER)), cfg)
+    if differences and not cfg.allow_config_change:
+        lines = "; ".join(f"--{key} {shorten(old)} -> {shorten(new)}" for key, (old, new) in differences.items())
+        raise ConfigError(f"--resume_from_checkpoint auto: {run_dir} holds a run without a checkpoint yet, started "
+                          f"with settings that define a different run: {lines}. Use its settings ({RUN_MARKER}), a "
+                          "new --output_dir, or --allow_config_change true to start it again with these")
+    return True
+
+
+def run_inputs(cfg: TrainConfig, check: Optional[ResumeCheck]) -> Dict[str, Any]:
+    """{flag: path} of what a run reads, which its ``--output_dir`` must lie outside of."""
+    inputs = {"--pretrained_model_root": cfg.pretrained_model_root, "--pretrained_lora_path": cfg.pretrained_lora_path,
+              "--resume_from_checkpoint": check.path if check is not None else None}
+    inputs.update({f"--train_video_csv {path}": path for path in cfg.train_video_csv or ()})
+    return inputs
+
+
 def record_config_changes(run_dir: Path, check: ResumeCheck) -> None:
-    """Append this resume's setting changes to ``config_changes.yaml`` in the run directory."""
+    """Append this resume's setting changes to ``config_changes.yaml`` in the run directory: one more item of its
+    YAML list, added as text (the earlier entries are kept byte for byte, never parsed and written again)."""
     file = Path(run_dir) / CONFIG_CHANGES_FILE
-    history = yaml.safe_load(file.read_text()) if file.is_file() else None
-    history = history if isinstance(history, list) else []
-    history.append({"resumed_from": str(check.path), "at_step": int(check.training_state["global_step"]),
-                    "changes": {key: {"checkpoint": old, "now": new} for key, (old, new) in
-                                check.differences.items()}})
-    atomic_write(file, yaml.safe_dump(history, sort_keys=False))
+    entry = {"resumed_from": str(check.path), "at_step": int(check.training_state["global_step"]),
+             "changes": {key: {"checkpoint": old, "now": new} for key, (old, new) in check.differences.items()}}
+    earlier = file.read_bytes() if file.is_file() else b""
+    if earlier and not earlier.endswith(b"\n"):
+        earlier += b"\n"
+    atomic_write(file, earlier + yaml.safe_dump([entry], sort_keys=False).encode())

@@ -194,6 +194,24 @@ def dcp_load(state: dict, folder: PathLike, *, allow_partial_load: bool = True) 
             "checkpoint") from None
 
 
+# ---------------------------------------------------------------- where a command may write
+
+
+def check_output_outside_inputs(output: PathLike, option: str, inputs: dict) -> None:
+    """Refuse an ``output`` folder (the flag ``option``) that is, or lies inside, one of ``inputs`` ({flag: path};
+    None entries are skipped), links resolved: writing there would change what the command reads (an export into
+    its model root copied the root into itself). Checked before anything is written."""
+    target = Path(output).resolve()
+    for name, source in inputs.items():
+        if source is None or str(source) == "":
+            continue
+        resolved = Path(source).resolve()
+        if target == resolved or resolved in target.parents:
+            where = "is" if target == resolved else "lies inside"
+            raise ValueError(f"{option} {output} {where} {name} {source}: the command would write into what it "
+                             f"reads. Choose an {option} outside {source}")
+
+
 # ---------------------------------------------------------------- writing files that must survive a crash
 
 

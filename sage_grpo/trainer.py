@@ -87,7 +87,7 @@ from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
 from sage_grpo.rl.sde_window import SDEWindow
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
-                              record_config_changes)
+                              record_config_changes, restarts, run_inputs)
 from sage_grpo.safe_io import CheckpointError, DiskFullError
 from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
 from sage_grpo.tracking.run_dir import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, show_progress_bars,
@@ -151,7 +151,9 @@ class GRPOTrainer:
                              if resumes(cfg.resume_from_checkpoint, Path(cfg.output_dir)) else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
-        check_run_dir(cfg.output_dir, resuming=self.resume_check is not None, overwrite=cfg.overwrite_output_dir)
+        self.restart = self.resume_check is None and restarts(cfg)  # auto, before the first checkpoint: from step 0
+        check_run_dir(cfg.output_dir, resuming=self.resume_check is not None or self.restart,
+                      overwrite=cfg.overwrite_output_dir, inputs=run_inputs(cfg, self.resume_check))
         try:  # rollout, replay, reference means and validation all sample through these two
             self.sampler = sampler_of(cfg)
         except ValueError as err:
@@ -200,7 +202,8 @@ class GRPOTrainer:
         # Models and reward are loaded: only now does the run directory change.
         self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
         trackers = (start_trackers(self.report_to, self.run_dir, project=cfg.tracker_project_name,
-                                   run_name=cfg.run_name, config=to_dict(cfg), resuming=self.resume_check is not None)
+                                   run_name=cfg.run_name, config=to_dict(cfg),
+                                   resuming=self.resume_check is not None or self.restart)
                     if self.is_main else ())
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
                                     trackers=trackers, max_steps=cfg.max_steps)
@@ -222,7 +225,10 @@ class GRPOTrainer:
         """The run directory, after the earlier run is cleared (``--overwrite_output_dir``); it always ends up with
         the run's current ``run_config.yaml``, and a resume with allowed setting changes records them."""
         cfg, check = self.cfg, self.resume_check
-        run_dir = prepare_run_dir(cfg.output_dir, resuming=check is not None, overwrite=cfg.overwrite_output_dir)
+        run_dir = prepare_run_dir(cfg.output_dir, resuming=check is not None or self.restart,
+                                  overwrite=cfg.overwrite_output_dir)
+        if self.restart:  # the attempt that stopped before its first checkpoint logged steps this run takes again
+            truncate_metrics(run_dir, 0)
         if check is not None and check.differences:
             record_config_changes(run_dir, check)
             changes = ", ".join(f"{describe_setting(k)} {old!r} -> {new!r}" for k, (old, new) in
@@ -466,12 +472,14 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The counters, as the training state holds them (saved and restored by the checkpoint manager)."""
-        return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps}
+        """The counters, as the training state holds them (saved and restored by the checkpoint manager); the run of
+        all-failed reward steps too, so resuming does not reset the count that stops the run."""
+        return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
+                "failed_reward_steps": self.failed_reward_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.global_step, self.update_steps = state["global_step"], state["update_steps"]
-        self.micro_steps = state["micro_steps"]
+        self.micro_steps, self.failed_reward_steps = state["micro_steps"], state.get("failed_reward_steps", 0)
 
     def save(self) -> Path:
         """Write ``checkpoint-{global_step}``: called by every rank."""

@@ -17,13 +17,16 @@ from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import parse_cli
 from sage_grpo.models.layout import MissingCheckpointError
 from sage_grpo.pipeline.generation import plan_generation, run_generation
-from sage_grpo.safe_io import CheckpointError
+from sage_grpo.safe_io import CheckpointError, check_output_outside_inputs
 
 
 def main(argv=None) -> int:
     config = parse_cli(GenerateConfig, argv, description=__doc__.splitlines()[0])
     try:
-        plan_generation(config)  # bad prompts, sizes or CSVs fail here, before any model loads
+        plan = plan_generation(config)  # bad prompts, sizes or CSVs fail here, before any model loads
+        check_output_outside_inputs(plan.output_paths[0].parent, "--output_path", {
+            "--model_path": config.model_path, "--checkpoint_path": config.checkpoint_path,
+            "--lora_path": config.lora_path})
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -27,6 +27,8 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, 
 
 import yaml
 
+from sage_grpo.config.help_groups import grouped_fields
+
 T = TypeVar("T")
 
 _EXPLICIT_ATTR = "_explicit_fields"  # set on instances by from_dict; not a dataclass field (asdict, == ignore it)
@@ -174,7 +176,7 @@ def coerce_value(field: dataclasses.Field, value: Any) -> Any:
     return result
 
 
-def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+def _add_flag(parser: Any, field: dataclasses.Field) -> None:
     convert, is_list, _ = _converter(field)
     meta = field.metadata
     names = [f"--{field.name}"] + [f"--{a}" for a in meta.get("aliases", ())]
@@ -194,24 +196,34 @@ def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None
     parser.add_argument(*names, **kwargs)
 
 
-def load_yaml(path: str) -> Dict[str, Any]:
-    """Read a YAML config file into a flat ``{field: value}`` dict."""
+MAX_YAML_BYTES = 4 << 20  # a configuration is a few KiB; a file far larger is not one (and is not read whole)
+
+
+def load_yaml(path: str, what: Optional[str] = None) -> Dict[str, Any]:
+    """Read a YAML config file into a flat ``{field: value}`` dict: the one reader of every YAML file the project
+    reads (``--config``, a checkpoint's ``config.yaml``, a run's ``run_config.yaml``). ``what`` names the file in
+    errors (default ``--config PATH``). The values are built by ``yaml.safe_load`` and never expanded here: a value
+    that is not the option's shape (a YAML alias bomb's shared lists) is refused by :func:`from_dict` unexpanded."""
     file = Path(path)
+    what = what or f"--config {path}"
     if not file.is_file():
-        raise FileNotFoundError(f"--config: file {path!r} does not exist")
+        raise FileNotFoundError(f"{what}: file {str(path)!r} does not exist")
+    size = file.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ValueError(f"{what}: {size} bytes, more than the {MAX_YAML_BYTES} a configuration file may hold")
     try:
         data = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as err:  # e.g. a !!python/object tag, which safe_load refuses to build
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"--config {path}{where}: not plain YAML data ({shorten(problem, quote=False)}). Option "
+        raise ValueError(f"{what}{where}: not plain YAML data ({shorten(problem, quote=False)}). Option "
                          "values are strings, numbers, booleans and lists; tags such as !!python/object are refused"
                          ) from None
     except UnicodeDecodeError as err:
-        raise ValueError(f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise ValueError(f"{what}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: the top level must be a mapping of option names to values")
+        raise ValueError(f"{what}: the top level must be a mapping of option names to values")
     return data
 
 
@@ -281,10 +293,13 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
 
 def build_parser(cls: Type[Any], description: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _OneLineErrorParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                 usage="%(prog)s [-h] [--config FILE] [--option VALUE ...]")
     parser.add_argument("--config", default=None, help="YAML file of option values; command-line flags override it")
-    for field in dataclasses.fields(cls):
-        _add_flag(parser, field)
+    for title, description, fields in grouped_fields(cls):  # --help's topic groups (config/help_groups.py)
+        group = parser if title is None else parser.add_argument_group(title, description)
+        for field in fields:
+            _add_flag(group, field)
     return parser
 
 

@@ -124,15 +124,42 @@ def check_finite_options(config) -> None:
                   else "give a number, or leave it unset for its default")
 
 
+MAX_TOKENS = 1 << 16  # no stream of HunyuanVideo-1.5 is near it (1000, 256, 729); a larger one is a typo or a bomb
+
+
+def check_token_lengths(config) -> None:
+    """The prompt streams' token lengths (post_train.py and generate.py name them alike): 1 to :data:`MAX_TOKENS`,
+    ``--text_max_length`` may be unset (the pipeline's 1000)."""
+    for name in ("text_max_length", "byt5_max_length", "vision_num_semantic_tokens"):
+        value = getattr(config, name)
+        if value is not None and not 1 <= value <= MAX_TOKENS:
+            _fail(f"{name}-range", f"--{name} {value} must be in [1, {MAX_TOKENS}]", "see --help for the default")
+
+
 def validate_train_config(cfg: TrainConfig, world_size: int = 1,
                           num_attention_heads: Optional[int] = None) -> List[str]:
     """Check every rule that needs no model; returns human-readable notes (empty when nothing to say)."""
+    notes = check_option_values(cfg)
+    check_parallel_layout(world_size, cfg.sp_size, cfg.batch_size, cfg.num_generations, num_attention_heads)
+    if cfg.dp_replicate < 1 or (world_size % cfg.dp_replicate):
+        _fail("dp-replicate-divides-world", f"--dp_replicate {cfg.dp_replicate} must divide the world size "
+              f"{world_size}", "use --dp_replicate 1")
+    return notes
+
+
+def check_option_values(cfg: TrainConfig) -> List[str]:
+    """The rules of :func:`validate_train_config` that do not depend on the launch (world size, heads): what a
+    checkpoint's recorded ``config.yaml`` is checked against too. Returns notes."""
     notes: List[str] = []
     check_finite_options(cfg)
     if cfg.post_train_type != "grpo":
         _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
               "'standard' path crashes)", "use --post_train_type grpo")
-    check_parallel_layout(world_size, cfg.sp_size, cfg.batch_size, cfg.num_generations, num_attention_heads)
+    if min(cfg.batch_size, cfg.num_generations, cfg.sp_size, cfg.mini_batch_size_per_update) < 1:
+        _fail("positive-sizes", f"--batch_size {cfg.batch_size}, --num_generations {cfg.num_generations}, "
+              f"--sp_size {cfg.sp_size} and --mini_batch_size_per_update {cfg.mini_batch_size_per_update} must be "
+              ">= 1", "use for example --batch_size 2 --num_generations 4")
+    check_token_lengths(cfg)
     if cfg.batch_size % cfg.mini_batch_size_per_update:
         _fail("mini-batch-divides-batch", f"--mini_batch_size_per_update {cfg.mini_batch_size_per_update} does not "
               f"divide --batch_size {cfg.batch_size}", "use 1 (the reference's value)")
@@ -177,9 +204,6 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
     if cfg.use_moving_KL and cfg.update_ref_model_step < 1:
         _fail("anchor-interval", f"--update_ref_model_step {cfg.update_ref_model_step} must be >= 1 with the moving "
               "anchor", "use 10 (the reference's value), or --use_moving_KL false")
-    if cfg.dp_replicate < 1 or (world_size % cfg.dp_replicate):
-        _fail("dp-replicate-divides-world", f"--dp_replicate {cfg.dp_replicate} must divide the world size "
-              f"{world_size}", "use --dp_replicate 1")
     if (cfg.rollout_height is None) != (cfg.rollout_width is None):
         _fail("rollout-size-pair", "--rollout_height and --rollout_width must be given together",
               "pass both, or neither to use --video_bucket_hw_base_size")

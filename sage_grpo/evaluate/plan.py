@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from sage_grpo.config.generate import GenerateConfig
+from sage_grpo.config.schema import shorten
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.models import layout
@@ -31,6 +32,7 @@ SCORER_NAMES = ("clipscore", "pickscore")
 class Checkpoint:
     label: str  # as given on the command line
     weights: Optional[str]  # None: the base model
+    digest: Optional[str] = None  # the content of the weights (export.identity.weights_digest); None: the base
 
     @property
     def key(self) -> str:
@@ -59,6 +61,7 @@ class EvaluationPlan:
     generation: GenerateConfig  # the base model's; a checkpoint's adds checkpoint_path
     sampling: GenerationPlan
     output: Path
+    model_files: Dict[str, Dict[str, str]] = field(default_factory=dict)  # folder -> component -> sampled digest
 
     def generate_config(self, checkpoint: Checkpoint) -> GenerateConfig:
         return replace(self.generation, checkpoint_path=checkpoint.weights)
@@ -81,6 +84,7 @@ class EvaluationPlan:
             "videoalign_weights": self.metrics.videoalign_weights,
             "clip_model": str(self.metrics.clip_model) if self.metrics.clip_model else None,
             "pickscore_model": [str(p) for p in self.metrics.pickscore_model] if self.metrics.pickscore_model else None,
+            "model_files": self.model_files,
         }
 
     def fingerprint(self) -> str:
@@ -159,27 +163,85 @@ def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> Eva
     if not transformer_dir.is_dir():
         raise FileNotFoundError(f"--model_path {config.model_path}: no transformer {sampling.transformer_version} "
                                 f"at {transformer_dir} (bash download_weights.sh, or the tiny checkpoint)")
+    check_output(config, checkpoints, metrics)
+    checkpoints = identify_checkpoints(checkpoints, config.model_path, sampling.transformer_version)
     plan = EvaluationPlan(checkpoints, prompts, list(config.seeds), metrics, generation, sampling,
-                          Path(config.output))
+                          Path(config.output), model_files(config.model_path, sampling.transformer_version, metrics))
     check_cache_settings(plan)
+    from sage_grpo.resume import SAMPLED_IDENTITY
+
+    plan.sampling.notes.append(SAMPLED_IDENTITY.format(what="the base model (--model_path) and each scorer",
+                                                       compared="identified in the cache"))
     return plan
 
 
+def check_output(config: EvaluateConfig, checkpoints: List[Checkpoint], metrics: MetricPlan) -> None:
+    """``--output`` is a folder (or new) outside everything the evaluation reads."""
+    from sage_grpo.safe_io import check_output_outside_inputs
+
+    output = Path(config.output)
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} is a file; pass a folder (new, or one this evaluation wrote)")
+    inputs = {f"--checkpoints {c.label}": c.weights for c in checkpoints}
+    inputs.update({"--model_path": config.model_path, "--prompts": config.prompts,
+                   "--clip_model": metrics.clip_model,
+                   **({"--pickscore_model": metrics.pickscore_model[0], "--pickscore_processor":
+                       metrics.pickscore_model[1]} if metrics.pickscore_model else {})})
+    check_output_outside_inputs(output, "--output", inputs)
+
+
+def identify_checkpoints(checkpoints: List[Checkpoint], model_path: str, version: str) -> List[Checkpoint]:
+    """Every trained checkpoint checked as loadable into the base transformer (names, shapes, plain data: one line
+    naming the file otherwise) and identified by the content of its weights, before any video is sampled."""
+    from sage_grpo.export.identity import check_loadable, transformer_shapes, weights_digest
+
+    if all(c.weights is None for c in checkpoints):
+        return checkpoints
+    expected = transformer_shapes(model_path, version)
+    for checkpoint in checkpoints:
+        if checkpoint.weights is not None:
+            check_loadable(checkpoint.weights, expected, "--checkpoints")
+    return [replace(c, digest=weights_digest(c.weights)) if c.weights is not None else c for c in checkpoints]
+
+
+def model_files(model_path: str, version: str, metrics: MetricPlan) -> Dict[str, Dict[str, str]]:
+    """What the base model and the scorers are identified by in the cache's settings: per folder, the sampled digest
+    of :func:`sage_grpo.resume.model_fingerprint` (configs whole; weight files by size and 64 KiB sampled from each,
+    so weights replaced in place by others of the same size that differ only outside the samples are not seen)."""
+    from sage_grpo.resume import folder_digest, model_fingerprint
+
+    folders = {"--model_path": model_fingerprint(Path(model_path), version)}
+    scorers = [("videoalign", Path(model_path) / "VideoReward")] if set(metrics.names) & set(VIDEOALIGN_NAMES) else []
+    scorers += [("clipscore", metrics.clip_model)] if metrics.clip_model else []
+    scorers += [("pickscore", p) for p in metrics.pickscore_model or ()]
+    folders["scorers"] = {f"{name} {path}": folder_digest(Path(path)) for name, path in scorers}
+    return folders
+
+
 def check_cache_settings(plan: EvaluationPlan) -> None:
-    """A cache made with other settings is never mixed in nor deleted: the user picks a new --output."""
+    """A cache made with other settings is never mixed in nor deleted: the user picks a new --output. A settings file
+    that is not this project's is named in one line."""
     settings_file = plan.output / "cache" / "settings.json"
     if not settings_file.is_file():
         return
-    cached = json.loads(settings_file.read_text())
-    changed = sorted(key for key in set(cached) | set(plan.settings())
-                     if cached.get(key) != json.loads(json.dumps(plan.settings())).get(key))
+    try:
+        cached = json.loads(settings_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        cached = f"not readable JSON ({str(err)[:100]})"
+    if not isinstance(cached, dict):
+        raise ValueError(f"--output {plan.output}: {settings_file} is {shorten(cached)}, not the settings of an "
+                         f"evaluation; use a new --output, or delete {settings_file.parent} to start over")
+    now = json.loads(json.dumps(plan.settings()))
+    changed = sorted(key for key in set(cached) | set(now) if cached.get(key) != now.get(key))
     if changed:
         raise ValueError(f"--output {plan.output} holds results sampled or scored with other settings (differ: "
-                         f"{', '.join(changed)}); use a new --output, or delete {settings_file.parent} to start over")
+                         f"{shorten(', '.join(changed), quote=False)}); use a new --output, or delete "
+                         f"{settings_file.parent} to start over")
 
 
 def write_cache_settings(plan: EvaluationPlan) -> None:
+    from sage_grpo.safe_io import atomic_write
+
     folder = plan.output / "cache"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "settings.json").write_text(json.dumps(plan.settings(), indent=2, sort_keys=True))
-
+    atomic_write(folder / "settings.json", json.dumps(plan.settings(), indent=2, sort_keys=True))

@@ -8,11 +8,13 @@ like its model under the bare name: ``toy_red``, ``toy_red_manifold_error``, ``t
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, List, Tuple
 
 import torch
 
 from sage_grpo.evaluate.plan import VIDEOALIGN_NAMES, MetricPlan
+from sage_grpo.rewards.base import metric_names_of, score_with_fallback
 from sage_grpo.rewards.registry import RewardContext, make_reward, output_key
 
 WEIGHTED = "Weighted"
@@ -41,10 +43,17 @@ class Scorers:
 
     @torch.no_grad()
     def __call__(self, video: torch.Tensor, prompt: str) -> Dict[str, float]:
+        """Every metric of one video; a scorer that raises or returns a non-finite value scores NaN there (a warning
+        names it and the prompt), as training's rewards do (:func:`score_with_fallback`): the report counts it as
+        failed instead of the evaluation stopping."""
         scores: Dict[str, float] = {}
         for name, fn in self.parts:
-            for metric, value in fn(video[None], [prompt]).items():
-                scores[output_key(name, metric) if name else metric] = float(torch.as_tensor(value).reshape(-1)[0])
+            part = score_with_fallback(fn, video[None], [prompt], name=name or type(fn).__name__,
+                                       metric_names=metric_names_of(fn))
+            for metric, value in part.items():
+                scores[output_key(name, metric) if name else metric] = float(value[0])
+            if not part:  # it failed before naming any metric: counted under its own name
+                scores[name or type(fn).__name__] = math.nan
         if "VQ" in scores:
             scores[WEIGHTED] = sum(w * scores[m] for m, w in self.metrics.videoalign_weights.items())
         return scores

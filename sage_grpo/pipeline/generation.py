@@ -62,7 +62,7 @@ import torch
 
 from sage_grpo.config.generate import DEFAULT_GUIDANCE_SCALE, GenerateConfig
 from sage_grpo.config.schema import is_explicit
-from sage_grpo.config.validation import check_finite_options, parse_size
+from sage_grpo.config.validation import check_finite_options, check_token_lengths, parse_size
 from sage_grpo.data import check_image, read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
@@ -234,7 +234,8 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
     """Validate the config and resolve prompts, size, paths and speed settings, without loading any model; the
     settings the ``--checkpoint_path`` run recorded fill the unset options (:mod:`sage_grpo.pipeline.recorded`)."""
     check_finite_options(config)  # --flow_shift nan rendered black frames; --guidance_scale nan turned CFG off
-    config, recorded_notes = apply_recorded_settings(config)
+    config, recorded_notes = apply_recorded_settings(config)  # the checkpoint's file, checked like the flags
+    check_token_lengths(config)
     if config.resolution not in ("480p", "720p"):
         raise ValueError(f"--resolution must be 480p or 720p, got {config.resolution!r}")
     if config.dtype not in DTYPES:

@@ -26,8 +26,10 @@ a reward server instead. ``avg_term_weights`` gives the weight of every output k
 
 Plug-in rule (a config file is untrusted input, and it names the plug-in): a dotted path loads only a function or
 class marked with :func:`reward_plugin` in its own module. Before anything is imported, the module is located
-without importing it (nor its parent packages) and its source must use ``reward_plugin``; after the import the named
-object must carry the mark itself (not inherit it). So a config can pick among the reward plug-ins installed on the
+without importing it (nor its parent packages) and its source is parsed (``ast``, nothing runs): the named function
+or class must be defined there decorated with ``@reward_plugin`` (or assigned ``name = reward_plugin(...)`` at module
+level; a comment or string mentioning reward_plugin declares nothing). After the import the named object must carry
+the mark itself (not inherit it). So a config can pick among the reward plug-ins installed on the
 machine, never an arbitrary callable such as ``subprocess:Popen``, and never makes a module import that is not a
 reward module. ``kwargs`` / ``--reward_kwargs`` are JSON data (strings, numbers, booleans, null, lists, objects)
 passed to that one reward's constructor (or bound to that function) only.
@@ -35,6 +37,7 @@ passed to that one reward's constructor (or bound to that function) only.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import math
@@ -181,9 +184,34 @@ def _split_plugin_path(path: str) -> tuple[str, str]:
     return module_name, attr
 
 
+def _decorator_name(node: ast.expr) -> str:
+    """``reward_plugin`` for ``@reward_plugin``, ``@rewards.reward_plugin`` and ``@reward_plugin(...)``."""
+    node = node.func if isinstance(node, ast.Call) else node
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def declares_plugin(source: str, attr: str) -> bool | None:
+    """Whether module ``source`` declares ``attr`` a reward plug-in where it defines it, read with ``ast`` (nothing
+    runs): a ``def`` or ``class`` named ``attr`` (a dotted ``attr`` through the classes' bodies) decorated with
+    ``@reward_plugin``, or a module-level assignment ``attr = reward_plugin(...)``. A comment or a string mentioning
+    reward_plugin declares nothing. None: the source defines no ``attr`` at all."""
+    body = ast.parse(source).body
+    *outer, name = attr.split(".")
+    for part in outer:
+        body = next((node.body for node in body if isinstance(node, ast.ClassDef) and node.name == part), [])
+    found = None
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            found = any(_decorator_name(d) == "reward_plugin" for d in node.decorator_list)
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            found = (not outer and isinstance(node.value, ast.Call) and _decorator_name(node.value) == "reward_plugin")
+    return found
+
+
 def import_object(path: str):
     """Import the reward plug-in ``"package.module:attr"`` or ``"package.module.attr"`` (``attr`` may be dotted after
-    ``:``), enforcing the plug-in rule of the module docstring."""
+    ``:``), enforcing the plug-in rule of the module docstring: the module's source must declare ``attr`` a plug-in
+    (:func:`declares_plugin`, checked without importing anything) before it is imported."""
     module_name, attr = _split_plugin_path(path)
     spec = _find_spec_without_import(module_name)
     if spec is None:
@@ -191,13 +219,17 @@ def import_object(path: str):
                           "installed, or its folder on PYTHONPATH?)")
     origin = Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
     try:
-        source = origin.read_text(encoding="utf-8") if origin is not None else ""
-    except (OSError, UnicodeDecodeError):
-        source = ""
-    if "reward_plugin" not in source:
-        raise ImportError(f"refusing reward plug-in {path!r}: {module_name!r} is not a reward module (its source "
-                          "does not use @reward_plugin). Mark the reward with @sage_grpo.rewards.reward_plugin, or "
-                          f"use a built-in reward: {sorted(BUILTIN_REWARDS)}")
+        declared = origin is not None and declares_plugin(origin.read_text(encoding="utf-8"), attr)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
+        declared = False  # unreadable, or not Python source: never imported
+    if declared is None:
+        raise ImportError(f"cannot import reward plug-in {path!r}: {module_name!r} has no attribute {attr!r} of its "
+                          "own (a plug-in is defined, and marked with @reward_plugin, in the module it is named by)")
+    if not declared:
+        raise ImportError(f"refusing reward plug-in {path!r}: {attr!r} is not marked with @reward_plugin where "
+                          f"{module_name!r} defines it (checked in its source, without running it). Decorate the "
+                          f"reward with @sage_grpo.rewards.reward_plugin, or use a built-in reward: "
+                          f"{sorted(BUILTIN_REWARDS)}")
     try:
         obj = importlib.import_module(module_name)
     except ImportError as exc:

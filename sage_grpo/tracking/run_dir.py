@@ -26,17 +26,22 @@ from tqdm.auto import tqdm
 
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.faults import fault_point
-from sage_grpo.safe_io import atomic_write
+from sage_grpo.safe_io import atomic_write, check_output_outside_inputs
 from sage_grpo.tracking.trackers import RUN_IDS_FILE, LoggedVideo
 
 RUN_MARKER = "run_config.yaml"
 
 
-def check_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> None:
-    """Refuse, before anything loads, to mix two runs in one directory (changes nothing on disk)."""
+def check_run_dir(output_dir: str, *, resuming: bool, overwrite: bool, inputs: Optional[Dict] = None) -> None:
+    """Refuse, before anything loads, to mix two runs in one directory, or to write inside what the run reads
+    (``inputs``: {flag: path}); changes nothing on disk."""
     run_dir = Path(output_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir} is a file, not a directory; pass a directory path")
+    try:
+        check_output_outside_inputs(run_dir, "--output_dir", inputs or {})
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if (run_dir / RUN_MARKER).exists() and not (resuming or overwrite):
         raise ConfigError(f"--output_dir {output_dir} already holds a run ({RUN_MARKER} exists). Use a new "
                           "--output_dir, continue it with --resume_from_checkpoint latest, or pass "
