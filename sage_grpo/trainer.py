@@ -194,7 +194,6 @@ class GRPOTrainer:
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
                                       self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars,
                                       window_equalizer=cfg.sde_window_equalizer == "window" and self.window.enabled)
-        self.max_grad_norm = clip_threshold(cfg)  # on the full gradient: --max_grad_norm in its units
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps whose reward failed on every sample
@@ -320,13 +319,10 @@ class GRPOTrainer:
 
         trained_steps = self.window.steps(self.update_steps)
         reference = rl.AnchorMeans(partial(self.reference_means, rollout, embeds, trained_steps), self.anchor)
-        timings["ref_model_time"] = reference.seconds  # (its place among the metrics; final value below)
-
         start, before = time.perf_counter(), reference.seconds
         metrics = run_inner_epochs(cfg.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
                                                                   reference, trained_steps, self.update_steps))
-        # means recomputed after an anchor refresh between inner epochs count as reference time
-        timings["ref_model_time"] = reference.seconds
+        timings["ref_model_time"] = reference.seconds  # with means recomputed after a refresh between epochs
         timings["grpo_loop_time"] = time.perf_counter() - start - (reference.seconds - before)
         timings["other_time"] = time.perf_counter() - step_start - sum(timings.values())  # the phases add up
         # the writer's own time, overlapping the phases (not in the step); on every rank, so the all-reduce matches
@@ -381,9 +377,8 @@ class GRPOTrainer:
         return rewards, gather_group_rewards(rewards, self.dims, self.ranks_per_group)
 
     def reference_means(self, rollout, embeds, trained_steps: torch.Tensor) -> Optional[torch.Tensor]:
-        """mu_ref of every stored transition, (B, N, C, T, h, w) on the device, the placement's reference batch of
-        transitions per forward (``--reference_batch_size``); with the SDE window only the window's transitions
-        ``trained_steps`` (the others are never trained); None without a KL reference."""
+        """mu_ref of every stored transition, (B, N, C, T, h, w) on the device, ``--reference_batch_size`` transitions
+        per forward; with the SDE window only those of ``trained_steps`` (never trained others); None without KL."""
         if self.models.reference is None or self.kl_controller is None:
             return None
         steps = trained_steps if self.window.enabled else None
@@ -393,8 +388,7 @@ class GRPOTrainer:
 
     def policy_update(self, rollout, embeds, advantages: torch.Tensor, reference: rl.AnchorMeans,
                       trained_steps: torch.Tensor, rollout_update: int, pass_index: int = 0) -> Dict[str, float]:
-        """One pass (``rl.inner_epochs``) over the rollout's (sample, step) pairs of ``trained_steps``, against the
-        anchor's current means; ``rollout_update``: the update count when the rollout was drawn."""
+        """One pass (``rl.inner_epochs``) over the (sample, step) pairs of ``trained_steps``, at the anchor's means."""
         cfg = self.cfg
         shuffle, order = shuffled_pairs(pass_seed(cfg.seed, self.dp_rank, self.global_step, pass_index),
                                         rollout.latents.shape[0], trained_steps, cfg.enable_timestep_permutation)
@@ -413,7 +407,7 @@ class GRPOTrainer:
         params = [p for _, p in self.models.trainable_named_parameters()]
         watched = _local(params[0]).detach().clone() if cfg.debug_grad_flow else None
         average_unsharded_gradients(params, self.dims)
-        grad_norm = clip_gradients(params, self.max_grad_norm)
+        grad_norm = clip_gradients(params, clip_threshold(cfg))  # --max_grad_norm in --max_grad_norm_units
         self.lr_schedule.apply(self.optimizer, self.update_steps)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -41,9 +41,10 @@ METRIC_DEFINITIONS = {
 }
 
 
-def with_paper_scale(scores: Dict[str, float]) -> Dict[str, float]:
-    """``scores`` plus the paper-scale values derived from them (``PAPER_SCALE``)."""
-    derived = {key: scores[raw] * factor for key, (raw, factor) in PAPER_SCALE.items() if raw in scores}
+def with_paper_scale(scores: Dict[str, Optional[float]]) -> Dict[str, Optional[float]]:
+    """``scores`` plus the paper-scale values derived from them (``PAPER_SCALE``; a failed score, None, stays None)."""
+    derived = {key: None if scores[raw] is None else scores[raw] * factor
+               for key, (raw, factor) in PAPER_SCALE.items() if raw in scores}
     return {**scores, **derived}
 
 

@@ -89,6 +89,7 @@ def test_paper_scale_pickscore_is_flow_grpos_logit_over_26():
     scores = with_paper_scale({"pickscore": 19.24, "clipscore": 0.54, "clip_cosine": 0.216})
     assert scores["pickscore_paper"] == pytest.approx(0.74) and scores["clipscore"] == 0.54
     assert with_paper_scale({"VQ": 1.0}) == {"VQ": 1.0}  # nothing to derive without PickScore
+    assert with_paper_scale({"pickscore": None})["pickscore_paper"] is None  # a failed score stays failed
     results = {"settings": {"sampler": "Euler", "num_inference_steps": 40, "height": 480, "width": 848,
                             "video_length": 121, "guidance_scale": 6.0, "flow_shift": 5.0, "dtype": "bf16"},
                "prompts": ["a"], "seeds": [0],
