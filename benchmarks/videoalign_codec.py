@@ -14,7 +14,6 @@ docstring is this script's output.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -23,25 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sage_grpo.rewards.tiny import write_tiny_video_reward  # noqa: E402
+from sage_grpo.rewards.tiny import gradient_videos, write_tiny_video_reward  # noqa: E402
 from sage_grpo.rewards.videoalign import HEADS, VideoAlignReward  # noqa: E402
 from sage_grpo.video_io import write_video  # noqa: E402
 
 PROMPTS = ["A cat walks on the grass.", "A red ball bounces on a wooden floor.", "The camera pans over a city."]
-
-
-def gradient_videos(count: int, height: int, width: int, seed: int, frames: int = 9) -> torch.Tensor:
-    """(count, 3, F, H, W) moving sinusoidal colour gradients in [0.1, 0.9]."""
-    gen = torch.Generator().manual_seed(seed)
-    y = torch.linspace(0, 1, height).view(1, 1, height, 1)
-    x = torch.linspace(0, 1, width).view(1, 1, 1, width)
-    t = torch.linspace(0, 1, frames).view(1, frames, 1, 1)
-    videos = []
-    for _ in range(count):
-        a, b, phase = torch.rand(3, 3, generator=gen)
-        videos.append(torch.cat([0.5 + 0.4 * torch.sin(2 * math.pi * (a[c] * x + b[c] * y + 0.5 * t + phase[c]))
-                                 for c in range(3)], dim=0))
-    return torch.stack(videos)
 
 
 def noise_videos(count: int, height: int, width: int, seed: int, frames: int = 9) -> torch.Tensor:
@@ -68,7 +53,8 @@ def main(argv=None) -> int:
         root = Path(tmp)
         write_tiny_video_reward(root / "ckpts")
         reward = VideoAlignReward(root / "ckpts", device="cpu", dtype=torch.float32)
-        for kind, make, count in (("gradients", gradient_videos, 3), ("noise", noise_videos, 1)):
+        for kind, make, count in (("gradients", lambda n, h, w, s: gradient_videos(n, 9, h, w, s), 3),
+                                  ("noise", noise_videos, 1)):
             worst = {key: 0.0 for key in (*HEADS, "Overall")}
             overall = []
             for size in args.sizes:

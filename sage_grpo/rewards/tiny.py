@@ -27,6 +27,7 @@ towers on 16x16 images, an offline byte-level CLIP tokenizer) under the folder n
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -183,6 +184,21 @@ def write_tiny_video_reward(output_root: str | Path, *, seed: int = 0, key_layou
     full_dir.mkdir(exist_ok=True)
     torch.save(to_key_layout(state, key_layout), full_dir / "model.pth")
     return reward_dir
+
+
+def gradient_videos(batch: int = 3, frames: int = 9, height: int = 64, width: int = 96, seed: int = 0) -> torch.Tensor:
+    """(B, 3, F, H, W) moving sinusoidal colour gradients in [0.1, 0.9]: smooth, codec-friendly test videos whose
+    scores differ with the content (tests, ``benchmarks/videoalign_codec.py``)."""
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.linspace(0, 1, height).view(1, 1, height, 1)
+    x = torch.linspace(0, 1, width).view(1, 1, 1, width)
+    t = torch.linspace(0, 1, frames).view(1, frames, 1, 1)
+    videos = []
+    for _ in range(batch):
+        a, b, phase = torch.rand(3, 3, generator=gen)
+        channels = [0.5 + 0.4 * torch.sin(2 * math.pi * (a[c] * x + b[c] * y + 0.5 * t + phase[c])) for c in range(3)]
+        videos.append(torch.cat(channels, dim=0))
+    return torch.stack(videos)
 
 
 # ---------------------------------------------------------------- the evaluation scorers (CLIPScore, PickScore)

@@ -18,6 +18,7 @@ from sage_grpo.rewards.base import score_with_fallback
 from sage_grpo.rewards.prompt_templates import DETAILED_SPECIAL_TEMPLATE, REWARD_TOKENS, build_prompt
 from sage_grpo.rewards.registry import BUILTIN_REWARDS, VIDEOALIGN_METRICS, RewardContext, import_object
 from sage_grpo.rewards.tiny import FULL_STEP, LORA_STEP, RELEASED_NORM_STATS, write_tiny_video_reward
+from sage_grpo.rewards.tiny import gradient_videos as smooth_videos
 from sage_grpo.rewards.toys import TargetColorReward, TemporalSmoothnessReward
 from sage_grpo.rewards.video_preprocess import (
     normalize_frames,
@@ -35,20 +36,6 @@ PROMPTS = [
     "A red ball bounces on a wooden floor, slow motion, warm light.",
     "The camera pans over a city at night.",
 ]
-
-
-def smooth_videos(batch: int = 3, frames: int = 9, height: int = 64, width: int = 96, seed: int = 0) -> torch.Tensor:
-    """Moving colour gradients in [0.1, 0.9] (codec friendly): (B, 3, F, H, W)."""
-    gen = torch.Generator().manual_seed(seed)
-    y = torch.linspace(0, 1, height).view(1, 1, height, 1)
-    x = torch.linspace(0, 1, width).view(1, 1, 1, width)
-    t = torch.linspace(0, 1, frames).view(1, frames, 1, 1)
-    videos = []
-    for _ in range(batch):
-        a, b, phase = torch.rand(3, 3, generator=gen)
-        channels = [0.5 + 0.4 * torch.sin(2 * math.pi * (a[c] * x + b[c] * y + 0.5 * t + phase[c])) for c in range(3)]
-        videos.append(torch.cat(channels, dim=0))
-    return torch.stack(videos)
 
 
 def tiny_reward(root: Path, **kwargs) -> VideoAlignReward:
