@@ -13,8 +13,8 @@
   loss times the equalizer scale of its *original* step, plus beta * (w_m * KL_mean-matching + w_s * KL_step-wise) with
   beta from the adaptive controller. Gradients accumulate into one optimizer update per
   ``--gradient_accumulation_steps`` rollout batches.
-* Anchor: every ``--update_ref_model_step`` updates the reference model is overwritten with the policy (the moving
-  anchor), before the next rollout.
+* Anchor: after every ``--update_ref_model_step``-th update the reference model is overwritten with the policy (the
+  moving anchor; between two inner epochs, the later ones see the new anchor's means: ``rl.AnchorMeans``).
 
 Image-to-video: a step's prompts are one task (``data.py``); an i2v batch's prompt embeddings carry the image
 condition of its reference images (``ModelBundle.encode``), so rollout, replay, reference means and validation use it
@@ -74,7 +74,8 @@ from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_p
 from sage_grpo.distributed import barrier, destroy_distributed, mean_over_world
 from sage_grpo.distributed.liveness import PeerLost
 from sage_grpo.distributed.startup import start_processes
-from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, parallelize_models
+from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, clip_threshold,
+                                               parallelize_models)
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
                                                 gather_step_rewards, run_on_main, share_rewards, share_rollout)
 from sage_grpo.faults import fault_point
@@ -199,7 +200,8 @@ class GRPOTrainer:
         self.window = SDEWindow(cfg.sde_window_size, cfg.sde_window_stride, cfg.grpo_sampling_steps)
         self.num_train_steps = max(int(self.window.steps(0).numel() * cfg.timestep_fraction), 1)
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
-                                      self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars)
+                                      self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars,
+                                      window_equalizer=cfg.sde_window_equalizer == "window" and self.window.enabled)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps that trained on nothing (pipeline/failed_steps.py)
@@ -257,7 +259,7 @@ class GRPOTrainer:
         progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
         while self.global_step < cfg.max_steps:
-            self.maybe_refresh_anchor()
+            self.maybe_refresh_anchor()  # a checkpoint saved before its refresh (an earlier version refreshed here)
             metrics = self.train_step()
             self.global_step += 1
             self.logger.log_step(self.global_step, metrics)
@@ -313,14 +315,13 @@ class GRPOTrainer:
                                      RolloutSamples(items, seeds, videos, rewards, advantages))
         timings["media_time"] = time.perf_counter() - start  # handing them to the writer (waiting when it lags)
 
-        start = time.perf_counter()
-        ref_means = self.reference_means(rollout, embeds)
-        timings["ref_model_time"] = time.perf_counter() - start
-
-        start = time.perf_counter()
+        trained_steps = self.window.steps(self.update_steps)
+        reference = rl.AnchorMeans(partial(self.reference_means, rollout, embeds, trained_steps), self.anchor)
+        start, before = time.perf_counter(), reference.seconds
         metrics = run_inner_epochs(cfg.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
-                                                                  ref_means, self.window.steps(self.update_steps)))
-        timings["grpo_loop_time"] = time.perf_counter() - start
+                                                                  reference, trained_steps, self.update_steps))
+        timings["ref_model_time"] = reference.seconds  # with means recomputed after a refresh between epochs
+        timings["grpo_loop_time"] = time.perf_counter() - start - (reference.seconds - before)
         timings["other_time"] = time.perf_counter() - step_start - sum(timings.values())  # the phases add up
         # the writer's own time, overlapping the phases (not in the step); on every rank, so the all-reduce matches
         timings["background_media_time"] = self.rollout_media.writer.seconds
@@ -375,30 +376,30 @@ class GRPOTrainer:
         rewards = share_rewards(local, self.dims)
         return rewards, gather_group_rewards(rewards, self.dims, self.ranks_per_group)
 
-    def reference_means(self, rollout, embeds) -> Optional[torch.Tensor]:
-        """mu_ref of every stored transition, (B, N, C, T, h, w) on the device, the placement's reference batch of
-        transitions per forward (``--reference_batch_size``); with the SDE window only the window's transitions
-        (the others are never trained); None without a KL reference."""
+    def reference_means(self, rollout, embeds, trained_steps: torch.Tensor) -> Optional[torch.Tensor]:
+        """mu_ref of every stored transition, (B, N, C, T, h, w) on the device, ``--reference_batch_size`` transitions
+        per forward; with the SDE window only those of ``trained_steps`` (never trained others); None without KL."""
         if self.models.reference is None or self.kl_controller is None:
             return None
-        steps = self.window.steps(self.update_steps) if self.window.enabled else None
+        steps = trained_steps if self.window.enabled else None
         with self.models.reference_on_device() as reference:
             return self.reference_sampler.transition_means(reference, rollout.latents, embeds, self.device,
                                                            self.show_bars, steps=steps)
 
-    def policy_update(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
-                      trained_steps: torch.Tensor, pass_index: int = 0) -> Dict[str, float]:
-        """One pass (``rl.inner_epochs``) over the rollout's (sample, step) pairs of ``trained_steps``."""
+    def policy_update(self, rollout, embeds, advantages: torch.Tensor, reference: rl.AnchorMeans,
+                      trained_steps: torch.Tensor, rollout_update: int, pass_index: int = 0) -> Dict[str, float]:
+        """One pass (``rl.inner_epochs``) over the (sample, step) pairs of ``trained_steps``, at the anchor's means."""
         cfg = self.cfg
         shuffle, order = shuffled_pairs(pass_seed(cfg.seed, self.dp_rank, self.global_step, pass_index),
                                         rollout.latents.shape[0], trained_steps, cfg.enable_timestep_permutation)
         check_same_in_sp_group(self.dims, shuffle=shuffle.tolist(), order=order.tolist())
         closes_window = (self.micro_steps + 1) % self.cfg.gradient_accumulation_steps == 0
-        result = self.policy_pass.backward(rollout, embeds, advantages, ref_means, shuffle, order, closes_window,
-                                           self.global_step)
+        result = self.policy_pass.backward(rollout, embeds, advantages, reference.current(), shuffle, order,
+                                           closes_window, self.global_step, self.update_steps == rollout_update)
         self.micro_steps += 1
         if self.micro_steps % self.cfg.gradient_accumulation_steps == 0:
             result.update(self.optimizer_step())
+            self.maybe_refresh_anchor()  # after exactly every --update_ref_model_step updates, at any K
         return result
 
     def optimizer_step(self) -> Dict[str, float]:
@@ -406,7 +407,7 @@ class GRPOTrainer:
         params = [p for _, p in self.models.trainable_named_parameters()]
         watched = _local(params[0]).detach().clone() if cfg.debug_grad_flow else None
         average_unsharded_gradients(params, self.dims)
-        grad_norm = clip_gradients(params, cfg.max_grad_norm)
+        grad_norm = clip_gradients(params, clip_threshold(cfg))  # --max_grad_norm in --max_grad_norm_units
         if finite_update(grad_norm):  # a NaN or inf gradient is never applied (pipeline/failed_steps.py)
             self.lr_schedule.apply(self.optimizer, self.update_steps)
             self.optimizer.step()

@@ -31,13 +31,13 @@ TRAIN_GROUPS: FlagGroups = (
         "extra_rewards", "clip_model", "pickscore_model", "pickscore_processor")),
     ("GRPO update", "advantages, the clipped ratio, the gradient-norm equalizer and the trained steps", (
         "clip_range", "adv_clip_max", "timestep_fraction", "use_grad_balancing", "enable_timestep_permutation",
-        "num_inner_epochs")),
+        "num_inner_epochs", "sde_window_equalizer")),
     ("KL and trust region", "the moving reference anchor, the step-wise KL and the adaptive KL coefficient", (
         "kl_weight", "kl_coef", "kl_min_coef", "use_moving_KL", "update_ref_model_step", "use_dual_kl",
-        "dual_kl_moving_weight", "dual_kl_step_weight")),
+        "dual_kl_moving_weight", "dual_kl_step_weight", "stepwise_kl_reference")),
     ("optimisation", "optimizer, learning-rate schedule and run length", (
         "learning_rate", "lr_scheduler", "warmup_steps", "lr_num_cycles", "lr_power", "weight_decay", "use_muon",
-        "max_grad_norm", "gradient_accumulation_steps", "max_steps", "ema_decay")),
+        "max_grad_norm", "max_grad_norm_units", "gradient_accumulation_steps", "max_steps", "ema_decay")),
     ("LoRA", "train LoRA adapters instead of every weight", (
         "use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "pretrained_lora_path")),
     ("parallelism and memory", "FSDP2, Ulysses, the memory plan's placements, the device", (

@@ -112,7 +112,8 @@ class TrainConfig:
     kl_min_coef: float = config_field(1e-7, "Lower bound of the adaptive KL coefficient and start of its warm-up")
     use_moving_KL: bool = config_field(True, "Moving anchor: copy the policy into the reference periodically")
     update_ref_model_step: int = config_field(10, "Anchor refresh interval, in optimizer updates")
-    use_dual_kl: bool = config_field(True, "Add the step-wise (rollout vs current log-prob) KL term")
+    use_dual_kl: bool = config_field(
+        True, "Add the step-wise (velocity) KL term, log pi_prev - log pi_theta (--stepwise_kl_reference)")
     dual_kl_moving_weight: float = config_field(1.0, "Weight of the mean-matching (position) KL term")
     dual_kl_step_weight: float = config_field(0.1, "Weight of the step-wise (velocity) KL term")
     # ---------------------------------------------------------------- sampler / GRPO
@@ -221,6 +222,20 @@ class TrainConfig:
     sde_window_stride: int = config_field(
         1, "Optimizer updates between two one-step moves of the --sde_window_size window (wrapping to step 0 after "
         "the last position); 0: the window stays on the first steps")
+    sde_window_equalizer: str = config_field(
+        "full", "Equalizer scales inside an --sde_window_size window: full (the whole schedule's, median(g) / g_k, as "
+        "without a window) or window (renormalised over the window's steps: median over the window / g_k)",
+        choices=("full", "window"))
+    stepwise_kl_reference: str = config_field(
+        "previous_step", "The policy the step-wise KL is measured against (it matters with --num_inner_epochs > 1): "
+        "previous_step (the paper's pi_{theta_{k-1}}: the policy before this optimizer update, i.e. the current "
+        "weights; 0 in value, its gradient -grad log pi) or rollout (the policy that drew the rollout: the drift of "
+        "the inner epochs so far)", choices=("previous_step", "rollout"))
+    max_grad_norm_units: str = config_field(
+        "reference", "What --max_grad_norm is compared with: reference (the reference's gradient norm, which under "
+        "--sp_size sp is 1/sp of the full gradient's, so the full gradient is clipped at max_grad_norm x sp: the "
+        "reference's launch flags clip where the reference does at every SP degree) or full (the full gradient's "
+        "norm: the same clip at every SP degree)", choices=("reference", "full"))
     use_same_noise: bool = config_field(False, "All members of a group start from the same initial noise")
     video_fps: int = config_field(24, "Frame rate of saved videos and of reward frame sampling")
     validation_num_inference_steps: int = config_field(40, "Validation denoising steps")

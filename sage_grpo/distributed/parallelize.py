@@ -28,6 +28,13 @@ Gradients: FSDP averages over every rank of its mesh, which is both the data-par
 correction (see ``sequence_parallel.py``). Without FSDP on several processes, :func:`average_unsharded_gradients`
 does that mean explicitly (one all-reduce per parameter, once per optimizer update). :func:`clip_gradients` clips by
 the global norm, gathering the norm of DTensor gradients (the only communication is one scalar).
+
+Clip threshold (:func:`clip_threshold`): the gradient here is the full gradient at every SP degree, the reference's is
+1/sp of it (its backward gives each SP rank its own tokens' share and FSDP then averages over the SP ranks too; spec
+§10.20), so its ``--max_grad_norm m`` clips where the full gradient's norm is m·sp. With ``--max_grad_norm_units
+reference`` (default) ``--max_grad_norm`` means the reference's number and the full gradient is clipped at m·sp, so
+``run_post_train.sh``'s flags and the paper configs clip where the reference does at every SP degree; ``full`` clips
+the full gradient at m (one process then reproduces an SP run with the same flags).
 """
 
 from typing import List, Optional
@@ -106,6 +113,11 @@ def average_unsharded_gradients(params: List[torch.nn.Parameter], dims: Parallel
     """Mean over all ranks of plain gradients (several processes without FSDP); no-op when FSDP already reduced."""
     if dims.is_distributed and not any(isinstance(p, DTensor) for p in params):
         average_gradients(params, dist.group.WORLD)
+
+
+def clip_threshold(cfg: TrainConfig) -> float:
+    """The norm of the full gradient at which it is clipped: ``--max_grad_norm`` in ``--max_grad_norm_units``."""
+    return cfg.max_grad_norm * (cfg.sp_size if cfg.max_grad_norm_units == "reference" else 1)
 
 
 def clip_gradients(params: List[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -33,13 +33,21 @@ class PolicyPass:
     eq_scales: Optional[torch.Tensor]  # (N,) equalizer scales; None with --use_grad_balancing off
     num_train_steps: int  # steps trained per sample (--timestep_fraction of the N steps)
     show_bar: bool = False  # a tqdm bar over the backward passes (main process on a terminal, no --quiet)
+    window_equalizer: bool = False  # --sde_window_equalizer window with a window on: scales renormalised over it
 
     def backward(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
-                 shuffle: torch.Tensor, order: torch.Tensor, closes_window: bool, step: int) -> Dict[str, float]:
-        """Accumulate the gradients of one rollout batch: ``shuffle`` (B,) orders the samples, ``order`` (B, N) each
-        sample's steps; ``closes_window``: this batch is the last of an accumulation window. Returns the means of the
-        per-backward metrics (β: its last value), with one device-to-host copy."""
+                 shuffle: torch.Tensor, order: torch.Tensor, closes_window: bool, step: int,
+                 rollout_weights: bool = True) -> Dict[str, float]:
+        """Accumulate the gradients of one rollout batch: ``shuffle`` (B,) orders the samples, ``order`` (B, S) each
+        sample's trained steps; ``closes_window``: this batch is the last of an accumulation window;
+        ``rollout_weights``: no optimizer update since the rollout (the step-wise KL's π_prev is then the rollout's
+        policy, else the current one, ``rl.kl``). Returns the means of the per-backward metrics (β: its last value),
+        with one device-to-host copy."""
         cfg = self.cfg
+        eq_scales = self.eq_scales
+        if eq_scales is not None and self.window_equalizer:  # every row of order holds the window's steps
+            eq_scales = rl.window_scales(eq_scales, order[0])
+        stepwise_from_rollout = rollout_weights or self.kl_mode.stepwise_to_rollout
         batch, micro = rollout.latents.shape[0], cfg.mini_batch_size_per_update
         # One backward per (mini-batch, trained step); dividing by the number of backward passes of the whole
         # accumulation window makes the update the mean over samples and steps (reference GA = B * N for mb = 1).
@@ -60,14 +68,15 @@ class PolicyPass:
                 x_next = rollout.latents[rows, steps + 1].to(self.device)
                 out = self.sampler.replay(policy, x, x_next, index, sub_embeds)
                 old_lp = rollout.log_probs[rows, steps].to(self.device)
-                scale = self.eq_scales[steps].to(self.device) if self.eq_scales is not None else None
+                scale = eq_scales[steps].to(self.device) if eq_scales is not None else None
                 policy_loss, metrics = rl.ppo_clipped_loss(out.log_prob, old_lp, advantages[rows].to(self.device),
                                                            cfg.clip_range, cfg.adv_clip_max, scale)
                 loss = policy_loss
                 if self.kl_controller is not None and ref_means is not None:
                     beta = self.kl_controller.kl_coef  # a device tensor for the whole run (decided at setup)
                     ref_mean = ref_means[rows, steps].to(self.device)
-                    effective_kl, parts = rl.dual_kl(out.mean, ref_mean, out.std, old_lp, out.log_prob,
+                    previous_lp = old_lp if stepwise_from_rollout else out.log_prob.detach()
+                    effective_kl, parts = rl.dual_kl(out.mean, ref_mean, out.std, previous_lp, out.log_prob,
                                                      self.kl_mode.dual, cfg.dual_kl_moving_weight,
                                                      cfg.dual_kl_step_weight)
                     # the world mean, so that every rank's controller follows the same beta; kept on the device
