@@ -10,7 +10,7 @@ The training loop only says when.
 
     transformer/model.safetensors   trainable weights (all weights, or the LoRA adapter weights with --use_lora)
     training_state.pt               counters (the step fixes the data position and the LR), KL controller, anchor
-                                    schedule, parallel layout, RNG states
+                                    schedule, drift guard, parallel layout, RNG states
     config.yaml                     the run's resolved configuration
     lora/                           LoRA runs not sharded by FSDP: the peft adapter folder
 
@@ -251,8 +251,9 @@ class CheckpointManager:
 
     def __init__(self, *, models: CheckpointedModels, optimizer, kl_controller: Optional[Stateful],
                  anchor_schedule: MovingAnchorSchedule, counters: Stateful, dims: ParallelDims, run_dir: Path,
-                 keep_checkpoints: int, layout: dict, config_yaml: Callable[[], str], log: Callable[[str], None]):
-        self.models, self.optimizer = models, optimizer
+                 keep_checkpoints: int, layout: dict, config_yaml: Callable[[], str], log: Callable[[str], None],
+                 drift_guard: Optional[Stateful] = None):
+        self.models, self.optimizer, self.drift_guard = models, optimizer, drift_guard
         self.optimizer_parts = optimizer_parts(optimizer)  # the torch optimizers by name: one DCP entry each
         self.kl_controller, self.anchor_schedule, self.counters = kl_controller, anchor_schedule, counters
         self.dims, self.run_dir, self.keep_checkpoints = dims, Path(run_dir), keep_checkpoints
@@ -301,6 +302,8 @@ class CheckpointManager:
         state = {**self.counters.state_dict(),
                  "kl_controller": self.kl_controller.state_dict() if self.kl_controller is not None else None,
                  "anchor_schedule": self.anchor_schedule.state_dict(), "layout": self.layout}
+        if self.drift_guard is not None:
+            state["drift_guard"] = self.drift_guard.state_dict()
         if self.dims.is_distributed:
             state.update(rng_per_rank=gather_rng_states(), optimizer_parts=sorted(self.optimizer_parts))
         else:
@@ -346,6 +349,8 @@ class CheckpointManager:
             self.kl_controller.load_state_dict(training_state["kl_controller"])
         if has_reference:  # a run resumed without the KL has no anchor to schedule
             self.anchor_schedule.load_state_dict(training_state["anchor_schedule"])
+        if self.drift_guard is not None and "drift_guard" in training_state:  # absent: saved by an unguarded run
+            self.drift_guard.load_state_dict(training_state["drift_guard"])
         self._restore_rng(training_state)
 
     def _load_files(self, path: Path, has_reference: bool) -> None:

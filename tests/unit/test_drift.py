@@ -1,0 +1,174 @@
+"""Drift proxies (sage_grpo.rl.drift) on hand-built velocity fields and tensors, with the expected arithmetic."""
+import math
+
+import pytest
+import torch
+
+from sage_grpo.rl.drift import (denoising_errors, energy_distance, gaussian_path_kl, paired_rms, proxy_noise,
+                                spearman)
+from sage_grpo.rl.drift_guard import Alarm, DriftGuard, GuardBounds, fitted_change
+
+
+def point_mass_velocity(center: torch.Tensor):
+    """The exact rectified-flow velocity of data concentrated at ``center``: x_σ = (1 − σ)·c + σ·ε, v = ε − c, so
+    v = (x_σ − c)/σ and its x̂0 = x_σ − σ·v is c for every input."""
+    return lambda x, sigma: (x - center) / sigma
+
+
+def test_denoising_error_is_the_squared_distance_to_a_point_mass():
+    center = torch.zeros(1, 2, 3)
+    on = torch.zeros(1, 2, 3)
+    off = torch.full((1, 2, 3), 0.5)  # x̂0 = 0, so e = mean (0 − 0.5)² = 0.25 at every level, whatever ε
+    latents = torch.cat([on, off])
+    noise = proxy_noise([1, 2], 3, (2, 3))
+    errors = denoising_errors(point_mass_velocity(center), latents, (0.25, 0.5, 0.75), noise)
+    torch.testing.assert_close(errors, torch.tensor([[0.0] * 3, [0.25] * 3]))
+
+
+def test_denoising_error_sees_what_the_model_does_not_restore():
+    # a model that returns the noisy input's own direction (v = ε − x0 exactly) restores everything: e = 0; one that
+    # predicts v = 0 leaves x̂0 = x_σ, so e = mean ((1 − σ)x0 + σε − x0)² = σ² mean (ε − x0)²
+    latents = torch.tensor([[1.0, -1.0]])
+    noise = torch.tensor([[[0.5, 0.5]]])  # (L=1, B=1, 2)
+    zero = denoising_errors(lambda x, s: torch.zeros_like(x), latents, (0.5,), noise)
+    # σ² mean((0.5 − 1)², (0.5 + 1)²) = 0.25 · (0.25 + 2.25)/2 = 0.3125
+    torch.testing.assert_close(zero, torch.tensor([[0.3125]]))
+
+
+def test_denoising_error_refuses_bad_levels_and_noise():
+    latents = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="noise .* does not match 2 levels"):
+        denoising_errors(lambda x, s: x, latents, (0.2, 0.4), torch.zeros(1, 2, 3))
+    with pytest.raises(ValueError, match=r"noise levels must lie in \(0, 1\), got 1.0"):
+        denoising_errors(lambda x, s: x, latents, (1.0,), torch.zeros(1, 2, 3))
+
+
+def test_proxy_noise_is_fixed_per_seed_and_leaves_every_other_generator_alone():
+    before = torch.get_rng_state()
+    first = proxy_noise([930, 931], 2, (3,))
+    assert torch.equal(torch.get_rng_state(), before)  # the global generator the training may use is untouched
+    assert first.shape == (2, 2, 3)
+    assert torch.equal(first, proxy_noise([930, 931], 2, (3,)))  # the same ε at every validation
+    assert torch.equal(first[:, 1], proxy_noise([931], 2, (3,))[:, 0])  # a sample's ε does not depend on the batch
+    # not the sample's own initial noise, which the generator seeded with the seed itself draws first
+    own = torch.randn((2, 3), generator=torch.Generator().manual_seed(930))
+    assert not torch.allclose(first[:, 0], own)
+
+
+def test_gaussian_path_kl_by_hand():
+    # step 0: Δμ = 0.2 everywhere, n = 0.1 → 0.04 / (2 · 0.01) = 2; step 1: Δμ = 0 → 0; sample 2: Δμ = 0.1 at step 1
+    # with n = 0.5 → 0.01 / 0.5 = 0.02
+    means = torch.zeros(2, 2, 4)
+    base = torch.zeros(2, 2, 4)
+    means[0, 0] = 0.2
+    means[1, 1] = 0.1
+    kl = gaussian_path_kl(means, base, torch.tensor([0.1, 0.5]))
+    torch.testing.assert_close(kl, torch.tensor([2.0, 0.02]))
+    with pytest.raises(ValueError, match="disagree"):
+        gaussian_path_kl(means, base, torch.tensor([0.1]))
+
+
+def test_paired_rms_and_energy_distance_by_hand():
+    x = torch.zeros(2, 4)
+    y = torch.full((2, 4), 0.5)
+    torch.testing.assert_close(paired_rms(x, y), torch.tensor([0.5, 0.5]))
+    # |x − y| = sqrt(4 · 0.25) = 1, per-element scale sqrt(4) = 2: 2 · 0.5 − 0 − 0 = 1
+    torch.testing.assert_close(energy_distance(x, y), torch.tensor(1.0))
+    assert float(energy_distance(x, x)) == 0.0
+    with pytest.raises(ValueError, match="differ"):
+        paired_rms(x, y[:1])
+
+
+def test_spearman_by_hand():
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    # ties: ranks [1.5, 1.5, 3] vs [1, 2, 3]; centred [-.5, -.5, 1] · [-1, 0, 1] = 1.5 over sqrt(1.5)·sqrt(2)
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(1.5 / math.sqrt(3.0))
+    with pytest.raises(ValueError, match="same length"):
+        spearman([1, 2], [1])
+
+
+# ------------------------------------------------------------------------------------------- the sentinel
+
+BOUNDS = GuardBounds(proxy_ratio=2.0, window=3, reward_rise=0.0, heldout_fall=0.05)
+
+
+def feed(guard, step, rewards, proxy=None, heldout=None):
+    for reward in rewards:
+        guard.record_reward(reward)
+    return guard.observe(step, proxy, heldout or {})
+
+
+def test_proxy_bound_is_a_ratio_to_the_first_point():
+    guard = DriftGuard(BOUNDS)
+    assert feed(guard, 0, [], proxy=0.01) == []  # the step-0 point: the base model's samples, the baseline
+    assert feed(guard, 2, [0.4, 0.5], proxy=0.019) == []
+    assert guard.last_clean_step == 2
+    alarms = feed(guard, 4, [0.6], proxy=0.025)
+    assert alarms == [Alarm(4, "proxy", "drift proxy 0.025 is 2.50x its baseline 0.01 (bound "
+                                        "--drift_guard_proxy_ratio 2)")]
+    assert guard.last_clean_step == 2
+
+
+def test_reward_rising_while_heldout_falls_over_the_window():
+    guard = DriftGuard(BOUNDS)
+    feed(guard, 0, [], heldout={"adherence": 0.65})
+    assert feed(guard, 2, [0.4], heldout={"adherence": 0.65}) == []
+    assert feed(guard, 4, [0.6], heldout={"adherence": 0.6}) == []  # two points: no window yet
+    # rewards 0.4, 0.6, 0.8: fitted change 0.4; adherence 0.65, 0.6, 0.5: slope ((-1)(0.0667) + (1)(-0.0833)) / 2 =
+    # -0.075, change -0.15; bound 0.05 x |0.65| (its first value, at step 0) = 0.0325
+    alarms = feed(guard, 6, [0.7, 0.9], heldout={"adherence": 0.5})
+    assert [a.check for a in alarms] == ["reward_vs_heldout"]
+    assert alarms[0].message == ("over steps 2-6 the training reward rose by 0.4 (bound --drift_guard_reward_rise 0) "
+                                 "while adherence fell by 0.15 (bound --drift_guard_heldout_fall 0.05 x |0.65| = "
+                                 "0.0325)")
+    # the held-out metric recovering, or the reward falling, ends it
+    assert feed(guard, 8, [0.9], heldout={"adherence": 0.66}) == []
+
+
+def test_a_failed_reward_step_and_a_flat_reward_raise_nothing():
+    guard = DriftGuard(BOUNDS)
+    feed(guard, 0, [], heldout={"m": 1.0})
+    for step, value in ((2, 0.9), (4, 0.8), (6, 0.7)):
+        assert feed(guard, step, [0.5, float("nan")], heldout={"m": value}) == []  # reward flat at 0.5
+    assert guard.points[-1]["reward"] == 0.5
+
+
+def test_fitted_change_by_hand():
+    assert fitted_change([0.0, 1.0]) == pytest.approx(1.0)
+    assert fitted_change([0.4, 0.6, 0.8]) == pytest.approx(0.4)
+    assert fitted_change([1.0, 0.0, 1.0]) == pytest.approx(0.0)  # one point in the middle does not decide
+
+
+def test_guard_state_resumes_exactly():
+    points = [(0, [], 0.01, {"m": 0.65}), (2, [0.4], 0.012, {"m": 0.65}), (4, [0.6], 0.015, {"m": 0.6}),
+              (6, [0.8, 0.8], 0.03, {"m": 0.5})]
+    whole = DriftGuard(BOUNDS)
+    expected = [feed(whole, *point) for point in points]
+    first = DriftGuard(BOUNDS)
+    for point in points[:2]:
+        feed(first, *point)
+    first.record_reward(0.6)  # a step after the point, before the checkpoint
+    state = first.state_dict()
+    resumed = DriftGuard(BOUNDS)
+    resumed.load_state_dict(state)
+    assert feed(resumed, 4, [], 0.015, {"m": 0.6}) == expected[2]
+    assert feed(resumed, *points[3]) == expected[3] and len(expected[3]) == 2
+    assert resumed.state_dict() == whole.state_dict()
+    state["points"][0]["heldout"]["m"] = -1.0  # the saved state is a copy, not the guard's own lists
+    assert resumed.points[0]["heldout"]["m"] != -1.0
+    with pytest.raises(ValueError, match="at least 2 validation points, got 1"):
+        DriftGuard(GuardBounds(2.0, 1, 0.0, 0.05))
+
+
+def test_a_saved_guard_state_is_checked_before_it_is_used():
+    state = DriftGuard(BOUNDS).state_dict()
+    guard = DriftGuard(BOUNDS)
+    guard.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"must hold exactly \['heldout_baseline', 'last_clean_step'"):
+        guard.load_state_dict({**state, "extra": 1})
+    with pytest.raises(ValueError, match="the drift guard state's points must be a list of validation points, got "
+                                         r"\[\{'step': '2'"):
+        guard.load_state_dict({**state, "points": [{"step": "2", "reward": 0.5, "heldout": {}}]})
+    with pytest.raises(ValueError, match="proxy_baseline must be a number or None, got True"):
+        guard.load_state_dict({**state, "proxy_baseline": True})
