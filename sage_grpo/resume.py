@@ -47,7 +47,7 @@ RUN_DEFINING: Tuple[str, ...] = (
     "kl_weight", "kl_coef", "kl_min_coef", "use_moving_KL", "update_ref_model_step", "use_dual_kl",
     "dual_kl_moving_weight", "dual_kl_step_weight",
     # reward
-    "reward_model", "reward_weights", "reward_kwargs", "reward_checkpoint_mode", "reward_aggregation",
+    "reward_model", "reward_weights", "reward_kwargs", "extra_rewards", "reward_checkpoint_mode", "reward_aggregation",
     "videoalign_fps", "videoalign_num_frames", "videoalign_max_pixels",
     # LoRA
     "use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",

@@ -88,7 +88,7 @@ from sage_grpo.rl.sde_window import SDEWindow
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
                               record_config_changes)
 from sage_grpo.safe_io import CheckpointError, DiskFullError
-from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
+from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, check_report_to, start_trackers
 from sage_grpo.tracking.run_dir import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, show_progress_bars,
                                         startup_summary, truncate_metrics)
 from sage_grpo.dtypes import DTYPES
@@ -96,10 +96,12 @@ from sage_grpo.models.attention import check_attention_runs
 from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
 from sage_grpo.models.revisions import record_run_weights
 from sage_grpo.pipeline.sampler import sampler_of
+from sage_grpo.pipeline.validation import (ValidationResult, ValidationSettings, Validator, VideoScoreMetric,
+                                           per_video)
 from sage_grpo.plan.memory import placement_of
 from sage_grpo.rewards.remote import RemoteRewardError
-from sage_grpo.rewards.setup import RewardFailure, build_reward, check_reward_config
-from sage_grpo.video_io import BackgroundWriter, sanitize_name, write_video
+from sage_grpo.rewards.setup import RewardFailure, build_held_out_scorers, build_reward, check_reward_config
+from sage_grpo.video_io import BackgroundWriter
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
@@ -140,6 +142,7 @@ class GRPOTrainer:
         self._check_i2v_tokens()
         self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
+        self.notes += self.reward_plan.notes
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
         check_video_sizes(cfg)  # sizes and frame counts, which the first rollout would otherwise be the first to see
@@ -176,6 +179,8 @@ class GRPOTrainer:
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
         self.reward_fn = build_reward(cfg, self.reward_plan, self.device) if self.dims.is_sp_leader else None
+        # the held-out validation metrics load on the main process only, and only when asked (--validation_metrics)
+        self.held_out = build_held_out_scorers(cfg, self.reward_plan, self.device) if self.is_main else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         # β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward
@@ -202,6 +207,7 @@ class GRPOTrainer:
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
                                     trackers=trackers, max_steps=cfg.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
+        self.validator = self._build_validator()
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
@@ -426,36 +432,32 @@ class GRPOTrainer:
         prompts = cfg.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
         return [PromptItem(i, p, cfg.validation_global_seed) for i, p in enumerate(prompts)]
 
-    @torch.no_grad()
-    def validate(self, step: int) -> None:
-        """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/.
-
-        Every rank samples (the policy's FSDP and SP collectives need them all); rank 0 writes."""
+    def _build_validator(self) -> Validator:
+        """The validation step (:mod:`sage_grpo.pipeline.validation`): sampling, then the training reward and its
+        sub-rewards on the videos (where the reward lives, on the main process), then the held-out metrics."""
         cfg = self.cfg
         size = validation_size(cfg)
-        out_dir = self.run_dir / "samples" / f"step_{step:06d}"
-        if self.is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        self.models.policy.eval()
-        logged: List[LoggedVideo] = []
+        settings = ValidationSettings(tuple(self.validation_items), cfg.validate_video_length, cfg.video_fps,
+                                      lambda item: self._video_size(item, validation=True) if item.task == "i2v"
+                                      else size)
         sampler = self.validation_sampler or self.sampler.with_schedule(cfg.validation_num_inference_steps,
                                                                         validation_flow_shift(cfg))
-        for number, item in enumerate(self.validation_items):
-            height, width = self._video_size(item, validation=True) if item.task == "i2v" else size
-            embeds = self._encode([item], (height, width))
-            # every rank samples (the policy's collectives need them all); only rank 0 decodes (tiled above
-            # --vae_tiling's threshold) and writes
-            result = sampler.rollout(self.models.policy, self.models.vae, embeds, [item.seed],
-                                     num_frames=cfg.validate_video_length, height=height, width=width,
-                                     deterministic=True, decode=False)
-            if self.is_main:
-                video = self.models.decode(result.latents[:, -1])[0]
-                name = f"sample_{number:03d}_seed_{item.seed}_{sanitize_name(item.prompt)}.mp4"
-                write_video(out_dir / name, video, cfg.video_fps)
-                logged.append(LoggedVideo(out_dir / name, f"{item.prompt} (seed {item.seed})", cfg.video_fps))
-        self.models.policy.train()
-        self.logger.log_videos(VALIDATION_VIDEOS, logged, step)
+        validator = Validator(settings, sampler, self.models, is_main=self.is_main, encode=self._encode,
+                              log_videos=partial(self.logger.log_videos, VALIDATION_VIDEOS))
+        if self.reward_fn is not None:
+            validator.add_metric(VideoScoreMetric("reward", per_video(self.reward_fn)))
+        if self.held_out is not None:
+            validator.add_metric(VideoScoreMetric("held_out", self.held_out))
+        return validator
+
+    def validate(self, step: int) -> ValidationResult:
+        """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/ and scored;
+        the ``Validation/...`` metrics are logged as a row of their own at ``step``. Every rank calls it."""
+        out_dir = self.run_dir / "samples" / f"step_{step:06d}"
+        result = self.validator.run(step, out_dir)
+        self.logger.log_validation(step, result.metrics)
         self.logger.info(f"validation videos written to {out_dir}")
+        return result
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

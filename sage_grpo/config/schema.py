@@ -6,7 +6,8 @@ launch lines such as ``--sde_type sage_grpo --kl_weight 1e-5`` work unchanged). 
 field default < ``--config file.yaml`` < command-line flags. Unknown YAML keys are errors.
 
 Booleans parse like the reference's ``str_to_bool`` with ``nargs='?'`` and ``const=True``: a bare ``--flag`` means True,
-and true/false/1/0/yes/no/on/off (any case) are accepted.
+and true/false/1/0/yes/no/on/off (any case) are accepted. A mapping option takes a YAML mapping, its JSON text, or
+``key=value`` / ``key`` words (a YAML list, several words on the command line).
 
 A config built from values (:func:`from_dict`, hence :func:`parse_cli`) records which fields the YAML file or the
 command line set; :func:`is_explicit` asks it. Settings whose default depends on the model (the guidance of a
@@ -115,11 +116,32 @@ def _scalar_converter(tp: Any):
                 return int(number)
             return _tp(value)
         return convert
-    if tp is dict or typing.get_origin(tp) is dict:
-        def convert_dict(value: Any) -> dict:
-            return value if isinstance(value, dict) else json.loads(value)
-        return convert_dict
+    if _is_mapping(tp):
+        return _mapping
     raise TypeError(f"unsupported config field type {tp!r}")
+
+
+def _is_mapping(tp: Any) -> bool:
+    return tp is dict or typing.get_origin(tp) is dict
+
+
+def _mapping(value: Any) -> dict:
+    """A mapping option's value: a mapping, its JSON text, or ``key=value`` / ``key`` words (a YAML list, several words
+    on the command line), a value read as JSON when it parses (numbers, booleans) and as text otherwise, a bare key
+    mapping to None."""
+    if isinstance(value, dict):
+        return value
+    words = [word for word in ([value] if isinstance(value, str) else value) if str(word).strip()]
+    if len(words) == 1 and str(words[0]).lstrip().startswith("{"):
+        return json.loads(words[0])
+    mapping: Dict[str, Any] = {}
+    for word in words:
+        key, sep, text = str(word).partition("=")
+        try:
+            mapping[key.strip()] = json.loads(text) if sep else None
+        except json.JSONDecodeError:
+            mapping[key.strip()] = text
+    return mapping
 
 
 def _converter(field: dataclasses.Field):
@@ -135,10 +157,11 @@ def _check_shape(field: dataclasses.Field, value: Any, is_list: bool) -> None:
     """A scalar option takes one number, string or boolean and a list option a list of them: a list (or mapping) is
     never turned into its text (a YAML alias bomb would expand into gigabytes)."""
     tp, _ = _unwrap_optional(field.type)
-    if tp is dict or typing.get_origin(tp) is dict:
-        if not isinstance(value, (dict, str)):
-            raise ValueError(f"{field.name}: expected a mapping or its JSON text, got a {type(value).__name__}: "
-                             f"{shorten(value)}")
+    if _is_mapping(tp):
+        words = isinstance(value, (list, tuple)) and all(isinstance(item, _SCALARS) for item in value)
+        if not (isinstance(value, (dict, str)) or words):
+            raise ValueError(f"{field.name}: expected a mapping, its JSON text or key=value words, got a "
+                             f"{type(value).__name__}: {shorten(value)}")
         return
     items = value if is_list and isinstance(value, (list, tuple)) else [value]
     for item in items:
@@ -185,6 +208,8 @@ def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None
     kwargs: Dict[str, Any] = dict(dest=field.name, default=argparse.SUPPRESS, help=help_text)
     if is_list:
         kwargs.update(nargs=meta.get("nargs") or "+", type=str, metavar="VALUE")
+    elif convert is _mapping:
+        kwargs.update(nargs="+", type=str, metavar="KEY=VALUE")
     elif convert is str_to_bool:
         kwargs.update(nargs="?", const=True, type=str_to_bool, metavar="BOOL")
     else:

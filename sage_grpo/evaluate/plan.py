@@ -11,20 +11,17 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.models import layout
 from sage_grpo.pipeline.generation import GenerationPlan, plan_generation
-from sage_grpo.rewards.clip_score import resolve_model_folder
-from sage_grpo.config.reward_weights import parse_reward_weights
-from sage_grpo.rewards.registry import DEFAULT_VIDEOALIGN_WEIGHTS, VIDEOALIGN_METRICS, resolve_reward
+from sage_grpo.rewards.scorers import MetricPlan
+from sage_grpo.rewards.scorers import plan_metrics as plan_scorers
 
 BASE = "base"
-VIDEOALIGN_NAMES = ("videoalign", "videoalign_local")
-SCORER_NAMES = ("clipscore", "pickscore")
 
 
 @dataclass(frozen=True)
@@ -39,15 +36,6 @@ class Checkpoint:
 
         digest = hashlib.sha1(self.label.encode()).hexdigest()[:8]
         return f"{sanitize_name(self.label.replace('/', '_'), 40) or 'checkpoint'}-{digest}"
-
-
-@dataclass(frozen=True)
-class MetricPlan:
-    names: Tuple[str, ...]  # as requested, in order
-    videoalign_weights: Dict[str, float]  # the 'Weighted' column: sum_m w_m * metric_m
-    clip_model: Optional[Path] = None
-    pickscore_model: Optional[Tuple[Path, Path]] = None  # (model, processor)
-    rewards: Tuple[str, ...] = ()  # any other reward name the registry resolves
 
 
 @dataclass(frozen=True)
@@ -104,31 +92,11 @@ def parse_checkpoints(values: Optional[List[str]]) -> List[Checkpoint]:
 
 
 def plan_metrics(config: EvaluateConfig) -> MetricPlan:
-    names = tuple(name.strip() for name in config.metrics.split(",") if name.strip())
-    if not names:
-        raise ValueError("--metrics is empty: e.g. --metrics videoalign,clipscore,pickscore")
-    rewards = []
-    for name in names:
-        if name in VIDEOALIGN_NAMES or name in SCORER_NAMES:
-            continue
-        try:
-            resolve_reward(name)
-        except (ValueError, ImportError) as err:
-            raise ValueError(f"--metrics: unknown metric {name!r}: use videoalign, clipscore, pickscore or a reward "
-                             f"name ({str(err).splitlines()[0]})") from None
-        rewards.append(name)
-    weights = parse_reward_weights(config.reward_weights) or dict(DEFAULT_VIDEOALIGN_WEIGHTS)
-    unknown = sorted(set(weights) - set(VIDEOALIGN_METRICS))
-    if unknown:
-        raise ValueError(f"--reward_weights: {unknown} are not VideoAlign metrics; use {list(VIDEOALIGN_METRICS)}")
-    root = config.model_path
-    if any(name in VIDEOALIGN_NAMES for name in names) and not (Path(root) / "VideoReward").is_dir():
-        raise FileNotFoundError(f"--metrics videoalign needs {Path(root) / 'VideoReward'} (bash download_weights.sh)")
-    clip = resolve_model_folder(config.clip_model, root, "--clip_model") if "clipscore" in names else None
-    pick = (resolve_model_folder(config.pickscore_model, root, "--pickscore_model"),
-            resolve_model_folder(config.pickscore_processor, root, "--pickscore_processor")) \
-        if "pickscore" in names else None
-    return MetricPlan(names, weights, clip, pick, tuple(rewards))
+    """``--metrics`` checked and its scorers' folders found (:func:`sage_grpo.rewards.scorers.plan_metrics`, the
+    trainer's ``--validation_metrics`` too)."""
+    return plan_scorers([config.metrics], model_root=config.model_path, clip_model=config.clip_model,
+                        pickscore_model=config.pickscore_model, pickscore_processor=config.pickscore_processor,
+                        reward_weights=config.reward_weights)
 
 
 def generation_config(config: EvaluateConfig, prompt: str, seed: int, device: Optional[str]) -> GenerateConfig:

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from sage_grpo.checkpoint_layout import CONFIG_FILE
-from sage_grpo.tracking.run_dir import read_metrics
+from sage_grpo.tracking.run_dir import read_metrics, training_rows
 
 CARD_FILE = "README.md"
 BASE_REPO = "tencent/HunyuanVideo-1.5"
@@ -67,7 +67,7 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
     config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else None
     config = config if isinstance(config, dict) else {}
     step = _checkpoint_step(checkpoint)
-    rows = [row for row in read_metrics(checkpoint.parent) if step is None or row["step"] <= step]
+    rows = [row for row in training_rows(read_metrics(checkpoint.parent)) if step is None or row["step"] <= step]
     version = config.get("pretrained_transformer_version", "480p_t2v")
     if export_format == "lora":
         what = "a LoRA adapter (peft) for the HunyuanVideo-1.5 transformer"

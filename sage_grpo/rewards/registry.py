@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import math
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,76 +49,11 @@ from sage_grpo.config.reward_weights import json_dict, number_dict, parse_reward
 from sage_grpo.config.schema import shorten
 
 from .base import RewardFn, metric_names_of, score_with_fallback
+from .builtins import BUILTIN_REWARDS, DEFAULT_VIDEOALIGN_WEIGHTS, RewardContext, RewardSpec
 from .remote import RemoteReward, RemoteSettings
-from .toys import TOY_REWARDS, BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
-from .videoalign_inputs import SamplingOverrides
 
-DEFAULT_VIDEOALIGN_WEIGHTS = {"VQ": 0.5, "MQ": 0.5, "TA": 1.0}  # reference --reward_weights default
-EMPTY_VIDEOALIGN_WEIGHTS = {"VQ": 1.0, "MQ": 1.0, "TA": 1.0}  # reference fallback for empty reward_weights
 REMOTE_STUBS = ("video_align", "video_score2")
 ENTRY_KEYS = ("weight", "sub_reward", "kwargs")
-
-
-@dataclass(frozen=True)
-class RewardContext:
-    """Settings shared by all reward models of one composite (only VideoAlign uses most of them)."""
-
-    model_root: str | Path = "./ckpts"
-    checkpoint_mode: str = "v3"
-    device: str | torch.device = "cpu"
-    dtype: torch.dtype = torch.bfloat16
-    video_fps: float = 24.0
-    score_from_mp4: bool = False
-    videoalign_sampling: SamplingOverrides = SamplingOverrides()  # checkpoint's frame sampling unless overridden
-
-
-@dataclass(frozen=True)
-class RewardSpec:
-    """A built-in reward model: how to build it and which sub_reward weights it gets by default."""
-
-    build: Callable[[RewardContext, dict], RewardFn]
-    metric_names: tuple[str, ...]  # what the built callable returns, known before building it
-    default_weights: dict[str, float] | None  # when reward_weights is None
-    empty_weights: dict[str, float] | None  # when reward_weights is {} (the reference's fallback)
-
-
-def _build_videoalign(ctx: RewardContext, kwargs: dict) -> RewardFn:
-    from .videoalign import VideoAlignReward
-
-    return VideoAlignReward(
-        ctx.model_root, checkpoint_mode=ctx.checkpoint_mode, device=ctx.device, dtype=ctx.dtype,
-        video_fps=ctx.video_fps, from_mp4=ctx.score_from_mp4, sampling=ctx.videoalign_sampling, **kwargs,
-    )
-
-
-VIDEOALIGN_METRICS = ("VQ", "MQ", "TA", "Overall")  # VideoAlignReward.metric_names, without importing it
-
-BUILTIN_REWARDS: dict[str, RewardSpec] = {
-    "videoalign_local": RewardSpec(
-        _build_videoalign, VIDEOALIGN_METRICS, DEFAULT_VIDEOALIGN_WEIGHTS, EMPTY_VIDEOALIGN_WEIGHTS
-    ),
-    "brightness": RewardSpec(lambda ctx, kw: BrightnessReward(**kw), BrightnessReward.metric_names, None, None),
-    "target_color": RewardSpec(
-        lambda ctx, kw: TargetColorReward(**kw), TargetColorReward.metric_names, None, None
-    ),
-    "temporal_smoothness": RewardSpec(
-        lambda ctx, kw: TemporalSmoothnessReward(**kw), TemporalSmoothnessReward.metric_names, None, None
-    ),
-    "toy_suite": RewardSpec(lambda ctx, kw: ToySuiteReward(**kw), ToySuiteReward.metric_names, None, None),
-}
-
-
-def _toy_world_spec(name: str) -> RewardSpec:
-    """A toy-world reward (:data:`sage_grpo.rewards.toys.TOY_REWARDS`): its score is the GRPO reward, the diagnostics
-    weigh 0."""
-    def build(ctx: RewardContext, kwargs: dict) -> RewardFn:
-        return TOY_REWARDS[name](**kwargs)
-
-    metrics = (name, "manifold_error", "prompt_adherence")
-    return RewardSpec(build, metrics, {name: 1.0}, {name: 1.0})
-
-
-BUILTIN_REWARDS.update({name: _toy_world_spec(name) for name in ("toy_large", "toy_red", "toy_redness")})
 _REGISTERED: dict[str, str | Callable] = {}
 
 
@@ -297,14 +232,39 @@ def output_key(model: str, metric: str) -> str:
     return model if metric == model.lower() else f"{model}_{metric}"
 
 
-def _resolve_metric(model: str, metric: str, available: tuple[str, ...]) -> str:
+def _resolve_metric(model: str, metric: str, available: tuple[str, ...], fix: str = "") -> str:
     """Exact name, else the unique case-insensitive match (the reference tries lower case, then as given)."""
     if metric in available:
         return metric
     matches = [m for m in available if m.lower() == metric.lower()]
     if len(matches) != 1:
-        raise ValueError(f"reward model {model!r} has no metric {metric!r} for sub_reward; its metrics: {available}")
+        raise ValueError(f"reward model {model!r} has no metric {metric!r} for sub_reward; its metrics: {available}"
+                         + (f"; {fix}" if fix else ""))
     return matches[0]
+
+
+def declared_metrics(target: RewardSpec | Callable) -> tuple[str, ...] | None:
+    """The metrics a resolved reward (:func:`resolve_reward`) declares before it is built, or None."""
+    return target.metric_names if isinstance(target, RewardSpec) else metric_names_of(target)
+
+
+def _check_weights(model: str, sub_reward: dict[str, float], target, primary: bool) -> None:
+    """The sub-reward weights of ``model`` against the metrics it declares, before anything is built: one line naming
+    the mismatch and weights that would work. A plug-in that declares no ``metric_names`` is checked at its first
+    call, except against VideoAlign's weights (``--reward_weights``' default), which it cannot be meant to take."""
+    declared = declared_metrics(target)
+    spec_default = target.default_weights if isinstance(target, RewardSpec) else None
+    example = json.dumps(spec_default or {(declared or ("<its metric>",))[0]: 1.0})
+    fix = (f"use --reward_weights '{example}' (or '' to weigh its metrics equally)" if primary else
+           f"give its entry \"sub_reward\": {example} (or none, to weigh its metrics equally)")
+    if declared is None:
+        if sub_reward == DEFAULT_VIDEOALIGN_WEIGHTS and model not in BUILTIN_REWARDS:
+            raise ValueError(f"the weights {json.dumps(sub_reward)} are VideoAlign's (the default of "
+                             f"--reward_weights), and reward model {model!r} declares no metric_names to check them "
+                             f"against; {fix}, or declare its metrics (e.g. my_reward.metric_names = (\"score\",))")
+        return
+    for metric in sub_reward:
+        _resolve_metric(model, metric, declared, fix)
 
 
 class CompositeReward:
@@ -392,8 +352,10 @@ def build_reward_fn(
         reward_kwargs: constructor arguments of the primary model, dict or JSON (e.g. ``{"target_rgb": [0, 0, 1]}``
             for ``target_color``, ``{"checkpoint_step": 11352}`` for ``videoalign_local``).
         extra_models: further models ``{name: {"weight": w, "sub_reward": {...}, "kwargs": {...}}}`` (dict or
-            JSON); an entry named like ``reward_model`` replaces the primary entry (to give it a weight other than
-            1.0).
+            JSON; an entry may be the weight alone, ``{name: w}``, or None for 1.0; a built-in without sub_reward
+            gets its default weights, e.g. ``{"clipscore": 1.0}``); an entry named like ``reward_model`` updates the
+            primary entry (to give it a weight other than 1.0), which keeps its sub_reward and kwargs unless the
+            entry gives them.
         batch_size: videos per reward-model call (None: the whole batch; 1: the reference's one at a time).
         remote: score ``reward_model`` on the reward server these settings name (:mod:`.remote`) instead of
             building it here; further models (``extra_models``) stay local.
@@ -427,8 +389,15 @@ def plan_reward_models(
         sub_reward = weights
     kwargs = json_dict(reward_kwargs or {}, "reward_kwargs", '{"target_rgb": [0.0, 0.0, 1.0]}')
     entries = {name: {"weight": 1.0, "sub_reward": sub_reward, "kwargs": kwargs}}
-    entries.update(json_dict(extra_models or {}, "extra_models", '{"temporal_smoothness": {"weight": 0.5}}'))
+    extra = json_dict(extra_models or {}, "extra_models", '{"temporal_smoothness": {"weight": 0.5}}')
+    for model, entry in extra.items():  # a weight alone (or nothing: 1.0) is an entry too
+        entry = {"weight": 1.0 if entry is None else entry} if not isinstance(entry, Mapping) else entry
+        entries[model] = {**entries[model], **entry} if model in entries else entry  # the primary keeps the rest
     models = {model: _validate_entry(model, entry) for model, entry in entries.items()}
+    for model, cfg in models.items():  # a further built-in without sub_reward: its default weights, as the primary
+        default = BUILTIN_REWARDS[model].default_weights if model in BUILTIN_REWARDS else None
+        if model != name and cfg["sub_reward"] is None and default is not None:
+            cfg["sub_reward"] = dict(default)
     if len(models) == 1 and abs(models[name]["weight"] - 1.0) > 1e-6:
         raise ValueError(
             f"a single reward model must have weight 1.0, got {models[name]['weight']} for {name!r}; "
@@ -437,11 +406,19 @@ def plan_reward_models(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 or None (whole batch), got {batch_size}")
     for model, cfg in models.items():  # catch metric-name typos and bad plug-ins before loading any model
-        resolve_reward(model)
-        if model in BUILTIN_REWARDS and cfg["sub_reward"] is not None:
-            for metric in cfg["sub_reward"]:
-                _resolve_metric(model, metric, BUILTIN_REWARDS[model].metric_names)
+        target = resolve_reward(model)
+        if cfg["sub_reward"] is not None:
+            _check_weights(model, cfg["sub_reward"], target, primary=model == name)
     return models
+
+
+def check_reward_files(models: dict[str, dict], context: RewardContext) -> None:
+    """The model folders of the planned ``models`` that say which they load (CLIPScore, PickScore) exist; raises
+    FileNotFoundError naming the flag. Loads nothing."""
+    for model in models:
+        spec = BUILTIN_REWARDS.get(model)
+        if spec is not None and spec.files is not None:
+            spec.files(context)
 
 
 def avg_term_weights(models: dict[str, dict]) -> dict[str, float]:
@@ -451,11 +428,10 @@ def avg_term_weights(models: dict[str, dict]) -> dict[str, float]:
     nor declared ``metric_names`` has no known terms and is an error."""
     weights: dict[str, float] = {}
     for name, cfg in models.items():
-        target = resolve_reward(name)
         if cfg["sub_reward"] is not None:
             weights.update({output_key(name, m): cfg["weight"] * w for m, w in cfg["sub_reward"].items()})
             continue
-        metrics = target.metric_names if isinstance(target, RewardSpec) else metric_names_of(target)
+        metrics = declared_metrics(resolve_reward(name))
         if not metrics:
             raise ValueError(f"reward model {name!r} declares no metric_names and has no sub_reward weights, so its "
                              "terms are unknown before it runs; give it weights (--reward_weights '{\"score\": 1.0}') "

@@ -4,7 +4,8 @@ Run directory (``--output_dir``)::
 
     run_config.yaml            resolved configuration (pass it back with --config to repeat the run)
     train.log                  the console lines
-    metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}
+    metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}, and one per validation:
+                               {"step": ..., "Validation/<key>": value, ...} (validation_rows / training_rows)
     tb/                        TensorBoard scalars, tags grouped as the reference: Reward/, KL/, Time/, Train/
     wandb/, swanlog/           the wandb and SwanLab run files (--report_to wandb / swanlab; tracking/trackers.py)
     trackers.json              the tracker run ids a resumed run continues
@@ -65,7 +66,10 @@ def _remove_previous_run(run_dir: Path) -> None:
 
 
 def tensorboard_tag(name: str) -> str:
-    """The reference's tag routing: reward -> Reward/, kl -> KL/, time -> Time/, everything else -> Train/."""
+    """The reference's tag routing: reward -> Reward/, kl -> KL/, time -> Time/, everything else -> Train/; a name
+    that carries its group already (``Validation/avg``) stays as it is."""
+    if "/" in name:
+        return name
     lowered = name.lower()
     for key, group in (("reward", "Reward"), ("kl", "KL"), ("time", "Time")):
         if key in lowered:
@@ -101,7 +105,8 @@ def startup_summary(cfg, dims, run_dir: Path, device) -> List[str]:
     return ["run summary:",
             f"  run directory  {run_dir}",
             f"  model root     {cfg.pretrained_model_root} (transformer {cfg.pretrained_transformer_version}{adapters})",
-            f"  reward         {reward}, weights {cfg.reward_weights}",
+            f"  reward         {reward}, weights {cfg.reward_weights}"
+            + (f", plus {cfg.extra_rewards}" if cfg.extra_rewards else ""),
             f"  world          {dims.world_size} process(es) = dp {dims.dp_size} x sp {dims.sp_size} on {device}",
             f"  dtype          {cfg.dtype}",
             f"  steps          to {cfg.max_steps}, {cfg.batch_size * dims.dp_size} videos per step"]
@@ -174,6 +179,18 @@ class MetricsLogger:
             eta = eta_text(step - first, self.max_steps - first, now - started) if self.max_steps else ""
             self.info(console_line(step, clean) + (f" | {eta}" if eta else ""))
 
+    def log_validation(self, step: int, metrics: Dict[str, float]) -> None:
+        """A validation's ``Validation/...`` metrics at global step ``step`` (0: before training): a row of their own
+        in ``metrics.jsonl``, the trackers' scalars under their own names, and one console line."""
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        with open(self.run_dir / "metrics.jsonl", "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        for tracker in self.trackers:
+            tracker.log_scalars({tensorboard_tag(name): value for name, value in row.items() if name != "step"}, step)
+        self.info(validation_line(step, row))
+
     def log_videos(self, key: str, videos: List[LoggedVideo], step: int) -> None:
         """Videos the run wrote (rollouts, validation), as media of global step ``step``."""
         if self.enabled and videos:
@@ -184,6 +201,27 @@ class MetricsLogger:
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
+
+
+def validation_line(step: int, metrics: Dict[str, float]) -> str:
+    """``validation at step 25 | avg 0.6123 | toy_large 0.6123 | clipscore 0.3012 | 1.2 s``: every score, no times."""
+    prefix = "Validation/"
+    scores = [f"{key[len(prefix):]} {value:.4g}" for key, value in metrics.items()
+              if key.startswith(prefix) and not key.endswith("time")]
+    return " | ".join([f"validation at step {step}", *scores, f"{metrics.get(prefix + 'time', 0.0):.1f} s"])
+
+
+def is_validation_row(row: dict) -> bool:
+    return any(key.startswith("Validation/") for key in row)
+
+
+def training_rows(rows: list) -> list:
+    """The rows of training steps (``read_metrics`` gives the validation rows too)."""
+    return [row for row in rows if not is_validation_row(row)]
+
+
+def validation_rows(rows: list) -> list:
+    return [row for row in rows if is_validation_row(row)]
 
 
 def read_metrics(run_dir: Path) -> list:
@@ -224,6 +262,7 @@ def summarize_run(rows: list, window: int) -> Dict[str, float]:
     """What a run learned, from its ``metrics.jsonl`` rows: the mean GRPO reward of the first and the last ``window``
     steps, the gain, the step-to-step std of the first window and gain / std; the same window means and the maximum
     of the manifold error when a toy reward logs one; the mean seconds per step (sum of the phase times)."""
+    rows = training_rows(rows)
     if len(rows) < 2 * window:
         raise ValueError(f"need at least {2 * window} logged steps, got {len(rows)}")
     reward = [row["gathered_avg_reward_mean"] for row in rows]

@@ -10,7 +10,7 @@ from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
-from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics, validation_rows
 from sage_grpo.trainer import GRPOTrainer
 
 
@@ -119,13 +119,29 @@ def test_reference_launch_flags_run_one_step(tiny_root, tmp_path):
 
 
 def test_run_directory_contents(tiny_root, tmp_path):
-    trainer = make_trainer(tiny_root, tmp_path / "run", "--max_steps", "2", "--save_rollout_videos", "true",
+    from eval_support import linked_root
+
+    from sage_grpo.rewards.tiny import write_tiny_clip_scorers
+
+    root = write_tiny_clip_scorers(linked_root(tmp_path / "ckpts", tiny_root), seed=0)  # + tiny CLIP and PickScore
+    trainer = make_trainer(root, tmp_path / "run", "--max_steps", "2", "--save_rollout_videos", "true",
                            "--validation_interval", "2", "--validation_fixed_size", "16x16",
-                           "--validate_video_length", "5", "--validation_num_inference_steps", "2")
+                           "--validate_video_length", "5", "--validation_num_inference_steps", "2",
+                           "--validation_metrics", "clipscore,pickscore")
     trainer.train()
     run = trainer.run_dir
     assert (run / "run_config.yaml").exists() and any((run / "tb").iterdir())
     assert len(list((run / "samples" / "step_000002").glob("sample_000_seed_930_*.mp4"))) == 1
+    # the validation videos scored by the training reward (avg = 1.0 x target_color) and the held-out CLIPScore and
+    # PickScore: a row of its own, with the times
+    (validation,) = validation_rows(read_metrics(run))
+    assert validation["step"] == 2 and validation["Validation/avg"] == validation["Validation/target_color"]
+    assert {"Validation/clipscore", "Validation/clip_cosine", "Validation/pickscore", "Validation/pickscore_cosine",
+            "Validation/sampling_time", "Validation/reward_time", "Validation/held_out_time", "Validation/time"
+            } == set(validation) - {"step", "Validation/avg", "Validation/target_color"}
+    video = trainer.validate(2).samples.samples[0].video  # the same weights sample the same video
+    prompt = trainer.validation_items[0].prompt
+    assert validation["Validation/clipscore"] == trainer.held_out(video, prompt)["clipscore"]
     group = json.loads(next((run / "rl_samples" / "0000001" / "group_0").glob("*_rewards.json")).read_text())
     assert len(group) == 2 and {"prompt", "seed", "target_color", "avg", "advantage"} <= set(group[0])
     # two members of one group: advantages are the z-scores, +-1 (or 0 when both rewards are equal)
