@@ -353,6 +353,19 @@ class CheckpointManager:
             self.drift_guard.load_state_dict(training_state["drift_guard"])
         self._restore_rng(training_state)
 
+    def roll_back(self, path: Path) -> None:
+        """The drift guard's rollback: the weights, optimizer, KL controller and anchor of the run's own checkpoint
+        ``path``, keeping the counters, this process's RNG states and the drift guard (the run goes on from its step;
+        a collective on several processes, as :meth:`load`)."""
+        training_state = load_plain(Path(path) / TRAINING_STATE_FILE, "training state")
+        counters, rng = self.counters.state_dict(), capture_rng_state()
+        guard = self.drift_guard.state_dict() if self.drift_guard is not None else None
+        self.load(path, training_state)
+        self.counters.load_state_dict(counters)
+        restore_rng_state(rng)
+        if guard is not None:
+            self.drift_guard.load_state_dict(guard)
+
     def _load_files(self, path: Path, has_reference: bool) -> None:
         """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`)."""
         self.models.load_trainable_state_dict(_load_safetensors(path / TRANSFORMER_FILE))

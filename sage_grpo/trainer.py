@@ -64,7 +64,7 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl
-from sage_grpo.checkpoint import CheckpointManager, resumes, seed_everything
+from sage_grpo.checkpoint import CheckpointManager, list_checkpoints, resumes, seed_everything
 from sage_grpo.config import TrainConfig, save_yaml
 from sage_grpo.config.schema import config_to_yaml, to_dict
 from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift,
@@ -81,6 +81,7 @@ from sage_grpo.models.geometry import check_video_sizes, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
+from sage_grpo.pipeline.drift import DriftGuardStop, DriftProxyMetric, DriftSentinel
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
@@ -106,12 +107,8 @@ from sage_grpo.video_io import BackgroundWriter
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
 USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
-               RemoteRewardError, PeerLost, DiskFullError)
+               RemoteRewardError, PeerLost, DiskFullError, DriftGuardStop)
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
-
-
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -141,6 +138,7 @@ class GRPOTrainer:
                     "--pretrained_transformer_version")
         self._check_i2v_tokens()
         self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
+        self.drift_watch = rl.drift_watch_of(cfg, self.kl_mode)  # the drift proxy and guard, likewise
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         self.notes += self.reward_plan.notes
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
@@ -174,7 +172,8 @@ class GRPOTrainer:
 
         self.dims.build_meshes()
         seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
-        self.models: ModelBundle = build_models(cfg, self.kl_mode, placement_of(cfg, resolve_device(cfg)))
+        self.models: ModelBundle = build_models(cfg, self.kl_mode, placement_of(cfg, resolve_device(cfg)),
+                                                self.drift_watch.base_copy)
         parallelize_models(self.models, self.dims, cfg)
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
@@ -208,12 +207,13 @@ class GRPOTrainer:
                                     trackers=trackers, max_steps=cfg.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
         self.validator = self._build_validator()
+        self.sentinel = DriftSentinel(self.drift_watch, self.reward_plan.held_out, self.logger.info)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
             keep_checkpoints=cfg.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
-            config_yaml=partial(config_to_yaml, cfg), log=self.logger.info)
+            config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, drift_guard=self.sentinel.guard)
         self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device))
         for note in self.notes:
             self.logger.info(f"note: {note}")
@@ -242,7 +242,7 @@ class GRPOTrainer:
         cfg = self.cfg
         if self.resume_check is not None:
             self.resume(self.resume_check.path)
-        elif cfg.validate_at_step0:
+        elif cfg.validate_at_step0 or self.drift_watch.proxy:  # the proxy's baseline: the base model's samples
             self.validate(0)
         progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
@@ -252,6 +252,7 @@ class GRPOTrainer:
             self.global_step += 1
             self.logger.log_step(self.global_step, metrics)
             self._count_failed_rewards(metrics)
+            self.sentinel.record_step(metrics)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['gathered_avg_reward_mean']:.4f}",
                                  kl=f"{metrics.get('kl_loss', 0.0):.2e}")
@@ -291,7 +292,8 @@ class GRPOTrainer:
         height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
         embeds = self._encode(items, (height, width))
         first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
-        noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
+        noise_generators = [torch.Generator().manual_seed(derived_seed(cfg.seed, step, first + slot, s))
+                            for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
                                        num_frames=cfg.sample_n_frames, height=height, width=width,
                                        sde_generators=noise_generators, decode=False, progress=self.show_bars,
@@ -448,6 +450,8 @@ class GRPOTrainer:
             validator.add_metric(VideoScoreMetric("reward", per_video(self.reward_fn)))
         if self.held_out is not None:
             validator.add_metric(VideoScoreMetric("held_out", self.held_out))
+        if self.drift_watch.proxy:
+            validator.add_metric(DriftProxyMetric(self.drift_watch.sigmas))
         return validator
 
     def validate(self, step: int) -> ValidationResult:
@@ -455,8 +459,11 @@ class GRPOTrainer:
         the ``Validation/...`` metrics are logged as a row of their own at ``step``. Every rank calls it."""
         out_dir = self.run_dir / "samples" / f"step_{step:06d}"
         result = self.validator.run(step, out_dir)
-        self.logger.log_validation(step, result.metrics)
+        added, alarms = self.sentinel.observe(step, result.metrics)
+        self.logger.log_validation(step, {**result.metrics, **added})
         self.logger.info(f"validation videos written to {out_dir}")
+        self.sentinel.act(step, alarms, partial(run_on_main, partial(list_checkpoints, self.run_dir), self.dims),
+                          self.save, self.checkpoints.roll_back)  # every rank alike: rank 0's metrics and checkpoints
         return result
 
     # ------------------------------------------------------------------ checkpoints

@@ -1,18 +1,23 @@
-"""The drift proxies of :mod:`sage_grpo.rl.drift` on real models: the base transformer's velocity as the callable
-the pure functions take, and the path KL along a stored trajectory through the sampler's own replay.
+"""The drift proxies of :mod:`sage_grpo.rl.drift` on real models (the base transformer's velocity as the callable
+the pure functions take, the path KL along a stored trajectory through the sampler's own replay), the validation
+metric the trainer logs (:class:`DriftProxyMetric`) and the drift guard's actions (:class:`DriftSentinel`).
 
 The base model's velocity for the denoising error is its *conditional* velocity (no classifier-free guidance): the
 denoiser of the data distribution the base model learnt, and one forward per level instead of two.
 """
 
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from sage_grpo.models.text_encoding import PromptEmbeds
+from sage_grpo.pipeline.validation import PREFIX as VALIDATION_PREFIX
 from sage_grpo.pipeline.velocity import cfg_velocity
 from sage_grpo.rl.drift import VelocityFn, denoising_errors, gaussian_path_kl, proxy_noise
+from sage_grpo.rewards.scorers import MetricPlan, held_out_key_test
+from sage_grpo.rl.drift_guard import Alarm, DriftGuard, DriftWatch
 from sage_grpo.sde.schedule import NUM_TRAIN_TIMESTEPS
 
 
@@ -49,3 +54,92 @@ def trajectory_path_kl(policy, base, sampler, trajectory: Tensor, embeds: Prompt
         base_means.append(sampler.replay(base, x, x_next, k, embeds).mean)
         stds.append(mine.noise_std.reshape(-1)[0])
     return gaussian_path_kl(torch.stack(means, 1), torch.stack(base_means, 1), torch.stack(stds))
+
+
+class DriftProxyMetric:
+    """The validation metric ``Validation/drift_proxy`` (:mod:`sage_grpo.pipeline.validation`): the mean over the
+    validation samples of the base model's denoising error of each final latent, averaged over the noise levels. It
+    runs on every rank: the base model's forwards are collectives under FSDP and SP, as the sampling's are."""
+
+    name, main_only, needs_trajectories = "drift_proxy", False, False
+
+    def __init__(self, sigmas: Sequence[float]):
+        self.sigmas = tuple(sigmas)
+
+    @torch.no_grad()
+    def __call__(self, samples) -> Dict[str, float]:
+        errors = []
+        with samples.models.base_on_device() as base:
+            for sample in samples.samples:
+                errors.append(base_denoising_errors(base, samples.sampler, sample.latents[:, -1], sample.embeds,
+                                                    [sample.item.seed], self.sigmas).mean())
+        return {"drift_proxy": float(torch.stack(errors).mean())}
+
+
+class DriftGuardStop(RuntimeError):
+    """``--drift_guard stop`` (or a rollback with nothing left to roll back to) ended the run; the message names the
+    bounds crossed."""
+
+
+class DriftSentinel:
+    """``--drift_guard``'s actions on what :class:`~sage_grpo.rl.drift_guard.DriftGuard` decides at each validation
+    point (docs/failures.md, "Drift guard"). It sees only the validation metrics, the same dict on every rank, so every
+    rank decides alike, and what it does it does through the trainer's own ``save`` and ``roll_back``.
+
+    * ``warn``: the alarm goes to the log and the console (``DRIFT GUARD`` lines) and to the trackers
+      (``Validation/drift_guard_alarms``, the number of bounds crossed at the point); training goes on.
+    * ``stop``: a checkpoint of the current step, then :class:`DriftGuardStop` naming what crossed which bound.
+    * ``rollback``: the weights, optimizer, KL controller and anchor of the newest checkpoint at or before the last
+      validation point that crossed no bound (the anchor itself is no rollback target: refreshed every
+      ``--update_ref_model_step`` updates, far more often than validation, it has followed the policy into the drift
+      by the time an alarm fires); the step counters go on, so the data and the noise after it are new. Rolling back
+      to the same checkpoint twice, or having none, stops as ``stop`` does.
+    """
+
+    def __init__(self, watch: DriftWatch, held_out: Optional[MetricPlan], log: Callable[[str], None]):
+        """``held_out``: the ``--validation_metrics`` whose keys the reward-against-held-out bound watches. Without
+        the proxy (``--drift_proxy``, ``--drift_guard``) the sentinel has no guard and does nothing."""
+        self.watch, self.held_out, self.log = watch, held_out_key_test(held_out), log
+        self.guard = DriftGuard(watch.bounds) if watch.proxy else None
+
+    def record_step(self, metrics: Dict[str, float]) -> None:
+        if self.guard is not None:
+            self.guard.record_reward(metrics["gathered_avg_reward_mean"])
+
+    def observe(self, step: int, metrics: Dict[str, float]) -> Tuple[Dict[str, float], List[Alarm]]:
+        """(the metrics it adds to the validation row, the alarms to act on) of the validation point at ``step``."""
+        if self.guard is None:
+            return {}, []
+        proxy = metrics.get(VALIDATION_PREFIX + "drift_proxy")
+        held_out = {key[len(VALIDATION_PREFIX):]: value for key, value in metrics.items()
+                    if key.startswith(VALIDATION_PREFIX) and self.held_out(key[len(VALIDATION_PREFIX):])}
+        alarms = self.guard.observe(step, proxy, held_out)
+        added = {VALIDATION_PREFIX + "drift_proxy_ratio": self.guard.proxy_ratio(proxy)} if proxy is not None else {}
+        if not self.watch.guarded:
+            return added, []
+        added[VALIDATION_PREFIX + "drift_guard_alarms"] = float(len(alarms))
+        for alarm in alarms:
+            self.log(f"DRIFT GUARD ({self.watch.action}) at step {step}: {alarm.message}")
+        return added, alarms
+
+    def act(self, step: int, alarms: List[Alarm], checkpoints: Callable[[], Dict[int, Path]],
+            save: Callable[[], Path], roll_back: Callable[[Path], None]) -> None:
+        """Carry out the action on ``alarms`` (none: nothing); ``checkpoints()``: the run's, step -> directory."""
+        if not alarms or self.watch.action == "warn":
+            return
+        crossed = "; ".join(alarm.message for alarm in alarms)
+        if self.watch.action == "rollback":
+            checkpoints = checkpoints()
+            target = self.guard.rollback_target(checkpoints)
+            if target is not None:
+                self.guard.rolled_back(target)
+                roll_back(checkpoints[target])
+                self.log(f"DRIFT GUARD: rolled back to {checkpoints[target]} (the newest checkpoint at or before the "
+                         f"last validation point that crossed no bound, step {self.guard.last_clean_step}); training "
+                         f"goes on from step {step}")
+                return
+            crossed += ("; nothing to roll back to (no checkpoint at or before a validation point that crossed no "
+                        "bound, or the drift came back after the rollback to it)")
+        path = save()
+        raise DriftGuardStop(f"--drift_guard {self.watch.action} stopped the run at step {step}: {crossed}. The "
+                             f"weights of this step are in {path}")

@@ -127,6 +127,18 @@ class DriftGuard:
             self.last_clean_step = step
         return alarms
 
+    def rollback_target(self, checkpoint_steps) -> Optional[int]:
+        """The step of the newest checkpoint at or before the last point that crossed no bound, if there is one
+        and it was not rolled back to before (a drift that came back after a rollback is not rolled back again)."""
+        clean = self.last_clean_step
+        target = max((s for s in checkpoint_steps if clean is not None and s <= clean), default=None)
+        return None if target in self.rollbacks else target
+
+    def rolled_back(self, step: int) -> None:
+        """Note a rollback to the checkpoint of ``step``: the reward-against-held-out window starts again."""
+        self.rollbacks.append(step)
+        self.points.clear()
+
     def proxy_ratio(self, proxy: float) -> float:
         return proxy / self.proxy_baseline if self.proxy_baseline else float("inf")
 
