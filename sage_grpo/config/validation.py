@@ -209,10 +209,10 @@ def _check_drift_options(cfg: TrainConfig) -> None:
     if not cfg.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in cfg.drift_proxy_sigmas):
         _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {cfg.drift_proxy_sigmas} must be one or more noise levels "
               "in (0, 1)", "use --drift_proxy_sigmas 0.25 0.5 0.75 (the default)")
-    if cfg.drift_guard_window < 2 or cfg.drift_guard_proxy_ratio <= 0 or cfg.drift_guard_heldout_fall < 0:
+    if cfg.drift_guard_window < 2 or cfg.drift_guard_proxy_ratio <= 1 or cfg.drift_guard_heldout_fall < 0:
         _fail("drift-guard-bounds", f"--drift_guard_window {cfg.drift_guard_window} must be >= 2, "
-              f"--drift_guard_proxy_ratio {cfg.drift_guard_proxy_ratio} > 0 and --drift_guard_heldout_fall "
-              f"{cfg.drift_guard_heldout_fall} >= 0", "use the defaults (3, 2.0, 0.05)")
+              f"--drift_guard_proxy_ratio {cfg.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
+              f"and --drift_guard_heldout_fall {cfg.drift_guard_heldout_fall} >= 0", "use the defaults (3, 2.0, 0.05)")
 
 
 def _check_reward_weights(text: str) -> None:

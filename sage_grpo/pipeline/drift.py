@@ -111,6 +111,9 @@ class DriftSentinel:
         if self.guard is None:
             return {}, []
         proxy = metrics.get(VALIDATION_PREFIX + "drift_proxy")
+        if proxy is not None and self.guard.proxy_baseline is None and step > 0:
+            self.log(f"note: the drift proxy's baseline is its value at step {step}, the first validation point of "
+                     "this run (resumed from a checkpoint without one), not the base model's own samples")
         held_out = {key[len(VALIDATION_PREFIX):]: value for key, value in metrics.items()
                     if key.startswith(VALIDATION_PREFIX) and self.held_out(key[len(VALIDATION_PREFIX):])}
         alarms = self.guard.observe(step, proxy, held_out)

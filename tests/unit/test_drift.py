@@ -1,12 +1,14 @@
-"""Drift proxies (sage_grpo.rl.drift) on hand-built velocity fields and tensors, with the expected arithmetic."""
+"""Drift proxies (sage_grpo.rl.drift) on hand-built velocity fields and tensors, with the expected arithmetic; the
+drift guard (sage_grpo.rl.drift_guard) and its actions (sage_grpo.pipeline.drift.DriftSentinel) on hand-fed points."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from sage_grpo.rl.drift import (denoising_errors, energy_distance, gaussian_path_kl, paired_rms, proxy_noise,
                                 spearman)
-from sage_grpo.rl.drift_guard import Alarm, DriftGuard, GuardBounds, fitted_change
+from sage_grpo.rl.drift_guard import Alarm, DriftGuard, GuardBounds, drift_watch_of, fitted_change
 
 
 def point_mass_velocity(center: torch.Tensor):
@@ -172,3 +174,127 @@ def test_a_saved_guard_state_is_checked_before_it_is_used():
         guard.load_state_dict({**state, "points": [{"step": "2", "reward": 0.5, "heldout": {}}]})
     with pytest.raises(ValueError, match="proxy_baseline must be a number or None, got True"):
         guard.load_state_dict({**state, "proxy_baseline": True})
+
+
+# ------------------------------------------------------------------------------------------- the sentinel's actions
+
+def sentinel(action: str, held_out=None):
+    from sage_grpo.config import TrainConfig
+    from sage_grpo.pipeline.drift import DriftSentinel
+    from sage_grpo.rl import NO_KL
+
+    cfg = TrainConfig(drift_guard=action, drift_guard_proxy_ratio=2.0)
+    log = []
+    return DriftSentinel(drift_watch_of(cfg, NO_KL), held_out, log.append), log
+
+
+class Run:
+    """What the trainer hands to DriftSentinel.act: its checkpoints, save and roll_back, recorded."""
+
+    def __init__(self, steps):
+        self.checkpoints = {s: Path(f"run/checkpoint-{s}") for s in steps}
+        self.calls = []
+
+    def act(self, sentinel, step, alarms):
+        sentinel.act(step, alarms, lambda: self.checkpoints, lambda: self.calls.append(("save", step)) or
+                     Path(f"run/checkpoint-{step}"), lambda path: self.calls.append(("roll_back", path)))
+
+
+def points(sentinel, run, values):
+    """Validation points at steps 0, 2, 4, ... with these proxy values, one training step of reward 0.5 before each
+    but the first; acted on as the trainer does."""
+    for index, value in enumerate(values):
+        if index:
+            sentinel.record_step({"gathered_avg_reward_mean": 0.5})
+        added, alarms = sentinel.observe(2 * index, {"Validation/drift_proxy": value})
+        run.act(sentinel, 2 * index, alarms)
+    return added
+
+
+def test_warn_logs_and_reports_the_alarm_and_goes_on():
+    guard, log = sentinel("warn")
+    run = Run([2])
+    added = points(guard, run, [0.1, 0.15, 0.25])
+    assert added == {"Validation/drift_proxy_ratio": pytest.approx(2.5), "Validation/drift_guard_alarms": 1.0}
+    assert log == ["DRIFT GUARD (warn) at step 4: drift proxy 0.25 is 2.50x its baseline 0.1 (bound "
+                   "--drift_guard_proxy_ratio 2)"]
+    assert run.calls == []
+
+
+def test_stop_saves_then_names_the_bound():
+    from sage_grpo.pipeline.drift import DriftGuardStop
+
+    guard, _ = sentinel("stop")
+    run = Run([2])
+    with pytest.raises(DriftGuardStop) as stopped:
+        points(guard, run, [0.1, 0.15, 0.25])
+    assert str(stopped.value) == ("--drift_guard stop stopped the run at step 4: drift proxy 0.25 is 2.50x its baseline "
+                                  "0.1 (bound --drift_guard_proxy_ratio 2). The weights of this step are in "
+                                  "run/checkpoint-4")
+    assert run.calls == [("save", 4)]
+
+
+def test_rollback_goes_to_the_newest_clean_checkpoint_once_then_stops():
+    from sage_grpo.pipeline.drift import DriftGuardStop
+
+    guard, log = sentinel("rollback")
+    run = Run([2, 4, 6])  # checkpoint-6 was written after the last clean point (step 4): not a target
+    points(guard, run, [0.1, 0.15, 0.18, 0.3])
+    assert run.calls == [("roll_back", Path("run/checkpoint-4"))]
+    assert log[-1] == ("DRIFT GUARD: rolled back to run/checkpoint-4 (the newest checkpoint at or before the last "
+                       "validation point that crossed no bound, step 4); training goes on from step 6")
+    assert guard.guard.rollbacks == [4]
+    guard.record_step({"gathered_avg_reward_mean": 0.5})
+    _, alarms = guard.observe(8, {"Validation/drift_proxy": 0.35})
+    with pytest.raises(DriftGuardStop, match="at step 8: drift proxy 0.35 is 3.50x its baseline 0.1 .*; nothing to "
+                                             "roll back to"):
+        run.act(guard, 8, alarms)
+    assert run.calls[-1] == ("save", 8)
+
+
+def test_without_the_proxy_the_sentinel_does_nothing_and_saves_no_state():
+    guard, log = sentinel("off")
+    assert guard.guard is None
+    guard.record_step({"gathered_avg_reward_mean": 0.5})
+    assert guard.observe(2, {"Validation/avg": 0.5}) == ({}, [])
+
+
+def test_held_out_keys_are_the_validation_metrics_only():
+    from sage_grpo.rewards.scorers import MetricPlan
+
+    guard, log = sentinel("warn", MetricPlan(("clipscore", "toy_red"), {}))
+    metrics = {"Validation/drift_proxy": 0.1, "Validation/avg": 0.2, "Validation/clipscore": 0.3,
+               "Validation/toy_red_manifold_error": 0.1, "Validation/toy_red_prompt_adherence": 0.6,
+               "Validation/sampling_time": 3.0}
+    guard.observe(0, metrics)
+    assert guard.guard.heldout_baseline == {"clipscore": 0.3, "toy_red_prompt_adherence": 0.6}
+
+
+def test_the_drift_flags_are_checked_and_decided_once():
+    from sage_grpo.config import TrainConfig, validate_train_config
+    from sage_grpo.config.validation import ConfigError
+    from sage_grpo.rl import kl_mode_of
+
+    def check(**flags):
+        validate_train_config(TrainConfig(sp_size=1, num_generations=2, **flags))
+
+    with pytest.raises(ConfigError, match=r"^\[drift-needs-validation\] --drift_guard warn is measured at the "
+                                          "validation points, but --validation_interval is 0"):
+        check(drift_guard="warn", validation_interval=0)
+    with pytest.raises(ConfigError, match=r"^\[drift-proxy-sigmas\] --drift_proxy_sigmas \[0.5, 1.0\] must be"):
+        check(drift_proxy=True, drift_proxy_sigmas=[0.5, 1.0])
+    with pytest.raises(ConfigError, match=r"--drift_guard_proxy_ratio 1.0 > 1 \(the step-0 point is 1"):
+        check(drift_guard="stop", drift_guard_proxy_ratio=1.0)
+    check(drift_proxy_sigmas=[2.0], validation_interval=0)  # nothing watched: the drift flags are not read
+
+    def watch(**flags):
+        cfg = TrainConfig(**flags)
+        return drift_watch_of(cfg, kl_mode_of(cfg))
+
+    assert watch().sigmas == () and not watch().guarded and not watch().base_copy  # off by default
+    assert watch(drift_guard="warn").sigmas == (0.25, 0.5, 0.75)  # the guard turns the proxy on
+    # the frozen base costs a copy only where no model of the run is the base already
+    assert watch(drift_proxy=True).base_copy  # the reference launch: the moving anchor leaves the base behind
+    assert watch(drift_proxy=True, kl_weight=0.0).base_copy  # no KL: no reference at all
+    assert not watch(drift_proxy=True, use_moving_KL=False).base_copy  # a fixed anchor is the base
+    assert not watch(drift_proxy=True, use_lora=True).base_copy  # LoRA: the policy with its adapters disabled

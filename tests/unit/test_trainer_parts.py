@@ -235,7 +235,7 @@ class Counters:
                                                                  state["micro_steps"])
 
 
-def _manager(run_dir, models, keep_checkpoints=0):
+def _manager(run_dir, models, keep_checkpoints=0, drift_guard=None):
     """A one-process manager over ``models``, AdamW, a KL controller and a moving anchor (both only with a
     reference, as the trainer builds them); ``manager.notes`` collects what it logs."""
     notes = []
@@ -245,7 +245,7 @@ def _manager(run_dir, models, keep_checkpoints=0):
         anchor_schedule=MovingAnchorSchedule(models.reference is not None, 2), counters=Counters(),
         dims=ParallelDims(world_size=1), run_dir=run_dir, keep_checkpoints=keep_checkpoints,
         layout={"world_size": 1, "dp_size": 1, "sp_size": 1, "videos_per_step": 2}, config_yaml=lambda: "seed: 1\n",
-        log=notes.append)
+        log=notes.append, drift_guard=drift_guard)
     manager.notes = notes
     return manager
 
@@ -259,6 +259,33 @@ def _train_to(manager, update):
     manager.kl_controller.update(0.5)
     manager.models.reference.load_state_dict(manager.models.policy.state_dict())
     manager.anchor_schedule.mark_refreshed(update)
+
+
+def test_the_drift_guard_resumes_and_a_roll_back_keeps_the_counters_and_the_guard(tmp_path):
+    from sage_grpo.rl.drift_guard import DriftGuard, GuardBounds
+
+    bounds = GuardBounds(2.0, 3, 0.0, 0.05)
+    manager = _manager(tmp_path, StandInModels(seed=0), drift_guard=DriftGuard(bounds))
+    manager.drift_guard.observe(0, 0.01, {})
+    _train_to(manager, 2)
+    manager.save(2)
+    at_two = {name: value.clone() for name, value in manager.models.policy.state_dict().items()}
+    assert load_plain(tmp_path / "checkpoint-2" / "training_state.pt", "training state")["drift_guard"][
+        "proxy_baseline"] == 0.01
+    resumed = _manager(tmp_path, StandInModels(seed=1), drift_guard=DriftGuard(bounds))
+    resumed.load(tmp_path / "checkpoint-2", load_plain(tmp_path / "checkpoint-2" / "training_state.pt", "state"))
+    assert resumed.drift_guard.state_dict() == manager.drift_guard.state_dict()
+
+    _train_to(manager, 4)  # the weights move on; a drifted point, then the rollback to checkpoint-2
+    manager.drift_guard.record_reward(0.5)
+    manager.drift_guard.observe(4, 0.05, {})
+    guard, draw = manager.drift_guard.state_dict(), torch.get_rng_state()
+    manager.roll_back(tmp_path / "checkpoint-2")
+    for name, value in manager.models.policy.state_dict().items():
+        assert torch.equal(value, at_two[name]), name
+    assert manager.counters.state_dict() == {"global_step": 4, "update_steps": 4, "micro_steps": 4}
+    assert manager.anchor_schedule.last_refreshed_at == 2 and manager.optimizer.state_dict()["state"][0]["step"] == 1
+    assert manager.drift_guard.state_dict() == guard and torch.equal(torch.get_rng_state(), draw)
 
 
 def test_checkpoint_manager_roundtrip_atomic_and_latest(tmp_path):
