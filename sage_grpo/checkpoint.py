@@ -10,9 +10,11 @@ The training loop only says when.
 
     transformer/model.safetensors   trainable weights (all weights, or the LoRA adapter weights with --use_lora)
     training_state.pt               counters (the step fixes the data position and the LR), KL controller, anchor
-                                    schedule, drift guard, parallel layout, RNG states
+                                    schedule, drift guard (``--drift_guard``), parallel layout, RNG states
     config.yaml                     the run's resolved configuration
     lora/                           LoRA runs not sharded by FSDP: the peft adapter folder
+    ema/model.safetensors           --ema_decay: the EMA of the trainable weights (whole; on several processes gathered
+                                    to rank 0 like transformer/, and sharded in the DCP part ``ema``)
 
 and, written by one process::
 
@@ -26,6 +28,7 @@ or, written by several processes::
                                       optimizer  {part: get_optimizer_state_dict(...)} per torch optimizer (muon, adamw)
                                       anchor     moving-anchor weights (the bundle's reference_state: the reference
                                                  module, or the LoRA anchor adapter), once the anchor has moved
+                                      ema        the EMA's shards (--ema_decay)
 
 Several processes record the RNG states of every rank (``rng_per_rank``) and the optimizer parts in the training
 state, one process its own RNG states (``rng``). ``transformer/model.safetensors`` is in both formats (gathered to
@@ -54,8 +57,8 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.stateful import Stateful
 
-from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_MODEL, DCP_OPTIMIZER,
-                                         OPTIMIZER_FILE, TRAINING_STATE_FILE, TRANSFORMER_FILE)
+from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_EMA, DCP_MODEL,
+                                         DCP_OPTIMIZER, EMA_FILE, OPTIMIZER_FILE, TRAINING_STATE_FILE, TRANSFORMER_FILE)
 from sage_grpo.distributed.collectives import barrier
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.distributed.parallelize import is_sharded
@@ -136,21 +139,23 @@ def _contiguous_cpu(tensors: StateDict) -> StateDict:
 
 def write_checkpoint_files(directory: Path, *, model_state: StateDict, training_state: dict,
                            config_yaml: Optional[str] = None, optimizer_state: Optional[dict] = None,
-                           anchor_state: Optional[StateDict] = None) -> None:
+                           anchor_state: Optional[StateDict] = None, ema_state: Optional[StateDict] = None) -> None:
     """The single files of a checkpoint, into ``directory`` (made if needed): the full trainable weights, the training
     state and the config; the optimizer state and the anchor weights when given (one process; several processes keep
-    them in the DCP shards)."""
+    them in the DCP shards); the whole EMA when given."""
     directory = Path(directory)
     (directory / TRANSFORMER_FILE).parent.mkdir(parents=True, exist_ok=True)
     # A full disk is named with the file and the space the whole checkpoint needs (torch's own error is
     # "basic_ios::clear: iostream error").
-    needed = nbytes_of(model_state) + nbytes_of(anchor_state) + nbytes_of(optimizer_state) + (1 << 20)
+    needed = (nbytes_of(model_state) + nbytes_of(anchor_state) + nbytes_of(optimizer_state) + nbytes_of(ema_state)
+              + (1 << 20))
     with disk_full_as_error(directory / TRANSFORMER_FILE, needed):
         save_file(_contiguous_cpu(model_state), str(directory / TRANSFORMER_FILE))
-    if anchor_state is not None:
-        (directory / ANCHOR_FILE).parent.mkdir(exist_ok=True)
-        with disk_full_as_error(directory / ANCHOR_FILE, needed):
-            save_file(_contiguous_cpu(anchor_state), str(directory / ANCHOR_FILE))
+    for file, state in ((ANCHOR_FILE, anchor_state), (EMA_FILE, ema_state)):
+        if state is not None:
+            (directory / file).parent.mkdir(exist_ok=True)
+            with disk_full_as_error(directory / file, needed):
+                save_file(_contiguous_cpu(state), str(directory / file))
     if optimizer_state is not None:
         with disk_full_as_error(directory / OPTIMIZER_FILE, needed):
             torch.save(optimizer_state, directory / OPTIMIZER_FILE)
@@ -244,6 +249,7 @@ class CheckpointManager:
     calls :meth:`save` and :meth:`load` at the same points.
 
     ``counters``' state dict holds the training state's ``global_step``, ``update_steps`` and ``micro_steps``;
+    ``ema`` is the :class:`~sage_grpo.optim.ema.PolicyEMA` of ``--ema_decay`` (None: off);
     ``layout`` is the parallel-layout record a resume checks (``sage_grpo.resume.layout_record``); ``config_yaml``
     gives the run's resolved configuration when a checkpoint is written (what a resume compares against); ``log``
     reports what a resume could not restore.
@@ -252,8 +258,8 @@ class CheckpointManager:
     def __init__(self, *, models: CheckpointedModels, optimizer, kl_controller: Optional[Stateful],
                  anchor_schedule: MovingAnchorSchedule, counters: Stateful, dims: ParallelDims, run_dir: Path,
                  keep_checkpoints: int, layout: dict, config_yaml: Callable[[], str], log: Callable[[str], None],
-                 drift_guard: Optional[Stateful] = None):
-        self.models, self.optimizer, self.drift_guard = models, optimizer, drift_guard
+                 ema: Optional[Stateful] = None):
+        self.models, self.optimizer, self.ema = models, optimizer, ema
         self.optimizer_parts = optimizer_parts(optimizer)  # the torch optimizers by name: one DCP entry each
         self.kl_controller, self.anchor_schedule, self.counters = kl_controller, anchor_schedule, counters
         self.dims, self.run_dir, self.keep_checkpoints = dims, Path(run_dir), keep_checkpoints
@@ -273,15 +279,16 @@ class CheckpointManager:
         barrier(device)
         with_anchor = self.anchor_schedule.last_refreshed_at is not None  # until it moves, the anchor is the base
         if self.dims.is_distributed:
-            dcp.save(self._dcp_state(with_anchor), checkpoint_id=str(tmp / DCP_DIR))
+            dcp.save(self._dcp_state(with_anchor, self.ema is not None), checkpoint_id=str(tmp / DCP_DIR))
         model_state = gather_to_main(self.models.trainable_state_dict(), is_main)
+        ema_state = gather_to_main(self.ema.state_dict(), is_main) if self.ema is not None else None
         if is_main:
             try:
-                self._write_main_files(tmp, model_state, training_state, with_anchor)
+                self._write_main_files(tmp, model_state, training_state, with_anchor, ema_state)
             except DiskFullError:
                 shutil.rmtree(tmp, ignore_errors=True)  # give the space of the partial checkpoint back
                 raise
-        del model_state
+        del model_state, ema_state
         if is_main:
             fsync_tree(tmp)  # every rank's files are written and closed (DCP's save ends with a barrier)
         fault_point("checkpoint", step)
@@ -302,8 +309,6 @@ class CheckpointManager:
         state = {**self.counters.state_dict(),
                  "kl_controller": self.kl_controller.state_dict() if self.kl_controller is not None else None,
                  "anchor_schedule": self.anchor_schedule.state_dict(), "layout": self.layout}
-        if self.drift_guard is not None:
-            state["drift_guard"] = self.drift_guard.state_dict()
         if self.dims.is_distributed:
             state.update(rng_per_rank=gather_rng_states(), optimizer_parts=sorted(self.optimizer_parts))
         else:
@@ -311,19 +316,20 @@ class CheckpointManager:
         return state
 
     def _write_main_files(self, directory: Path, model_state: StateDict, training_state: dict,
-                          with_anchor: bool) -> None:
+                          with_anchor: bool, ema_state: Optional[StateDict]) -> None:
         """Rank 0's files; on one process also the optimizer state and the anchor (several: in the DCP shards)."""
         one_process = not self.dims.is_distributed
         write_checkpoint_files(directory, model_state=model_state, training_state=training_state,
                                config_yaml=self.config_yaml(),
                                optimizer_state=self.optimizer.state_dict() if one_process else None,
-                               anchor_state=self.models.reference_state() if one_process and with_anchor else None)
+                               anchor_state=self.models.reference_state() if one_process and with_anchor else None,
+                               ema_state=ema_state)
         if not is_sharded(self.models.policy):
             # LoRA: the peft adapter folder lora/. It reads the adapter tensors whole, so FSDP-sharded runs skip it
             # (export_checkpoint then takes the adapter config from config.yaml).
             self.models.save_extras(directory)
 
-    def _dcp_state(self, with_anchor: bool) -> dict:
+    def _dcp_state(self, with_anchor: bool, with_ema: bool) -> dict:
         """The nested state DCP saves or loads into (a collective: it initialises empty optimizer states)."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -332,6 +338,8 @@ class CheckpointManager:
                                  for name, optimizer in self.optimizer_parts.items()}}
         if with_anchor:
             state[DCP_ANCHOR] = dict(self.models.reference_state())
+        if with_ema:
+            state[DCP_EMA] = dict(self.ema.state_dict())
         return state
 
     # ------------------------------------------------------------------ load
@@ -344,27 +352,24 @@ class CheckpointManager:
             self._load_dcp(path, training_state, has_reference)
         else:
             self._load_files(path, has_reference)
-        self.counters.load_state_dict({key: training_state[key] for key in self.counters.state_dict()})
+        # what the counters' owner saves beyond the counters (the trainer's drift guard) may be absent: an older run's
+        self.counters.load_state_dict({key: training_state[key] for key in self.counters.state_dict()
+                                       if key in training_state})
         if self.kl_controller is not None and training_state["kl_controller"] is not None:
             self.kl_controller.load_state_dict(training_state["kl_controller"])
         if has_reference:  # a run resumed without the KL has no anchor to schedule
             self.anchor_schedule.load_state_dict(training_state["anchor_schedule"])
-        if self.drift_guard is not None and "drift_guard" in training_state:  # absent: saved by an unguarded run
-            self.drift_guard.load_state_dict(training_state["drift_guard"])
         self._restore_rng(training_state)
 
     def roll_back(self, path: Path) -> None:
         """The drift guard's rollback: the weights, optimizer, KL controller and anchor of the run's own checkpoint
-        ``path``, keeping the counters, this process's RNG states and the drift guard (the run goes on from its step;
-        a collective on several processes, as :meth:`load`)."""
+        ``path``, keeping the counters' state (the drift guard's with it) and this process's RNG states: the run goes
+        on from its step (a collective on several processes, as :meth:`load`)."""
         training_state = load_plain(Path(path) / TRAINING_STATE_FILE, "training state")
         counters, rng = self.counters.state_dict(), capture_rng_state()
-        guard = self.drift_guard.state_dict() if self.drift_guard is not None else None
         self.load(path, training_state)
         self.counters.load_state_dict(counters)
         restore_rng_state(rng)
-        if guard is not None:
-            self.drift_guard.load_state_dict(guard)
 
     def _load_files(self, path: Path, has_reference: bool) -> None:
         """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`)."""
@@ -372,6 +377,8 @@ class CheckpointManager:
         self.optimizer.load_state_dict(load_plain(path / OPTIMIZER_FILE, "optimizer state"))
         if has_reference and (path / ANCHOR_FILE).exists():
             self.models.load_reference_state(_load_safetensors(path / ANCHOR_FILE))
+        if self.ema is not None:
+            self._restore_ema(_load_safetensors(path / EMA_FILE) if (path / EMA_FILE).exists() else None, path)
 
     def _load_dcp(self, path: Path, training_state: dict, has_reference: bool) -> None:
         """A sharded checkpoint, in place on every rank and resharded to this layout (a collective)."""
@@ -383,8 +390,9 @@ class CheckpointManager:
                              f"{sorted(self.optimizer_parts)}; resume with the same --use_muon / --use_lora")
         stored = set(read_dcp_metadata(path / DCP_DIR).state_dict_metadata)
         with_anchor = has_reference and any(key.startswith(f"{DCP_ANCHOR}.") for key in stored)
-        state = self._dcp_state(with_anchor)
-        expected = [f"{part}.{n}" for part in (DCP_MODEL, DCP_ANCHOR) for n in state.get(part, {})]
+        with_ema = self.ema is not None and any(key.startswith(f"{DCP_EMA}.") for key in stored)
+        state = self._dcp_state(with_anchor, with_ema)
+        expected = [f"{part}.{n}" for part in (DCP_MODEL, DCP_ANCHOR, DCP_EMA) for n in state.get(part, {})]
         missing = sorted(k for k in expected if k not in stored)
         if missing:
             raise KeyError(f"{path / DCP_DIR} lacks {len(missing)} weights of this model, e.g. {missing[:5]}")
@@ -397,6 +405,16 @@ class CheckpointManager:
             set_optimizer_state_dict(self.models.policy, optimizer, state[DCP_OPTIMIZER][name])
         if with_anchor:
             self.models.load_reference_state(state[DCP_ANCHOR])
+        if self.ema is not None:
+            self._restore_ema(state.get(DCP_EMA), path)
+
+    def _restore_ema(self, state: Optional[StateDict], path: Path) -> None:
+        """The EMA from the checkpoint; one without (EMA turned on at this resume) starts it from the weights."""
+        if state is None:
+            self.ema.reset()
+            self.log(f"note: {path} holds no EMA (--ema_decay was 0); the EMA starts from its weights")
+        else:
+            self.ema.load_state_dict(state)
 
     def _restore_rng(self, training_state: dict) -> None:
         """This rank's global RNG states. After a change of world size the ranks keep their fresh ``seed + dp_rank``

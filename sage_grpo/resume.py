@@ -34,7 +34,7 @@ RUN_DEFINING: Tuple[str, ...] = (
     # optimizer and schedule
     "use_muon", "learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "lr_num_cycles", "lr_power",
     "gradient_accumulation_steps",
-    "max_grad_norm",
+    "max_grad_norm", "ema_decay",
     # data and groups (the videos per step, batch_size x dp, are compared through the checkpoint's layout record)
     "num_generations", "seed", "use_same_noise",
     # sampler

@@ -25,8 +25,8 @@ sample uses its CSV-derived seed (reference), its SDE noise a generator seeded f
 index in the step's global batch), and the shuffles a generator seeded from (seed, dp rank, global step).
 
 Checkpoints: a :class:`~sage_grpo.checkpoint.CheckpointManager`, built once with what the trainer owns (the model
-bundle, the optimizer, the KL controller, the anchor schedule, and the trainer itself for its counters through
-``state_dict``/``load_state_dict``), saves and restores all of it; the loop only says when.
+bundle, the optimizer, the KL controller, the anchor schedule, the EMA of ``--ema_decay``, and the trainer itself for
+its counters through ``state_dict``/``load_state_dict``), saves and restores all of it; the loop only says when.
 
 Several processes (``torchrun``; reference_spec §3). ``world = dp x sp`` with contiguous SP groups
 (``ParallelDims``); the layout rules are checked before any model loads. The policy and the reference get Ulysses SP
@@ -55,6 +55,7 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
 
 import time
 import warnings
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -80,8 +81,9 @@ from sage_grpo.faults import fault_point
 from sage_grpo.models.geometry import check_video_sizes, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
+from sage_grpo.optim.ema import PolicyEMA
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
-from sage_grpo.pipeline.drift import DriftGuardStop, DriftProxyMetric, DriftSentinel
+from sage_grpo.pipeline.drift import DriftGuardStop, DriftSentinel
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
@@ -98,7 +100,7 @@ from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
 from sage_grpo.models.revisions import record_run_weights
 from sage_grpo.pipeline.sampler import sampler_of
 from sage_grpo.pipeline.validation import (ValidationResult, ValidationSettings, Validator, VideoScoreMetric,
-                                           per_video)
+                                           per_video, validation_items)
 from sage_grpo.plan.memory import placement_of
 from sage_grpo.rewards.remote import RemoteRewardError
 from sage_grpo.rewards.setup import RewardFailure, build_held_out_scorers, build_reward, check_reward_config
@@ -108,7 +110,6 @@ from sage_grpo.video_io import BackgroundWriter
 # one line instead of a traceback.
 USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
                RemoteRewardError, PeerLost, DiskFullError, DriftGuardStop)
-DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -133,7 +134,7 @@ class GRPOTrainer:
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
         self.show_bars = show_progress_bars(self.is_main, cfg.quiet)  # tqdm bars: main process, terminal, no --quiet
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
-        self.validation_items = self._validation_items()
+        self.validation_items = validation_items(cfg)
         check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
                     "--pretrained_transformer_version")
         self._check_i2v_tokens()
@@ -182,6 +183,7 @@ class GRPOTrainer:
         self.held_out = build_held_out_scorers(cfg, self.reward_plan, self.device) if self.is_main else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self.ema = PolicyEMA(self.models.trainable_state_dict(), cfg.ema_decay) if cfg.ema_decay > 0 else None
         # β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward
         self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef,
                                                                  device=self.device)
@@ -207,13 +209,13 @@ class GRPOTrainer:
                                     trackers=trackers, max_steps=cfg.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
         self.validator = self._build_validator()
-        self.sentinel = DriftSentinel(self.drift_watch, self.reward_plan.held_out, self.logger.info)
+        self.sentinel = DriftSentinel(self.drift_watch, self.reward_plan.held_out, self.validator, self.logger.info)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
             keep_checkpoints=cfg.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
-            config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, drift_guard=self.sentinel.guard)
+            config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, ema=self.ema)
         self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device))
         for note in self.notes:
             self.logger.info(f"note: {note}")
@@ -412,6 +414,8 @@ class GRPOTrainer:
         self.lr_schedule.apply(self.optimizer, self.update_steps)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update()
         self.update_steps += 1
         metrics = {"grad_norm": float(grad_norm)}
         if watched is not None and self.update_steps % cfg.debug_train_diagnostics_interval == 0:
@@ -427,13 +431,6 @@ class GRPOTrainer:
             self.logger.info(f"moving anchor refreshed from the policy at update {self.update_steps}")
 
     # ------------------------------------------------------------------ validation
-    def _validation_items(self) -> List[PromptItem]:
-        cfg = self.cfg
-        if cfg.valid_video_csv:  # a row without a seed: --validation_global_seed (spec §4.4)
-            return read_prompt_csvs(cfg.valid_video_csv, default_seed=cfg.validation_global_seed)
-        prompts = cfg.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
-        return [PromptItem(i, p, cfg.validation_global_seed) for i, p in enumerate(prompts)]
-
     def _build_validator(self) -> Validator:
         """The validation step (:mod:`sage_grpo.pipeline.validation`): sampling, then the training reward and its
         sub-rewards on the videos (where the reward lives, on the main process), then the held-out metrics."""
@@ -450,15 +447,14 @@ class GRPOTrainer:
             validator.add_metric(VideoScoreMetric("reward", per_video(self.reward_fn)))
         if self.held_out is not None:
             validator.add_metric(VideoScoreMetric("held_out", self.held_out))
-        if self.drift_watch.proxy:
-            validator.add_metric(DriftProxyMetric(self.drift_watch.sigmas))
         return validator
 
     def validate(self, step: int) -> ValidationResult:
         """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/ and scored;
         the ``Validation/...`` metrics are logged as a row of their own at ``step``. Every rank calls it."""
         out_dir = self.run_dir / "samples" / f"step_{step:06d}"
-        result = self.validator.run(step, out_dir)
+        with self.ema.applied() if self.cfg.validate_ema else nullcontext():  # --validate_ema: the EMA weights
+            result = self.validator.run(step, out_dir)
         added, alarms = self.sentinel.observe(step, result.metrics)
         self.logger.log_validation(step, {**result.metrics, **added})
         self.logger.info(f"validation videos written to {out_dir}")
@@ -468,12 +464,15 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The counters, as the training state holds them (saved and restored by the checkpoint manager)."""
-        return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps}
+        """The counters, and the drift guard's state in a guarded run, as the training state holds them (saved and
+        restored by the checkpoint manager)."""
+        return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
+                **self.sentinel.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.global_step, self.update_steps = state["global_step"], state["update_steps"]
         self.micro_steps = state["micro_steps"]
+        self.sentinel.load_state_dict(state)
 
     def save(self) -> Path:
         """Write ``checkpoint-{global_step}``: called by every rank."""

@@ -247,6 +247,11 @@ class TrainConfig:
     use_same_noise: bool = config_field(False, "All members of a group start from the same initial noise")
     video_fps: int = config_field(24, "Frame rate of saved videos and of reward frame sampling")
     validation_num_inference_steps: int = config_field(40, "Validation denoising steps")
+    ema_decay: float = config_field(
+        0.0, "Exponential moving average of the trained weights, theta_ema <- d theta_ema + (1 - d) theta after every "
+        "optimizer update (0: off); fp32, sharded like the weights, checkpointed in checkpoint-N/ema/ (generate.py, "
+        "the export and the evaluation take --checkpoint_path checkpoint-N/ema)")
+    validate_ema: bool = config_field(False, "Validate (sample and score) the EMA weights instead of the policy's")
     validation_metrics: Optional[List[str]] = config_field(
         None, "Held-out metrics scoring the validation videos besides the training reward (logged as Validation/...): "
         "videoalign, clipscore, pickscore or any reward name, comma- or space-separated; each loads on the main "

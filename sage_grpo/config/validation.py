@@ -172,6 +172,11 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
         _fail("lr-schedule-length", f"--lr_scheduler {cfg.lr_scheduler} decays over the run's optimizer updates, but "
               f"--max_steps {cfg.max_steps} < --gradient_accumulation_steps {cfg.gradient_accumulation_steps} "
               "makes none", "raise --max_steps")
+    if not 0.0 <= cfg.ema_decay < 1.0:
+        _fail("ema-decay", f"--ema_decay {cfg.ema_decay} must be in [0, 1)", "use 0.999, or 0 for no EMA")
+    if cfg.validate_ema and cfg.ema_decay == 0.0:
+        _fail("validate-ema-needs-ema", "--validate_ema true but --ema_decay is 0: there is no EMA to validate",
+              "add --ema_decay 0.999, or drop --validate_ema")
     if not 0.0 <= cfg.lora_dropout < 1.0:
         _fail("lora-dropout", f"--lora_dropout {cfg.lora_dropout} must be in [0, 1)", "use 0.0")
     if cfg.use_moving_KL and cfg.update_ref_model_step < 1:

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from sage_grpo.checkpoint_layout import CONFIG_FILE
+from sage_grpo.checkpoint_layout import CONFIG_FILE, EMA_FILE
 from sage_grpo.tracking.run_dir import read_metrics, training_rows
 
 CARD_FILE = "README.md"
@@ -63,6 +63,8 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
     """The card's Markdown for an export of ``checkpoint`` (a ``checkpoint-N`` folder or another weights location);
     ``pipeline_record``: the sampling.json of a ``--format pipeline`` export."""
     checkpoint = Path(checkpoint)
+    ema = checkpoint.name == EMA_FILE.parent.name and (checkpoint.parent / CONFIG_FILE).is_file()
+    checkpoint = checkpoint.parent if ema else checkpoint  # checkpoint-N/ema: the EMA of that checkpoint's weights
     config_file = checkpoint / CONFIG_FILE
     config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else None
     config = config if isinstance(config, dict) else {}
@@ -75,6 +77,8 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
         what = "the HunyuanVideo-1.5 transformer with a trained LoRA adapter merged into its weights"
     else:
         what = "the HunyuanVideo-1.5 transformer, fully fine-tuned"
+    if ema:
+        what += f" (the exponential moving average of the trained weights, --ema_decay {config.get('ema_decay')})"
     tags = ["text-to-video", "hunyuanvideo-1.5", "grpo", "sage-grpo", "reinforcement-learning"]
     header = {"base_model": BASE_REPO, "library_name": "peft" if export_format == "lora" else "diffusers",
               "pipeline_tag": "text-to-video", "tags": tags}

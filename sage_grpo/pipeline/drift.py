@@ -96,11 +96,25 @@ class DriftSentinel:
       to the same checkpoint twice, or having none, stops as ``stop`` does.
     """
 
-    def __init__(self, watch: DriftWatch, held_out: Optional[MetricPlan], log: Callable[[str], None]):
-        """``held_out``: the ``--validation_metrics`` whose keys the reward-against-held-out bound watches. Without
-        the proxy (``--drift_proxy``, ``--drift_guard``) the sentinel has no guard and does nothing."""
+    def __init__(self, watch: DriftWatch, held_out: Optional[MetricPlan], validator, log: Callable[[str], None]):
+        """``held_out``: the ``--validation_metrics`` whose keys the reward-against-held-out bound watches;
+        ``validator``: the run's :class:`~sage_grpo.pipeline.validation.Validator`, which gets the proxy's metric.
+        Without the proxy (``--drift_proxy``, ``--drift_guard``) the sentinel has no guard and does nothing."""
         self.watch, self.held_out, self.log = watch, held_out_key_test(held_out), log
         self.guard = DriftGuard(watch.bounds) if watch.proxy else None
+        if watch.proxy:
+            validator.add_metric(DriftProxyMetric(watch.sigmas))
+
+    def state_dict(self) -> Dict[str, dict]:
+        """``{"drift_guard": ...}`` in a guarded run, else nothing: the trainer adds it to its counters' state, so
+        every checkpoint holds it and an unguarded run's training state stays as it was."""
+        return {"drift_guard": self.guard.state_dict()} if self.guard is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The guard's state from ``state`` (a training state); absent (a checkpoint of a run without the guard):
+        the guard starts afresh, its baseline the first validation point (a note says so then)."""
+        if self.guard is not None and "drift_guard" in state:
+            self.guard.load_state_dict(state["drift_guard"])
 
     def record_step(self, metrics: Dict[str, float]) -> None:
         if self.guard is not None:

@@ -50,7 +50,8 @@ from typing import Callable, Dict, List, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-from sage_grpo.data import PromptItem
+from sage_grpo.config import TrainConfig
+from sage_grpo.data import PromptItem, read_prompt_csvs
 from sage_grpo.distributed.collectives import broadcast_object_from_main
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.pipeline.sampler import Sampler
@@ -58,6 +59,16 @@ from sage_grpo.tracking.trackers import LoggedVideo
 from sage_grpo.video_io import sanitize_name, write_video
 
 PREFIX = "Validation/"
+DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
+
+
+def validation_items(cfg: TrainConfig) -> List[PromptItem]:
+    """The validation prompts: ``--valid_video_csv`` (a row without a seed: ``--validation_global_seed``, spec §4.4),
+    else ``--validation_prompts``, else the reference's default prompt."""
+    if cfg.valid_video_csv:
+        return read_prompt_csvs(cfg.valid_video_csv, default_seed=cfg.validation_global_seed)
+    prompts = cfg.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
+    return [PromptItem(i, p, cfg.validation_global_seed) for i, p in enumerate(prompts)]
 
 
 @dataclass

@@ -35,13 +35,15 @@ against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py`
 on the device, or about two blocks while it runs from the CPU, and the same for the drift proxy's frozen base copy
 (``--drift_proxy`` without LoRA or a fixed anchor); the text encoders (only while encoding when offloaded);
 the rollout's SDE noise (drawn up front, one latent per stochastic step); the VAE weights and its decode (tiled or
-not); the reward model and its forward on SP leaders. LoRA: the frozen base P·c/Z and every adapter (the anchor's too)
+not); the reward models and their forward on SP leaders, the held-out validation scorers on rank 0
+(:mod:`sage_grpo.plan.scorers`); the EMA of ``--ema_decay``, P·4/Z (LoRA: the policy adapter's r·Σ(in+out)·4/Z).
+LoRA: the frozen base P·c/Z and every adapter (the anchor's too)
 in m; P_g the adapters that get a gradient; no separate reference: its passes run the policy (the anchor adapter, or
 none), gathering the policy's units.
 
 **Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train (forward +
-backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode, the drift proxy's
-base forwards). The peak is the largest phase. Every transformer phase is checked category by category against
+backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode, scoring, the drift
+proxy's base forwards). The peak is the largest phase. Every transformer phase is checked category by category against
 torch's memory tracker on fake tensors (``--simulate``, :mod:`sage_grpo.plan.simulate`).
 
 **Auto decisions** on CUDA (:func:`plan_launch`), each keeping ``MARGIN`` of the GPU free: the reference's shards stay
@@ -66,9 +68,10 @@ import torch
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import rollout_size, validation_size
 from sage_grpo.models.placement import Placement
+from sage_grpo.plan.scorers import needs_videoalign, resident_rows, reward_forward_row, validation_scoring_row
 from sage_grpo.plan.sizes import (ModelSizes, lora_muon_step_bytes, no_grad_forward_elements, prompt_embedding_bytes,
-                                  read_model_sizes, reward_forward_bytes, rope_table_elements, text_token_count,
-                                  training_activation_elements, vae_decode_bytes, video_token_count)
+                                  read_model_sizes, rope_table_elements, text_token_count, training_activation_elements,
+                                  vae_decode_bytes, video_token_count)
 
 GIB = 2 ** 30
 MARGIN = 0.10  # share of the GPU the auto decisions leave free: allocator fragmentation, NCCL buffers, the unplanned
@@ -193,8 +196,10 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
         if held and not placement.reference_on_cpu:
             out.append(Component(f"{name} shards", t.num_params * lay.compute / z, "P·c/Z, on the device"))
     out.append(Component("VAE weights", lay.sizes.vae_params * lay.compute, "resident in --dtype"))
-    if cfg.reward_model == "videoalign_local":
-        out.append(Component("reward model (SP leaders)", lay.sizes.reward_params * 2, "VideoAlign in bf16"))
+    out += [Component(*row) for row in resident_rows(cfg, lay.sizes, lay.compute)]  # rewards, held-out scorers
+    if cfg.ema_decay > 0:  # every trainable tensor (the policy adapter's with LoRA) in fp32, sharded like the weights
+        ema = cfg.lora_r * t.lora_width if cfg.use_lora else t.num_params
+        out.append(Component("EMA of the trained weights", ema * 4 / z, f"{_count_text(ema)}·4/Z, --ema_decay"))
     if not lay.offload_encoders:
         out.append(_encoder_weights(lay, "resident (--offload_text_encoders false)"))
     if _gradients_persist(cfg):
@@ -302,13 +307,6 @@ def _vae_decode(lay: _Layout, placement: Placement, frames: int, height: int, wi
                      f"{formula}, {frames}×{height}×{width}")
 
 
-def _reward_forward(lay: _Layout) -> Component:
-    if lay.cfg.reward_model != "videoalign_local":
-        return Component("reward forward", 0.0)
-    tokens, forward = reward_forward_bytes(lay.cfg, lay.sizes.reward_shape)
-    return Component("reward forward (SP leaders)", forward, f"B_r·tokens·(4h + 3i)·2, {tokens} tokens")
-
-
 def _encode(lay: _Layout) -> Component:
     """Prompt encoding of a step's prompts (+ the negative): every hidden state of the MLLM is returned (the
     pipeline takes the third from last), plus one layer's transient."""
@@ -367,7 +365,7 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     phases.append(Phase("optimizer step", tuple(resident + step_inputs + means + _optimizer_step(lay, placement))))
     phases.append(Phase("decode + reward", tuple(resident + step_inputs + [
         _vae_decode(lay, placement, cfg.sample_n_frames, height, width, "VAE decode"),
-        _reward_forward(lay)])))
+        Component(*reward_forward_row(cfg, sizes))])))
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
         v_height, v_width = validation_size(cfg)
         v_tokens = video_token_count(sizes, cfg.validate_video_length, v_height, v_width)
@@ -376,6 +374,8 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
                                                                          v_tokens)])))
         phases.append(Phase("validation decode", tuple(resident + [_vae_decode(
             lay, placement, cfg.validate_video_length, v_height, v_width, "validation VAE decode")])))
+        phases.append(Phase("validation scoring", tuple(resident + [Component(*validation_scoring_row(
+            cfg, sizes, lay.compute))])))
         if lay.base_copy:  # the drift proxy's base forwards (LoRA's and a fixed anchor's base: no model of its own)
             phases.append(Phase("drift proxy", tuple(resident + [_frozen_units(lay, placement, "frozen base"),
                                                                  _no_grad_forward(lay, "drift proxy activations",
@@ -441,8 +441,7 @@ def reference_batch_candidates(cfg: TrainConfig) -> List[int]:
 
 
 def sizes_of(cfg: TrainConfig) -> ModelSizes:
-    return read_model_sizes(str(cfg.pretrained_model_root), cfg.pretrained_transformer_version,
-                            cfg.reward_model == "videoalign_local")
+    return read_model_sizes(str(cfg.pretrained_model_root), cfg.pretrained_transformer_version, needs_videoalign(cfg))
 
 
 def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -48,6 +48,14 @@ def registry_name(metric: str) -> str:
 def metric_names(values: Sequence[str]) -> Tuple[str, ...]:
     """Names given comma- and/or space-separated (``["videoalign,clipscore", "pickscore"]``), in order, once each."""
     return tuple(dict.fromkeys(name.strip() for value in values for name in value.split(",") if name.strip()))
+
+
+def held_out(values: Sequence[str], trained: Iterable[str]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(kept, dropped): the metrics named in ``values`` whose reward model is not one of the ``trained`` reward models
+    (those score the videos already), and the others."""
+    names, trained = metric_names(values), set(trained)
+    return (tuple(n for n in names if registry_name(n) not in trained),
+            tuple(n for n in names if registry_name(n) in trained))
 
 
 def plan_metrics(names: Sequence[str], *, model_root: str, clip_model: str, pickscore_model: str,

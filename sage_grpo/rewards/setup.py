@@ -15,7 +15,7 @@ from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.rewards import avg_term_weights, build_reward_fn, plan_reward_models
 from sage_grpo.rewards.builtins import RewardContext
 from sage_grpo.rewards.registry import check_reward_files
-from sage_grpo.rewards.scorers import MetricPlan, Scorers, metric_names, plan_metrics, registry_name
+from sage_grpo.rewards.scorers import MetricPlan, Scorers, held_out, plan_metrics
 from sage_grpo.rewards.remote import RemoteSettings
 from sage_grpo.rewards.videoalign_inputs import SamplingOverrides
 from sage_grpo.rl import RewardAggregation
@@ -64,19 +64,16 @@ def check_reward_config(cfg: TrainConfig) -> RewardPlan:
 def _held_out_metrics(cfg: TrainConfig, trained: Dict[str, dict]):
     """``--validation_metrics`` planned (names checked, folders found), without those the training reward scores
     already (its sub-rewards are logged anyway); None when no validation runs or none is left."""
-    names = metric_names(cfg.validation_metrics or [])
-    validates = cfg.validation_interval > 0 or cfg.validate_at_step0
-    kept = [name for name in names if registry_name(name) not in trained]
+    kept, dropped = held_out(cfg.validation_metrics or [], trained)
     notes: List[str] = [f"--validation_metrics {name}: the training reward scores the validation videos already "
-                        "(Validation/<its keys>)" for name in names if name not in kept]
-    if not names or not kept or not validates:
-        if names and not validates:
-            notes.append("--validation_metrics is set but no validation runs (--validation_interval 0, "
-                         "--validate_at_step0 false)")
+                        "(Validation/<its keys>)" for name in dropped]
+    if kept and not (cfg.validation_interval > 0 or cfg.validate_at_step0):
+        notes.append("--validation_metrics is set but no validation runs (--validation_interval 0, "
+                     "--validate_at_step0 false)")
         return None, notes
     plan = plan_metrics(kept, model_root=cfg.pretrained_model_root, clip_model=cfg.clip_model,
                         pickscore_model=cfg.pickscore_model, pickscore_processor=cfg.pickscore_processor,
-                        flag="--validation_metrics")
+                        flag="--validation_metrics") if kept else None
     return plan, notes
 
 

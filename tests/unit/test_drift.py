@@ -178,6 +178,16 @@ def test_a_saved_guard_state_is_checked_before_it_is_used():
 
 # ------------------------------------------------------------------------------------------- the sentinel's actions
 
+class Validator:
+    """Records the metrics a sentinel registers."""
+
+    def __init__(self):
+        self.metrics = []
+
+    def add_metric(self, metric):
+        self.metrics.append(metric)
+
+
 def sentinel(action: str, held_out=None):
     from sage_grpo.config import TrainConfig
     from sage_grpo.pipeline.drift import DriftSentinel
@@ -185,7 +195,7 @@ def sentinel(action: str, held_out=None):
 
     cfg = TrainConfig(drift_guard=action, drift_guard_proxy_ratio=2.0)
     log = []
-    return DriftSentinel(drift_watch_of(cfg, NO_KL), held_out, log.append), log
+    return DriftSentinel(drift_watch_of(cfg, NO_KL), held_out, Validator(), log.append), log
 
 
 class Run:
@@ -254,9 +264,31 @@ def test_rollback_goes_to_the_newest_clean_checkpoint_once_then_stops():
 
 def test_without_the_proxy_the_sentinel_does_nothing_and_saves_no_state():
     guard, log = sentinel("off")
-    assert guard.guard is None
+    assert guard.guard is None and guard.state_dict() == {}
     guard.record_step({"gathered_avg_reward_mean": 0.5})
     assert guard.observe(2, {"Validation/avg": 0.5}) == ({}, [])
+    guard.load_state_dict({"global_step": 2, "drift_guard": {}})  # a guarded run's state, resumed unguarded: ignored
+
+
+def test_the_sentinel_registers_the_proxy_and_resumes_its_guard():
+    from sage_grpo.config import TrainConfig
+    from sage_grpo.pipeline.drift import DriftProxyMetric, DriftSentinel
+    from sage_grpo.rl import NO_KL
+
+    validator = Validator()
+    watch = drift_watch_of(TrainConfig(drift_proxy=True, drift_proxy_sigmas=[0.5]), NO_KL)
+    first = DriftSentinel(watch, None, validator, [].append)
+    assert [type(m) for m in validator.metrics] == [DriftProxyMetric] and validator.metrics[0].sigmas == (0.5,)
+    first.observe(0, {"Validation/drift_proxy": 0.2})
+    log = []
+    resumed = DriftSentinel(watch, None, Validator(), log.append)
+    resumed.load_state_dict({"global_step": 0, **first.state_dict()})
+    assert resumed.guard.proxy_baseline == 0.2
+    fresh = DriftSentinel(watch, None, Validator(), log.append)
+    fresh.load_state_dict({"global_step": 4})  # a checkpoint of a run without the guard
+    assert fresh.observe(6, {"Validation/drift_proxy": 0.3})[0] == {"Validation/drift_proxy_ratio": 1.0}
+    assert log == ["note: the drift proxy's baseline is its value at step 6, the first validation point of this run "
+                   "(resumed from a checkpoint without one), not the base model's own samples"]
 
 
 def test_held_out_keys_are_the_validation_metrics_only():
