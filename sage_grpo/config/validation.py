@@ -194,7 +194,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
         if validation_flow_shift(cfg) <= 0:
             _fail("validation-shift-positive", f"--validation_timestep_shift {cfg.validation_timestep_shift} must be "
                   "> 0", "leave it unset for the model version's shift (480p_t2v: 5.0, 720p_t2v: 9.0)")
-    _check_drift_options(cfg)
+    notes += _check_drift_options(cfg)
     if cfg.pretrained_lora_path and not cfg.use_lora:
         _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
     if cfg.kl_weight > 0 and cfg.kl_min_coef > cfg.kl_weight:
@@ -203,14 +203,15 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
     return notes
 
 
-def _check_drift_options(cfg: TrainConfig) -> None:
-    """The drift proxy and guard (``sage_grpo.rl.drift_guard``) watch validation points: there must be some."""
+def _check_drift_options(cfg: TrainConfig) -> List[str]:
+    """The drift proxy and guard (``sage_grpo.rl.drift_guard``) watch the validation points: without any they are off
+    (a note says so: a config file may turn the guard on and a benchmark validation off)."""
     if not (cfg.drift_proxy or cfg.drift_guard != "off"):
-        return
-    flag = "--drift_proxy true" if cfg.drift_guard == "off" else f"--drift_guard {cfg.drift_guard}"
+        return []
     if cfg.validation_interval <= 0:
-        _fail("drift-needs-validation", f"{flag} is measured at the validation points, but --validation_interval is "
-              f"{cfg.validation_interval}", "set --validation_interval N (e.g. 100, the reference's)")
+        flag = "--drift_proxy true" if cfg.drift_guard == "off" else f"--drift_guard {cfg.drift_guard}"
+        return [f"{flag} is measured at the validation points and --validation_interval is "
+                f"{cfg.validation_interval}: the drift proxy and guard are off"]
     if not cfg.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in cfg.drift_proxy_sigmas):
         _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {cfg.drift_proxy_sigmas} must be one or more noise levels "
               "in (0, 1)", "use --drift_proxy_sigmas 0.25 0.5 0.75 (the default)")
@@ -218,6 +219,7 @@ def _check_drift_options(cfg: TrainConfig) -> None:
         _fail("drift-guard-bounds", f"--drift_guard_window {cfg.drift_guard_window} must be >= 2, "
               f"--drift_guard_proxy_ratio {cfg.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
               f"and --drift_guard_heldout_fall {cfg.drift_guard_heldout_fall} >= 0", "use the defaults (3, 2.0, 0.05)")
+    return []
 
 
 def _check_reward_weights(text: str) -> None:

@@ -57,12 +57,13 @@ class DriftWatch:
 
 
 def drift_watch_of(cfg: "TrainConfig", kl_mode: KLMode) -> DriftWatch:
-    """The run's :class:`DriftWatch`. ``--drift_guard`` turns the proxy on. The base model costs nothing with LoRA
-    (the policy with its adapters disabled) nor with a KL anchor that never moves (the reference is the base model);
-    otherwise (no KL, or the moving anchor) it is a frozen copy of the transformer, placed like the reference."""
-    on = cfg.drift_proxy or cfg.drift_guard != "off"
+    """The run's :class:`DriftWatch`. ``--drift_guard`` turns the proxy on; without validation points
+    (``--validation_interval`` 0) both are off. The base model costs nothing with LoRA (the policy with its adapters
+    disabled) nor with a KL anchor that never moves (the reference is the base model); otherwise (no KL, or the moving
+    anchor) it is a frozen copy of the transformer, placed like the reference."""
+    on = (cfg.drift_proxy or cfg.drift_guard != "off") and cfg.validation_interval > 0
     reference_is_base = kl_mode.uses_reference and not kl_mode.moving_anchor
-    return DriftWatch(tuple(cfg.drift_proxy_sigmas) if on else (), cfg.drift_guard,
+    return DriftWatch(tuple(cfg.drift_proxy_sigmas) if on else (), cfg.drift_guard if on else "off",
                       GuardBounds(cfg.drift_guard_proxy_ratio, cfg.drift_guard_window, cfg.drift_guard_reward_rise,
                                   cfg.drift_guard_heldout_fall),
                       base_copy=on and not cfg.use_lora and not reference_is_base)

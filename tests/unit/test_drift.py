@@ -310,9 +310,10 @@ def test_the_drift_flags_are_checked_and_decided_once():
     def check(**flags):
         validate_train_config(TrainConfig(sp_size=1, num_generations=2, **flags))
 
-    with pytest.raises(ConfigError, match=r"^\[drift-needs-validation\] --drift_guard warn is measured at the "
-                                          "validation points, but --validation_interval is 0"):
-        check(drift_guard="warn", validation_interval=0)
+    assert validate_train_config(TrainConfig(sp_size=1, num_generations=2, drift_guard="warn",
+                                             validation_interval=0)) == [
+        "--drift_guard warn is measured at the validation points and --validation_interval is 0: the drift proxy and "
+        "guard are off"]
     with pytest.raises(ConfigError, match=r"^\[drift-proxy-sigmas\] --drift_proxy_sigmas \[0.5, 1.0\] must be"):
         check(drift_proxy=True, drift_proxy_sigmas=[0.5, 1.0])
     with pytest.raises(ConfigError, match=r"--drift_guard_proxy_ratio 1.0 > 1 \(the step-0 point is 1"):
@@ -324,9 +325,27 @@ def test_the_drift_flags_are_checked_and_decided_once():
         return drift_watch_of(cfg, kl_mode_of(cfg))
 
     assert watch().sigmas == () and not watch().guarded and not watch().base_copy  # off by default
+    assert watch(drift_guard="stop", validation_interval=0) == watch()  # nothing to watch: off
     assert watch(drift_guard="warn").sigmas == (0.25, 0.5, 0.75)  # the guard turns the proxy on
     # the frozen base costs a copy only where no model of the run is the base already
     assert watch(drift_proxy=True).base_copy  # the reference launch: the moving anchor leaves the base behind
     assert watch(drift_proxy=True, kl_weight=0.0).base_copy  # no KL: no reference at all
     assert not watch(drift_proxy=True, use_moving_KL=False).base_copy  # a fixed anchor is the base
     assert not watch(drift_proxy=True, use_lora=True).base_copy  # LoRA: the policy with its adapters disabled
+
+
+def test_run_png_shows_the_proxy_beside_the_true_manifold_error():
+    from sage_grpo.cli.plot import run_panels
+
+    train = [{"step": s, "gathered_avg_reward_mean": 0.5, "gathered_toy_large_manifold_error_reward_mean": 0.07}
+             for s in (1, 2, 3, 4)]
+    valid = [{"step": s, "Validation/toy_large_manifold_error": error, "Validation/drift_proxy": 0.1 * ratio,
+              "Validation/drift_proxy_ratio": ratio, "Validation/drift_guard_alarms": float(ratio > 2),
+              "Validation/clipscore": 0.3} for s, error, ratio in ((0, 0.05, 1.0), (2, 0.06, 1.5), (4, 0.1, 2.5))]
+    panels = run_panels(train + valid)
+    drift = next(p for p in panels if p.title.startswith("drift of the validation samples"))
+    assert [(s.name, list(s.x), [round(y, 6) for y in s.y]) for s in drift.series] == [
+        ("drift proxy", [0, 2, 4], [1.0, 1.5, 2.5]), ("manifold error (truth)", [0, 2, 4], [1.0, 1.2, 2.0]),
+        ("drift guard alarms", [4], [2.5])]
+    assert [p.title for p in panels if p.title.startswith("held-out")] == [
+        "held-out Validation/clipscore of the validation prompts (mean over the prompts)"]  # no drift key panels
