@@ -3,6 +3,7 @@ the validation samples of the toy study's KL arms, at every validation point, ag
 
     python scripts/drift_proxy_study.py                       # no KL, fixed, dual moving x seeds 0 1 2, 20 steps
     python scripts/drift_proxy_study.py --seeds 0 --steps 6   # a quick look
+    python scripts/drift_proxy_study.py --guard               # the drift guard with its defaults in real runs
 
 Each run trains ``configs/toy_cpu.yaml`` (the demo) with the arm's KL flags and, at step 0 and every ``--every``
 steps, samples the held-out prompts of ``assets/toy_valid.csv`` (deterministic ODE samples, as the trainer's
@@ -15,6 +16,11 @@ own samples of the same prompts and seeds (latents and pixels) and the energy di
 Writes the raw rows (one per validation sample) to ``<runs>/drift_proxy_study.json`` and prints the Spearman rank
 correlation of each candidate with the true manifold error: over the validation points (each the mean over its
 samples; every arm, seed and step) and over the single samples.
+
+``--guard`` runs the trainer itself (``--drift_guard warn``, every other drift flag at its default, validation every
+``--every`` steps on ``assets/toy_valid.csv``) on the demo's configuration as it is (25 steps) and without the KL
+(``--kl_weight 0``, ``--steps``), and prints per run the validation step at which the manifold error of the
+validation samples first reaches ``--crossing`` and the step of the guard's first alarm.
 """
 
 import argparse
@@ -36,6 +42,7 @@ from sage_grpo.pipeline.drift import base_denoising_errors, trajectory_path_kl  
 from sage_grpo.rl.drift import energy_distance, paired_rms, spearman  # noqa: E402
 from sage_grpo.toy.manifold import fit_manifold  # noqa: E402
 from sage_grpo.toy.study import base_config  # noqa: E402
+from sage_grpo.tracking.run_dir import read_metrics  # noqa: E402
 from sage_grpo.trainer import GRPOTrainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,7 +153,11 @@ def main(argv=None) -> int:
     parser.add_argument("--valid_csv", default=str(REPO / "assets/toy_valid.csv"))
     parser.add_argument("--runs", default=str(REPO / "outputs/drift_proxy_study"))
     parser.add_argument("--report", default=None, help="only print the correlations of an earlier JSON")
+    parser.add_argument("--guard", action="store_true", help="the drift guard in real runs (module docstring)")
+    parser.add_argument("--crossing", type=float, default=0.15, help="--guard: the manifold error to flag")
     args = parser.parse_args(argv)
+    if args.guard:
+        return guard_study(args)
     if args.report:
         rows = json.loads(Path(args.report).read_text())["rows"]
     else:
@@ -156,11 +167,46 @@ def main(argv=None) -> int:
     return 0
 
 
+GUARD_ARMS = {"demo": {}, "no KL": {"kl_weight": 0.0}}
+
+
+def guard_study(args) -> int:
+    """The guard's default bounds in real runs: when it first warns against when the manifold error crosses."""
+    from sage_grpo.tracking.run_dir import validation_rows
+    from sage_grpo.trainer import run_training
+
+    torch.set_num_threads(1)
+    results = []
+    for arm, overrides in GUARD_ARMS.items():
+        for seed in args.seeds:
+            steps = {"max_steps": args.steps} if overrides else {}
+            cfg = base_config(args.config, seed=seed, output_dir=str(Path(args.runs) / f"guard-{arm}-seed{seed}"),
+                              validation_interval=args.every, valid_video_csv=[args.valid_csv], drift_guard="warn",
+                              save_rollout_videos=False, overwrite_output_dir=True, report_to=["none"], quiet=True,
+                              **steps, **overrides)
+            print(f"[{time.strftime('%H:%M:%S')}] guard: {arm}, seed {seed}", flush=True)
+            rows = validation_rows(read_metrics(run_training(cfg).run_dir))
+            error = next(k for k in rows[0] if k.endswith("_manifold_error"))
+            crossing = next((r["step"] for r in rows if r[error] >= args.crossing), None)
+            alarm = next((r["step"] for r in rows if r["Validation/drift_guard_alarms"] > 0), None)
+            results.append({"arm": arm, "seed": seed, "crossing": crossing, "first_alarm": alarm,
+                             "points": [{k: r[k] for k in ("step", error, "Validation/drift_proxy_ratio",
+                                                           "Validation/drift_guard_alarms")} for r in rows]})
+            print(f"  manifold error >= {args.crossing} first at step {crossing}; first alarm at step {alarm}; "
+                  f"max manifold error {max(r[error] for r in rows):.4f}, max proxy ratio "
+                  f"{max(r['Validation/drift_proxy_ratio'] for r in rows):.2f}", flush=True)
+    output = Path(args.runs) / "drift_guard_study.json"
+    output.write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
+    print(f"wrote {output}")
+    return 0
+
+
 def run_study(args) -> List[Dict]:
     torch.set_num_threads(1)
     base_cfg = base_config(args.config, max_steps=args.steps, save_interval=args.steps,
                            validation_interval=args.every, validate_at_step0=True, valid_video_csv=[args.valid_csv],
-                           save_rollout_videos=False, overwrite_output_dir=True, report_to=["none"], quiet=True)
+                           save_rollout_videos=False, overwrite_output_dir=True, report_to=["none"], quiet=True,
+                           drift_guard="off")  # the probe measures every candidate itself
     read_prompt_csvs(base_cfg.valid_video_csv)  # a bad CSV fails before any run
     base = load_transformer(base_cfg.pretrained_model_root, base_cfg.pretrained_transformer_version, torch.float32,
                             "cpu").eval()
