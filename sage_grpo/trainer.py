@@ -173,8 +173,7 @@ class GRPOTrainer:
 
         self.dims.build_meshes()
         seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
-        self.models: ModelBundle = build_models(cfg, self.kl_mode, placement_of(cfg, resolve_device(cfg)),
-                                                self.drift_watch.base_copy)
+        self.models: ModelBundle = build_models(cfg, self.kl_mode, placement_of(cfg, resolve_device(cfg)))
         parallelize_models(self.models, self.dims, cfg)
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device

@@ -117,9 +117,11 @@ def check_finite_options(config) -> None:
     comparison (``nan <= 0`` is False), so it would reach the sampler; inf is no valid setting either."""
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
+        values = value if isinstance(value, list) else [value]  # a list of floats: each (--drift_proxy_sigmas)
+        bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
             default = field.default if field.default is not dataclasses.MISSING else None
-            _fail(f"{field.name}-finite", f"--{field.name} {value} is not a finite number",
+            _fail(f"{field.name}-finite", f"--{field.name} {bad[0]} is not a finite number",
                   f"give a number; the default is {default!r}" if default is not None
                   else "give a number, or leave it unset for its default")
 

@@ -55,7 +55,7 @@ from sage_grpo.models.sharded_load import load_sharded_weights, transformer_on_m
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.models.placement import Placement
 from sage_grpo.models.vae import decode_latents
-from sage_grpo.rl import KLMode
+from sage_grpo.rl import KLMode, drift_watch_of
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:
@@ -241,10 +241,10 @@ def build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, maste
         pretrained_path=cfg.pretrained_lora_path, with_anchor=kl_mode.moving_anchor, seed=cfg.seed, dtype=master_dtype)
 
 
-def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement, base_copy: bool = False) -> ModelBundle:
+def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> ModelBundle:
     """The policy, the reference when ``kl_mode`` uses one (see the module docstring), the drift proxy's frozen base
-    copy when ``base_copy``, the VAE and the encoder, laid out as ``placement`` says (the memory plan's decision:
-    :func:`sage_grpo.plan.memory.placement_of`)."""
+    copy where the run's :class:`~sage_grpo.rl.drift_guard.DriftWatch` needs one, the VAE and the encoder, laid out as
+    ``placement`` says (the memory plan's decision: :func:`sage_grpo.plan.memory.placement_of`)."""
     if cfg.use_lora:  # a bad adapter path or target regex fails before the weights load
         check_lora_settings(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules,
                             cfg.pretrained_lora_path)
@@ -281,7 +281,8 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement, base_c
                                     compute_device=device if offload_encoders else None,
                                     max_cache_bytes=int(cfg.image_cache_gb * 2 ** 30))
               if components.image_encoder is not None else None)
-    base = frozen_transformer(cfg, folder, placement, device, on_meta) if base_copy and not cfg.use_lora else None
+    base_copy = drift_watch_of(cfg, kl_mode).base_copy
+    base = frozen_transformer(cfg, folder, placement, device, on_meta) if base_copy else None
     return ModelBundle(cfg, device, policy, reference, components.vae, encoder, placement, lora,
                        weights_folder=folder if on_meta else None, images=images, base=base)
 

@@ -24,7 +24,7 @@ def bundle_of(root, **flags):
                       byt5_max_length=TINY_TEXT.max_length_2, cfg_scale=1.0, drift_proxy=True, **flags)
     kl_mode = kl_mode_of(cfg)
     watch = drift_watch_of(cfg, kl_mode)
-    return cfg, build_models(cfg, kl_mode, placement_of(cfg, resolve_device(cfg)), watch.base_copy), watch
+    return cfg, build_models(cfg, kl_mode, placement_of(cfg, resolve_device(cfg))), watch
 
 
 def velocity(model, bundle, x):
