@@ -145,26 +145,26 @@ class TrainConfig:
         81, "Validation frame count", aliases=("validation_video_length", "video_length"))
     # (our own additions, docs/toy_study.md "Drift proxy": how far the samples left the base model's manifold)
     drift_proxy: bool = config_field(
-        False, "At every validation, the frozen base model's denoising error of the validation samples "
-        "(Validation/drift_proxy, and its ratio to the step-0 samples'); the base model is free with LoRA (adapters "
-        "off) and with a fixed KL anchor, a frozen copy of the transformer otherwise")
+        False, "At every validation (and at step 0), the frozen base model's denoising error of the validation "
+        "videos: Validation/drift_proxy and drift_proxy_ratio (over step 0). The base model is free with LoRA "
+        "(adapters off) and a fixed KL anchor, a frozen copy of the transformer otherwise")
     drift_proxy_sigmas: List[float] = config_field(
-        [0.25, 0.5, 0.75], "Noise levels sigma in (0, 1) of the drift proxy's denoising error (one base forward "
-        "each per validation video)", nargs="+")
+        [0.25, 0.5, 0.75], "Noise levels sigma in (0, 1) of the drift proxy's denoising error (one unguided base "
+        "forward each per validation video)", nargs="+")
     drift_guard: str = config_field(
         "off", "Drift sentinel at every validation (turns --drift_proxy on): warn (log, console, trackers), stop "
         "(checkpoint, then exit naming the bound crossed), rollback (to the newest checkpoint of a validation point "
         "that crossed no bound; stop when it is rolled back to twice); off", choices=DRIFT_GUARD_ACTIONS)
     drift_guard_proxy_ratio: float = config_field(
-        2.0, "Drift guard bound: the drift proxy over its step-0 value (the base model's own samples)")
+        3.0, "Drift guard bound: the drift proxy over its step-0 value (the base model's own samples)")
     drift_guard_window: int = config_field(
-        3, "Drift guard: validation points over which the training reward rising while a held-out metric falls is "
-        "an alarm")
+        3, "Drift guard: the validation points over which the training reward and the held-out metrics are compared")
     drift_guard_reward_rise: float = config_field(
-        0.0, "Drift guard bound: the training reward's fitted rise over the window above which ...")
+        0.0, "Drift guard bound: a training-reward rise over the window above this, while a held-out metric falls, "
+        "is an alarm")
     drift_guard_heldout_fall: float = config_field(
-        0.05, "... a held-out validation metric's fitted fall over the window, as a fraction of its first value, is "
-        "an alarm")
+        0.05, "Drift guard bound: a held-out metric (--validation_metrics) falling over the window by more than this "
+        "fraction of its first value, while the training reward rises, is an alarm")
     # ---------------------------------------------------------------- parallelism / memory
     use_lora: bool = config_field(False, "Train LoRA adapters instead of all weights")
     lora_r: int = config_field(8, "LoRA rank")
