@@ -118,6 +118,7 @@ def denoise_mean(row: Dict, levels) -> float:
 CANDIDATES = {
     **{f"denoising error σ={s}": (lambda row, s=s: row[f"denoise_{s}"]) for s in LEVELS},
     "denoising error, mean of σ 0.25/0.5/0.75": lambda row: denoise_mean(row, (0.25, 0.5, 0.75)),
+    "denoising error, mean of σ 0.5/0.75/0.9": lambda row: denoise_mean(row, (0.5, 0.75, 0.9)),
     "denoising error, mean of all levels": lambda row: denoise_mean(row, LEVELS),
     "path KL to the base": lambda row: row["path_kl"],
     "paired RMS to base samples (latent)": lambda row: row["paired_rms_latent"],

@@ -149,7 +149,7 @@ class TrainConfig:
         "videos: Validation/drift_proxy and drift_proxy_ratio (over step 0). The base model is free with LoRA "
         "(adapters off) and a fixed KL anchor, a frozen copy of the transformer otherwise")
     drift_proxy_sigmas: List[float] = config_field(
-        [0.25, 0.5, 0.75], "Noise levels sigma in (0, 1) of the drift proxy's denoising error (one unguided base "
+        [0.5, 0.75, 0.9], "Noise levels sigma in (0, 1) of the drift proxy's denoising error (one unguided base "
         "forward each per validation video)", nargs="+")
     drift_guard: str = config_field(
         "off", "Drift sentinel at every validation (turns --drift_proxy on): warn (log, console, trackers), stop "

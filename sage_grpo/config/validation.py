@@ -216,7 +216,7 @@ def _check_drift_options(cfg: TrainConfig) -> List[str]:
                 f"{cfg.validation_interval}: the drift proxy and guard are off"]
     if not cfg.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in cfg.drift_proxy_sigmas):
         _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {cfg.drift_proxy_sigmas} must be one or more noise levels "
-              "in (0, 1)", "use --drift_proxy_sigmas 0.25 0.5 0.75 (the default)")
+              "in (0, 1)", "use --drift_proxy_sigmas 0.5 0.75 0.9 (the default)")
     if cfg.drift_guard_window < 2 or cfg.drift_guard_proxy_ratio <= 1 or cfg.drift_guard_heldout_fall < 0:
         _fail("drift-guard-bounds", f"--drift_guard_window {cfg.drift_guard_window} must be >= 2, "
               f"--drift_guard_proxy_ratio {cfg.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "

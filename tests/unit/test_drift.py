@@ -326,7 +326,7 @@ def test_the_drift_flags_are_checked_and_decided_once():
 
     assert watch().sigmas == () and not watch().guarded and not watch().base_copy  # off by default
     assert watch(drift_guard="stop", validation_interval=0) == watch()  # nothing to watch: off
-    assert watch(drift_guard="warn").sigmas == (0.25, 0.5, 0.75)  # the guard turns the proxy on
+    assert watch(drift_guard="warn").sigmas == (0.5, 0.75, 0.9)  # the guard turns the proxy on
     # the frozen base costs a copy only where no model of the run is the base already
     assert watch(drift_proxy=True).base_copy  # the reference launch: the moving anchor leaves the base behind
     assert watch(drift_proxy=True, kl_weight=0.0).base_copy  # no KL: no reference at all
