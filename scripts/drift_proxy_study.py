@@ -1,13 +1,13 @@
 """Which drift proxy tracks the toy world's true manifold error? Every candidate of ``sage_grpo.rl.drift`` measured on
 the validation samples of the toy study's KL arms, at every validation point, against the ground truth.
 
-    python scripts/drift_proxy_study.py                       # no KL, fixed, dual moving x seeds 0 1 2, 20 steps
+    python scripts/drift_proxy_study.py                       # no KL, fixed (20 steps), the demo (25) x seeds 0 1 2
     python scripts/drift_proxy_study.py --seeds 0 --steps 6   # a quick look
-    python scripts/drift_proxy_study.py --guard               # the drift guard with its defaults in real runs
 
-Each run trains ``configs/toy_cpu.yaml`` (the demo) with the arm's KL flags and, at step 0 and every ``--every``
-steps, samples the held-out prompts of ``assets/toy_valid.csv`` (deterministic ODE samples, as the trainer's
-validation) and measures on them: the true manifold error (``sage_grpo.toy.manifold``: the ground truth, which a real
+Each run trains ``configs/toy_cpu.yaml`` (the demo: dual moving KL, 25 steps) with the arm's KL flags (no KL and the
+fixed anchor for ``--steps``) and, at step 0 and every ``--every`` steps, runs the trainer's own validation of the
+held-out prompts of ``assets/toy_valid.csv`` (deterministic ODE samples, scored, with the drift proxy and the drift
+guard at their defaults, ``--drift_guard warn``); then it samples the same prompts again and measures on them: the true manifold error (``sage_grpo.toy.manifold``: the ground truth, which a real
 run does not have), the reward, and the candidates, all computed from the policy, the frozen base model and the
 samples only: the base model's denoising error at several noise levels, the path KL to the base policy along the
 validation trajectories (the training SDE on the validation schedule), the paired RMS distance to the base model's
@@ -17,10 +17,8 @@ Writes the raw rows (one per validation sample) to ``<runs>/drift_proxy_study.js
 correlation of each candidate with the true manifold error: over the validation points (each the mean over its
 samples; every arm, seed and step) and over the single samples.
 
-``--guard`` runs the trainer itself (``--drift_guard warn``, every other drift flag at its default, validation every
-``--every`` steps on ``assets/toy_valid.csv``) on the demo's configuration as it is (25 steps) and without the KL
-(``--kl_weight 0``, ``--steps``), and prints per run the validation step at which the manifold error of the
-validation samples first reaches ``--crossing`` and the step of the guard's first alarm.
+It also prints, per run, from the trainer's own validation rows (``metrics.jsonl``), the validation step at which the
+manifold error of the validation samples first reaches ``--crossing`` and the step of the drift guard's first alarm.
 """
 
 import argparse
@@ -29,7 +27,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,24 +40,26 @@ from sage_grpo.pipeline.drift import base_denoising_errors, trajectory_path_kl  
 from sage_grpo.rl.drift import energy_distance, paired_rms, spearman  # noqa: E402
 from sage_grpo.toy.manifold import fit_manifold  # noqa: E402
 from sage_grpo.toy.study import base_config  # noqa: E402
-from sage_grpo.tracking.run_dir import read_metrics  # noqa: E402
+from sage_grpo.tracking.run_dir import read_metrics, validation_rows  # noqa: E402
 from sage_grpo.trainer import GRPOTrainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"none": dict(kl_weight=0.0), "fixed": dict(use_moving_KL=False, use_dual_kl=False),
-        "dual_moving": dict(use_moving_KL=True, use_dual_kl=True)}
+        "demo": dict(use_moving_KL=True, use_dual_kl=True)}  # the demo: dual moving KL, its own 25 steps
 LEVELS = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
 class ProbedTrainer(GRPOTrainer):
-    """The trainer with its validation replaced by the probe (no videos written; the same points in the run)."""
+    """The trainer, its validation (the drift proxy and guard included) followed by the probe."""
 
     def __init__(self, cfg, probe):
         super().__init__(cfg)
         self.probe = probe
 
-    def validate(self, step: int) -> None:
+    def validate(self, step: int):
+        result = super().validate(step)
         self.probe(self, step)
+        return result
 
 
 class Probe:
@@ -153,65 +153,44 @@ def main(argv=None) -> int:
     parser.add_argument("--every", type=int, default=2, help="validation interval (steps)")
     parser.add_argument("--valid_csv", default=str(REPO / "assets/toy_valid.csv"))
     parser.add_argument("--runs", default=str(REPO / "outputs/drift_proxy_study"))
-    parser.add_argument("--report", default=None, help="only print the correlations of an earlier JSON")
-    parser.add_argument("--guard", action="store_true", help="the drift guard in real runs (module docstring)")
-    parser.add_argument("--crossing", type=float, default=0.15, help="--guard: the manifold error to flag")
+    parser.add_argument("--report", nargs="+", default=None, help="only print the results of earlier JSONs")
+    parser.add_argument("--crossing", type=float, default=0.15, help="the manifold error the guard should flag")
     args = parser.parse_args(argv)
-    if args.guard:
-        return guard_study(args)
     if args.report:
-        rows = json.loads(Path(args.report).read_text())["rows"]
+        runs = [json.loads(Path(path).read_text()) for path in args.report]
+        rows, guarded = [r for run in runs for r in run["rows"]], [g for run in runs for g in run.get("guard", [])]
     else:
-        rows = run_study(args)
+        rows, guarded = run_study(args)
     for name, values in correlations(rows).items():
         print(f"{name:45s} points {values['points']:+.3f}   samples {values['samples']:+.3f}")
+    for run in guarded:
+        print(f"{run['arm']}, seed {run['seed']}: manifold error >= {args.crossing} first at step {run['crossing']}, "
+              f"first drift guard alarm at step {run['first_alarm']}; at most {run['max_manifold_error']:.4f} and "
+              f"{run['max_proxy_ratio']:.2f}x")
     return 0
 
 
-GUARD_ARMS = {"demo": {}, "no KL": {"kl_weight": 0.0}}
+def guard_outcome(run_dir: Path, crossing: float) -> Dict:
+    """From the trainer's validation rows: when the manifold error first reaches ``crossing``, when the guard first
+    raised an alarm, and the largest manifold error and proxy ratio."""
+    rows = validation_rows(read_metrics(run_dir))
+    error = next(key for key in rows[0] if key.endswith("_manifold_error"))
+    return {"crossing": next((r["step"] for r in rows if r[error] >= crossing), None),
+            "first_alarm": next((r["step"] for r in rows if r["Validation/drift_guard_alarms"] > 0), None),
+            "max_manifold_error": max(r[error] for r in rows),
+            "max_proxy_ratio": max(r["Validation/drift_proxy_ratio"] for r in rows)}
 
 
-def guard_study(args) -> int:
-    """The guard's default bounds in real runs: when it first warns against when the manifold error crosses."""
-    from sage_grpo.tracking.run_dir import validation_rows
-    from sage_grpo.trainer import run_training
-
+def run_study(args) -> Tuple[List[Dict], List[Dict]]:
     torch.set_num_threads(1)
-    results = []
-    for arm, overrides in GUARD_ARMS.items():
-        for seed in args.seeds:
-            steps = {"max_steps": args.steps} if overrides else {}
-            cfg = base_config(args.config, seed=seed, output_dir=str(Path(args.runs) / f"guard-{arm}-seed{seed}"),
-                              validation_interval=args.every, valid_video_csv=[args.valid_csv], drift_guard="warn",
-                              save_rollout_videos=False, overwrite_output_dir=True, report_to=["none"], quiet=True,
-                              **steps, **overrides)
-            print(f"[{time.strftime('%H:%M:%S')}] guard: {arm}, seed {seed}", flush=True)
-            rows = validation_rows(read_metrics(run_training(cfg).run_dir))
-            error = next(k for k in rows[0] if k.endswith("_manifold_error"))
-            crossing = next((r["step"] for r in rows if r[error] >= args.crossing), None)
-            alarm = next((r["step"] for r in rows if r["Validation/drift_guard_alarms"] > 0), None)
-            results.append({"arm": arm, "seed": seed, "crossing": crossing, "first_alarm": alarm,
-                             "points": [{k: r[k] for k in ("step", error, "Validation/drift_proxy_ratio",
-                                                           "Validation/drift_guard_alarms")} for r in rows]})
-            print(f"  manifold error >= {args.crossing} first at step {crossing}; first alarm at step {alarm}; "
-                  f"max manifold error {max(r[error] for r in rows):.4f}, max proxy ratio "
-                  f"{max(r['Validation/drift_proxy_ratio'] for r in rows):.2f}", flush=True)
-    output = Path(args.runs) / "drift_guard_study.json"
-    output.write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
-    print(f"wrote {output}")
-    return 0
-
-
-def run_study(args) -> List[Dict]:
-    torch.set_num_threads(1)
-    base_cfg = base_config(args.config, max_steps=args.steps, save_interval=args.steps,
-                           validation_interval=args.every, validate_at_step0=True, valid_video_csv=[args.valid_csv],
-                           save_rollout_videos=False, overwrite_output_dir=True, report_to=["none"], quiet=True,
-                           drift_guard="off")  # the probe measures every candidate itself
+    base_cfg = base_config(args.config, validation_interval=args.every, valid_video_csv=[args.valid_csv],
+                           drift_guard="warn", save_rollout_videos=False, overwrite_output_dir=True,
+                           report_to=["none"], quiet=True)
     read_prompt_csvs(base_cfg.valid_video_csv)  # a bad CSV fails before any run
     base = load_transformer(base_cfg.pretrained_model_root, base_cfg.pretrained_transformer_version, torch.float32,
                             "cpu").eval()
     rows: List[Dict] = []
+    guarded: List[Dict] = []
     output = Path(args.runs) / "drift_proxy_study.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     probe = Probe(base, rows, {})
@@ -219,13 +198,16 @@ def run_study(args) -> List[Dict]:
         for seed in args.seeds:
             print(f"[{time.strftime('%H:%M:%S')}] {arm}, seed {seed}", flush=True)
             probe.tags = {"arm": arm, "seed": seed}
-            cfg = replace(base_cfg, seed=seed, output_dir=str(Path(args.runs) / f"{arm}-seed{seed}"), **ARMS[arm])
+            steps = base_cfg.max_steps if arm == "demo" else args.steps
+            cfg = replace(base_cfg, seed=seed, output_dir=str(Path(args.runs) / f"{arm}-seed{seed}"), max_steps=steps,
+                          save_interval=steps, **ARMS[arm])
             torch.manual_seed(seed)
             trainer = ProbedTrainer(cfg, probe)
             with trainer.peers.guard("training"):
                 trainer.train()
-            output.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=0))
-    return rows
+            guarded.append({"arm": arm, "seed": seed, **guard_outcome(trainer.run_dir, args.crossing)})
+            output.write_text(json.dumps({"args": vars(args), "rows": rows, "guard": guarded}, indent=0))
+    return rows, guarded
 
 
 if __name__ == "__main__":
