@@ -53,6 +53,7 @@ from torch import Tensor
 from sage_grpo.config import TrainConfig
 from sage_grpo.data import PromptItem, read_prompt_csvs
 from sage_grpo.distributed.collectives import broadcast_object_from_main
+from sage_grpo.models.bundle import ModelBundle
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.pipeline.sampler import Sampler
 from sage_grpo.tracking.trackers import LoggedVideo
@@ -87,7 +88,7 @@ class ValidationSamples:
 
     step: int  # the global step validated (0: before training)
     sampler: Sampler  # the validation sampler: its sigmas (N+1,), guidance, micro-batch
-    models: object  # the trainer's ModelBundle: policy, reference, vae, encode, decode
+    models: ModelBundle  # the trainer's: policy, reference (None without a KL reference), vae, encode, decode
     is_main: bool
     samples: List[ValidationSample] = field(default_factory=list)
 
@@ -158,7 +159,7 @@ class ValidationSettings:
 class Validator:
     """Samples, writes and measures the validation prompts (module docstring); built once, called per validation."""
 
-    def __init__(self, settings: ValidationSettings, sampler: Sampler, models, *, is_main: bool,
+    def __init__(self, settings: ValidationSettings, sampler: Sampler, models: ModelBundle, *, is_main: bool,
                  encode: Callable[[List[PromptItem], Tuple[int, int]], PromptEmbeds],
                  log_videos: Callable[[List[LoggedVideo], int], None]):
         self.settings, self.sampler, self.models, self.is_main = settings, sampler, models, is_main

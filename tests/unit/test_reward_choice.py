@@ -41,24 +41,26 @@ def refused(capsys, monkeypatch, tmp_path, *flags) -> str:
     return err
 
 
-def test_the_readme_plugin_with_the_default_weights_fails_in_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("module, source, message", [
+    ("readme_reward", README_PLUGIN, "the weights {\"VQ\": 0.5, \"MQ\": 0.5, \"TA\": 1.0} are VideoAlign's (the default of "
+                    "--reward_weights), and reward model '{module}:my_reward' declares no metric_names to check "
+                    "them against; use --reward_weights '{\"<its metric>\": 1.0}' (or '' to weigh its metrics "
+                    "equally), or declare its metrics (e.g. my_reward.metric_names = (\"score\",))"),
+    ("declared_reward", DECLARED, "reward model '{module}:my_reward' has no metric 'VQ' for sub_reward; its metrics: ('score',); "
+               "use --reward_weights '{\"score\": 1.0}' (or '' to weigh its metrics equally)"),
+])
+def test_a_plugin_with_mismatched_weights_fails_in_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys,
+                                                                                   module, source, message):
+    """The README's plug-in as it was (no metric names, the default weights) and declaring its metric."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    write_module(tmp_path, "readme_reward", README_PLUGIN)
-    err = refused(capsys, monkeypatch, tmp_path, "--reward_model", "readme_reward:my_reward")
-    assert err == ("error: --reward_model readme_reward:my_reward: the weights {\"VQ\": 0.5, \"MQ\": 0.5, \"TA\": 1.0} "
-                   "are VideoAlign's (the default of --reward_weights), and reward model 'readme_reward:my_reward' "
-                   "declares no metric_names to check them against; use --reward_weights '{\"<its metric>\": 1.0}' "
-                   "(or '' to weigh its metrics equally), or declare its metrics (e.g. my_reward.metric_names = "
-                   "(\"score\",))")
+    write_module(tmp_path, module, source)
+    err = refused(capsys, monkeypatch, tmp_path, "--reward_model", f"{module}:my_reward")
+    assert err == f"error: --reward_model {module}:my_reward: {message.replace('{module}', module)}"
 
 
-def test_a_declared_plugin_names_the_mismatch_and_the_weights_that_work(tmp_path, monkeypatch, capsys):
+def test_a_declared_plugin_takes_its_own_weights_and_an_extra_one_is_told_its_entry(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     write_module(tmp_path, "declared_reward", DECLARED)
-    err = refused(capsys, monkeypatch, tmp_path, "--reward_model", "declared_reward:my_reward")
-    assert err == ("error: --reward_model declared_reward:my_reward: reward model 'declared_reward:my_reward' has no "
-                   "metric 'VQ' for sub_reward; its metrics: ('score',); use --reward_weights '{\"score\": 1.0}' (or "
-                   "'' to weigh its metrics equally)")
     cfg = parse_cli(TrainConfig, ["--reward_model", "declared_reward:my_reward", "--reward_weights", '{"score": 1}'])
     assert check_reward_config(cfg).models["declared_reward:my_reward"]["sub_reward"] == {"score": 1.0}
     # an extra model is told what to put in its entry
@@ -73,6 +75,8 @@ def test_several_rewards_combine_from_words_a_yaml_mapping_or_a_list(tmp_path):
     words = parse_cli(TrainConfig, ["--reward_model", "brightness", "--reward_weights", "",
                                     "--extra_rewards", "target_color=0.5", "temporal_smoothness"])
     assert words.extra_rewards == {"target_color": 0.5, "temporal_smoothness": None}
+    assert parse_cli(TrainConfig, ["--extra_rewards", '{"target_color": {"weight": 0.5}}']).extra_rewards == {
+        "target_color": {"weight": 0.5}}  # JSON on the command line
     config = tmp_path / "run.yaml"
     config.write_text("reward_model: brightness\nreward_weights: ''\nextra_rewards:\n  brightness: 0.25\n"
                       "  target_color: {weight: 0.5, kwargs: {target_rgb: [0, 0, 1]}}\n")
