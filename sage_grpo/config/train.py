@@ -156,7 +156,7 @@ class TrainConfig:
         "(checkpoint, then exit naming the bound crossed), rollback (to the newest checkpoint of a validation point "
         "that crossed no bound; stop when it is rolled back to twice); off", choices=DRIFT_GUARD_ACTIONS)
     drift_guard_proxy_ratio: float = config_field(
-        3.0, "Drift guard bound: the drift proxy over its step-0 value (the base model's own samples)")
+        4.0, "Drift guard bound: the drift proxy over its step-0 value (the base model's own samples)")
     drift_guard_window: int = config_field(
         3, "Drift guard: the validation points over which the training reward and the held-out metrics are compared")
     drift_guard_reward_rise: float = config_field(

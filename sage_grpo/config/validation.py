@@ -220,7 +220,7 @@ def _check_drift_options(cfg: TrainConfig) -> List[str]:
     if cfg.drift_guard_window < 2 or cfg.drift_guard_proxy_ratio <= 1 or cfg.drift_guard_heldout_fall < 0:
         _fail("drift-guard-bounds", f"--drift_guard_window {cfg.drift_guard_window} must be >= 2, "
               f"--drift_guard_proxy_ratio {cfg.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
-              f"and --drift_guard_heldout_fall {cfg.drift_guard_heldout_fall} >= 0", "use the defaults (3, 3.0, 0.05)")
+              f"and --drift_guard_heldout_fall {cfg.drift_guard_heldout_fall} >= 0", "use the defaults (3, 4.0, 0.05)")
     return []
 
 
