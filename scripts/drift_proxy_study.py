@@ -7,8 +7,9 @@ the validation samples of the toy study's KL arms, at every validation point, ag
 Each run trains ``configs/toy_cpu.yaml`` (the demo: dual moving KL, 25 steps) with the arm's KL flags (no KL and the
 fixed anchor for ``--steps``) and, at step 0 and every ``--every`` steps, runs the trainer's own validation of the
 held-out prompts of ``assets/toy_valid.csv`` (deterministic ODE samples, scored, with the drift proxy and the drift
-guard at their defaults, ``--drift_guard warn``); then it samples the same prompts again and measures on them: the true manifold error (``sage_grpo.toy.manifold``: the ground truth, which a real
-run does not have), the reward, and the candidates, all computed from the policy, the frozen base model and the
+guard at their defaults, ``--drift_guard warn``); then it samples the same prompts again and measures on them: the
+true manifold error (``sage_grpo.toy.manifold``: the ground truth, which a real run does not have), the reward, and
+the candidates, all computed from the policy, the frozen base model and the
 samples only: the base model's denoising error at several noise levels, the path KL to the base policy along the
 validation trajectories (the training SDE on the validation schedule), the paired RMS distance to the base model's
 own samples of the same prompts and seeds (latents and pixels) and the energy distance between the two sets.

@@ -15,8 +15,8 @@ from torch import Tensor
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.pipeline.validation import PREFIX as VALIDATION_PREFIX
 from sage_grpo.pipeline.velocity import cfg_velocity
-from sage_grpo.rl.drift import VelocityFn, denoising_errors, gaussian_path_kl, proxy_noise
 from sage_grpo.rewards.scorers import MetricPlan, held_out_key_test
+from sage_grpo.rl.drift import VelocityFn, denoising_errors, gaussian_path_kl, proxy_noise
 from sage_grpo.rl.drift_guard import Alarm, DriftGuard, DriftWatch
 from sage_grpo.sde.schedule import NUM_TRAIN_TIMESTEPS
 
@@ -89,7 +89,7 @@ class DriftSentinel:
     * ``warn``: the alarm goes to the log and the console (``DRIFT GUARD`` lines) and to the trackers
       (``Validation/drift_guard_alarms``, the number of bounds crossed at the point); training goes on.
     * ``stop``: a checkpoint of the current step, then :class:`DriftGuardStop` naming what crossed which bound.
-    * ``rollback``: the weights, optimizer, KL controller and anchor of the newest checkpoint at or before the last
+    * ``rollback``: the weights, optimizer, KL controller, anchor and EMA of the newest checkpoint at or before the last
       validation point that crossed no bound (the anchor itself is no rollback target: refreshed every
       ``--update_ref_model_step`` updates, far more often than validation, it has followed the policy into the drift
       by the time an alarm fires); the step counters go on, so the data and the noise after it are new. Rolling back

@@ -172,7 +172,8 @@ class DriftGuard:
                 "last_clean_step": self.last_clean_step, "rollbacks": list(self.rollbacks)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a :meth:`state_dict`; read back from a checkpoint, it is checked first (:func:`check_guard_state`)."""
+        """Restore a :meth:`state_dict`; read back from a checkpoint, it is checked first
+        (:func:`check_guard_state`)."""
         check_guard_state(state)
         self.proxy_baseline = state["proxy_baseline"]
         self.heldout_baseline = dict(state["heldout_baseline"])

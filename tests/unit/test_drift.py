@@ -238,8 +238,8 @@ def test_stop_saves_then_names_the_bound():
     run = Run([2])
     with pytest.raises(DriftGuardStop) as stopped:
         points(guard, run, [0.1, 0.15, 0.25])
-    assert str(stopped.value) == ("--drift_guard stop stopped the run at step 4: drift proxy 0.25 is 2.50x its baseline "
-                                  "0.1 (bound --drift_guard_proxy_ratio 2). The weights of this step are in "
+    assert str(stopped.value) == ("--drift_guard stop stopped the run at step 4: drift proxy 0.25 is 2.50x its "
+                                  "baseline 0.1 (bound --drift_guard_proxy_ratio 2). The weights of this step are in "
                                   "run/checkpoint-4")
     assert run.calls == [("save", 4)]
 

@@ -64,7 +64,8 @@ def test_the_validation_metric_is_the_base_models_reconstruction_error_by_hand(t
     samples = ValidationSamples(4, sampler_of(cfg), bundle, True,
                                 [ValidationSample(PromptItem(0, "a red disk", 930), embeds, x0[:, None])])
     value = DriftProxyMetric((0.5,))(samples)["drift_proxy"]
-    # σ = 0.5, ε from the sample's seed: x_σ = 0.5·x0 + 0.5·ε, the base's unguided velocity at t = 500, x̂0 = x_σ − 0.5·v
+    # σ = 0.5, ε from the sample's seed: x_σ = 0.5·x0 + 0.5·ε, the base's unguided velocity at t = 500,
+    # x̂0 = x_σ − 0.5·v
     eps = proxy_noise([930], 1, LATENT[1:])[0]
     noisy = 0.5 * x0 + 0.5 * eps
     x0_hat = noisy - 0.5 * velocity(bundle.reference, bundle, noisy)
