@@ -6,8 +6,8 @@ the validation samples of the toy study's KL arms, at every validation point, ag
 
 Each run trains ``configs/toy_cpu.yaml`` (the demo: dual moving KL, 25 steps) with the arm's KL flags (no KL and the
 fixed anchor for ``--steps``) and, at step 0 and every ``--every`` steps, runs the trainer's own validation of the
-held-out prompts of ``assets/toy_valid.csv`` (deterministic ODE samples, scored, with the drift proxy and the drift
-guard at their defaults, ``--drift_guard warn``); then it samples the same prompts again and measures on them: the
+8 held-out prompts of ``assets/toy_drift_valid.csv`` (deterministic ODE samples, scored by the reward alone, with
+the drift proxy and the drift guard at their defaults, ``--drift_guard warn``); then it samples the same prompts again and measures on them: the
 true manifold error (``sage_grpo.toy.manifold``: the ground truth, which a real run does not have), the reward, and
 the candidates, all computed from the policy, the frozen base model and the
 samples only: the base model's denoising error at several noise levels, the path KL to the base policy along the
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--every", type=int, default=2, help="validation interval (steps)")
-    parser.add_argument("--valid_csv", default=str(REPO / "assets/toy_valid.csv"))
+    parser.add_argument("--valid_csv", default=str(REPO / "assets/toy_drift_valid.csv"))
     parser.add_argument("--runs", default=str(REPO / "outputs/drift_proxy_study"))
     parser.add_argument("--report", nargs="+", default=None, help="only print the results of earlier JSONs")
     parser.add_argument("--crossing", type=float, default=0.15, help="the manifold error the guard should flag")
@@ -185,7 +185,7 @@ def guard_outcome(run_dir: Path, crossing: float) -> Dict:
 def run_study(args) -> Tuple[List[Dict], List[Dict]]:
     torch.set_num_threads(1)
     base_cfg = base_config(args.config, validation_interval=args.every, valid_video_csv=[args.valid_csv],
-                           drift_guard="warn", save_rollout_videos=False, overwrite_output_dir=True,
+                           validate_at_step0=True, validation_metrics=None, drift_guard="warn", save_rollout_videos=False, overwrite_output_dir=True,
                            report_to=["none"], quiet=True)
     read_prompt_csvs(base_cfg.valid_video_csv)  # a bad CSV fails before any run
     base = load_transformer(base_cfg.pretrained_model_root, base_cfg.pretrained_transformer_version, torch.float32,

@@ -4,6 +4,7 @@ on and on rank 0 when held out, nothing twice and nothing when no validation run
 import pytest
 
 from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.models.placement import Placement
 from sage_grpo.plan import memory as planner
 from sage_grpo.plan.scorers import held_out_rewards, local_rewards
 from sage_grpo.rewards.tiny import write_tiny_clip_scorers
@@ -17,11 +18,16 @@ def components(plan, phase="train"):
     return {c.name: c.bytes for c in next(p for p in plan.phases if p.name == phase).components}
 
 
+def plan_of(cfg, world_size=8):
+    """The plan at the reference launch's own decisions (tests/unit/test_plan.py checks them)."""
+    return planner.plan_memory(cfg, planner.sizes_of(cfg), world_size, 80.0, Placement(False, False, "auto", 32))
+
+
 def test_held_out_scorers_add_their_fp32_weights_on_rank_0_at_the_reference_launch():
-    base = planner.plan_launch(parse_cli(TrainConfig, REFERENCE_FLAGS), world_size=8, gpu_memory_gib=80.0)
+    base = plan_of(parse_cli(TrainConfig, REFERENCE_FLAGS))
     cfg = parse_cli(TrainConfig, REFERENCE_FLAGS + ["--validation_metrics", "videoalign,clipscore,pickscore"])
     assert held_out_rewards(cfg) == ["clipscore", "pickscore"]  # videoalign is the training reward already
-    plan = planner.plan_launch(cfg, world_size=8, gpu_memory_gib=80.0)
+    plan = plan_of(cfg)
     train = components(plan)
     assert train["held-out scorer clipscore (rank 0)"] == CLIP_L14_PARAMS * 4
     assert train["held-out scorer pickscore (rank 0)"] == CLIP_H14_PARAMS * 4
@@ -31,8 +37,7 @@ def test_held_out_scorers_add_their_fp32_weights_on_rank_0_at_the_reference_laun
     scoring = components(plan, "validation scoring")
     assert scoring["validation scoring forward (rank 0): pickscore"] == 64 * 257 * (4 * 1280 + 5120 + 16 * 257) * 4
     off = parse_cli(TrainConfig, REFERENCE_FLAGS + ["--validation_metrics", "clipscore", "--validation_interval", "0"])
-    assert held_out_rewards(off) == [] and "validation scoring" not in {p.name for p in planner.plan_launch(
-        off, world_size=8, gpu_memory_gib=80.0).phases}
+    assert held_out_rewards(off) == [] and "validation scoring" not in {p.name for p in plan_of(off).phases}
 
 
 def test_a_trained_clip_reward_is_counted_from_its_folder_on_the_sp_leaders(tmp_path):
@@ -43,10 +48,9 @@ def test_a_trained_clip_reward_is_counted_from_its_folder_on_the_sp_leaders(tmp_
                                   "--reward_weights", "", "--extra_rewards", "target_color=0.5", "--sp_size", "1"])
     assert local_rewards(cfg) == ["clipscore", "target_color"] and not planner.sizes_of(cfg).reward_params
     model = CLIPModel.from_pretrained(root / "clip-vit-large-patch14", local_files_only=True, use_safetensors=True)
-    plan = planner.plan_launch(cfg, world_size=1, gpu_memory_gib=80.0)
-    train = components(plan)
+    train = components(plan_of(cfg, world_size=1))
     assert train["reward model clipscore (SP leaders)"] == sum(p.numel() for p in model.parameters()) * 4
     assert not any(name.startswith("reward model videoalign") for name in train)
     remote = parse_cli(TrainConfig, ["--remote_reward_url", "http://host:8765", "--sp_size", "1"])
     assert local_rewards(remote) == [] and not any(n.startswith("reward") for n in components(
-        planner.plan_launch(remote, world_size=1, gpu_memory_gib=80.0)))
+        plan_of(remote, world_size=1)))
