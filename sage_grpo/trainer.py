@@ -83,7 +83,7 @@ from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim.ema import PolicyEMA
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
-from sage_grpo.pipeline.drift import DriftGuardStop, DriftSentinel
+from sage_grpo.pipeline.drift import DriftGuardStop, DriftSentinel, check_watched_metrics
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
@@ -141,6 +141,7 @@ class GRPOTrainer:
         self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.drift_watch = rl.drift_watch_of(cfg, self.kl_mode)  # the drift proxy and guard, likewise
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
+        check_watched_metrics(self.drift_watch, self.reward_plan.held_out)
         self.notes += self.reward_plan.notes
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
@@ -208,7 +209,7 @@ class GRPOTrainer:
                                     trackers=trackers, max_steps=cfg.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
         self.validator = self._build_validator()
-        self.sentinel = DriftSentinel(self.drift_watch, self.reward_plan.held_out, self.validator, self.logger.info)
+        self.sentinel = DriftSentinel(self.drift_watch, self.validator, self.logger.info)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,

@@ -159,12 +159,16 @@ class TrainConfig:
         4.0, "Drift guard bound: the drift proxy over its step-0 value (the base model's own samples)")
     drift_guard_window: int = config_field(
         3, "Drift guard: the validation points over which the training reward and the held-out metrics are compared")
+    drift_guard_heldout: Optional[List[str]] = config_field(
+        None, "Drift guard: the held-out validation metrics (keys --validation_metrics logs, higher is better: "
+        "clipscore, pickscore, Overall, ...) whose fall while the training reward rises is an alarm; unset: none",
+        nargs="+")
     drift_guard_reward_rise: float = config_field(
         0.0, "Drift guard bound: a training-reward rise over the window above this, while a held-out metric falls, "
         "is an alarm")
     drift_guard_heldout_fall: float = config_field(
-        0.05, "Drift guard bound: a held-out metric (--validation_metrics) falling over the window by more than this "
-        "fraction of its first value, while the training reward rises, is an alarm")
+        0.05, "Drift guard bound: a --drift_guard_heldout metric falling over the window by more than this fraction "
+        "of its first value, while the training reward rises, is an alarm")
     # ---------------------------------------------------------------- parallelism / memory
     use_lora: bool = config_field(False, "Train LoRA adapters instead of all weights")
     lora_r: int = config_field(8, "LoRA rank")

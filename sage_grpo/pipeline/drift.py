@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from sage_grpo.config.validation import ConfigError
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.pipeline.validation import PREFIX as VALIDATION_PREFIX
 from sage_grpo.pipeline.velocity import cfg_velocity
@@ -76,6 +77,19 @@ class DriftProxyMetric:
         return {"drift_proxy": float(torch.stack(errors).mean())}
 
 
+def check_watched_metrics(watch: DriftWatch, plan: Optional[MetricPlan]) -> None:
+    """Every ``--drift_guard_heldout`` key is one the held-out ``--validation_metrics`` (``plan``) log; checked
+    before any model loads."""
+    logged = held_out_key_test(plan)
+    unknown = [key for key in watch.heldout if not logged(key)]
+    if unknown:
+        raise ConfigError(f"[drift-guard-heldout] --drift_guard_heldout {' '.join(unknown)}: not a higher-is-better key "
+                          f"that the held-out metrics of --validation_metrics "
+                          f"({', '.join(plan.names) if plan is not None else 'none given'}) log. Fix: name what they "
+                          "log as Validation/<key> (clipscore, pickscore, VQ, Overall, a reward's <name> or "
+                          "<name>_<metric>; no manifold error), or add the metric to --validation_metrics.")
+
+
 class DriftGuardStop(RuntimeError):
     """``--drift_guard stop`` (or a rollback with nothing left to roll back to) ended the run; the message names the
     bounds crossed."""
@@ -96,11 +110,10 @@ class DriftSentinel:
       to the same checkpoint twice, or having none, stops as ``stop`` does.
     """
 
-    def __init__(self, watch: DriftWatch, held_out: Optional[MetricPlan], validator, log: Callable[[str], None]):
-        """``held_out``: the ``--validation_metrics`` whose keys the reward-against-held-out bound watches;
-        ``validator``: the run's :class:`~sage_grpo.pipeline.validation.Validator`, which gets the proxy's metric.
+    def __init__(self, watch: DriftWatch, validator, log: Callable[[str], None]):
+        """``validator``: the run's :class:`~sage_grpo.pipeline.validation.Validator`, which gets the proxy's metric.
         Without the proxy (``--drift_proxy``, ``--drift_guard``) the sentinel has no guard and does nothing."""
-        self.watch, self.held_out, self.log = watch, held_out_key_test(held_out), log
+        self.watch, self.log = watch, log
         self.guard = DriftGuard(watch.bounds) if watch.proxy else None
         if watch.proxy:
             validator.add_metric(DriftProxyMetric(watch.sigmas))
@@ -128,8 +141,8 @@ class DriftSentinel:
         if proxy is not None and self.guard.proxy_baseline is None and step > 0:
             self.log(f"note: the drift proxy's baseline is its value at step {step}, the first validation point of "
                      "this run (resumed from a checkpoint without one), not the base model's own samples")
-        held_out = {key[len(VALIDATION_PREFIX):]: value for key, value in metrics.items()
-                    if key.startswith(VALIDATION_PREFIX) and self.held_out(key[len(VALIDATION_PREFIX):])}
+        held_out = {key: metrics[VALIDATION_PREFIX + key] for key in self.watch.heldout
+                    if VALIDATION_PREFIX + key in metrics}
         alarms = self.guard.observe(step, proxy, held_out)
         added = {VALIDATION_PREFIX + "drift_proxy_ratio": self.guard.proxy_ratio(proxy)} if proxy is not None else {}
         if not self.watch.guarded:

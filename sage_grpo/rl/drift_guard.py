@@ -46,6 +46,7 @@ class DriftWatch:
     action: str  # --drift_guard: off, warn, stop, rollback
     bounds: GuardBounds
     base_copy: bool  # the proxy needs a frozen copy of the base transformer (below)
+    heldout: Tuple[str, ...] = ()  # --drift_guard_heldout: the validation keys the reward-against-held-out bound watches
 
     @property
     def proxy(self) -> bool:
@@ -66,7 +67,8 @@ def drift_watch_of(cfg: "TrainConfig", kl_mode: KLMode) -> DriftWatch:
     return DriftWatch(tuple(cfg.drift_proxy_sigmas) if on else (), cfg.drift_guard if on else "off",
                       GuardBounds(cfg.drift_guard_proxy_ratio, cfg.drift_guard_window, cfg.drift_guard_reward_rise,
                                   cfg.drift_guard_heldout_fall),
-                      base_copy=on and not cfg.use_lora and not reference_is_base)
+                      base_copy=on and not cfg.use_lora and not reference_is_base,
+                      heldout=tuple(cfg.drift_guard_heldout or ()) if on else ())
 
 
 @dataclass(frozen=True)

@@ -188,14 +188,14 @@ class Validator:
         self.metrics.append(metric)
 
 
-def sentinel(action: str, held_out=None):
+def sentinel(action: str, **flags):
     from sage_grpo.config import TrainConfig
     from sage_grpo.pipeline.drift import DriftSentinel
     from sage_grpo.rl import NO_KL
 
-    cfg = TrainConfig(drift_guard=action, drift_guard_proxy_ratio=2.0)
+    cfg = TrainConfig(drift_guard=action, drift_guard_proxy_ratio=2.0, **flags)
     log = []
-    return DriftSentinel(drift_watch_of(cfg, NO_KL), held_out, Validator(), log.append), log
+    return DriftSentinel(drift_watch_of(cfg, NO_KL), Validator(), log.append), log
 
 
 class Run:
@@ -277,29 +277,41 @@ def test_the_sentinel_registers_the_proxy_and_resumes_its_guard():
 
     validator = Validator()
     watch = drift_watch_of(TrainConfig(drift_proxy=True, drift_proxy_sigmas=[0.5]), NO_KL)
-    first = DriftSentinel(watch, None, validator, [].append)
+    first = DriftSentinel(watch, validator, [].append)
     assert [type(m) for m in validator.metrics] == [DriftProxyMetric] and validator.metrics[0].sigmas == (0.5,)
     first.observe(0, {"Validation/drift_proxy": 0.2})
     log = []
-    resumed = DriftSentinel(watch, None, Validator(), log.append)
+    resumed = DriftSentinel(watch, Validator(), log.append)
     resumed.load_state_dict({"global_step": 0, **first.state_dict()})
     assert resumed.guard.proxy_baseline == 0.2
-    fresh = DriftSentinel(watch, None, Validator(), log.append)
+    fresh = DriftSentinel(watch, Validator(), log.append)
     fresh.load_state_dict({"global_step": 4})  # a checkpoint of a run without the guard
     assert fresh.observe(6, {"Validation/drift_proxy": 0.3})[0] == {"Validation/drift_proxy_ratio": 1.0}
     assert log == ["note: the drift proxy's baseline is its value at step 6, the first validation point of this run "
                    "(resumed from a checkpoint without one), not the base model's own samples"]
 
 
-def test_held_out_keys_are_the_validation_metrics_only():
+def test_the_guard_watches_the_held_out_keys_it_is_given_and_they_are_checked_before_any_model():
+    from sage_grpo.config.validation import ConfigError
+    from sage_grpo.pipeline.drift import check_watched_metrics
     from sage_grpo.rewards.scorers import MetricPlan
 
-    guard, log = sentinel("warn", MetricPlan(("clipscore", "toy_red"), {}))
+    guard, log = sentinel("warn", drift_guard_heldout=["clipscore", "toy_red_prompt_adherence"])
     metrics = {"Validation/drift_proxy": 0.1, "Validation/avg": 0.2, "Validation/clipscore": 0.3,
-               "Validation/toy_red_manifold_error": 0.1, "Validation/toy_red_prompt_adherence": 0.6,
+               "Validation/pickscore": 20.0, "Validation/toy_red_prompt_adherence": 0.6,
                "Validation/sampling_time": 3.0}
     guard.observe(0, metrics)
     assert guard.guard.heldout_baseline == {"clipscore": 0.3, "toy_red_prompt_adherence": 0.6}
+    plan = MetricPlan(("clipscore", "toy_red"), {})
+    check_watched_metrics(guard.watch, plan)  # both are keys the held-out metrics log
+    for keys, names in ((["clip_score"], "clipscore, toy_red"), (["toy_red_manifold_error"], "clipscore, toy_red")):
+        bad, _ = sentinel("warn", drift_guard_heldout=keys)
+        with pytest.raises(ConfigError, match=rf"^\[drift-guard-heldout\] --drift_guard_heldout {keys[0]}: not a "
+                                              rf"higher-is-better key that the held-out metrics of "
+                                              rf"--validation_metrics \({names}\) log\. Fix: "):
+            check_watched_metrics(bad.watch, plan)
+    with pytest.raises(ConfigError, match=r"--validation_metrics \(none given\)"):
+        check_watched_metrics(guard.watch, None)
 
 
 def test_the_drift_flags_are_checked_and_decided_once():
