@@ -65,7 +65,7 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl
-from sage_grpo.checkpoint import CheckpointManager, resumes, seed_everything
+from sage_grpo.checkpoint import CheckpointManager, list_checkpoints, resumes, seed_everything
 from sage_grpo.config import TrainConfig, save_yaml
 from sage_grpo.config.schema import config_to_yaml, to_dict
 from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift,
@@ -85,6 +85,7 @@ from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim.ema import PolicyEMA
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
 from sage_grpo.pipeline.failed_steps import count_failed_step, finite_update, step_failures
+from sage_grpo.pipeline.drift import DriftGuardStop, DriftSentinel, check_watched_metrics
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
@@ -110,11 +111,7 @@ from sage_grpo.video_io import BackgroundWriter
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
 USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
-               RemoteRewardError, PeerLost, DiskFullError)
-
-
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+               RemoteRewardError, PeerLost, DiskFullError, DriftGuardStop)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -144,7 +141,9 @@ class GRPOTrainer:
                     "--pretrained_transformer_version")
         self._check_i2v_tokens()
         self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
+        self.drift_watch = rl.drift_watch_of(cfg, self.kl_mode)  # the drift proxy and guard, likewise
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
+        check_watched_metrics(self.drift_watch, self.reward_plan.held_out)
         self.notes += self.reward_plan.notes
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
@@ -217,15 +216,15 @@ class GRPOTrainer:
                                     trackers=trackers, max_steps=cfg.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
         self.validator = self._build_validator()
+        self.sentinel = DriftSentinel(self.drift_watch, self.validator, self.logger.info)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
             keep_checkpoints=cfg.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
             config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, ema=self.ema)
-        self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device))
-        for note in self.notes:
-            self.logger.info(f"note: {note}")
+        self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device)
+                               + [f"note: {note}" for note in self.notes])
         if self.dims.is_distributed:
             self.logger.info(f"{self.dims.world_size} processes: dp {self.dp_size} x sp {self.dims.sp_size}, "
                              f"FSDP {'on' if cfg.enable_fsdp else 'off'}")
@@ -254,7 +253,7 @@ class GRPOTrainer:
         cfg = self.cfg
         if self.resume_check is not None:
             self.resume(self.resume_check.path)
-        elif cfg.validate_at_step0:
+        elif cfg.validate_at_step0 or self.drift_watch.proxy:  # the proxy's baseline: the base model's samples
             self.validate(0)
         progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
@@ -266,6 +265,7 @@ class GRPOTrainer:
             self.failed_reward_steps = count_failed_step(  # the streak of steps that trained on nothing
                 self.failed_reward_steps, self.global_step, step_failures(metrics, cfg.batch_size * self.dp_size),
                 cfg.max_failed_reward_steps, self.logger.info)
+            self.sentinel.record_step(metrics)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['gathered_avg_reward_mean']:.4f}",
                                  kl=f"{metrics.get('kl_loss', 0.0):.2e}")
@@ -291,7 +291,8 @@ class GRPOTrainer:
         height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
         embeds = self._encode(items, (height, width))
         first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
-        noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
+        noise_generators = [torch.Generator().manual_seed(derived_seed(cfg.seed, step, first + slot, s))
+                            for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
                                        num_frames=cfg.sample_n_frames, height=height, width=width,
                                        sde_generators=noise_generators, decode=False, progress=self.show_bars,
@@ -455,20 +456,24 @@ class GRPOTrainer:
         out_dir = self.run_dir / "samples" / f"step_{step:06d}"
         with self.ema.applied() if self.cfg.validate_ema else nullcontext():  # --validate_ema: the EMA weights
             result = self.validator.run(step, out_dir)
-        self.logger.log_validation(step, result.metrics)
+        added, alarms = self.sentinel.observe(step, result.metrics)
+        self.logger.log_validation(step, {**result.metrics, **added})
         self.logger.info(f"validation videos written to {out_dir}")
+        self.sentinel.act(step, alarms, partial(run_on_main, partial(list_checkpoints, self.run_dir), self.dims),
+                          self.save, self.checkpoints.roll_back)  # every rank alike: rank 0's metrics and checkpoints
         return result
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The counters, as the training state holds them (saved and restored by the checkpoint manager); the run of
-        all-failed reward steps too, so resuming does not reset the count that stops the run."""
+        """The counters as the training state holds them (saved and restored by the checkpoint manager), the streak of
+        all-failed reward steps (a resume does not reset it) and the drift guard's state too."""
         return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
-                "failed_reward_steps": self.failed_reward_steps}
+                "failed_reward_steps": self.failed_reward_steps, **self.sentinel.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.global_step, self.update_steps = state["global_step"], state["update_steps"]
         self.micro_steps, self.failed_reward_steps = state["micro_steps"], state.get("failed_reward_steps", 0)
+        self.sentinel.load_state_dict(state)
 
     def save(self) -> Path:
         """Write ``checkpoint-{global_step}``: called by every rank."""

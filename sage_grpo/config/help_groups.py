@@ -53,6 +53,9 @@ TRAIN_GROUPS: FlagGroups = (
         "validation_interval", "validate_at_step0", "validation_prompts", "valid_video_csv", "validation_global_seed",
         "validation_num_inference_steps", "validation_timestep_shift", "validation_fixed_size",
         "validate_video_length", "validation_metrics", "validate_ema")),
+    ("drift guard", "the drift proxy against the base model and the sentinel that warns, stops or rolls back", (
+        "drift_proxy", "drift_proxy_sigmas", "drift_guard", "drift_guard_proxy_ratio", "drift_guard_window",
+        "drift_guard_heldout", "drift_guard_reward_rise", "drift_guard_heldout_fall")),
     ("reference flags without effect", "accepted so the reference's launch lines run; setting one warns", (
         "train_timestep_shift", "flow_snr_type", "i2v_prob", "num_workers", "prefetch_factor")),
 )

@@ -23,6 +23,7 @@ RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (5
 ATTENTION_BACKENDS = ("native", "_native_math", "_native_efficient", "_native_flash", "_native_cudnn", "flash",
                       "flash_varlen", "_flash_3", "_flash_varlen_3", "sage", "sage_varlen", "xformers", "flex")
 DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'
+DRIFT_GUARD_ACTIONS = ("off", "warn", "stop", "rollback")  # --drift_guard (sage_grpo/rl/drift_guard.py)
 # The CLIPScore and PickScore checkpoints (hub names, found as <model root>/<name after its last '/'>): the trainer's
 # flags and the evaluation's read them here (sage_grpo/rewards/clip_score.py, pick_score.py).
 DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
@@ -143,6 +144,32 @@ class TrainConfig:
     validation_fixed_size: str = config_field("480x864", "Validation HxW ('HxW' or 'H*W'; 'none': rollout size)")
     validate_video_length: int = config_field(
         81, "Validation frame count", aliases=("validation_video_length", "video_length"))
+    # (our own additions, docs/toy_study.md "Drift proxy": how far the samples left the base model's manifold)
+    drift_proxy: bool = config_field(
+        False, "At every validation (and at step 0), the frozen base model's denoising error of the validation "
+        "videos: Validation/drift_proxy and drift_proxy_ratio (over step 0). The base model is free with LoRA "
+        "(adapters off) and a fixed KL anchor, a frozen copy of the transformer otherwise")
+    drift_proxy_sigmas: List[float] = config_field(
+        [0.5, 0.75, 0.9], "Noise levels sigma in (0, 1) of the drift proxy's denoising error (one unguided base "
+        "forward each per validation video)", nargs="+")
+    drift_guard: str = config_field(
+        "off", "Drift sentinel at every validation (turns --drift_proxy on): warn (log, console, trackers), stop "
+        "(checkpoint, then exit naming the bound crossed), rollback (to the newest checkpoint of a validation point "
+        "that crossed no bound; stop when it is rolled back to twice); off", choices=DRIFT_GUARD_ACTIONS)
+    drift_guard_proxy_ratio: float = config_field(
+        4.0, "Drift guard bound: the drift proxy over its step-0 value (the base model's own samples)")
+    drift_guard_window: int = config_field(
+        3, "Drift guard: the validation points over which the training reward and the held-out metrics are compared")
+    drift_guard_heldout: Optional[List[str]] = config_field(
+        None, "Drift guard: the held-out validation metrics (keys --validation_metrics logs, higher is better: "
+        "clipscore, pickscore, Overall, ...) whose fall while the training reward rises is an alarm; unset: none",
+        nargs="+")
+    drift_guard_reward_rise: float = config_field(
+        0.0, "Drift guard bound: a training-reward rise over the window above this, while a held-out metric falls, "
+        "is an alarm")
+    drift_guard_heldout_fall: float = config_field(
+        0.05, "Drift guard bound: a --drift_guard_heldout metric falling over the window by more than this fraction "
+        "of its first value, while the training reward rises, is an alarm")
     # ---------------------------------------------------------------- parallelism / memory
     use_lora: bool = config_field(False, "Train LoRA adapters instead of all weights")
     lora_r: int = config_field(8, "LoRA rank")

@@ -90,20 +90,20 @@ def policy_param_dtype(cfg: TrainConfig) -> torch.dtype:
 
 
 def parallelize_models(bundle, dims: ParallelDims, cfg: TrainConfig) -> None:
-    """SP, then FSDP2 when ``--enable_fsdp`` and world > 1, on ``bundle.policy`` and ``bundle.reference`` (in place).
+    """SP, then FSDP2 when ``--enable_fsdp`` and world > 1, on ``bundle.policy``, ``bundle.reference`` and the drift
+    proxy's frozen ``bundle.base`` (in place; the base like the reference).
 
     Call on every rank after ``dims.build_meshes()`` and before building the optimizer.
     """
-    reference = bundle.separate_reference  # with LoRA the reference is the policy itself: wrapped once
-    for model in (bundle.policy, reference):
-        if model is not None:
-            apply_sequence_parallel(model, dims.sp_group)
+    frozen = [m for m in (bundle.separate_reference, bundle.base) if m is not None]  # LoRA's reference: the policy
+    for model in (bundle.policy, *frozen):
+        apply_sequence_parallel(model, dims.sp_group)
     if not (dims.is_distributed and cfg.enable_fsdp):
         return
     apply_fsdp(bundle.policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
                activation_checkpointing=cfg.enable_gradient_checkpointing)
-    if reference is not None:
-        shard_frozen(reference, dims.fsdp_mesh, offload=bundle.placement.reference_on_cpu)
+    for model in frozen:
+        shard_frozen(model, dims.fsdp_mesh, offload=bundle.placement.reference_on_cpu)
     bundle.materialize()  # transformers built on the meta device: read each rank's shards now
 
 
