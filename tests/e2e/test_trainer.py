@@ -137,18 +137,23 @@ def test_run_directory_contents(tiny_root, tmp_path):
     trainer = make_trainer(root, tmp_path / "run", "--max_steps", "2", "--save_rollout_videos", "true",
                            "--validation_interval", "2", "--validation_fixed_size", "16x16",
                            "--validate_video_length", "5", "--validation_num_inference_steps", "2",
-                           "--validation_metrics", "clipscore,pickscore", "--ema_decay", "0.5", "--validate_ema")
+                           "--validation_metrics", "clipscore,pickscore", "--ema_decay", "0.5", "--validate_ema",
+                           "--drift_proxy", "true")
     trainer.train()
     run = trainer.run_dir
     assert (run / "run_config.yaml").exists() and any((run / "tb").iterdir())
     assert len(list((run / "samples" / "step_000002").glob("sample_000_seed_930_*.mp4"))) == 1
-    # the validation videos scored by the training reward (avg = 1.0 x target_color) and the held-out CLIPScore and
-    # PickScore: a row of its own, with the times
-    (validation,) = validation_rows(read_metrics(run))
+    # the validation videos scored by the training reward (avg = 1.0 x target_color), the held-out CLIPScore and
+    # PickScore and the drift proxy (the base model's denoising error): a row of its own, with the times
+    baseline, validation = validation_rows(read_metrics(run))  # the proxy's baseline: the base model's samples
+    assert baseline["step"] == 0 and baseline["Validation/drift_proxy"] > 0
     assert validation["step"] == 2 and validation["Validation/avg"] == validation["Validation/target_color"]
     assert {"Validation/clipscore", "Validation/clip_cosine", "Validation/pickscore", "Validation/pickscore_cosine",
-            "Validation/sampling_time", "Validation/reward_time", "Validation/held_out_time", "Validation/time"
+            "Validation/drift_proxy", "Validation/drift_proxy_ratio", "Validation/sampling_time",
+            "Validation/reward_time", "Validation/held_out_time", "Validation/drift_proxy_time", "Validation/time"
             } == set(validation) - {"step", "Validation/avg", "Validation/target_color"}
+    assert validation["Validation/drift_proxy_ratio"] == pytest.approx(
+        validation["Validation/drift_proxy"] / baseline["Validation/drift_proxy"], rel=1e-12)
     before = weights(trainer)
     video = trainer.validate(2).samples.samples[0].video  # the same weights (the EMA's) sample the same video
     prompt = trainer.validation_items[0].prompt
