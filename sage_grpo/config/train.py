@@ -22,6 +22,8 @@ RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (5
 # sage_grpo/models/attention.py).
 ATTENTION_BACKENDS = ("native", "_native_math", "_native_efficient", "_native_flash", "_native_cudnn", "flash",
                       "flash_varlen", "_flash_3", "_flash_varlen_3", "sage", "sage_varlen", "xformers", "flex")
+# --mixed_length_attention: how rows of different valid text lengths (the CFG pair) attend (models/attention.py)
+MIXED_LENGTH_ATTENTION = ("auto", "mask", "split")
 DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'
 
 
@@ -173,6 +175,11 @@ class TrainConfig:
     attention_backend: str = config_field(
         "native", "diffusers attention backend of the transformer (native = torch SDPA; flash, flash_varlen, sage, "
         "... where installed); the text padding is trimmed and no dense mask is built", choices=ATTENTION_BACKENDS)
+    mixed_length_attention: str = config_field(
+        "auto", "Attention of rows whose valid text lengths differ (the CFG pair, prompts of a micro-batch): mask (one "
+        "call with a key-padding mask), split (one mask-free call per run of rows of equal length, the same outputs "
+        "within float order; SDPA can take its flash kernel); auto: split on CUDA, mask elsewhere (the CPU runs are "
+        "pinned bit for bit)", choices=MIXED_LENGTH_ATTENTION)
     ignore_memory_plan: bool = config_field(
         False, "Start even when the memory plan (python -m sage_grpo.plan) says the launch does not fit")
     resume_from_checkpoint: Optional[str] = config_field(
