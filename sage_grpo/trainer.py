@@ -67,8 +67,8 @@ from sage_grpo import rl
 from sage_grpo.checkpoint import CheckpointManager, resumes, seed_everything
 from sage_grpo.config import TrainConfig, save_yaml
 from sage_grpo.config.schema import config_to_yaml, to_dict
-from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift,
-                                        validation_size)
+from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, trained_steps_per_sample,
+                                        validation_flow_shift, validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_prompt_csvs, sample_seeds, video_size
 from sage_grpo.distributed import barrier, destroy_distributed, mean_over_world
 from sage_grpo.distributed.liveness import PeerLost
@@ -187,7 +187,7 @@ class GRPOTrainer:
         self.eq_scales = self.sampler.grad_balance_scales() if cfg.use_grad_balancing else None
         self.reference_sampler = self.sampler.with_micro_batch(self.models.placement.reference_batch_size)
         self.window = SDEWindow(cfg.sde_window_size, cfg.sde_window_stride, cfg.grpo_sampling_steps)
-        self.num_train_steps = max(int(self.window.steps(0).numel() * cfg.timestep_fraction), 1)
+        self.num_train_steps = trained_steps_per_sample(cfg)
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
                                       self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars)
         self.height, self.width = rollout_size(cfg)

@@ -157,6 +157,16 @@ class TrainConfig:
         0, "Transitions per no-grad forward of the KL reference means (an addition); 0: auto, "
         "--mini_batch_size_per_update on a CPU device (the reference's arithmetic: another batch size changes the "
         "means in the last bits), on CUDA the largest the memory plan fits, up to all of a rollout batch's")
+    replay_group_size: int = config_field(
+        0, "Trained steps of a sample per policy forward and backward (grouped replay, an addition): the same mean "
+        "over (sample, step) pairs and the same per-iteration beta, within float order; 1: one per forward (the "
+        "reference); 0: auto, 1 on a CPU device (its runs are pinned bit for bit) or with --lora_dropout > 0 (the "
+        "dropout draws would differ), on CUDA the largest the memory plan fits")
+    async_reward: str = config_field(
+        "auto", "Score the rewards in a background worker while the reference means run, collected before the "
+        "advantages (the same rewards and failures): true, false, or auto (a remote reward: true; a local one: on "
+        "CUDA when the memory plan fits its forward beside the reference pass, false on a CPU device, whose cores "
+        "the trainer's threads use)", choices=("auto", "true", "false"))
     offload_text_encoders: bool = config_field(
         True, "Keep the text encoders on the CPU and move them to the GPU only to encode prompts not cached yet")
     image_cache_gb: float = config_field(

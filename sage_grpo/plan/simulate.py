@@ -45,6 +45,7 @@ from sage_grpo.config import TrainConfig
 from sage_grpo.plan.tracking import GROUPS, Phase, SimulatedPhase, metadata_only_propagation, without
 
 GIB = 2 ** 30
+NEGATIVE_VALID_TOKENS = 8  # valid text slots of the empty negative prompt (the MLLM template), the split CFG row's
 # What the simulation cannot see on a CPU-only fake run; the planner's "runtime overhead" and margin stand for it.
 UNSEEN = ("CUDA caching-allocator rounding and fragmentation", "NCCL communicator buffers",
           "flash/cuDNN attention workspaces and kernels' own temporaries", "the CUDA context")
@@ -115,15 +116,23 @@ def public_config(config: Dict) -> Dict:
     return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
-def _transformer_on_meta(config: Dict, dtype: torch.dtype, backend: Optional[str]):
+def _transformer_on_meta(config: Dict, dtype: torch.dtype, cfg: TrainConfig):
     from diffusers import HunyuanVideo15Transformer3DModel
 
     from sage_grpo.models.attention import install_joint_attention
 
     with torch.device("meta"):
         model = HunyuanVideo15Transformer3DModel.from_config(public_config(config)).to(dtype)
-    install_joint_attention(model, backend)  # and the sync-free forward (models/transformer_forward.py)
+    # and the sync-free forward (models/transformer_forward.py), splitting rows as on CUDA
+    install_joint_attention(model, cfg.attention_backend, split_rows_on_cuda(cfg))
     return model
+
+
+def split_rows_on_cuda(cfg: TrainConfig) -> bool:
+    """``--mixed_length_attention`` as a CUDA run decides it (the simulated launch's device)."""
+    from sage_grpo.models.attention import split_rows_of
+
+    return split_rows_of(cfg.mixed_length_attention, torch.device("cuda"))
 
 
 class _Models(torch.nn.Module):
@@ -162,13 +171,13 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
     kl_mode = kl_mode_of(cfg)
     lora = reference = None
     if cfg.use_lora:  # as build_models: the base loaded in --dtype, frozen, the adapters in the master dtype
-        policy = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg.attention_backend)
+        policy = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg)
         lora = build_lora(cfg, kl_mode, policy, DTYPES[cfg.master_weight_type])
     else:
-        policy = _transformer_on_meta(config, DTYPES[cfg.master_weight_type], cfg.attention_backend)
+        policy = _transformer_on_meta(config, DTYPES[cfg.master_weight_type], cfg)
         policy.requires_grad_(True)
         if kl_mode.uses_reference:
-            reference = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg.attention_backend)
+            reference = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg)
             reference.requires_grad_(False)
             reference.eval()
     policy.train()
@@ -185,7 +194,10 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
 # ====================================================================== running the phases
 
 def _embeds(cfg: TrainConfig, batch: int, config: Dict, dtype: torch.dtype):
-    """Fake prompt conditioning of ``batch`` prompts: every MLLM and byT5 slot valid (the planner's worst case)."""
+    """Fake prompt conditioning of ``batch`` prompts: every MLLM and byT5 slot valid (the planner's worst case); with
+    the CFG rows split (``--mixed_length_attention``) the negative prompt has :data:`NEGATIVE_VALID_TOKENS` valid
+    slots, so the blocks run the split calls (masked calls would run SDPA's math kernel on the CPU, which a GPU's
+    masked kernels do not: the simulation keeps equal lengths, and no mask, then)."""
     from sage_grpo.models.text_encoding import PromptEmbeds, TextEncoderSettings
 
     mllm = cfg.text_max_length or TextEncoderSettings.max_length
@@ -195,7 +207,8 @@ def _embeds(cfg: TrainConfig, batch: int, config: Dict, dtype: torch.dtype):
 
     (text, mask), (glyph, glyph_mask) = stream(mllm, config["text_embed_dim"]), stream(cfg.byt5_max_length,
                                                                                        config["text_embed_2_dim"])
-    counted = ((mllm + cfg.byt5_max_length,) * 2,) * batch  # every slot valid: what the forward reads, on the host
+    negative = NEGATIVE_VALID_TOKENS if cfg.cfg_scale > 1 and split_rows_on_cuda(cfg) else mllm + cfg.byt5_max_length
+    counted = ((mllm + cfg.byt5_max_length, negative),) * batch  # what the forward reads, on the host
     return PromptEmbeds(text, mask, glyph, glyph_mask, text.clone(), mask.clone(), glyph.clone(), glyph_mask.clone(),
                         valid_tokens=counted)
 
@@ -285,11 +298,13 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
             # An update's window has several backwards; the peak is in a later one, with the earlier ones' gradients
             # held: sharded (per_backward) or unsharded fp32 until the window's last backward reduces them (per_update)
             passes = [True, True] if placement.reduce_per_backward else [False, True]
-            with Phase("train", models, optimizer, inputs, "forward + backward of one (sample, step) pair, twice: "
-                       + ("both reduced" if placement.reduce_per_backward else "held, then reduced")) as phase:
+            group = placement.replay_group_size  # a sample's trained steps per forward (--replay_group_size)
+            with Phase("train", models, optimizer, inputs, f"forward + backward of {group} (sample, step) pair(s) per "
+                       "sample, twice: " + ("both reduced" if placement.reduce_per_backward else "held, then reduced")
+                       ) as phase:
                 for reduce_now in passes:
                     with gradient_sync(policy, enabled=reduce_now):
-                        velocity(policy).square().mean().backward()
+                        velocity(policy, batch * group).square().mean().backward()
                     phase.tracker.reset_mod_stats()  # per-module stats cover one pass; the peak is kept
             result.phases.append(phase.result)
             params = [p for p in policy.parameters() if p.grad is not None]
