@@ -136,7 +136,7 @@ def instrument(trainer, encode: dict, decode: dict) -> PhaseMemory:
     memory, models = PhaseMemory(trainer, trainer.device), trainer.models
     models.encode = Stopwatch(memory.wrap(models.encode, "encode"), trainer, encode, trainer.device)
     models.decode = Stopwatch(memory.wrap(models.decode, "decode", before="rollout"), trainer, decode, trainer.device)
-    trainer.score = memory.wrap(trainer.score, "reward")
+    trainer.rewards.start = memory.wrap(trainer.rewards.start, "reward")
     trainer.reference_means = memory.wrap(trainer.reference_means, "reference means")
     trainer.policy_update = memory.wrap(trainer.policy_update, "policy update")
     return memory
