@@ -2,8 +2,8 @@
 
     python scripts/count_bf16_matmuls.py --config configs/toy_cpu.yaml --max_steps 2 [post_train.py flags]
 
-On a CPU without AVX-512-BF16/AMX a bf16 matmul takes torch's generic path (about 100x slower than fp32; see the
-README's "Tests"), so CPU runs should perform none, or only tiny ones. Every argument except --top is a post_train.py
+On a CPU without AVX-512-BF16/AMX a bf16 matmul takes torch's generic path (about 100x slower than fp32; see
+docs/testing.md, "CPU speed"), so CPU runs should perform none, or only tiny ones. Every argument except --top is a post_train.py
 flag; the run goes to its --output_dir as usual. Prints the counts per operator and dtype and the bf16 share of the
 multiply-accumulates.
 """

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(2)
 
-# Test tiers (README "Tests"): pick one with -m, e.g. `bash scripts/test.sh -m unit` for the fast loop.
+# Test tiers (docs/testing.md, "Tiers"): pick one with -m, e.g. `bash scripts/test.sh -m unit` for the fast loop.
 TIERS = {
     "unit": "fast in-process tests of one module on tiny real-class configs (tests/unit/)",
     "e2e": "whole-loop runs of the real entry points (post_train.py, generate.py, the download and export scripts; "

@@ -77,7 +77,7 @@ class TrainConfig:
     remote_reward_url: Optional[str] = config_field(
         None, "Score --reward_model on a reward server (scripts/reward_server.py), e.g. http://host:8765; unset: "
         "locally")
-    # (our own reward options, README "Reward options")
+    # (our own reward options, docs/configuration.md "Reward options")
     remote_reward_retries: int = config_field(
         3, "Retries of a remote reward request after a connection error, timeout or 5xx (backoff 0.5 s, doubling); "
         "then its samples score NaN")
@@ -214,7 +214,7 @@ class TrainConfig:
     clip_range: float = config_field(1e-4, "PPO ratio clip epsilon")
     adv_clip_max: float = config_field(5.0, "Advantage clip |A| <= adv_clip_max")
     timestep_fraction: float = config_field(1.0, "Fraction of the denoising steps trained per sample")
-    # (our own additions, README "Differences from the reference": learning per rollout)
+    # (our own additions, docs/differences.md: learning per rollout)
     num_inner_epochs: int = config_field(
         1, "Optimizer passes over each rollout batch, each with fresh shuffles and its own update(s), so the PPO "
         "ratio, clip and step-wise KL act (1: the reference)")

@@ -1,4 +1,4 @@
-"""``python -m sage_grpo.evaluate``: Table 2 for any set of checkpoints (README "Evaluation")."""
+"""``python -m sage_grpo.evaluate``: Table 2 for any set of checkpoints (docs/evaluation.md)."""
 import sys
 
 from sage_grpo.evaluate import main

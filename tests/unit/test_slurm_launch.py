@@ -1,4 +1,4 @@
-"""The Slurm launcher's composed commands (dry runs under a faked Slurm job): the README's 4 nodes x 8 GPUs block,
+"""The Slurm launcher's composed commands (dry runs under a faked Slurm job): docs/launching.md's 4 nodes x 8 GPUs block,
 the resume of a requeued job, the checks before launching."""
 
 import os
@@ -22,16 +22,16 @@ def dry_run(tmp_path, hosts, *args, **extra):
     return proc
 
 
-def readme_block() -> str:
-    text = (REPO_ROOT / "README.md").read_text()
-    section = text.split("### Many nodes (Slurm)", 1)[1]
+def documented_block() -> str:
+    text = (REPO_ROOT / "docs" / "launching.md").read_text()
+    section = text.split("## Many nodes (Slurm)", 1)[1]
     return re.search(r"```text\n(.*?)\n```", section, re.S).group(1)
 
 
-def test_four_nodes_dry_run_is_the_readme_block(tmp_path):
+def test_four_nodes_dry_run_is_the_documented_block(tmp_path):
     proc = dry_run(tmp_path, FOUR_NODES, OUTPUT_DIR="./outputs/run1")
     printed = "\n".join(line.rstrip() for line in proc.stdout.strip().splitlines())
-    assert printed == readme_block()
+    assert printed == documented_block()
     srun, _, torchrun, log = printed.splitlines()
     assert srun == ("srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL "
                     "bash scripts/post_train/train_grpo.sh")

@@ -1,5 +1,5 @@
 """Trust: files and configs never run code, bad inputs are named before any model loads, resume refuses what it
-cannot continue, and a failed start leaves an earlier run as it was (README "Failures and recovery")."""
+cannot continue, and a failed start leaves an earlier run as it was (docs/failures.md)."""
 import os
 import pickle
 import warnings
