@@ -15,7 +15,10 @@ Backends: by default those of diffusers' dispatcher that are usable here (the CP
 GPU adds the native flash / efficient / cuDNN kernels and ``flash``, ``flash_varlen``, ``_flash_3``, ``sage``,
 ``xformers`` where their packages import). A backend that takes no mask runs a masked batch on its varlen sibling or
 native SDPA (``attention.py``). Prints each time, the ratio dense / ours, the largest velocity difference to the
-dense run, and the dense mask each block call no longer allocates: B x S x S bytes (bool).
+dense run, and the dense mask each block call no longer allocates: B x S x S bytes (bool). With CFG each backend is
+timed a second time with the rows split (``--mixed_length_attention split``, issue 36: one mask-free call per row
+of its own valid length), printed with the ratio masked / split and the largest velocity difference to the masked
+call: the mask question on the device at hand.
 """
 
 import argparse
@@ -94,7 +97,24 @@ def main(argv=None) -> None:
             difference = (velocity.float() - dense_v.float()).abs().max().item()
             print(f"joint attention, {backend}: {seconds:.4f} s, ratio dense / ours {dense_s / seconds:.2f}, "
                   f"max |velocity difference| {difference:.2e}")
+            if args.guidance_scale > 1.0:
+                time_split(transformer, call, setup, backend, seconds, velocity)
     install_joint_attention(transformer, setup.attention_backend)
+
+
+def time_split(transformer, call: bench.VelocityCall, setup: bench.BenchSetup, backend: str, masked_s: float,
+               masked_v: torch.Tensor) -> None:
+    """The same pass with the CFG rows split into mask-free calls, against the masked one just timed."""
+    from sage_grpo.models.attention import install_joint_attention
+
+    install_joint_attention(transformer, backend, split_rows=True)
+    result = timed(f"joint attention, {backend}, split rows", call, setup)
+    install_joint_attention(transformer, backend)
+    if result is not None:
+        seconds, velocity = result
+        difference = (velocity.float() - masked_v.float()).abs().max().item()
+        print(f"joint attention, {backend}, split rows: {seconds:.4f} s, ratio masked / split "
+              f"{masked_s / seconds:.2f}, max |velocity difference to the masked call| {difference:.2e}")
 
 
 if __name__ == "__main__":

@@ -185,6 +185,9 @@ def test_benchmark_attention(capsys):
     for backend in ("native", "_native_math"):
         assert value_of(rf"^joint attention, {backend}: [0-9.]+ s, ratio dense / ours {NUMBER}, ", out) > 0
         assert value_of(rf"^joint attention, {backend}: .*max \|velocity difference\| {NUMBER}$", out) < 1e-4
+        # the CFG rows split into mask-free calls (issue 36): the masked call's velocity within float order
+        assert value_of(rf"^joint attention, {backend}, split rows: [0-9.]+ s, ratio masked / split {NUMBER}, ", out) > 0
+        assert value_of(rf"^joint attention, {backend}, split rows: .*masked call\| {NUMBER}$", out) < 1e-5
 
 
 def test_benchmark_rollout(capsys):
