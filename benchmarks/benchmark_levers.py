@@ -7,9 +7,12 @@ grouped replay (``--replay_group_size``) and the CFG pair without a key mask (``
 Two trainers of the same run (``configs/<config>_cpu.yaml`` on a random-weight checkpoint of its geometry, written to a
 temporary directory: what is timed does not depend on the weights) are built in this process, one with the lever off
 and one with it on, and their steps interleave (off, on, off, on, ...), so both see the same load on a shared machine.
-Each step's wall time and process CPU time are read around ``train_step`` (the CPU time counts every thread of the
-process: the reward worker's too); the first ``--warmup`` steps of each are left out and the medians of the others are
-printed with their ratio on / off.
+Each step's wall time, process CPU time (every thread: the reward worker's too) and the training thread's CPU time
+are read around ``train_step``; the first ``--warmup`` steps of each are left out and the medians of the others are
+printed with their ratio on / off. On a machine shared with other jobs the wall time mostly measures their load; the
+CPU times do not. The training thread's CPU time is the step's critical path when the reward worker has a core of its
+own and finishes within the reference pass (a wait for a reward server costs no CPU: its benefit shows in the wall
+time only).
 
 The reward lever scores with the tiny VideoAlign (``sage_grpo/rewards/tiny.py``, the real code path at a few
 milliseconds per frame) instead of the config's toy reward, whose 0.5 ms would leave nothing to overlap: ``--reward
@@ -34,6 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import common as bench  # noqa: E402
 
+# what is read around each step: the wall clock, the process's CPU time (every thread) and the training thread's
+MEASURES = ("step wall", "process CPU", "training thread CPU")
 # lever -> (flags off, flags on)
 LEVERS = {
     "reward": (["--async_reward", "false"], ["--async_reward", "true"]),
@@ -83,12 +88,12 @@ def start_server(args, root: Path):
 
 
 def step_times(trainer) -> tuple:
-    """(wall, process CPU) seconds of one outer step, as ``GRPOTrainer.train`` runs it."""
-    wall, cpu = time.perf_counter(), time.process_time()
+    """(wall, process CPU, training thread CPU) seconds of one outer step, as ``GRPOTrainer.train`` runs it."""
+    wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
     trainer.maybe_refresh_anchor()
     trainer.train_step()
     trainer.global_step += 1
-    return time.perf_counter() - wall, time.process_time() - cpu
+    return time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - thread
 
 
 def main(argv=None) -> None:
@@ -133,11 +138,11 @@ def main(argv=None) -> None:
     medians = {}
     for name, rows in times.items():
         measured = rows[args.warmup:]
-        medians[name] = tuple(statistics.median(row[i] for row in measured) for i in (0, 1))
-        print(f"{name}: step wall {', '.join(f'{w:.3f}' for w, _ in measured)} s (median {medians[name][0]:.3f}), "
-              f"process CPU {', '.join(f'{c:.3f}' for _, c in measured)} s (median {medians[name][1]:.3f})")
-    print(f"ratio on / off: wall {medians['on'][0] / medians['off'][0]:.3f}, "
-          f"process CPU {medians['on'][1] / medians['off'][1]:.3f}")
+        medians[name] = [statistics.median(row[i] for row in measured) for i in range(3)]
+        print(f"{name}: " + ", ".join(f"{label} {' '.join(f'{row[i]:.3f}' for row in measured)} s (median "
+                                      f"{medians[name][i]:.3f})" for i, label in enumerate(MEASURES)))
+    print("ratio on / off: " + ", ".join(f"{label} {medians['on'][i] / medians['off'][i]:.3f}"
+                                        for i, label in enumerate(MEASURES)))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ class StepRewards:
         self._stream = (torch.cuda.Stream(self.device) if self._worker is not None and self.device.type == "cuda"
                         else None)
 
-    def start(self, videos: Optional[torch.Tensor], prompts: List[str]) -> "Optional[Future]":
+    def start(self, videos: Optional[torch.Tensor], prompts: List[str]) -> Optional[Future]:
         """Begin scoring (the SP leader; a no-op elsewhere): in line, the scores are ready when this returns."""
         if self.reward_fn is None:
             return None
@@ -69,13 +69,14 @@ class StepRewards:
         try:
             if self._stream is None:
                 return score_videos(self.reward_fn, videos, prompts)
-            torch.cuda.set_device(self.device)  # the current device and stream are per thread
+            if self.device.index is not None:  # the current device and stream are per thread
+                torch.cuda.set_device(self.device)
             with torch.cuda.stream(self._stream):
                 return score_videos(self.reward_fn, videos, prompts)  # its .cpu() waits for the stream's work
         finally:
             self.seconds += time.perf_counter() - start
 
-    def collect(self, pending: "Optional[Future]") -> Tuple[Rewards, Rewards]:
+    def collect(self, pending: Optional[Future]) -> Tuple[Rewards, Rewards]:
         """This rank's (B,) rewards and those of its prompt group (the same, or the whole (G,) group when it spans
         several DP ranks): waits for the scoring, then shares it from the SP leader (every rank calls this)."""
         local = pending.result() if pending is not None else None  # a reward's exception is raised here

@@ -30,7 +30,7 @@ def test_benchmark_levers(capsys):
     assert "lever replay: off --replay_group_size 1, on --replay_group_size 2" in out
     for name in ("off", "on"):
         assert value_of(rf"^{name}: step wall [0-9.]+ s \(median {NUMBER}\)", out) > 0
-    assert value_of(rf"^ratio on / off: wall [0-9.]+, process CPU {NUMBER}$", out) > 0
+    assert value_of(rf"^ratio on / off: step wall [0-9.]+, process CPU [0-9.]+, training thread CPU {NUMBER}$", out) > 0
 
 
 @pytest.fixture(scope="module")
