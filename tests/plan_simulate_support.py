@@ -19,16 +19,20 @@ LAUNCH_FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", 
 
 def simulate_two_blocks(flags: Sequence[str]):
     """(printed text, simulation, plan) of the launch ``flags`` at 2 blocks on 4 ranks (the plan at that depth too)."""
+    cfg = parse_cli(TrainConfig, list(flags))
+    text, simulation = simulation_report(cfg, 4, 80.0, num_layers=2)
+    return text, simulation, plan_two_blocks(cfg)
+
+
+def plan_two_blocks(cfg: TrainConfig):
+    """The plan of ``cfg`` at 2 blocks on 4 ranks of 80 GB."""
     from sage_grpo.plan import memory as planner
     from sage_grpo.plan.simulate import public_config
     from sage_grpo.plan.sizes import transformer_sizes
 
-    cfg = parse_cli(TrainConfig, list(flags))
-    text, simulation = simulation_report(cfg, 4, 80.0, num_layers=2)
     sizes = planner.sizes_of(cfg)
     config = dict(public_config(sizes.transformer.config), num_layers=2)
-    plan = planner.plan_launch(cfg, 4, 80.0, dataclasses.replace(sizes, transformer=transformer_sizes(config)))
-    return text, simulation, plan
+    return planner.plan_launch(cfg, 4, 80.0, dataclasses.replace(sizes, transformer=transformer_sizes(config)))
 
 
 def assert_categories_agree(simulation, plan, allowed: Callable[[str, str], float], label: str = "") -> int:

@@ -26,7 +26,10 @@ What fake mode cannot run, and where it is worked around:
   layout from the host instead of reading it off the device (diffusers' forward asks ``torch.all(image_embeds == 0)``
   and reorders the text by boolean masks, data-dependent questions fake tensors cannot answer). The simulation's
   prompts have every MLLM and byT5 slot valid (the planner's worst case), so the blocks see T = L_mllm + L_byt5 text
-  tokens and no mask, as ``sage_grpo.plan.sizes.text_token_count`` assumes.
+  tokens, as ``sage_grpo.plan.sizes.text_token_count`` assumes; with the CFG rows split
+  (``--mixed_length_attention``, as CUDA decides it) the negative prompt has a few valid slots and its row attends
+  in calls of its own, as in a run; with the mask kept, both rows are fully valid and need none (a masked call would
+  run SDPA's math kernel on fake CPU tensors, which saves the S x S scores a GPU's masked kernels do not).
 - Offloaded reference shards (``--reference_placement cpu``) live on the CPU and cannot be told apart from the
   device's on a CPU-only run: the simulation keeps them in place and leaves their bytes out of the device's tally.
 
@@ -433,6 +436,8 @@ def simulation_report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, 
     plan = plan_launch(cfg, world_size, gpu_memory_gib, sizes)
     simulation = simulate(cfg, world_size, plan.placement, config, latent_shape(cfg, sizes))
     head = (f"simulated GRPO step: {world_size} ranks (fake process group, rank 0), sp {cfg.sp_size}, "
-            f"{config['num_layers']} blocks, fake tensors on the CPU; placement {plan.placement}")
+            f"{config['num_layers']} blocks, fake tensors on the CPU; placement {plan.placement}; CFG rows "
+            + (f"split (the negative prompt's {NEGATIVE_VALID_TOKENS} valid text slots attend apart)"
+               if cfg.cfg_scale > 1 and split_rows_on_cuda(cfg) else "of equal length (every text slot valid)"))
     simulation.verdict = simulated_verdict(plan, simulation)
     return head + "\n\n" + comparison_table(plan, simulation), simulation

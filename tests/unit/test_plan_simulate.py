@@ -49,6 +49,20 @@ def test_every_phase_is_reported_with_its_flops(simulated):
         assert phase.total > 0 and phase.seconds >= 0
 
 
+def test_the_simulated_launches_run_every_throughput_lever(simulated):
+    """Issue 36's levers are on in these launches (the CUDA defaults), so the agreement above holds with each: a
+    sample's trained steps replayed in one forward (the plan's choice, the rows of the simulated train pass), the
+    reward scored beside the reference pass (its forward planned there, outside the simulation's categories) and the
+    CFG rows of different lengths in split mask-free calls."""
+    _, text, simulation, plan = simulated
+    group = plan.placement.replay_group_size
+    assert group > 1 and f"forward + backward of {group} (sample, step) pair(s)" in simulation.phases[2].note
+    assert plan.placement.async_reward
+    assert any(c.name.startswith("reward forward (SP leaders) beside it") and c.bytes > 0
+               for c in plan.phase("reference").components)
+    assert "CFG rows split (the negative prompt's 8 valid text slots attend apart)" in text
+
+
 def test_the_simulation_gives_its_own_verdict_and_it_agrees_with_the_plan(simulated):
     _, text, simulation, plan = simulated
     assert_verdict_agrees(text, simulation, plan, TOLERANCE)
