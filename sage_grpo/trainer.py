@@ -329,7 +329,7 @@ class GRPOTrainer:
         timings["other_time"] = time.perf_counter() - step_start - sum(timings.values())  # the phases add up
         # the writer's own time, overlapping the phases (not in the step); on every rank, so the all-reduce matches
         timings["background_media_time"] = self.rollout_media.writer.seconds
-        timings["background_reward_time"] = self.rewards.seconds  # the reward worker's own time (0 in line)
+        timings["background_reward_time"] = self.rewards.seconds  # the reward worker's time this step (0 in line)
 
         metrics = mean_over_world({**metrics, **timings}, self.device)
         metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.num_generations))

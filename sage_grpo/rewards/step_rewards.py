@@ -40,7 +40,8 @@ def score_videos(reward_fn: Callable, videos: torch.Tensor, prompts: List[str]) 
 
 class StepRewards:
     """Scores a step's videos with ``reward_fn`` on the SP leader (None elsewhere), in a background worker when
-    ``background``; ``seconds`` adds up the worker's own scoring time (it overlaps the step's phases)."""
+    ``background``; ``seconds`` is the worker's own time on the last step's videos (it overlaps the step's phases;
+    0 in line)."""
 
     def __init__(self, reward_fn: Optional[Callable], dims: ParallelDims, ranks_per_group: int,
                  device: torch.device, background: bool):
@@ -74,7 +75,7 @@ class StepRewards:
             with torch.cuda.stream(self._stream):
                 return score_videos(self.reward_fn, videos, prompts)  # its .cpu() waits for the stream's work
         finally:
-            self.seconds += time.perf_counter() - start
+            self.seconds = time.perf_counter() - start
 
     def collect(self, pending: Optional[Future]) -> Tuple[Rewards, Rewards]:
         """This rank's (B,) rewards and those of its prompt group (the same, or the whole (G,) group when it spans
