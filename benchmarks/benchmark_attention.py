@@ -18,7 +18,7 @@ native SDPA (``attention.py``). Prints each time, the ratio dense / ours, the la
 dense run, and the dense mask each block call no longer allocates: B x S x S bytes (bool). With CFG each backend is
 timed a second time with the rows split (``--mixed_length_attention split``, issue 36: one mask-free call per row
 of its own valid length), printed with the ratio masked / split and the largest velocity difference to the masked
-call: the mask question on the device at hand.
+call: the mask question on the device at hand; on the CPU also the process CPU time of the two, alternated.
 """
 
 import argparse
@@ -110,11 +110,36 @@ def time_split(transformer, call: bench.VelocityCall, setup: bench.BenchSetup, b
     install_joint_attention(transformer, backend, split_rows=True)
     result = timed(f"joint attention, {backend}, split rows", call, setup)
     install_joint_attention(transformer, backend)
-    if result is not None:
-        seconds, velocity = result
-        difference = (velocity.float() - masked_v.float()).abs().max().item()
-        print(f"joint attention, {backend}, split rows: {seconds:.4f} s, ratio masked / split "
-              f"{masked_s / seconds:.2f}, max |velocity difference to the masked call| {difference:.2e}")
+    if result is None:
+        return
+    seconds, velocity = result
+    difference = (velocity.float() - masked_v.float()).abs().max().item()
+    print(f"joint attention, {backend}, split rows: {seconds:.4f} s, ratio masked / split "
+          f"{masked_s / seconds:.2f}, max |velocity difference to the masked call| {difference:.2e}")
+    if setup.device.type == "cpu":
+        masked_cpu, split_cpu = interleaved_cpu_seconds(transformer, call, setup, backend)
+        print(f"joint attention, {backend}, process CPU (masked and split alternated, medians of {setup.repeats}): "
+              f"masked {masked_cpu:.4f} s, split {split_cpu:.4f} s, ratio masked / split {masked_cpu / split_cpu:.2f}")
+
+
+def interleaved_cpu_seconds(transformer, call: bench.VelocityCall, setup: bench.BenchSetup, backend: str):
+    """Median process CPU seconds of the masked and the split pass, run alternately (after the warm-up): on a machine
+    shared with other jobs the CPU time is steadier than the wall clock, and alternating gives both the same load."""
+    import statistics
+    import time
+
+    from sage_grpo.models.attention import install_joint_attention
+
+    seconds = {False: [], True: []}
+    for repeat in range(setup.warmup + setup.repeats):
+        for split_rows in (False, True):
+            install_joint_attention(transformer, backend, split_rows=split_rows)
+            start = time.process_time()
+            call.training_pass()
+            if repeat >= setup.warmup:
+                seconds[split_rows].append(time.process_time() - start)
+    install_joint_attention(transformer, backend)
+    return statistics.median(seconds[False]), statistics.median(seconds[True])
 
 
 if __name__ == "__main__":

@@ -188,6 +188,7 @@ def test_benchmark_attention(capsys):
         # the CFG rows split into mask-free calls (issue 36): the masked call's velocity within float order
         assert value_of(rf"^joint attention, {backend}, split rows: [0-9.]+ s, ratio masked / split {NUMBER}, ", out) > 0
         assert value_of(rf"^joint attention, {backend}, split rows: .*masked call\| {NUMBER}$", out) < 1e-5
+        assert value_of(rf"^joint attention, {backend}, process CPU .* ratio masked / split {NUMBER}$", out) > 0
 
 
 def test_benchmark_rollout(capsys):
