@@ -75,6 +75,6 @@ def test_off_cuda_the_levers_keep_the_reference_unless_asked(changes, expected):
     assert (from_plan.replay_group_size, from_plan.async_reward) == expected
 
 
-def test_the_report_names_the_decisions(capsys):
+def test_the_report_names_the_decisions():
     text = plan_report.report(CFG, 8, 80.0)
     assert "replay 2 trained step(s) per forward, reward in the background" in text
