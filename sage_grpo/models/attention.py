@@ -19,8 +19,9 @@ consecutive rows with the same valid length, each over its own keys (the image t
 queries untouched, so every token, padded ones included, attends to exactly the keys the mask lets through. The
 outputs equal the masked call's within float order (the kernel sums over fewer keys: not bit for bit), which is why
 ``auto`` keeps the mask on the CPU (the golden run is pinned bit for bit) and splits on CUDA. Measured on the CPU
-(``docs/benchmarks.md``): the split calls beat the masked one, and torch's nested-tensor (jagged) SDPA and eager flex
-attention, the variable-length alternatives there, are 5-80x slower than either.
+(``benchmarks/benchmark_mixed_length_attention.py``, ``docs/benchmarks.md``): the split calls beat the masked one at
+every size, while torch's nested-tensor (jagged) SDPA and eager flex attention, the variable-length paths there, are
+3-47x slower than the masked call (and flex attention has no CPU backward).
 
 :func:`install_joint_attention` puts :class:`JointAttnProcessor` on every dual-stream block and makes the transformer
 run :func:`~sage_grpo.models.transformer_forward.joint_forward`, which orders the text valid-first and trims it to
