@@ -1,5 +1,5 @@
-"""Where one GRPO step's time and memory go: encode, rollout, decode, reward, reference means, policy update (issue 13,
-item 8; issue 16, item 3).
+"""Where one GRPO step's time and memory go: encode, rollout, decode, reward, reference means, policy update, optimizer
+step (issue 13, item 8; issue 16, item 3; issue 32).
 
     python benchmarks/benchmark_step.py [--geometry toy|tiny] [--repeats 3] [--warmup 1] [post_train.py flags]
     python benchmarks/benchmark_step.py --geometry real --blocks 8 --device cuda --repeats 2   # GPU, 81x352x624
@@ -17,7 +17,8 @@ out. Every other ``post_train.py`` flag is passed on (it overrides these setting
 
 The phase times are the trainer's own metrics in ``metrics.jsonl`` (``rollout_time`` = encode + rollout + decode,
 ``reward_time``, ``ref_model_time``, ``grpo_loop_time``); the prompt encoding and the VAE decode inside
-``rollout_time`` are timed by wrapping the model bundle's ``encode``/``decode`` (synchronizing a GPU around each).
+``rollout_time`` and the optimizer step inside ``grpo_loop_time`` are timed by wrapping the model bundle's
+``encode``/``decode`` and the trainer's ``optimizer_step`` (synchronizing a GPU around each).
 Prints each phase's seconds (the fewest over the measured steps) and its share of their sum.
 
 Memory: on a GPU, ``torch.cuda.max_memory_allocated`` is read and reset at each phase boundary (the rollout's peak is
@@ -43,11 +44,12 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import common as bench  # noqa: E402
 
-PHASES = ("encode", "rollout", "decode", "reward", "reference means", "policy update")
+PHASES = ("encode", "rollout", "decode", "reward", "reference means", "policy update", "optimizer step")
 # the memory planner's phases (sage_grpo.plan) that each phase falls in, the first the plan has (its reference phase
 # covers LoRA's too: the policy's own no-grad passes with the anchor adapter or none)
 PLAN_PHASES = {"encode": ("encode",), "rollout": ("rollout",), "decode": ("decode + reward",),
-               "reward": ("decode + reward",), "reference means": ("reference", "rollout"), "policy update": ("train",)}
+               "reward": ("decode + reward",), "reference means": ("reference", "rollout"), "policy update": ("train",),
+               "optimizer step": ("optimizer step",)}
 RUNTIME_OVERHEAD = "runtime overhead"  # the planner's fixed component that the peak counter does not see
 GIB = 2 ** 30
 
@@ -131,11 +133,14 @@ class PhaseMemory:
         return out
 
 
-def instrument(trainer, encode: dict, decode: dict) -> PhaseMemory:
-    """Time the encode and decode (:class:`Stopwatch`) and meter every phase's memory (:class:`PhaseMemory`)."""
+def instrument(trainer, encode: dict, decode: dict, optimizer: dict) -> PhaseMemory:
+    """Time the encode, decode and optimizer step (:class:`Stopwatch`) and meter every phase's memory
+    (:class:`PhaseMemory`; the optimizer step runs inside the policy update, whose peak until then is the update's)."""
     memory, models = PhaseMemory(trainer, trainer.device), trainer.models
     models.encode = Stopwatch(memory.wrap(models.encode, "encode"), trainer, encode, trainer.device)
     models.decode = Stopwatch(memory.wrap(models.decode, "decode", before="rollout"), trainer, decode, trainer.device)
+    trainer.optimizer_step = Stopwatch(memory.wrap(trainer.optimizer_step, "optimizer step", before="policy update"),
+                                       trainer, optimizer, trainer.device)
     trainer.rewards.start = memory.wrap(trainer.rewards.start, "reward")
     trainer.reference_means = memory.wrap(trainer.reference_means, "reference means")
     trainer.policy_update = memory.wrap(trainer.policy_update, "policy update")
@@ -166,10 +171,11 @@ def _gib(value) -> str:
     return f"{value:.2f} GB" if value is not None else "n/a"
 
 
-def phase_seconds(rows: list, encode: dict, decode: dict, warmup: int) -> dict:
+def phase_seconds(rows: list, encode: dict, decode: dict, warmup: int, optimizer: dict) -> dict:
     """Each phase's fewest seconds over the steps after the warm-up (``rows``: metrics.jsonl; steps count from 1):
     the best of the measured steps, as the other benchmarks report the best of their repeats (a shared machine's
-    load only ever adds time)."""
+    load only ever adds time). ``encode``, ``decode`` and ``optimizer`` are the wrapped calls' seconds by the
+    trainer's global_step; the policy update is ``grpo_loop_time`` less the optimizer step."""
     measured = [row for row in rows if row["step"] > warmup]
     if not measured:
         raise SystemExit("error: no step left after the warm-up; raise --repeats")
@@ -177,9 +183,10 @@ def phase_seconds(rows: list, encode: dict, decode: dict, warmup: int) -> dict:
     phases = {"encode": min(encode[step] for step in steps), "decode": min(decode[step] for step in steps),
               "rollout": min(row["rollout_time"] - encode[row["step"] - 1] - decode[row["step"] - 1]
                              for row in measured)}
-    for name, key in (("reward", "reward_time"), ("reference means", "ref_model_time"),
-                      ("policy update", "grpo_loop_time")):
+    for name, key in (("reward", "reward_time"), ("reference means", "ref_model_time")):
         phases[name] = min(row[key] for row in measured)
+    phases["optimizer step"] = min(optimizer.get(step, 0.0) for step in steps)
+    phases["policy update"] = min(row["grpo_loop_time"] - optimizer.get(row["step"] - 1, 0.0) for row in measured)
     return {name: phases[name] for name in PHASES}
 
 
@@ -191,14 +198,14 @@ def main(argv=None) -> None:
     args, extra = parse_args(argv)
     setup = bench.setup_from_args(args)
     setup = dataclasses.replace(setup, geometry=bench.checkpoint_geometry(setup.geometry, args))
-    encode, decode = {}, {}
+    encode, decode, optimizer = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="bench_step_") as tmp, \
             bench.checkpoint(setup.geometry, setup.seed, args.checkpoint_root) as root:
         cfg = parse_cli(TrainConfig, trainer_flags(setup, root, Path(tmp) / "run", args.steps) + extra)
         trainer = GRPOTrainer(cfg)
         plan = planned_memory(trainer)
         loaded = sum(p.numel() for name, p in trainer.models.policy.named_parameters() if "lora_" not in name)
-        memory = instrument(trainer, encode, decode)
+        memory = instrument(trainer, encode, decode, optimizer)
         # train() ends with a checkpoint (fp32 weights and optimizer state: ~13 GB at 8 real-width blocks), which is
         # no phase of a step: not written here
         trainer.save = lambda: None
@@ -207,7 +214,7 @@ def main(argv=None) -> None:
         wall = time.perf_counter() - start
         rows = read_metrics(trainer.run_dir)
         planned_params = plan_sizes_line(trainer.cfg, loaded)
-    phases = phase_seconds(rows, encode, decode, setup.warmup)
+    phases = phase_seconds(rows, encode, decode, setup.warmup, optimizer)
     peaks = memory.phase_gib(setup.warmup)
     total = sum(phases.values())
     print(setup.describe())

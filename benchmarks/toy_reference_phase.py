@@ -30,8 +30,8 @@ def reference_phase(config: str, reference_batch_size: int, steps: int, output_d
 
     values = load_yaml(config)
     values.update(seed=0, max_steps=steps, save_interval=10 ** 6, validation_interval=0, save_rollout_videos=False,
-                  report_to=["none"], output_dir=output_dir, overwrite_output_dir=True, quiet=True,
-                  reference_batch_size=reference_batch_size)
+                  validate_at_step0=False, report_to=["none"], output_dir=output_dir, overwrite_output_dir=True,
+                  quiet=True, reference_batch_size=reference_batch_size)
     trainer = GRPOTrainer(from_dict(TrainConfig, values, source=config))
     seconds, first_means = [], []
     inner = trainer.reference_means

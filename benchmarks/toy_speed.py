@@ -81,8 +81,8 @@ def run_arm(name: str, seed: int, args) -> Dict:
 
     values = load_yaml(args.config)
     values.update(ARMS[name], seed=seed, max_steps=args.max_steps, save_interval=10 ** 6, validation_interval=0,
-                  save_rollout_videos=False, report_to=["none"], output_dir=str(Path(args.runs) / f"{name}_seed{seed}"),
-                  overwrite_output_dir=True)
+                  validate_at_step0=False, save_rollout_videos=False, report_to=["none"],
+                  output_dir=str(Path(args.runs) / f"{name}_seed{seed}"), overwrite_output_dir=True)
     cfg = from_dict(TrainConfig, values, source=args.config)
     trainer = GRPOTrainer(cfg)
     counters = [ForwardCounter(trainer.models.policy)]

@@ -13,6 +13,8 @@ The training loop only says when.
                                     schedule, parallel layout, RNG states
     config.yaml                     the run's resolved configuration
     lora/                           LoRA runs not sharded by FSDP: the peft adapter folder
+    ema/model.safetensors           --ema_decay: the EMA of the trainable weights (whole; on several processes gathered
+                                    to rank 0 like transformer/, and sharded in the DCP part ``ema``)
 
 and, written by one process::
 
@@ -26,6 +28,7 @@ or, written by several processes::
                                       optimizer  {part: get_optimizer_state_dict(...)} per torch optimizer (muon, adamw)
                                       anchor     moving-anchor weights (the bundle's reference_state: the reference
                                                  module, or the LoRA anchor adapter), once the anchor has moved
+                                      ema        the EMA's shards (--ema_decay)
 
 Several processes record the RNG states of every rank (``rng_per_rank``) and the optimizer parts in the training
 state, one process its own RNG states (``rng``). ``transformer/model.safetensors`` is in both formats (gathered to
@@ -46,7 +49,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import numpy as np
 import torch
@@ -54,19 +57,25 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.stateful import Stateful
 
-from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_MODEL, DCP_OPTIMIZER,
-                                         OPTIMIZER_FILE, TRAINING_STATE_FILE, TRANSFORMER_FILE)
+from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_EMA, DCP_MODEL,
+                                         DCP_OPTIMIZER, EMA_FILE, OPTIMIZER_FILE, TRAINING_STATE_FILE, TRANSFORMER_FILE)
 from sage_grpo.distributed.collectives import barrier
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.distributed.parallelize import is_sharded
 from sage_grpo.faults import fault_point
 from sage_grpo.optim.optimizers import optimizer_parts
 from sage_grpo.rl.anchor import MovingAnchorSchedule
-from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, dcp_load, disk_full_as_error, fsync_dir,
-                               fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
+from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, check_finite, dcp_load, disk_full_as_error,
+                               fsync_dir, fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 StateDict = Dict[str, torch.Tensor]
+
+
+def _finite(state, checkpoint: Path, name: str):
+    """``state`` of the checkpoint's file ``name``, refused when it holds NaN or inf (:func:`check_finite`)."""
+    check_finite(state, str(checkpoint / name))
+    return state
 
 
 def capture_rng_state() -> dict:
@@ -79,16 +88,35 @@ def capture_rng_state() -> dict:
     return state
 
 
+def _host_rng_states(state: dict) -> Tuple[tuple, tuple]:
+    """The Python and NumPy states of a saved RNG state, as ``setstate`` and ``set_state`` take them."""
+    name, keys, position, has_gauss, cached = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)  # earlier versions: a NumPy array
+    return (tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]),
+            (name, keys.astype(np.uint32), position, has_gauss, cached))
+
+
+def check_rng_state(state: Any, source: str) -> None:
+    """Refuse a saved RNG state (``source`` names it) that the global RNGs would not take: it is restored only
+    after the models have loaded, so a wrong one is named here, before (tried on throwaway generators)."""
+    try:
+        python, numpy_state = _host_rng_states(state)
+        random.Random().setstate(python)
+        np.random.RandomState().set_state(numpy_state)
+        torch.Generator().set_state(state["torch"])
+    except Exception as err:  # noqa: BLE001 - a garbled state fails in many ways (KeyError, TypeError, ValueError)
+        raise CheckpointError(f"{source} is not a saved RNG state ({type(err).__name__}: {str(err)[:150]})") from None
+
+
 def restore_rng_state(state: dict) -> List[str]:
     """Set the global RNGs to ``state``; returns notes on what could not be restored. The CUDA states go to the
     devices this process sees, by index: a machine that sees fewer GPUs than the one that saved (another
     ``CUDA_VISIBLE_DEVICES``) restores the first ones and says which were left (rollout noise comes from CPU
     generators, so only CUDA-side randomness such as dropout on the missing devices differs)."""
     notes: List[str] = []
-    random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
-    name, keys, position, has_gauss, cached = state["numpy"]
-    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)  # earlier versions: a NumPy array
-    np.random.set_state((name, keys.astype(np.uint32), position, has_gauss, cached))
+    python, numpy_state = _host_rng_states(state)
+    random.setstate(python)
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         saved, visible = state["cuda"], torch.cuda.device_count()
@@ -136,21 +164,23 @@ def _contiguous_cpu(tensors: StateDict) -> StateDict:
 
 def write_checkpoint_files(directory: Path, *, model_state: StateDict, training_state: dict,
                            config_yaml: Optional[str] = None, optimizer_state: Optional[dict] = None,
-                           anchor_state: Optional[StateDict] = None) -> None:
+                           anchor_state: Optional[StateDict] = None, ema_state: Optional[StateDict] = None) -> None:
     """The single files of a checkpoint, into ``directory`` (made if needed): the full trainable weights, the training
     state and the config; the optimizer state and the anchor weights when given (one process; several processes keep
-    them in the DCP shards)."""
+    them in the DCP shards); the whole EMA when given."""
     directory = Path(directory)
     (directory / TRANSFORMER_FILE).parent.mkdir(parents=True, exist_ok=True)
     # A full disk is named with the file and the space the whole checkpoint needs (torch's own error is
     # "basic_ios::clear: iostream error").
-    needed = nbytes_of(model_state) + nbytes_of(anchor_state) + nbytes_of(optimizer_state) + (1 << 20)
+    needed = (nbytes_of(model_state) + nbytes_of(anchor_state) + nbytes_of(optimizer_state) + nbytes_of(ema_state)
+              + (1 << 20))
     with disk_full_as_error(directory / TRANSFORMER_FILE, needed):
         save_file(_contiguous_cpu(model_state), str(directory / TRANSFORMER_FILE))
-    if anchor_state is not None:
-        (directory / ANCHOR_FILE).parent.mkdir(exist_ok=True)
-        with disk_full_as_error(directory / ANCHOR_FILE, needed):
-            save_file(_contiguous_cpu(anchor_state), str(directory / ANCHOR_FILE))
+    for file, state in ((ANCHOR_FILE, anchor_state), (EMA_FILE, ema_state)):
+        if state is not None:
+            (directory / file).parent.mkdir(exist_ok=True)
+            with disk_full_as_error(directory / file, needed):
+                save_file(_contiguous_cpu(state), str(directory / file))
     if optimizer_state is not None:
         with disk_full_as_error(directory / OPTIMIZER_FILE, needed):
             torch.save(optimizer_state, directory / OPTIMIZER_FILE)
@@ -244,6 +274,7 @@ class CheckpointManager:
     calls :meth:`save` and :meth:`load` at the same points.
 
     ``counters``' state dict holds the training state's ``global_step``, ``update_steps`` and ``micro_steps``;
+    ``ema`` is the :class:`~sage_grpo.optim.ema.PolicyEMA` of ``--ema_decay`` (None: off);
     ``layout`` is the parallel-layout record a resume checks (``sage_grpo.resume.layout_record``); ``config_yaml``
     gives the run's resolved configuration when a checkpoint is written (what a resume compares against); ``log``
     reports what a resume could not restore.
@@ -251,8 +282,9 @@ class CheckpointManager:
 
     def __init__(self, *, models: CheckpointedModels, optimizer, kl_controller: Optional[Stateful],
                  anchor_schedule: MovingAnchorSchedule, counters: Stateful, dims: ParallelDims, run_dir: Path,
-                 keep_checkpoints: int, layout: dict, config_yaml: Callable[[], str], log: Callable[[str], None]):
-        self.models, self.optimizer = models, optimizer
+                 keep_checkpoints: int, layout: dict, config_yaml: Callable[[], str], log: Callable[[str], None],
+                 ema: Optional[Stateful] = None):
+        self.models, self.optimizer, self.ema = models, optimizer, ema
         self.optimizer_parts = optimizer_parts(optimizer)  # the torch optimizers by name: one DCP entry each
         self.kl_controller, self.anchor_schedule, self.counters = kl_controller, anchor_schedule, counters
         self.dims, self.run_dir, self.keep_checkpoints = dims, Path(run_dir), keep_checkpoints
@@ -272,15 +304,16 @@ class CheckpointManager:
         barrier(device)
         with_anchor = self.anchor_schedule.last_refreshed_at is not None  # until it moves, the anchor is the base
         if self.dims.is_distributed:
-            dcp.save(self._dcp_state(with_anchor), checkpoint_id=str(tmp / DCP_DIR))
+            dcp.save(self._dcp_state(with_anchor, self.ema is not None), checkpoint_id=str(tmp / DCP_DIR))
         model_state = gather_to_main(self.models.trainable_state_dict(), is_main)
+        ema_state = gather_to_main(self.ema.state_dict(), is_main) if self.ema is not None else None
         if is_main:
             try:
-                self._write_main_files(tmp, model_state, training_state, with_anchor)
+                self._write_main_files(tmp, model_state, training_state, with_anchor, ema_state)
             except DiskFullError:
                 shutil.rmtree(tmp, ignore_errors=True)  # give the space of the partial checkpoint back
                 raise
-        del model_state
+        del model_state, ema_state
         if is_main:
             fsync_tree(tmp)  # every rank's files are written and closed (DCP's save ends with a barrier)
         fault_point("checkpoint", step)
@@ -308,19 +341,20 @@ class CheckpointManager:
         return state
 
     def _write_main_files(self, directory: Path, model_state: StateDict, training_state: dict,
-                          with_anchor: bool) -> None:
+                          with_anchor: bool, ema_state: Optional[StateDict]) -> None:
         """Rank 0's files; on one process also the optimizer state and the anchor (several: in the DCP shards)."""
         one_process = not self.dims.is_distributed
         write_checkpoint_files(directory, model_state=model_state, training_state=training_state,
                                config_yaml=self.config_yaml(),
                                optimizer_state=self.optimizer.state_dict() if one_process else None,
-                               anchor_state=self.models.reference_state() if one_process and with_anchor else None)
+                               anchor_state=self.models.reference_state() if one_process and with_anchor else None,
+                               ema_state=ema_state)
         if not is_sharded(self.models.policy):
             # LoRA: the peft adapter folder lora/. It reads the adapter tensors whole, so FSDP-sharded runs skip it
             # (export_checkpoint then takes the adapter config from config.yaml).
             self.models.save_extras(directory)
 
-    def _dcp_state(self, with_anchor: bool) -> dict:
+    def _dcp_state(self, with_anchor: bool, with_ema: bool) -> dict:
         """The nested state DCP saves or loads into (a collective: it initialises empty optimizer states)."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -329,6 +363,8 @@ class CheckpointManager:
                                  for name, optimizer in self.optimizer_parts.items()}}
         if with_anchor:
             state[DCP_ANCHOR] = dict(self.models.reference_state())
+        if with_ema:
+            state[DCP_EMA] = dict(self.ema.state_dict())
         return state
 
     # ------------------------------------------------------------------ load
@@ -341,7 +377,8 @@ class CheckpointManager:
             self._load_dcp(path, training_state, has_reference)
         else:
             self._load_files(path, has_reference)
-        self.counters.load_state_dict({key: training_state[key] for key in self.counters.state_dict()})
+        self.counters.load_state_dict({key: training_state[key] for key in self.counters.state_dict()
+                                       if key in training_state})  # counters added later start from their default
         if self.kl_controller is not None and training_state["kl_controller"] is not None:
             self.kl_controller.load_state_dict(training_state["kl_controller"])
         if has_reference:  # a run resumed without the KL has no anchor to schedule
@@ -349,11 +386,17 @@ class CheckpointManager:
         self._restore_rng(training_state)
 
     def _load_files(self, path: Path, has_reference: bool) -> None:
-        """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`)."""
-        self.models.load_trainable_state_dict(_load_safetensors(path / TRANSFORMER_FILE))
-        self.optimizer.load_state_dict(load_plain(path / OPTIMIZER_FILE, "optimizer state"))
+        """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`; weights and optimizer state
+        finite: NaN weights would only show as NaN rewards and updates)."""
+        self.models.load_trainable_state_dict(_finite(_load_safetensors(path / TRANSFORMER_FILE), path,
+                                                      TRANSFORMER_FILE))
+        self.optimizer.load_state_dict(_finite(load_plain(path / OPTIMIZER_FILE, "optimizer state"), path,
+                                               OPTIMIZER_FILE))
         if has_reference and (path / ANCHOR_FILE).exists():
-            self.models.load_reference_state(_load_safetensors(path / ANCHOR_FILE))
+            self.models.load_reference_state(_finite(_load_safetensors(path / ANCHOR_FILE), path, ANCHOR_FILE))
+        if self.ema is not None:
+            self._restore_ema(_finite(_load_safetensors(path / EMA_FILE), path, EMA_FILE) if (path / EMA_FILE).exists()
+                              else None, path)
 
     def _load_dcp(self, path: Path, training_state: dict, has_reference: bool) -> None:
         """A sharded checkpoint, in place on every rank and resharded to this layout (a collective)."""
@@ -365,8 +408,9 @@ class CheckpointManager:
                              f"{sorted(self.optimizer_parts)}; resume with the same --use_muon / --use_lora")
         stored = set(read_dcp_metadata(path / DCP_DIR).state_dict_metadata)
         with_anchor = has_reference and any(key.startswith(f"{DCP_ANCHOR}.") for key in stored)
-        state = self._dcp_state(with_anchor)
-        expected = [f"{part}.{n}" for part in (DCP_MODEL, DCP_ANCHOR) for n in state.get(part, {})]
+        with_ema = self.ema is not None and any(key.startswith(f"{DCP_EMA}.") for key in stored)
+        state = self._dcp_state(with_anchor, with_ema)
+        expected = [f"{part}.{n}" for part in (DCP_MODEL, DCP_ANCHOR, DCP_EMA) for n in state.get(part, {})]
         missing = sorted(k for k in expected if k not in stored)
         if missing:
             raise KeyError(f"{path / DCP_DIR} lacks {len(missing)} weights of this model, e.g. {missing[:5]}")
@@ -379,11 +423,23 @@ class CheckpointManager:
             set_optimizer_state_dict(self.models.policy, optimizer, state[DCP_OPTIMIZER][name])
         if with_anchor:
             self.models.load_reference_state(state[DCP_ANCHOR])
+        if self.ema is not None:
+            self._restore_ema(state.get(DCP_EMA), path)
+
+    def _restore_ema(self, state: Optional[StateDict], path: Path) -> None:
+        """The EMA from the checkpoint; one without (EMA turned on at this resume) starts it from the weights."""
+        if state is None:
+            self.ema.reset()
+            self.log(f"note: {path} holds no EMA (--ema_decay was 0); the EMA starts from its weights")
+        else:
+            self.ema.load_state_dict(state)
 
     def _restore_rng(self, training_state: dict) -> None:
         """This rank's global RNG states. After a change of world size the ranks keep their fresh ``seed + dp_rank``
         seeding (the trainer's own randomness comes from explicitly seeded generators and does not depend on it)."""
-        if "rng" in training_state or len(training_state["rng_per_rank"]) == self.dims.world_size:
+        if "rng" not in training_state and not training_state.get("rng_per_rank"):
+            self.log("note: the checkpoint holds no RNG states; the global RNG states are not restored")
+        elif "rng" in training_state or len(training_state["rng_per_rank"]) == self.dims.world_size:
             state = training_state["rng"] if "rng" in training_state else training_state["rng_per_rank"][self.dims.rank]
             for note in restore_rng_state(state):
                 self.log(note)

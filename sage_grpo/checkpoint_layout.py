@@ -8,8 +8,9 @@ from pathlib import Path
 
 TRANSFORMER_FILE = Path("transformer") / "model.safetensors"  # trainable weights (all, or the LoRA adapter)
 ANCHOR_FILE = Path("anchor") / "model.safetensors"  # moving-anchor weights, once the anchor has moved
+EMA_FILE = Path("ema") / "model.safetensors"  # --ema_decay: the EMA of the trainable weights, keyed like them
 DCP_DIR = "transformer_dcp"  # several processes: the torch.distributed.checkpoint shards of these parts,
-DCP_MODEL, DCP_OPTIMIZER, DCP_ANCHOR = "model", "optimizer", "anchor"  # part p's tensor n stored as "p.n"
+DCP_MODEL, DCP_OPTIMIZER, DCP_ANCHOR, DCP_EMA = "model", "optimizer", "anchor", "ema"  # tensor n of part p: "p.n"
 OPTIMIZER_FILE = "optimizer.pt"
 TRAINING_STATE_FILE = "training_state.pt"
 CONFIG_FILE = "config.yaml"  # the run's resolved configuration, what a resume compares against

@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from sage_grpo.config.validation import ConfigError, group_layout
+from sage_grpo.config.validation import SEED_LIMIT, ConfigError, group_layout
 
 DEFAULT_TRAIN_CSV = "assets/demo_train.csv"
 DEFAULT_CSV_SEED = 42  # the reference dataset's own default, not --seed
@@ -141,6 +141,8 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
                     seed = int(row["seed"]) if row.get("seed") not in (None, "") else default_seed
                 except ValueError as err:
                     raise ConfigError(f"{where}: index and seed must be integers ({err})") from None
+                if not 0 <= seed < SEED_LIMIT:  # torch's generators stopped the run on it after the models loaded
+                    raise ConfigError(f"{where}: seed {seed} must be in [0, 2**63)")
                 image = (row.get("ref_image_path") or "").strip()
                 if image:
                     image = check_image(image, file.parent, where)

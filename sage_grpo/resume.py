@@ -17,10 +17,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from sage_grpo.checkpoint import is_sharded_checkpoint, resolve_resume_path
+from sage_grpo.checkpoint import check_rng_state, is_sharded_checkpoint, resolve_resume_path
 from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_MODEL, OPTIMIZER_FILE,
                                          TRAINING_STATE_FILE, TRANSFORMER_FILE)
 from sage_grpo.config import TrainConfig, to_dict
+from sage_grpo.config.recorded import read_run_config, recorded_values
+from sage_grpo.config.schema import shorten
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.rl import KLMode
 from sage_grpo.safe_io import CheckpointError, atomic_write, load_plain, read_dcp_metadata
@@ -34,7 +36,7 @@ RUN_DEFINING: Tuple[str, ...] = (
     # optimizer and schedule
     "use_muon", "learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "lr_num_cycles", "lr_power",
     "gradient_accumulation_steps",
-    "max_grad_norm",
+    "max_grad_norm", "ema_decay",
     # data and groups (the videos per step, batch_size x dp, are compared through the checkpoint's layout record)
     "num_generations", "seed", "use_same_noise",
     # sampler
@@ -47,7 +49,7 @@ RUN_DEFINING: Tuple[str, ...] = (
     "kl_weight", "kl_coef", "kl_min_coef", "use_moving_KL", "update_ref_model_step", "use_dual_kl",
     "dual_kl_moving_weight", "dual_kl_step_weight",
     # reward
-    "reward_model", "reward_weights", "reward_kwargs", "reward_checkpoint_mode", "reward_aggregation",
+    "reward_model", "reward_weights", "reward_kwargs", "extra_rewards", "reward_checkpoint_mode", "reward_aggregation",
     "videoalign_fps", "videoalign_num_frames", "videoalign_max_pixels",
     # LoRA
     "use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
@@ -91,16 +93,67 @@ def config_differences(saved: Dict[str, Any], cfg: TrainConfig) -> Dict[str, Tup
 
 
 def _read_saved_config(path: Path) -> Optional[Dict[str, Any]]:
+    """The settings the checkpoint recorded, checked like the command line (one line naming the file and the key)."""
     file = path / CONFIG_FILE
     if not file.is_file():
         return None
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise CheckpointError(f"cannot read {file}: {err}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} is not a mapping of option names to values")
-    return data
+    return recorded_values(read_run_config(file))
+
+
+_COUNTERS = ("global_step", "update_steps", "micro_steps", "failed_reward_steps")
+
+
+def check_training_state(training: Any, file: Path) -> None:
+    """The plain data of ``training_state.pt`` has the shape this version reads (counters non-negative integers,
+    the layout record and the small objects' states mappings): one line naming the file and the key otherwise."""
+    if not isinstance(training, dict) or "global_step" not in training:
+        raise CheckpointError(f"{file} is not a sage-grpo training state")
+    for key in _COUNTERS:
+        value = training.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise CheckpointError(f"{file}: {key} must be a non-negative integer, got {shorten(value)}")
+    for key in ("layout", "anchor_schedule", "kl_controller"):
+        if not isinstance(training.get(key) or {}, dict):
+            raise CheckpointError(f"{file}: {key} must be a mapping, got {shorten(training[key])}")
+    layout = training.get("layout") or {}
+    if layout and (type(layout.get("videos_per_step")) is not int or layout["videos_per_step"] < 1):
+        raise CheckpointError(f"{file}: layout.videos_per_step must be a positive integer, got "
+                              f"{shorten(layout.get('videos_per_step'))}")
+    if not isinstance(layout.get("model_root") or {}, dict):
+        raise CheckpointError(f"{file}: layout.model_root must be a mapping, got {shorten(layout['model_root'])}")
+    _check_small_states(training, file)
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def _check_small_states(training: Dict[str, Any], file: Path) -> None:
+    """The KL controller's and the anchor schedule's states and the RNG states, as this version restores them: a
+    NaN or inf beta would make every loss NaN, a garbled RNG state failed only after the models had loaded."""
+    controller = training.get("kl_controller") or {}
+    if controller:
+        coef, history = controller.get("kl_coef"), controller.get("history")
+        if not _number(coef) or not 0 <= coef < float("inf"):
+            raise CheckpointError(f"{file}: kl_controller.kl_coef must be a finite number >= 0, got {shorten(coef)}")
+        if type(controller.get("num_updates")) is not int or controller["num_updates"] < 0:
+            raise CheckpointError(f"{file}: kl_controller.num_updates must be a non-negative integer, got "
+                                  f"{shorten(controller.get('num_updates'))}")
+        if not isinstance(history, list) or len(history) > 100_000 or not all(map(_number, history)):
+            raise CheckpointError(f"{file}: kl_controller.history must be a list of numbers, got {shorten(history)}")
+    schedule = training.get("anchor_schedule")
+    if not isinstance(schedule, dict) or "last_refreshed_at" not in schedule:
+        raise CheckpointError(f"{file}: anchor_schedule must be a mapping with last_refreshed_at, got "
+                              f"{shorten(schedule)}")
+    refreshed = schedule["last_refreshed_at"]
+    if refreshed is not None and (type(refreshed) is not int or refreshed < 0):
+        raise CheckpointError(f"{file}: anchor_schedule.last_refreshed_at must be empty or a non-negative integer, "
+                              f"got {shorten(refreshed)}")
+    ranks = [training["rng"]] if "rng" in training else training.get("rng_per_rank", [])
+    if not isinstance(ranks, list):
+        raise CheckpointError(f"{file}: rng_per_rank must be a list of RNG states, got {shorten(ranks)}")
+    for index, state in enumerate(ranks):
+        check_rng_state(state, f"{file}: {'rng' if 'rng' in training else f'rng_per_rank[{index}]'}")
 
 
 def _check_parts(path: Path, sharded: bool) -> List[str]:
@@ -121,6 +174,9 @@ def _check_parts(path: Path, sharded: bool) -> List[str]:
     return []
 
 
+# What a user is told wherever weights are identified by the cheap fingerprint (model_fingerprint), not every byte.
+SAMPLED_IDENTITY = ("{what} is {compared} by its configs, file sizes and 64 KiB sampled from each weight file: "
+                    "weights changed in place elsewhere in a file of the same size are not detected")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _HASHED_FILE_LIMIT = 64 << 20  # config, index and tokenizer files are hashed whole; larger files are sampled
 _SAMPLES, _SAMPLE_BYTES = 16, 4096  # a weight file: 16 blocks of 4 KiB, evenly spaced (header and tensor data)
@@ -144,21 +200,23 @@ def model_fingerprint(root: Path, transformer_version: str) -> Dict[str, str]:
 
     folders = [layout.transformer_layout(transformer_version), *layout.variant_config_layouts(transformer_version),
                layout.VAE, *layout.TEXT_COMPONENTS, layout.SCHEDULER, *layout.IMAGE_COMPONENTS]
-    digests = {}
-    for component in folders:
-        folder = Path(root) / component.subdir
-        if not folder.is_dir():
-            continue
-        digest = hashlib.sha256()
-        for file in sorted(p for p in folder.rglob("*") if p.is_file()):
-            size = file.stat().st_size
-            digest.update(f"{file.relative_to(folder)}\0{size}\0".encode())
-            if file.suffix not in WEIGHT_SUFFIXES and size <= _HASHED_FILE_LIMIT:
-                digest.update(hashlib.sha256(file.read_bytes()).digest())
-            else:
-                _sample_file(file, size, digest)
-        digests[component.subdir] = digest.hexdigest()[:16]
-    return digests
+    return {component.subdir: folder_digest(Path(root) / component.subdir) for component in folders
+            if (Path(root) / component.subdir).is_dir()}
+
+
+def folder_digest(folder: Path) -> str:
+    """The digest :func:`model_fingerprint` gives one folder (or one file): small files whole, weight files by name,
+    size and 64 KiB sampled from them."""
+    digest = hashlib.sha256()
+    files = [folder] if folder.is_file() else sorted(p for p in folder.rglob("*") if p.is_file())
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.relative_to(folder) if file != folder else file.name}\0{size}\0".encode())
+        if file.suffix not in WEIGHT_SUFFIXES and size <= _HASHED_FILE_LIMIT:
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+        else:
+            _sample_file(file, size, digest)
+    return digest.hexdigest()[:16]
 
 
 def layout_record(cfg: TrainConfig, world_size: int, dp_size: int, sp_size: int) -> dict:
@@ -198,8 +256,7 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
                           "start a new run from its weights")
     stored = _check_parts(path, sharded)
     training = load_plain(path / TRAINING_STATE_FILE, "training state")
-    if not isinstance(training, dict) or "global_step" not in training:
-        raise CheckpointError(f"{path / TRAINING_STATE_FILE} is not a sage-grpo training state")
+    check_training_state(training, path / TRAINING_STATE_FILE)
     check = ResumeCheck(path, sharded, training)
 
     anchor_moved = (training.get("anchor_schedule") or {}).get("last_refreshed_at") is not None
@@ -226,8 +283,11 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
         check.differences["videos per step (batch_size x dp)"] = (layout["videos_per_step"], cfg.batch_size * dp_size)
     # the KL reference, the VAE and the encoders come from the model root: other weights make another run
     check.differences.update(model_root_difference((saved or {}).get("pretrained_model_root"), layout, cfg))
+    if (layout or {}).get("model_root"):
+        check.notes.append(SAMPLED_IDENTITY.format(what=f"the model root {cfg.pretrained_model_root}",
+                                                   compared=f"compared with {path}'s record"))
     if check.differences and not cfg.allow_config_change:
-        lines = "; ".join(f"{describe_setting(key)} {old!r} -> {new!r}"
+        lines = "; ".join(f"{describe_setting(key)} {shorten(old)} -> {shorten(new)}"
                           for key, (old, new) in check.differences.items())
         raise ConfigError(f"resuming {path} with settings that define a different run: {lines}. Use the "
                           f"checkpoint's values (its config.yaml), or pass --allow_config_change true to continue "
@@ -235,12 +295,41 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
     return check
 
 
+def restarts(cfg: TrainConfig) -> bool:
+    """Whether this start continues the run in ``--output_dir`` from step 0: ``--resume_from_checkpoint auto`` in a
+    directory that holds a run but no checkpoint yet (a crash, or a Slurm requeue, before the first save). Its
+    recorded ``run_config.yaml`` is read back and checked like the command line, and a run it defines differently is
+    refused as a resume onto other settings is (unless ``--allow_config_change``)."""
+    from sage_grpo.checkpoint import list_checkpoints
+    from sage_grpo.tracking.run_dir import RUN_MARKER
+
+    run_dir = Path(cfg.output_dir)
+    if cfg.resume_from_checkpoint != "auto" or list_checkpoints(run_dir) or not (run_dir / RUN_MARKER).is_file():
+        return False
+    differences = config_differences(recorded_values(read_run_config(run_dir / RUN_MARKER)), cfg)
+    if differences and not cfg.allow_config_change:
+        lines = "; ".join(f"--{key} {shorten(old)} -> {shorten(new)}" for key, (old, new) in differences.items())
+        raise ConfigError(f"--resume_from_checkpoint auto: {run_dir} holds a run without a checkpoint yet, started "
+                          f"with settings that define a different run: {lines}. Use its settings ({RUN_MARKER}), a "
+                          "new --output_dir, or --allow_config_change true to start it again with these")
+    return True
+
+
+def run_inputs(cfg: TrainConfig, check: Optional[ResumeCheck]) -> Dict[str, Any]:
+    """{flag: path} of what a run reads, which its ``--output_dir`` must lie outside of."""
+    inputs = {"--pretrained_model_root": cfg.pretrained_model_root, "--pretrained_lora_path": cfg.pretrained_lora_path,
+              "--resume_from_checkpoint": check.path if check is not None else None}
+    inputs.update({f"--train_video_csv {path}": path for path in cfg.train_video_csv or ()})
+    return inputs
+
+
 def record_config_changes(run_dir: Path, check: ResumeCheck) -> None:
-    """Append this resume's setting changes to ``config_changes.yaml`` in the run directory."""
+    """Append this resume's setting changes to ``config_changes.yaml`` in the run directory: one more item of its
+    YAML list, added as text (the earlier entries are kept byte for byte, never parsed and written again)."""
     file = Path(run_dir) / CONFIG_CHANGES_FILE
-    history = yaml.safe_load(file.read_text()) if file.is_file() else None
-    history = history if isinstance(history, list) else []
-    history.append({"resumed_from": str(check.path), "at_step": int(check.training_state["global_step"]),
-                    "changes": {key: {"checkpoint": old, "now": new} for key, (old, new) in
-                                check.differences.items()}})
-    atomic_write(file, yaml.safe_dump(history, sort_keys=False))
+    entry = {"resumed_from": str(check.path), "at_step": int(check.training_state["global_step"]),
+             "changes": {key: {"checkpoint": old, "now": new} for key, (old, new) in check.differences.items()}}
+    earlier = file.read_bytes() if file.is_file() else b""
+    if earlier and not earlier.endswith(b"\n"):
+        earlier += b"\n"
+    atomic_write(file, earlier + yaml.safe_dump([entry], sort_keys=False).encode())

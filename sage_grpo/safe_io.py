@@ -80,6 +80,22 @@ def load_plain(path: PathLike, what: str, fix: str = _PLAIN_FIX) -> Any:
                               "an interrupted copy leaves such files; use another checkpoint)") from None
 
 
+def check_finite(tensors: Any, source: str, name: str = "") -> None:
+    """Refuse weights (a mapping or sequence of tensors, nested as an optimizer state is) holding NaN or inf, naming
+    ``source`` and the first such tensor: sampled or trained on, they give NaN videos and NaN updates, never a clear
+    error."""
+    if isinstance(tensors, torch.Tensor):
+        if tensors.is_floating_point() and not bool(torch.isfinite(tensors).all()):
+            raise CheckpointError(f"{source}: {name or 'a tensor'} holds NaN or inf values (corrupt or diverged "
+                                  "weights); use another checkpoint or weights file")
+    elif isinstance(tensors, dict):
+        for key, value in tensors.items():
+            check_finite(value, source, f"{name}.{key}" if name else str(key))
+    elif isinstance(tensors, (list, tuple)):
+        for index, value in enumerate(tensors):
+            check_finite(value, source, f"{name}[{index}]")
+
+
 # ---------------------------------------------------------------- torch.distributed.checkpoint
 
 _DCP_METADATA_CLASSES = {
@@ -192,6 +208,24 @@ def dcp_load(state: dict, folder: PathLike, *, allow_partial_load: bool = True) 
             f"cannot read the DCP checkpoint {folder}: a shard is not tensor data written by "
             f"torch.distributed.checkpoint ({reason}). Was a .distcp file truncated or replaced? Use another "
             "checkpoint") from None
+
+
+# ---------------------------------------------------------------- where a command may write
+
+
+def check_output_outside_inputs(output: PathLike, option: str, inputs: dict) -> None:
+    """Refuse an ``output`` folder (the flag ``option``) that is, or lies inside, one of ``inputs`` ({flag: path};
+    None entries are skipped), links resolved: writing there would change what the command reads (an export into
+    its model root copied the root into itself). Checked before anything is written."""
+    target = Path(output).resolve()
+    for name, source in inputs.items():
+        if source is None or str(source) == "":
+            continue
+        resolved = Path(source).resolve()
+        if target == resolved or resolved in target.parents:
+            where = "is" if target == resolved else "lies inside"
+            raise ValueError(f"{option} {output} {where} {name} {source}: the command would write into what it "
+                             f"reads. Choose an {option} outside {source}")
 
 
 # ---------------------------------------------------------------- writing files that must survive a crash

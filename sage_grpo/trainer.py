@@ -28,8 +28,8 @@ sample uses its CSV-derived seed (reference), its SDE noise a generator seeded f
 index in the step's global batch), and the shuffles a generator seeded from (seed, dp rank, global step).
 
 Checkpoints: a :class:`~sage_grpo.checkpoint.CheckpointManager`, built once with what the trainer owns (the model
-bundle, the optimizer, the KL controller, the anchor schedule, and the trainer itself for its counters through
-``state_dict``/``load_state_dict``), saves and restores all of it; the loop only says when.
+bundle, the optimizer, the KL controller, the anchor schedule, the EMA of ``--ema_decay``, and the trainer itself for
+its counters through ``state_dict``/``load_state_dict``), saves and restores all of it; the loop only says when.
 
 Several processes (``torchrun``; reference_spec §3). ``world = dp x sp`` with contiguous SP groups
 (``ParallelDims``); the layout rules are checked before any model loads. The policy and the reference get Ulysses SP
@@ -58,6 +58,7 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
 
 import time
 import warnings
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -83,15 +84,17 @@ from sage_grpo.faults import fault_point
 from sage_grpo.models.geometry import check_video_sizes, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
 from sage_grpo.models.variants import resolve_train_sampling
+from sage_grpo.optim.ema import PolicyEMA
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
+from sage_grpo.pipeline.failed_steps import count_failed_step, finite_update, step_failures
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
 from sage_grpo.rl.sde_window import SDEWindow
 from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
-                              record_config_changes)
+                              record_config_changes, restarts, run_inputs)
 from sage_grpo.safe_io import CheckpointError, DiskFullError
-from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, LoggedVideo, check_report_to, start_trackers
+from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, check_report_to, start_trackers
 from sage_grpo.tracking.run_dir import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, show_progress_bars,
                                         startup_summary, truncate_metrics)
 from sage_grpo.dtypes import DTYPES
@@ -99,17 +102,18 @@ from sage_grpo.models.attention import check_attention_runs
 from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
 from sage_grpo.models.revisions import record_run_weights
 from sage_grpo.pipeline.sampler import sampler_of
+from sage_grpo.pipeline.validation import (ValidationResult, ValidationSettings, Validator, VideoScoreMetric,
+                                           per_video, validation_items)
 from sage_grpo.plan.memory import placement_of
 from sage_grpo.rewards.remote import RemoteRewardError
-from sage_grpo.rewards.setup import RewardFailure, build_reward, check_reward_config
+from sage_grpo.rewards.setup import RewardFailure, build_held_out_scorers, build_reward, check_reward_config
 from sage_grpo.rewards.step_rewards import StepRewards
-from sage_grpo.video_io import BackgroundWriter, sanitize_name, write_video
+from sage_grpo.video_io import BackgroundWriter
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
 USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
                RemoteRewardError, PeerLost, DiskFullError)
-DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -138,12 +142,13 @@ class GRPOTrainer:
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
         self.show_bars = show_progress_bars(self.is_main, cfg.quiet)  # tqdm bars: main process, terminal, no --quiet
         self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
-        self.validation_items = self._validation_items()
+        self.validation_items = validation_items(cfg)
         check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
                     "--pretrained_transformer_version")
         self._check_i2v_tokens()
         self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
+        self.notes += self.reward_plan.notes
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
         check_video_sizes(cfg)  # sizes and frame counts, which the first rollout would otherwise be the first to see
@@ -154,7 +159,9 @@ class GRPOTrainer:
                              if resumes(cfg.resume_from_checkpoint, Path(cfg.output_dir)) else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
-        check_run_dir(cfg.output_dir, resuming=self.resume_check is not None, overwrite=cfg.overwrite_output_dir)
+        self.restart = self.resume_check is None and restarts(cfg)  # auto, before the first checkpoint: from step 0
+        check_run_dir(cfg.output_dir, resuming=self.resume_check is not None or self.restart,
+                      overwrite=cfg.overwrite_output_dir, inputs=run_inputs(cfg, self.resume_check))
         try:  # rollout, replay, reference means and validation all sample through these two
             self.sampler = sampler_of(cfg)
         except ValueError as err:
@@ -180,8 +187,11 @@ class GRPOTrainer:
         seed_everything(cfg.seed + self.dp_rank)
         self.device = self.models.device
         self.reward_fn = build_reward(cfg, self.reward_plan, self.device) if self.dims.is_sp_leader else None
+        # the held-out validation metrics load on the main process only, and only when asked (--validation_metrics)
+        self.held_out = build_held_out_scorers(cfg, self.reward_plan, self.device) if self.is_main else None
         self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
                                          lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self.ema = PolicyEMA(self.models.trainable_state_dict(), cfg.ema_decay) if cfg.ema_decay > 0 else None
         # β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward
         self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef,
                                                                  device=self.device)
@@ -198,22 +208,25 @@ class GRPOTrainer:
                                       self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
-        self.failed_reward_steps = 0  # consecutive steps whose reward failed on every sample
+        self.failed_reward_steps = 0  # consecutive steps that trained on nothing (pipeline/failed_steps.py)
+        self.skipped_updates = 0  # optimizer updates of the current step whose gradient was not finite
 
         # Models and reward are loaded: only now does the run directory change.
         self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
         trackers = (start_trackers(self.report_to, self.run_dir, project=cfg.tracker_project_name,
-                                   run_name=cfg.run_name, config=to_dict(cfg), resuming=self.resume_check is not None)
+                                   run_name=cfg.run_name, config=to_dict(cfg),
+                                   resuming=self.resume_check is not None or self.restart)
                     if self.is_main else ())
         self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
                                     trackers=trackers, max_steps=cfg.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
+        self.validator = self._build_validator()
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
             keep_checkpoints=cfg.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
-            config_yaml=partial(config_to_yaml, cfg), log=self.logger.info)
+            config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, ema=self.ema)
         self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device))
         for note in self.notes:
             self.logger.info(f"note: {note}")
@@ -225,7 +238,10 @@ class GRPOTrainer:
         """The run directory, after the earlier run is cleared (``--overwrite_output_dir``); it always ends up with
         the run's current ``run_config.yaml``, and a resume with allowed setting changes records them."""
         cfg, check = self.cfg, self.resume_check
-        run_dir = prepare_run_dir(cfg.output_dir, resuming=check is not None, overwrite=cfg.overwrite_output_dir)
+        run_dir = prepare_run_dir(cfg.output_dir, resuming=check is not None or self.restart,
+                                  overwrite=cfg.overwrite_output_dir)
+        if self.restart:  # the attempt that stopped before its first checkpoint logged steps this run takes again
+            truncate_metrics(run_dir, 0)
         if check is not None and check.differences:
             record_config_changes(run_dir, check)
             changes = ", ".join(f"{describe_setting(k)} {old!r} -> {new!r}" for k, (old, new) in
@@ -251,7 +267,9 @@ class GRPOTrainer:
             metrics = self.train_step()
             self.global_step += 1
             self.logger.log_step(self.global_step, metrics)
-            self._count_failed_rewards(metrics)
+            self.failed_reward_steps = count_failed_step(  # the streak of steps that trained on nothing
+                self.failed_reward_steps, self.global_step, step_failures(metrics, cfg.batch_size * self.dp_size),
+                cfg.max_failed_reward_steps, self.logger.info)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['gathered_avg_reward_mean']:.4f}",
                                  kl=f"{metrics.get('kl_loss', 0.0):.2e}")
@@ -265,21 +283,6 @@ class GRPOTrainer:
         self.logger.info(f"training finished at step {self.global_step}; outputs in {self.run_dir}")
         self.logger.close()
 
-    def _count_failed_rewards(self, metrics: Dict[str, float]) -> None:
-        """A step whose reward failed on every sample trains on nothing (all advantages 0); stop after
-        ``--max_failed_reward_steps`` such steps in a row."""
-        all_failed = metrics["failed_reward_count"] >= self.cfg.batch_size * self.dp_size
-        self.failed_reward_steps = self.failed_reward_steps + 1 if all_failed else 0
-        if all_failed:
-            self.logger.info(f"warning: the reward failed on every sample of step {self.global_step} "
-                             f"({self.failed_reward_steps} step(s) in a row); its advantages are 0")
-        limit = self.cfg.max_failed_reward_steps
-        if limit > 0 and self.failed_reward_steps >= limit:
-            raise RewardFailure(f"the reward failed on every sample for {self.failed_reward_steps} consecutive steps "
-                                f"(steps {self.global_step - self.failed_reward_steps + 1}-{self.global_step}); the "
-                                "warnings above name each failure. Fix the reward (its model files, plug-in or "
-                                "server), or raise --max_failed_reward_steps (0: never stop)")
-
     def train_step(self) -> Dict[str, float]:
         cfg, step = self.cfg, self.global_step
         items = [self.items[i] for i in self.prompt_sampler.indices(step)]
@@ -288,6 +291,7 @@ class GRPOTrainer:
                              cfg.use_same_noise)
         check_same_in_sp_group(self.dims, items=[item.index for item in items], seeds=seeds)
         timings: Dict[str, float] = {}
+        self.skipped_updates = 0  # optimizer updates of this step whose gradient was not finite
         step_start = start = time.perf_counter()
         height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
         embeds = self._encode(items, (height, width))
@@ -335,6 +339,8 @@ class GRPOTrainer:
         metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.num_generations))
         metrics["learning_rate"] = self.lr_schedule.lr_at(max(self.update_steps - 1, 0))
         metrics["update_steps"] = float(self.update_steps)
+        if self.skipped_updates:  # logged only when it happens: the logged keys of a healthy run stay as they were
+            metrics["skipped_updates"] = float(self.skipped_updates)
         return metrics
 
     # ------------------------------------------------------------------ phases
@@ -398,8 +404,13 @@ class GRPOTrainer:
         watched = _local(params[0]).detach().clone() if cfg.debug_grad_flow else None
         average_unsharded_gradients(params, self.dims)
         grad_norm = clip_gradients(params, cfg.max_grad_norm)
-        self.lr_schedule.apply(self.optimizer, self.update_steps)
-        self.optimizer.step()
+        if finite_update(grad_norm):  # a NaN or inf gradient is never applied (pipeline/failed_steps.py)
+            self.lr_schedule.apply(self.optimizer, self.update_steps)
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
+        else:
+            self.skipped_updates += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.update_steps += 1
         metrics = {"grad_norm": float(grad_norm)}
@@ -416,52 +427,44 @@ class GRPOTrainer:
             self.logger.info(f"moving anchor refreshed from the policy at update {self.update_steps}")
 
     # ------------------------------------------------------------------ validation
-    def _validation_items(self) -> List[PromptItem]:
-        cfg = self.cfg
-        if cfg.valid_video_csv:  # a row without a seed: --validation_global_seed (spec §4.4)
-            return read_prompt_csvs(cfg.valid_video_csv, default_seed=cfg.validation_global_seed)
-        prompts = cfg.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
-        return [PromptItem(i, p, cfg.validation_global_seed) for i, p in enumerate(prompts)]
-
-    @torch.no_grad()
-    def validate(self, step: int) -> None:
-        """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/.
-
-        Every rank samples (the policy's FSDP and SP collectives need them all); rank 0 writes."""
+    def _build_validator(self) -> Validator:
+        """The validation step (:mod:`sage_grpo.pipeline.validation`): sampling, then the training reward and its
+        sub-rewards on the videos (where the reward lives, on the main process), then the held-out metrics."""
         cfg = self.cfg
         size = validation_size(cfg)
-        out_dir = self.run_dir / "samples" / f"step_{step:06d}"
-        if self.is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        self.models.policy.eval()
-        logged: List[LoggedVideo] = []
+        settings = ValidationSettings(tuple(self.validation_items), cfg.validate_video_length, cfg.video_fps,
+                                      lambda item: self._video_size(item, validation=True) if item.task == "i2v"
+                                      else size)
         sampler = self.validation_sampler or self.sampler.with_schedule(cfg.validation_num_inference_steps,
                                                                         validation_flow_shift(cfg))
-        for number, item in enumerate(self.validation_items):
-            height, width = self._video_size(item, validation=True) if item.task == "i2v" else size
-            embeds = self._encode([item], (height, width))
-            # every rank samples (the policy's collectives need them all); only rank 0 decodes (tiled above
-            # --vae_tiling's threshold) and writes
-            result = sampler.rollout(self.models.policy, self.models.vae, embeds, [item.seed],
-                                     num_frames=cfg.validate_video_length, height=height, width=width,
-                                     deterministic=True, decode=False)
-            if self.is_main:
-                video = self.models.decode(result.latents[:, -1])[0]
-                name = f"sample_{number:03d}_seed_{item.seed}_{sanitize_name(item.prompt)}.mp4"
-                write_video(out_dir / name, video, cfg.video_fps)
-                logged.append(LoggedVideo(out_dir / name, f"{item.prompt} (seed {item.seed})", cfg.video_fps))
-        self.models.policy.train()
-        self.logger.log_videos(VALIDATION_VIDEOS, logged, step)
+        validator = Validator(settings, sampler, self.models, is_main=self.is_main, encode=self._encode,
+                              log_videos=partial(self.logger.log_videos, VALIDATION_VIDEOS))
+        if self.reward_fn is not None:
+            validator.add_metric(VideoScoreMetric("reward", per_video(self.reward_fn)))
+        if self.held_out is not None:
+            validator.add_metric(VideoScoreMetric("held_out", self.held_out))
+        return validator
+
+    def validate(self, step: int) -> ValidationResult:
+        """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/ and scored;
+        the ``Validation/...`` metrics are logged as a row of their own at ``step``. Every rank calls it."""
+        out_dir = self.run_dir / "samples" / f"step_{step:06d}"
+        with self.ema.applied() if self.cfg.validate_ema else nullcontext():  # --validate_ema: the EMA weights
+            result = self.validator.run(step, out_dir)
+        self.logger.log_validation(step, result.metrics)
         self.logger.info(f"validation videos written to {out_dir}")
+        return result
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The counters, as the training state holds them (saved and restored by the checkpoint manager)."""
-        return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps}
+        """The counters, as the training state holds them (saved and restored by the checkpoint manager); the run of
+        all-failed reward steps too, so resuming does not reset the count that stops the run."""
+        return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
+                "failed_reward_steps": self.failed_reward_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.global_step, self.update_steps = state["global_step"], state["update_steps"]
-        self.micro_steps = state["micro_steps"]
+        self.micro_steps, self.failed_reward_steps = state["micro_steps"], state.get("failed_reward_steps", 0)
 
     def save(self) -> Path:
         """Write ``checkpoint-{global_step}``: called by every rank."""

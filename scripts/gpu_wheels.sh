@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Download, here where pip works, the wheels the GPU machine's image lacks, into .whl/ (ignored by git): the device
-# tool's `run` carries them (carry: [".whl"]) and scripts/gpu_session.sh installs them into /tmp/site there.
+# tool's `run` carries them (carry: [".whl"]) and scripts/gpu_session.py installs them into /tmp/site there.
 #
 #   bash scripts/gpu_wheels.sh
 #
@@ -12,9 +12,9 @@
 #                         filelock, Pillow (there), importlib_metadata (imported only on Python < 3.8: not carried)
 #   peft 0.21.2           the image's version is unknown; needs transformers, accelerate>=0.21, torch, psutil,
 #                         safetensors, huggingface_hub, pyyaml, tqdm, packaging, numpy (all there)
-#   imageio-ffmpeg 0.6.0  the ffmpeg binary behind imageio's mp4 writer and reader (generate.py, VideoAlign on files);
-#                         no Python needs. 0.6.0 (29 MB) rather than 0.8.1 (68 MB, over the 64 MiB carry limit);
-#                         SAGE_GPU_WHEELS_FFMPEG=0 leaves it out.
+#   imageio-ffmpeg 0.6.0  only with SAGE_GPU_WHEELS_FFMPEG=1: the ffmpeg binary behind imageio's mp4 writer and reader
+#                         (generate.py, VideoAlign on files), which none of gpu_session.py's parts uses; no Python
+#                         needs. 0.6.0 (29 MB) rather than 0.8.1 (68 MB, over the 64 MiB carry limit).
 # transformers is not carried: the unit tier passes with the image's 5.17.0 (docs/gpu_runbook.md).
 # It prints each wheel's needs, the wheels' total size and the repository's (git ls-files), and fails when the two
 # together reach LIMIT_MIB (default 60; the tool's limit for the working tree plus carried paths is 64 MiB).
@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 LIMIT_MIB=${LIMIT_MIB:-60}
 WHEELS=(diffusers==0.42.1 peft==0.21.2)
-if [[ ${SAGE_GPU_WHEELS_FFMPEG:-1} != 0 ]]; then
+if [[ ${SAGE_GPU_WHEELS_FFMPEG:-0} != 0 ]]; then
     WHEELS+=(imageio-ffmpeg==0.6.0)
 fi
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64

@@ -6,7 +6,8 @@ from scratch on the CPU on videos of one moving disk.
 Takes a few minutes on 2 cores. The checkpoint is built in a temporary folder next to ``--output`` and moved into
 place only when complete (``.complete`` marker), so an interrupted run leaves nothing half-written behind and an
 existing complete checkpoint is never touched (pass --force to rebuild it; the old one is replaced only after the new
-one is complete). The evaluation (manifold error and prompt adherence of the model's samples against true toy videos,
+one is complete); an --output that exists and is not a toy checkpoint is refused before training (it would be
+deleted). The evaluation (manifold error and prompt adherence of the model's samples against true toy videos,
 VAE reconstructions and a random model) is printed and saved as ``toy_report.json`` in the checkpoint.
 """
 
@@ -35,6 +36,11 @@ def main(argv=None) -> int:
     if (output / COMPLETE_MARKER).is_file() and not args.force:
         print(f"{output} already holds a complete toy checkpoint (pass --force to rebuild it)")
         return 0
+    if output.exists() and not (output / COMPLETE_MARKER).is_file() and (not output.is_dir() or any(output.iterdir())):
+        # the finished checkpoint replaces --output: only a toy checkpoint (or nothing) may be there
+        print(f"error: --output {output} exists and is not a toy checkpoint (no {COMPLETE_MARKER}); it would be "
+              "deleted and replaced. Choose a new folder, e.g. --output ckpts/toy", file=sys.stderr)
+        return 2
     settings = PretrainSettings(**{f.name: getattr(args, f.name) for f in fields(PretrainSettings)})
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = output.parent / f".{output.name}.partial"

@@ -98,7 +98,7 @@ def analytic_plot(results: dict, path: Path) -> None:
 
 def run_ablations(args, prompts, log) -> dict:
     base = base_config(args.config, max_steps=args.steps, save_interval=args.steps, validation_interval=0,
-                       save_rollout_videos=False, overwrite_output_dir=True)
+                       validate_at_step0=False, save_rollout_videos=False, overwrite_output_dir=True)
     done, results = {}, {}
     arms = [arm for arm in ablation_arms() if arm.ablation in args.ablations]
     for arm in arms:

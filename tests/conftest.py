@@ -11,7 +11,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from order_shuffle import SEED_ENV, shuffle_seed, shuffled  # noqa: E402
 
 torch.set_num_threads(2)
 
@@ -28,6 +31,8 @@ TIERS = {
 def pytest_addoption(parser):
     parser.addoption("--device", default="cpu", help="device of the tests marked 'device': cpu (default), cuda, "
                      "cuda:1; e.g. bash scripts/test.sh --device cuda -m device")
+    parser.addoption("--shuffle-seed", default=None, help="run the tests in an order permuted by this seed (default: "
+                     "the environment variable SAGE_TEST_SHUFFLE_SEED, else pytest's order; docs/testing.md)")
 
 
 def parse_test_device(name: str) -> torch.device:
@@ -50,14 +55,19 @@ def parse_test_device(name: str) -> torch.device:
 
 
 def pytest_configure(config):
-    import pytest
-
     for name, meaning in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
     try:
         config.test_device = parse_test_device(config.getoption("--device"))
+        config.shuffle_seed = shuffle_seed(config.getoption("--shuffle-seed"))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
+
+
+def pytest_report_header(config):
+    if config.shuffle_seed is not None:
+        return f"test order shuffled with seed {config.shuffle_seed} (--shuffle-seed, {SEED_ENV})"
+    return None
 
 
 TESTS_ROOT = Path(__file__).resolve().parent
@@ -72,16 +82,17 @@ def tier_of(path: Path) -> str:
     return folder
 
 
-def pytest_collection_modifyitems(config, items):
-    import pytest
+def pytest_itemcollected(item):
+    item.add_marker(getattr(pytest.mark, tier_of(item.path)))
 
-    for item in items:
-        item.add_marker(getattr(pytest.mark, tier_of(item.path)))
+
+@pytest.hookimpl(trylast=True)  # after -m's selection and pytest's grouping by the fixtures' parameters
+def pytest_collection_modifyitems(config, items):
+    if config.shuffle_seed is not None:
+        items[:] = shuffled(items, config.shuffle_seed)
 
 
 # ---------------------------------------------------------------- the tiny checkpoint, shared by every test module
-import pytest  # noqa: E402
-
 from model_fixtures import TINY_TEXT, tiny_checkpoint, tiny_i2v_checkpoint  # noqa: E402
 
 

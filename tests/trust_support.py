@@ -1,4 +1,4 @@
-"""Helpers shared by unit/test_trust.py and e2e/test_trust_runs.py."""
+"""Helpers shared by the trust tests (unit/test_trust*.py and e2e/test_trust_runs.py)."""
 from pathlib import Path
 
 
@@ -9,3 +9,40 @@ def write_module(root: Path, name: str, source: str) -> None:
             parent.mkdir(parents=True, exist_ok=True)
             (parent / "__init__.py").touch()
     path.with_suffix(".py").write_text(source)
+
+
+def alias_bomb(path: Path, levels: int, key: str = "reward_kwargs") -> Path:
+    """A billion-laughs YAML: under ``key``, each level is a list of nine references to the one before (9**levels
+    strings if anything expanded it)."""
+    lines = [f"{key}:", "  l0: &l0 [" + ", ".join(['"lol"'] * 9) + "]"]
+    lines += [f"  l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def nan_outside_fingerprint(weights: Path) -> str:
+    """Set to NaN, in place, the smallest tensor of a safetensors file that lies wholly outside the blocks the model
+    root's fingerprint samples (``sage_grpo.resume._sample_file``): the file keeps its size and its fingerprint, as
+    weights changed in place by a bad copy or a bit flip would. Returns the tensor's name."""
+    import json
+    import struct
+
+    from sage_grpo.resume import _SAMPLE_BYTES, _SAMPLES
+
+    data = bytearray(weights.read_bytes())
+    size, header_size = len(data), struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + header_size])
+    starts = [max(size - _SAMPLE_BYTES, 0) * i // (_SAMPLES - 1) for i in range(_SAMPLES)]
+    sampled = [(start, start + _SAMPLE_BYTES) for start in starts]
+    nan = {"F32": b"\x00\x00\xc0\x7f", "BF16": b"\xc0\x7f", "F16": b"\x00\x7e"}
+    tensors = sorted((meta["data_offsets"][1] - meta["data_offsets"][0], name) for name, meta in header.items()
+                     if name != "__metadata__" and meta["dtype"] in nan)
+    for _, name in tensors:
+        meta = header[name]
+        begin, end = (8 + header_size + offset for offset in meta["data_offsets"])
+        if end > begin and all(end <= start or begin >= stop for start, stop in sampled):
+            value = nan[meta["dtype"]]
+            data[begin:end] = value * ((end - begin) // len(value))
+            weights.write_bytes(bytes(data))
+            return name
+    raise ValueError(f"{weights}: every tensor overlaps a sampled block")

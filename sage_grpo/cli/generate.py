@@ -16,20 +16,26 @@ import sys
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import parse_cli
 from sage_grpo.models.layout import MissingCheckpointError
-from sage_grpo.pipeline.generation import plan_generation, run_generation
-from sage_grpo.safe_io import CheckpointError
+from sage_grpo.pipeline.generation import NonFiniteVideoError, plan_generation, run_generation, settings_path
+from sage_grpo.safe_io import CheckpointError, check_output_outside_inputs
 
 
 def main(argv=None) -> int:
     config = parse_cli(GenerateConfig, argv, description=__doc__.splitlines()[0])
     try:
-        plan_generation(config)  # bad prompts, sizes or CSVs fail here, before any model loads
+        plan = plan_generation(config)  # bad prompts, sizes or CSVs fail here, before any model loads
+        inputs = {"--model_path": config.model_path, "--checkpoint_path": config.checkpoint_path,
+                  "--lora_path": config.lora_path}
+        # the folder and every file written (resolved: an existing output that links into an input is refused too)
+        for path in [plan.output_paths[0].parent, *plan.output_paths, *map(settings_path, plan.output_paths)]:
+            check_output_outside_inputs(path, "--output_path", inputs)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
         run_generation(config)
-    except (CheckpointError, MissingCheckpointError) as err:  # an unreadable, unsafe or missing weight file
+    except (CheckpointError, MissingCheckpointError, NonFiniteVideoError) as err:  # an unreadable, unsafe or missing
+        # weight file, or weights that sample NaN
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

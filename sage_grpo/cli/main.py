@@ -25,7 +25,7 @@ VERBS: Dict[str, Tuple[str, Optional[str], str]] = {
     "serve-reward": ("sage_grpo.cli.serve_reward", "main", "serve a reward over HTTP (scripts/reward_server.py)"),
     "convert": ("sage_grpo.cli.convert", "main",
                 "convert a reference checkpoint (scripts/convert_reference_checkpoint.py)"),
-    "verify": ("sage_grpo.models.verify", "main", "check a model root's files (sage-grpo-verify-weights)"),
+    "verify": ("sage_grpo.cli.verify", "main", "check a model root's files (sage-grpo-verify-weights)"),
     "make-tiny": ("sage_grpo.cli.make_tiny", "main",
                   "write the tiny random-weight checkpoint (scripts/make_tiny_checkpoint.py)"),
     "plot": ("sage_grpo.cli.plot", "main", "plot a run's metrics as a PNG (scripts/plot_run.py)"),

@@ -18,12 +18,16 @@ also writes tiny random-weight CLIP and PickScore models (clip-vit-large-patch14
 CLIP-ViT-H-14-laion2B-s32B-b79K/) for ``python -m sage_grpo.evaluate --metrics clipscore,pickscore``.
 
 Takes a few seconds and a few MB per transformer version; a seed always gives identical files. See ckpts/README.md.
+An ``--output`` that already holds a model this command did not write (the downloaded weights in ``ckpts/``, the
+default) is refused before anything is written: random weights would replace them.
 """
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
+from sage_grpo.models import layout
 from sage_grpo.models.layout import DEFAULT_TRANSFORMER_VERSION
 from sage_grpo.models.real_width import VAE_CONFIGS, write_real_width_hunyuan
 from sage_grpo.models.tiny import write_tiny_hunyuan
@@ -37,6 +41,24 @@ def write_tiny_reward(root: Path, seed: int) -> bool:
         return False
     write_tiny_video_reward(root, seed=seed)
     return True
+
+
+MARKER = ".written_by_make_tiny"  # a root this command wrote: writing it again replaces only random weights
+MODEL_FOLDERS = {component.subdir.split("/")[0] for component in (
+    layout.VAE, layout.SCHEDULER, layout.VIDEO_REWARD, *layout.TEXT_COMPONENTS, *layout.IMAGE_COMPONENTS)} | {
+    layout.TRANSFORMER_DIR, layout.VARIANTS_DIR}
+
+
+def check_output(output: Path) -> None:
+    """Refuse an ``--output`` that is a file, or that holds a model's folders this command did not write."""
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} is a file; pass a folder")
+    if not output.is_dir() or (output / MARKER).is_file():
+        return
+    found = sorted(path.name for path in output.iterdir() if path.name in MODEL_FOLDERS)
+    if found:
+        raise ValueError(f"--output {output} already holds a model that make-tiny did not write ({', '.join(found)}): "
+                         "its weights would be replaced by random ones. Choose a new folder, e.g. --output ckpts/tiny")
 
 
 def main(argv=None) -> int:
@@ -53,6 +75,13 @@ def main(argv=None) -> int:
     parser.add_argument("--vae", choices=tuple(VAE_CONFIGS), default="real",
                         help="VAE of a --real_width_blocks checkpoint: the released configuration or the narrow one")
     args = parser.parse_args(argv)
+    try:
+        check_output(Path(args.output))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    Path(args.output).mkdir(parents=True, exist_ok=True)
+    (Path(args.output) / MARKER).write_text("written by sage-grpo make-tiny\n")  # first: a rerun may finish it
     start = time.perf_counter()
     if args.real_width_blocks is not None:
         root = write_real_width_hunyuan(args.output, num_layers=args.real_width_blocks, seed=args.seed,

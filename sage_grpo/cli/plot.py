@@ -1,42 +1,75 @@
-"""Picture of a run: the GRPO reward and the manifold error (when the reward reports one) per step, as a PNG.
+"""Picture of a run: the GRPO reward and the manifold error (when the reward reports one) per step, and the scored
+validation (``Validation/...`` rows), as a PNG.
 
     sage-grpo plot outputs/demo            # writes outputs/demo/run.png next to metrics.jsonl
     python scripts/plot_run.py outputs/demo  # the same command
 
-Reads only ``metrics.jsonl``; the reward is ``gathered_avg_reward_mean`` with its within-step std as a band.
+Reads only ``metrics.jsonl``; the reward is ``gathered_avg_reward_mean`` with its within-step std as a band, the
+validation prompts' training reward (``Validation/avg``) beside it and their manifold error beside the rollouts'; each
+held-out validation metric (``--validation_metrics``: a key the training reward does not log) gets a panel of its own.
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 
 from sage_grpo.tracking.plots import Panel, Series, plot_panels
-from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics
+from sage_grpo.tracking.run_dir import (manifold_error_key, metric_value, read_metrics, training_rows,
+                                        validation_rows)
+
+VALIDATION = "Validation/"
+
+
+def _values(rows, key, missing=math.nan):
+    """The rows' finite numbers under ``key``; anything else (absent, NaN, a string: the file is read back) is
+    ``missing``, a gap in the line."""
+    return [value if value is not None else missing for value in (metric_value(row, key) for row in rows)]
+
+
+def _validation_series(rows, key: str, name: str) -> list:
+    """The validation rows' ``key`` as a list of one series (empty when no row has it)."""
+    rows = [row for row in rows if key in row]
+    return [Series(name, [row["step"] for row in rows], _values(rows, key))] if rows else []
+
+
+def held_out_keys(rows, validation):
+    """Validation scores that are not the training reward's (it logs ``gathered_<key>_reward_mean`` per step)."""
+    trained = {k[len("gathered_"):-len("_reward_mean")] for row in rows for k in row
+               if k.startswith("gathered_") and k.endswith("_reward_mean")}
+    keys = dict.fromkeys(k for row in validation for k in row if k.startswith(VALIDATION))
+    return [k for k in keys if not k.endswith("time") and k[len(VALIDATION):] not in trained]
 
 
 def run_panels(rows):
+    rows, validation = training_rows(rows), validation_rows(rows)
     steps = [row["step"] for row in rows]
     reward = Panel("GRPO reward per step (mean over the step's videos; band: std within the step)", "reward", [
-        Series("reward", steps, [row["gathered_avg_reward_mean"] for row in rows],
-               [row.get("gathered_avg_reward_std", 0.0) for row in rows])])
+        Series("reward", steps, _values(rows, "gathered_avg_reward_mean"),
+               _values(rows, "gathered_avg_reward_std", 0.0))])
+    reward.series += _validation_series(validation, VALIDATION + "avg", "validation prompts")
     panels = [reward]
     key = manifold_error_key(rows)
     if key is not None:
+        name = key.replace("gathered_", "").replace("_reward_mean", "")
         panels.append(Panel("manifold error of the rollouts (RMS distance to the nearest toy-world video)", "RMS",
-                            [Series(key.replace("gathered_", "").replace("_reward_mean", ""), steps,
-                                    [row.get(key, float("nan")) for row in rows])]))
+                            [Series(name, steps, _values(rows, key))]
+                            + _validation_series(validation, VALIDATION + name, "validation")))
     kl_keys = [k for k in ("kl_loss",) if any(k in row for row in rows)]
     if kl_keys:
         panels.append(Panel("KL to the moving anchor (kl_loss)", "KL",
-                            [Series(k, steps, [row.get(k, float("nan")) for row in rows]) for k in kl_keys]))
+                            [Series(k, steps, _values(rows, k)) for k in kl_keys]))
+    for key in held_out_keys(rows, validation):
+        panels.append(Panel(f"held-out {key} of the validation prompts (mean over the prompts)", key[len(VALIDATION):],
+                            _validation_series(validation, key, key[len(VALIDATION):])))
     return panels
 
 
 def plot_run(run_dir, output=None) -> Path:
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
-    if not rows:
+    if not training_rows(rows):
         raise ValueError(f"{run_dir / 'metrics.jsonl'} holds no steps yet")
     return plot_panels(run_panels(rows), output or run_dir / "run.png", title=f"run: {run_dir}")
 

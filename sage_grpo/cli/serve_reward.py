@@ -24,7 +24,7 @@ from sage_grpo.config.schema import parse_cli
 
 def main(argv=None) -> int:
     cfg = parse_cli(RewardServerConfig, argv, description=__doc__.splitlines()[0])
-    from sage_grpo.rewards.serving import make_server, service_from_config
+    from sage_grpo.rewards.serving import exposure_warning, make_server, service_from_config
 
     try:
         service = service_from_config(cfg)
@@ -33,6 +33,9 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     host, port = server.server_address[:2]
+    warning = exposure_warning(host, service)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     print(f"serving reward {service.reward_model!r} (metrics {service.metric_names}) on http://{host}:{port}",
           flush=True)
     try:

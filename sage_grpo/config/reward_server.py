@@ -38,7 +38,10 @@ class RewardServerConfig:
     max_videos_per_request: int = config_field(64, "Most videos one request may hold")
     max_buffered_mb: int = config_field(
         2048, "Request bodies held in memory at once over all connections, in MiB (503 above; the client retries)")
-    max_connections: int = config_field(16, "Connections served at once (the next one gets 503 and is closed)")
+    max_connections: int = config_field(
+        16, "Authenticated requests served at once (the next one gets 503 and is closed; the client retries)")
+    header_timeout_s: float = config_field(
+        1.0, "Seconds a new connection has to send its request line and headers, token included (then it is closed)")
     idle_timeout_s: float = config_field(30.0, "Seconds a connection may stay silent while sending its request")
     request_timeout_s: float = config_field(300.0, "Seconds a connection may take to send one whole request")
     auth_token_file: Optional[str] = config_field(
@@ -50,7 +53,7 @@ class RewardServerConfig:
                      "reward_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("idle_timeout_s", "request_timeout_s"):
+        for name in ("header_timeout_s", "idle_timeout_s", "request_timeout_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ValueError(f"--{name} must be a positive number of seconds, got {getattr(self, name)}")
         if self.max_buffered_mb < self.max_request_mb:

@@ -13,8 +13,9 @@ def json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
     if isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{label} is not valid JSON ({exc}): {shorten(value)}; e.g. '{example}'") from exc
+        except (ValueError, RecursionError) as exc:  # not JSON, nested thousands deep, a 4300+ digit integer
+            raise ValueError(f"{label} is not valid JSON ({shorten(str(exc), quote=False)}): {shorten(value)}; "
+                             f"e.g. '{example}'") from None
     if not isinstance(value, Mapping):
         raise ValueError(f"{label} must be a dict (or its JSON), got {shorten(value)}; e.g. '{example}'")
     return value

@@ -6,7 +6,8 @@ launch lines such as ``--sde_type sage_grpo --kl_weight 1e-5`` work unchanged). 
 field default < ``--config file.yaml`` < command-line flags. Unknown YAML keys are errors.
 
 Booleans parse like the reference's ``str_to_bool`` with ``nargs='?'`` and ``const=True``: a bare ``--flag`` means True,
-and true/false/1/0/yes/no/on/off (any case) are accepted.
+and true/false/1/0/yes/no/on/off (any case) are accepted. A mapping option takes a YAML mapping, its JSON text, or
+``key=value`` / ``key`` words (a YAML list, several words on the command line).
 
 A config built from values (:func:`from_dict`, hence :func:`parse_cli`) records which fields the YAML file or the
 command line set; :func:`is_explicit` asks it. Settings whose default depends on the model (the guidance of a
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import yaml
+
+from sage_grpo.config.help_groups import grouped_fields
 
 T = TypeVar("T")
 
@@ -115,11 +118,32 @@ def _scalar_converter(tp: Any):
                 return int(number)
             return _tp(value)
         return convert
-    if tp is dict or typing.get_origin(tp) is dict:
-        def convert_dict(value: Any) -> dict:
-            return value if isinstance(value, dict) else json.loads(value)
-        return convert_dict
+    if _is_mapping(tp):
+        return _mapping
     raise TypeError(f"unsupported config field type {tp!r}")
+
+
+def _is_mapping(tp: Any) -> bool:
+    return tp is dict or typing.get_origin(tp) is dict
+
+
+def _mapping(value: Any) -> dict:
+    """A mapping option's value: a mapping, its JSON text, or ``key=value`` / ``key`` words (a YAML list, several words
+    on the command line), a value read as JSON when it parses (numbers, booleans) and as text otherwise, a bare key
+    mapping to None."""
+    if isinstance(value, dict):
+        return value
+    words = [word for word in ([value] if isinstance(value, str) else value) if str(word).strip()]
+    if len(words) == 1 and str(words[0]).lstrip().startswith("{"):
+        return json.loads(words[0])
+    mapping: Dict[str, Any] = {}
+    for word in words:
+        key, sep, text = str(word).partition("=")
+        try:
+            mapping[key.strip()] = json.loads(text) if sep else None
+        except json.JSONDecodeError:
+            mapping[key.strip()] = text
+    return mapping
 
 
 def _converter(field: dataclasses.Field):
@@ -135,10 +159,11 @@ def _check_shape(field: dataclasses.Field, value: Any, is_list: bool) -> None:
     """A scalar option takes one number, string or boolean and a list option a list of them: a list (or mapping) is
     never turned into its text (a YAML alias bomb would expand into gigabytes)."""
     tp, _ = _unwrap_optional(field.type)
-    if tp is dict or typing.get_origin(tp) is dict:
-        if not isinstance(value, (dict, str)):
-            raise ValueError(f"{field.name}: expected a mapping or its JSON text, got a {type(value).__name__}: "
-                             f"{shorten(value)}")
+    if _is_mapping(tp):
+        words = isinstance(value, (list, tuple)) and all(isinstance(item, _SCALARS) for item in value)
+        if not (isinstance(value, (dict, str)) or words):
+            raise ValueError(f"{field.name}: expected a mapping, its JSON text or key=value words, got a "
+                             f"{type(value).__name__}: {shorten(value)}")
         return
     items = value if is_list and isinstance(value, (list, tuple)) else [value]
     for item in items:
@@ -174,7 +199,7 @@ def coerce_value(field: dataclasses.Field, value: Any) -> Any:
     return result
 
 
-def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+def _add_flag(parser: Any, field: dataclasses.Field) -> None:
     convert, is_list, _ = _converter(field)
     meta = field.metadata
     names = [f"--{field.name}"] + [f"--{a}" for a in meta.get("aliases", ())]
@@ -185,6 +210,8 @@ def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None
     kwargs: Dict[str, Any] = dict(dest=field.name, default=argparse.SUPPRESS, help=help_text)
     if is_list:
         kwargs.update(nargs=meta.get("nargs") or "+", type=str, metavar="VALUE")
+    elif convert is _mapping:
+        kwargs.update(nargs="+", type=str, metavar="KEY=VALUE")
     elif convert is str_to_bool:
         kwargs.update(nargs="?", const=True, type=str_to_bool, metavar="BOOL")
     else:
@@ -194,24 +221,38 @@ def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None
     parser.add_argument(*names, **kwargs)
 
 
-def load_yaml(path: str) -> Dict[str, Any]:
-    """Read a YAML config file into a flat ``{field: value}`` dict."""
+MAX_YAML_BYTES = 4 << 20  # a configuration is a few KiB; a file far larger is not one (and is not read whole)
+
+
+def load_yaml(path: str, what: Optional[str] = None) -> Dict[str, Any]:
+    """Read a YAML config file into a flat ``{field: value}`` dict: the one reader of every YAML file the project
+    reads (``--config``, a checkpoint's ``config.yaml``, a run's ``run_config.yaml``). ``what`` names the file in
+    errors (default ``--config PATH``). The values are built by ``yaml.safe_load`` and never expanded here: a value
+    that is not the option's shape (a YAML alias bomb's shared lists) is refused by :func:`from_dict` unexpanded."""
     file = Path(path)
+    what = what or f"--config {path}"
     if not file.is_file():
-        raise FileNotFoundError(f"--config: file {path!r} does not exist")
+        raise FileNotFoundError(f"{what}: file {str(path)!r} does not exist")
+    size = file.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ValueError(f"{what}: {size} bytes, more than the {MAX_YAML_BYTES} a configuration file may hold")
     try:
         data = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as err:  # e.g. a !!python/object tag, which safe_load refuses to build
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"--config {path}{where}: not plain YAML data ({shorten(problem, quote=False)}). Option "
+        raise ValueError(f"{what}{where}: not plain YAML data ({shorten(problem, quote=False)}). Option "
                          "values are strings, numbers, booleans and lists; tags such as !!python/object are refused"
                          ) from None
     except UnicodeDecodeError as err:
-        raise ValueError(f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise ValueError(f"{what}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except RecursionError:  # the YAML composer recurses once per level: [[[[...]]]]
+        raise ValueError(f"{what}: nested too deeply to be a configuration") from None
+    except ValueError as err:  # a constructor's, e.g. an integer of more than 4300 digits
+        raise ValueError(f"{what}: {shorten(str(err), quote=False)}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: the top level must be a mapping of option names to values")
+        raise ValueError(f"{what}: the top level must be a mapping of option names to values")
     return data
 
 
@@ -281,10 +322,13 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
 
 def build_parser(cls: Type[Any], description: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _OneLineErrorParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                 usage="%(prog)s [-h] [--config FILE] [--option VALUE ...]")
     parser.add_argument("--config", default=None, help="YAML file of option values; command-line flags override it")
-    for field in dataclasses.fields(cls):
-        _add_flag(parser, field)
+    for title, description, fields in grouped_fields(cls):  # --help's topic groups (config/help_groups.py)
+        group = parser if title is None else parser.add_argument_group(title, description)
+        for field in fields:
+            _add_flag(group, field)
     return parser
 
 

@@ -7,7 +7,7 @@ the reference accepts but ignores are accepted with a warning (``no_effect``).
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from sage_grpo.config.schema import config_field
 
@@ -25,6 +25,11 @@ ATTENTION_BACKENDS = ("native", "_native_math", "_native_efficient", "_native_fl
 # --mixed_length_attention: how rows of different valid text lengths (the CFG pair) attend (models/attention.py)
 MIXED_LENGTH_ATTENTION = ("auto", "mask", "split")
 DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'
+# The CLIPScore and PickScore checkpoints (hub names, found as <model root>/<name after its last '/'>): the trainer's
+# flags and the evaluation's read them here (sage_grpo/rewards/clip_score.py, pick_score.py).
+DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
+PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
+PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 
 
 @dataclass
@@ -85,6 +90,15 @@ class TrainConfig:
     reward_aggregation: str = config_field(
         "sum", "sum: group advantages of the weighted reward sum avg (the reference); advantage: the weighted sum "
         "of each weighted reward's own group advantages (DanceGRPO)", choices=("sum", "advantage"))
+    extra_rewards: Optional[Dict[str, Any]] = config_field(
+        None, "Further reward models summed into avg with --reward_model: name=weight words (a bare name: 1.0), or a "
+        "mapping name -> weight or -> {weight, sub_reward, kwargs} (YAML, or JSON on the command line), e.g. "
+        "--extra_rewards clipscore=0.5 pickscore=0.01; naming --reward_model sets its weight (default 1.0)")
+    clip_model: str = config_field(
+        DEFAULT_CLIP_MODEL, "CLIPScore's model (training on clipscore, or --validation_metrics clipscore): a local "
+        "CLIP folder, or a hub name found as <pretrained_model_root>/<name after its last '/'>")
+    pickscore_model: str = config_field(PICKSCORE_MODEL, "PickScore's model (folder, or <root>/<name>)")
+    pickscore_processor: str = config_field(PICKSCORE_PROCESSOR, "PickScore's processor (folder, or <root>/<name>)")
     videoalign_fps: Optional[float] = config_field(
         None, "Frames per second of video VideoAlign sees (default: the checkpoint's data_config.fps)")
     videoalign_num_frames: Optional[int] = config_field(
@@ -227,6 +241,15 @@ class TrainConfig:
     use_same_noise: bool = config_field(False, "All members of a group start from the same initial noise")
     video_fps: int = config_field(24, "Frame rate of saved videos and of reward frame sampling")
     validation_num_inference_steps: int = config_field(40, "Validation denoising steps")
+    ema_decay: float = config_field(
+        0.0, "Exponential moving average of the trained weights, theta_ema <- d theta_ema + (1 - d) theta after every "
+        "optimizer update (0: off); fp32, sharded like the weights, checkpointed in checkpoint-N/ema/ (generate.py, "
+        "the export and the evaluation take --checkpoint_path checkpoint-N/ema)")
+    validate_ema: bool = config_field(False, "Validate (sample and score) the EMA weights instead of the policy's")
+    validation_metrics: Optional[List[str]] = config_field(
+        None, "Held-out metrics scoring the validation videos besides the training reward (logged as Validation/...): "
+        "videoalign, clipscore, pickscore or any reward name, comma- or space-separated; each loads on the main "
+        "process only, and only when given", nargs="+")
     lr_scheduler: str = config_field(
         "constant", "Learning-rate schedule, diffusers' get_scheduler (constant as the reference; the others use "
         "--warmup_steps; linear, cosine, cosine_with_restarts and polynomial decay over the run's optimizer updates, "
@@ -255,7 +278,8 @@ class TrainConfig:
         30.0, "Minutes any collective (all-reduce, broadcast, barrier) may wait for the other ranks before the run "
         "stops naming the rank that did not answer (the reference waits 120 minutes)")
     max_failed_reward_steps: int = config_field(
-        3, "Stop after this many consecutive steps in which the reward failed on every sample (0: never stop)")
+        3, "Stop after this many consecutive steps that trained on nothing: the reward failed on every sample, or "
+        "the loss was not finite so the update was skipped (0: never stop)")
     report_to: List[str] = config_field(
         ["tensorboard"], "Experiment trackers: any of tensorboard, wandb, swanlab (several: space- or "
         "comma-separated), or none; metrics.jsonl is always written", nargs="+")

@@ -130,15 +130,58 @@ def trained_steps_per_sample(cfg: TrainConfig) -> int:
     return max(int((cfg.sde_window_size or cfg.grpo_sampling_steps) * cfg.timestep_fraction), 1)
 
 
+SEED_LIMIT = 1 << 63  # torch generators take seeds below 2**64; a group's members add their index to a seed
+
+
+def check_seeds(config) -> None:
+    """Every seed option (``seed``, ``*_seed``, ``seeds``) is an integer in [0, 2**63): a larger one stopped a run
+    or a generation after the models had loaded ("Overflow when unpacking long long")."""
+    for field in dataclasses.fields(config):
+        if field.name == "seeds" or field.name == "seed" or field.name.endswith("_seed"):
+            value = getattr(config, field.name)
+            for seed in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(seed, int) and not 0 <= seed < SEED_LIMIT:
+                    _fail(f"{field.name}-range", f"--{field.name} {seed} must be in [0, 2**63)",
+                          "see --help for the default")
+
+
+MAX_TOKENS = 1 << 16  # no stream of HunyuanVideo-1.5 is near it (1000, 256, 729); a larger one is a typo or a bomb
+
+
+def check_token_lengths(config) -> None:
+    """The prompt streams' token lengths (post_train.py and generate.py name them alike): 1 to :data:`MAX_TOKENS`,
+    ``--text_max_length`` may be unset (the pipeline's 1000)."""
+    for name in ("text_max_length", "byt5_max_length", "vision_num_semantic_tokens"):
+        value = getattr(config, name)
+        if value is not None and not 1 <= value <= MAX_TOKENS:
+            _fail(f"{name}-range", f"--{name} {value} must be in [1, {MAX_TOKENS}]", "see --help for the default")
+
+
 def validate_train_config(cfg: TrainConfig, world_size: int = 1,
                           num_attention_heads: Optional[int] = None) -> List[str]:
     """Check every rule that needs no model; returns human-readable notes (empty when nothing to say)."""
+    notes = check_option_values(cfg)
+    check_parallel_layout(world_size, cfg.sp_size, cfg.batch_size, cfg.num_generations, num_attention_heads)
+    if cfg.dp_replicate < 1 or (world_size % cfg.dp_replicate):
+        _fail("dp-replicate-divides-world", f"--dp_replicate {cfg.dp_replicate} must divide the world size "
+              f"{world_size}", "use --dp_replicate 1")
+    return notes
+
+
+def check_option_values(cfg: TrainConfig) -> List[str]:
+    """The rules of :func:`validate_train_config` that do not depend on the launch (world size, heads): what a
+    checkpoint's recorded ``config.yaml`` is checked against too. Returns notes."""
     notes: List[str] = []
     check_finite_options(cfg)
+    check_seeds(cfg)
     if cfg.post_train_type != "grpo":
         _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
               "'standard' path crashes)", "use --post_train_type grpo")
-    check_parallel_layout(world_size, cfg.sp_size, cfg.batch_size, cfg.num_generations, num_attention_heads)
+    if min(cfg.batch_size, cfg.num_generations, cfg.sp_size, cfg.mini_batch_size_per_update) < 1:
+        _fail("positive-sizes", f"--batch_size {cfg.batch_size}, --num_generations {cfg.num_generations}, "
+              f"--sp_size {cfg.sp_size} and --mini_batch_size_per_update {cfg.mini_batch_size_per_update} must be "
+              ">= 1", "use for example --batch_size 2 --num_generations 4")
+    check_token_lengths(cfg)
     if cfg.batch_size % cfg.mini_batch_size_per_update:
         _fail("mini-batch-divides-batch", f"--mini_batch_size_per_update {cfg.mini_batch_size_per_update} does not "
               f"divide --batch_size {cfg.batch_size}", "use 1 (the reference's value)")
@@ -181,14 +224,16 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
         _fail("lr-schedule-length", f"--lr_scheduler {cfg.lr_scheduler} decays over the run's optimizer updates, but "
               f"--max_steps {cfg.max_steps} < --gradient_accumulation_steps {cfg.gradient_accumulation_steps} "
               "makes none", "raise --max_steps")
+    if not 0.0 <= cfg.ema_decay < 1.0:
+        _fail("ema-decay", f"--ema_decay {cfg.ema_decay} must be in [0, 1)", "use 0.999, or 0 for no EMA")
+    if cfg.validate_ema and cfg.ema_decay == 0.0:
+        _fail("validate-ema-needs-ema", "--validate_ema true but --ema_decay is 0: there is no EMA to validate",
+              "add --ema_decay 0.999, or drop --validate_ema")
     if not 0.0 <= cfg.lora_dropout < 1.0:
         _fail("lora-dropout", f"--lora_dropout {cfg.lora_dropout} must be in [0, 1)", "use 0.0")
     if cfg.use_moving_KL and cfg.update_ref_model_step < 1:
         _fail("anchor-interval", f"--update_ref_model_step {cfg.update_ref_model_step} must be >= 1 with the moving "
               "anchor", "use 10 (the reference's value), or --use_moving_KL false")
-    if cfg.dp_replicate < 1 or (world_size % cfg.dp_replicate):
-        _fail("dp-replicate-divides-world", f"--dp_replicate {cfg.dp_replicate} must divide the world size "
-              f"{world_size}", "use --dp_replicate 1")
     if (cfg.rollout_height is None) != (cfg.rollout_width is None):
         _fail("rollout-size-pair", "--rollout_height and --rollout_width must be given together",
               "pass both, or neither to use --video_bucket_hw_base_size")

@@ -5,7 +5,8 @@ unconditionally. All of them must be called by every rank of the group at the sa
 
 - :func:`broadcast_from_sp_leader` / :func:`broadcast_object_from_sp_leader`: make a value computed on sp_rank 0
   (rewards, shuffles, timestep permutations, SDE noise) identical on the whole SP group. The reference relies on
-  identical RNG consumption for this (spec §10.11); we broadcast explicitly.
+  identical RNG consumption for this (spec §10.11); we broadcast explicitly. :func:`broadcast_object_from_main` does
+  the same from rank 0 to every rank (the validation metrics, computed on the main process).
 - :func:`all_gather_in_group`: concatenate same-shaped tensors along dim 0 in group-rank order, e.g. the rewards of a
   prompt group spread over several DP ranks (``ParallelDims.prompt_group``) or reward statistics over the world.
 - :func:`mean_over_world`: average a dict of float metrics over all ranks in one all-reduce (gloo has no AVG op, so
@@ -99,3 +100,13 @@ def barrier(device: Optional[torch.device] = None) -> None:
             dist.barrier(device_ids=[device.index])
         else:
             dist.barrier()
+
+
+def broadcast_object_from_main(obj: Any) -> Any:
+    """Rank 0's picklable ``obj`` on every rank (the argument is ignored on the other ranks); ``obj`` itself on one
+    process."""
+    if not _active(dist.group.WORLD if dist.is_initialized() else None):
+        return obj
+    holder: List[Any] = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]

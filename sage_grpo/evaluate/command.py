@@ -34,7 +34,7 @@ def run_evaluation(config: EvaluateConfig, plan: EvaluationPlan, rank: int = 0, 
     """Sample, score and (rank 0) write the reports; returns the results on rank 0, else None. ``stop_after``
     interrupts after that many sampled videos (tests of the resume)."""
     from sage_grpo.dtypes import DTYPES
-    from sage_grpo.evaluate.report import markdown_table, write_reports
+    from sage_grpo.evaluate.report import failed_scores, markdown_table, write_reports
     from sage_grpo.evaluate.runner import gather_records, my_prompt_indices, read_strip, run_units
     from sage_grpo.evaluate.scoring import Scorers
 
@@ -52,6 +52,9 @@ def run_evaluation(config: EvaluateConfig, plan: EvaluationPlan, rank: int = 0, 
         return None
     results = write_reports(plan, records, strips)
     print(markdown_table(results))
+    failed = failed_scores(results)
+    if failed:  # counted, not fatal: the warnings above name each sample and its cause
+        print(f"warning: scores failed (null in results.json, left out of the means): {'; '.join(failed)}")
     print(f"wrote {plan.output}/results.json, results.md, bars.png and side_by_side/")
     return results
 

@@ -10,9 +10,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from sage_grpo.config.schema import config_field
-from sage_grpo.config.train import ATTENTION_BACKENDS
-from sage_grpo.rewards.clip_score import DEFAULT_CLIP_MODEL
-from sage_grpo.rewards.pick_score import PICKSCORE_MODEL, PICKSCORE_PROCESSOR
+from sage_grpo.config.train import ATTENTION_BACKENDS, DEFAULT_CLIP_MODEL, PICKSCORE_MODEL, PICKSCORE_PROCESSOR
 
 DEFAULT_METRICS = "videoalign,clipscore,pickscore"
 PAPER_SAMPLING_STEPS = 40  # the paper's user study

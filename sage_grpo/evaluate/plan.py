@@ -9,28 +9,28 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from sage_grpo.config.generate import GenerateConfig
+from sage_grpo.config.schema import shorten
+from sage_grpo.config.validation import check_seeds
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.models import layout
 from sage_grpo.pipeline.generation import GenerationPlan, plan_generation
-from sage_grpo.rewards.clip_score import resolve_model_folder
-from sage_grpo.config.reward_weights import parse_reward_weights
-from sage_grpo.rewards.registry import DEFAULT_VIDEOALIGN_WEIGHTS, VIDEOALIGN_METRICS, resolve_reward
+from sage_grpo.rewards.scorers import VIDEOALIGN_NAMES, MetricPlan
+from sage_grpo.rewards.scorers import plan_metrics as plan_scorers
 
 BASE = "base"
-VIDEOALIGN_NAMES = ("videoalign", "videoalign_local")
-SCORER_NAMES = ("clipscore", "pickscore")
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     label: str  # as given on the command line
     weights: Optional[str]  # None: the base model
+    digest: Optional[str] = None  # the content of the weights (export.identity.weights_digest); None: the base
 
     @property
     def key(self) -> str:
@@ -42,15 +42,6 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
-class MetricPlan:
-    names: Tuple[str, ...]  # as requested, in order
-    videoalign_weights: Dict[str, float]  # the 'Weighted' column: sum_m w_m * metric_m
-    clip_model: Optional[Path] = None
-    pickscore_model: Optional[Tuple[Path, Path]] = None  # (model, processor)
-    rewards: Tuple[str, ...] = ()  # any other reward name the registry resolves
-
-
-@dataclass(frozen=True)
 class EvaluationPlan:
     checkpoints: List[Checkpoint]
     prompts: List[str]
@@ -59,6 +50,7 @@ class EvaluationPlan:
     generation: GenerateConfig  # the base model's; a checkpoint's adds checkpoint_path
     sampling: GenerationPlan
     output: Path
+    model_files: Dict[str, Dict[str, str]] = field(default_factory=dict)  # folder -> component -> sampled digest
 
     def generate_config(self, checkpoint: Checkpoint) -> GenerateConfig:
         return replace(self.generation, checkpoint_path=checkpoint.weights)
@@ -81,6 +73,7 @@ class EvaluationPlan:
             "videoalign_weights": self.metrics.videoalign_weights,
             "clip_model": str(self.metrics.clip_model) if self.metrics.clip_model else None,
             "pickscore_model": [str(p) for p in self.metrics.pickscore_model] if self.metrics.pickscore_model else None,
+            "model_files": self.model_files,
         }
 
     def fingerprint(self) -> str:
@@ -104,31 +97,11 @@ def parse_checkpoints(values: Optional[List[str]]) -> List[Checkpoint]:
 
 
 def plan_metrics(config: EvaluateConfig) -> MetricPlan:
-    names = tuple(name.strip() for name in config.metrics.split(",") if name.strip())
-    if not names:
-        raise ValueError("--metrics is empty: e.g. --metrics videoalign,clipscore,pickscore")
-    rewards = []
-    for name in names:
-        if name in VIDEOALIGN_NAMES or name in SCORER_NAMES:
-            continue
-        try:
-            resolve_reward(name)
-        except (ValueError, ImportError) as err:
-            raise ValueError(f"--metrics: unknown metric {name!r}: use videoalign, clipscore, pickscore or a reward "
-                             f"name ({str(err).splitlines()[0]})") from None
-        rewards.append(name)
-    weights = parse_reward_weights(config.reward_weights) or dict(DEFAULT_VIDEOALIGN_WEIGHTS)
-    unknown = sorted(set(weights) - set(VIDEOALIGN_METRICS))
-    if unknown:
-        raise ValueError(f"--reward_weights: {unknown} are not VideoAlign metrics; use {list(VIDEOALIGN_METRICS)}")
-    root = config.model_path
-    if any(name in VIDEOALIGN_NAMES for name in names) and not (Path(root) / "VideoReward").is_dir():
-        raise FileNotFoundError(f"--metrics videoalign needs {Path(root) / 'VideoReward'} (bash download_weights.sh)")
-    clip = resolve_model_folder(config.clip_model, root, "--clip_model") if "clipscore" in names else None
-    pick = (resolve_model_folder(config.pickscore_model, root, "--pickscore_model"),
-            resolve_model_folder(config.pickscore_processor, root, "--pickscore_processor")) \
-        if "pickscore" in names else None
-    return MetricPlan(names, weights, clip, pick, tuple(rewards))
+    """``--metrics`` checked and its scorers' folders found (:func:`sage_grpo.rewards.scorers.plan_metrics`, the
+    trainer's ``--validation_metrics`` too)."""
+    return plan_scorers([config.metrics], model_root=config.model_path, clip_model=config.clip_model,
+                        pickscore_model=config.pickscore_model, pickscore_processor=config.pickscore_processor,
+                        reward_weights=config.reward_weights)
 
 
 def generation_config(config: EvaluateConfig, prompt: str, seed: int, device: Optional[str]) -> GenerateConfig:
@@ -148,6 +121,7 @@ def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> Eva
     if not config.prompts:
         raise ValueError("--prompts is required: a CSV with a 'prompt' column")
     prompts = [item.prompt for item in read_prompt_csvs([config.prompts], notes=[])]
+    check_seeds(config)  # every seed, not only the first one the generation plan below is made with
     if not config.seeds or len(set(config.seeds)) != len(config.seeds):
         raise ValueError(f"--seeds must name distinct seeds, got {config.seeds}")
     if config.picture_frames < 1 or config.picture_height < 8:
@@ -159,27 +133,85 @@ def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> Eva
     if not transformer_dir.is_dir():
         raise FileNotFoundError(f"--model_path {config.model_path}: no transformer {sampling.transformer_version} "
                                 f"at {transformer_dir} (bash download_weights.sh, or the tiny checkpoint)")
+    check_output(config, checkpoints, metrics)
+    checkpoints = identify_checkpoints(checkpoints, config.model_path, sampling.transformer_version)
     plan = EvaluationPlan(checkpoints, prompts, list(config.seeds), metrics, generation, sampling,
-                          Path(config.output))
+                          Path(config.output), model_files(config.model_path, sampling.transformer_version, metrics))
     check_cache_settings(plan)
+    from sage_grpo.resume import SAMPLED_IDENTITY
+
+    plan.sampling.notes.append(SAMPLED_IDENTITY.format(what="the base model (--model_path) and each scorer",
+                                                       compared="identified in the cache"))
     return plan
 
 
+def check_output(config: EvaluateConfig, checkpoints: List[Checkpoint], metrics: MetricPlan) -> None:
+    """``--output`` is a folder (or new) outside everything the evaluation reads."""
+    from sage_grpo.safe_io import check_output_outside_inputs
+
+    output = Path(config.output)
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} is a file; pass a folder (new, or one this evaluation wrote)")
+    inputs = {f"--checkpoints {c.label}": c.weights for c in checkpoints}
+    inputs.update({"--model_path": config.model_path, "--prompts": config.prompts,
+                   "--clip_model": metrics.clip_model,
+                   **({"--pickscore_model": metrics.pickscore_model[0], "--pickscore_processor":
+                       metrics.pickscore_model[1]} if metrics.pickscore_model else {})})
+    check_output_outside_inputs(output, "--output", inputs)
+
+
+def identify_checkpoints(checkpoints: List[Checkpoint], model_path: str, version: str) -> List[Checkpoint]:
+    """Every trained checkpoint checked as loadable into the base transformer (names, shapes, plain data: one line
+    naming the file otherwise) and identified by the content of its weights, before any video is sampled."""
+    from sage_grpo.export.identity import check_loadable, transformer_shapes, weights_digest
+
+    if all(c.weights is None for c in checkpoints):
+        return checkpoints
+    expected = transformer_shapes(model_path, version)
+    for checkpoint in checkpoints:
+        if checkpoint.weights is not None:
+            check_loadable(checkpoint.weights, expected, "--checkpoints")
+    return [replace(c, digest=weights_digest(c.weights)) if c.weights is not None else c for c in checkpoints]
+
+
+def model_files(model_path: str, version: str, metrics: MetricPlan) -> Dict[str, Dict[str, str]]:
+    """What the base model and the scorers are identified by in the cache's settings: per folder, the sampled digest
+    of :func:`sage_grpo.resume.model_fingerprint` (configs whole; weight files by size and 64 KiB sampled from each,
+    so weights replaced in place by others of the same size that differ only outside the samples are not seen)."""
+    from sage_grpo.resume import folder_digest, model_fingerprint
+
+    folders = {"--model_path": model_fingerprint(Path(model_path), version)}
+    scorers = [("videoalign", Path(model_path) / "VideoReward")] if set(metrics.names) & set(VIDEOALIGN_NAMES) else []
+    scorers += [("clipscore", metrics.clip_model)] if metrics.clip_model else []
+    scorers += [("pickscore", p) for p in metrics.pickscore_model or ()]
+    folders["scorers"] = {f"{name} {path}": folder_digest(Path(path)) for name, path in scorers}
+    return folders
+
+
 def check_cache_settings(plan: EvaluationPlan) -> None:
-    """A cache made with other settings is never mixed in nor deleted: the user picks a new --output."""
+    """A cache made with other settings is never mixed in nor deleted: the user picks a new --output. A settings file
+    that is not this project's is named in one line."""
     settings_file = plan.output / "cache" / "settings.json"
     if not settings_file.is_file():
         return
-    cached = json.loads(settings_file.read_text())
-    changed = sorted(key for key in set(cached) | set(plan.settings())
-                     if cached.get(key) != json.loads(json.dumps(plan.settings())).get(key))
+    try:
+        cached = json.loads(settings_file.read_text())
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: also an integer of 4300+ digits
+        cached = f"not readable JSON ({str(err)[:100]})"
+    if not isinstance(cached, dict):
+        raise ValueError(f"--output {plan.output}: {settings_file} is {shorten(cached)}, not the settings of an "
+                         f"evaluation; use a new --output, or delete {settings_file.parent} to start over")
+    now = json.loads(json.dumps(plan.settings()))
+    changed = sorted(key for key in set(cached) | set(now) if cached.get(key) != now.get(key))
     if changed:
         raise ValueError(f"--output {plan.output} holds results sampled or scored with other settings (differ: "
-                         f"{', '.join(changed)}); use a new --output, or delete {settings_file.parent} to start over")
+                         f"{shorten(', '.join(changed), quote=False)}); use a new --output, or delete "
+                         f"{settings_file.parent} to start over")
 
 
 def write_cache_settings(plan: EvaluationPlan) -> None:
+    from sage_grpo.safe_io import atomic_write
+
     folder = plan.output / "cache"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "settings.json").write_text(json.dumps(plan.settings(), indent=2, sort_keys=True))
-
+    atomic_write(folder / "settings.json", json.dumps(plan.settings(), indent=2, sort_keys=True))

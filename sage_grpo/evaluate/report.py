@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -25,11 +25,13 @@ TABLE2_COLUMNS = (("VQ", "VQ"), ("MQ", "MQ"), ("TA", "TA"), ("Overall", "Overall
                   ("pickscore", "PickScore"), ("Weighted", "Weighted (--reward_weights)"))
 
 
-def mean_and_stderr(values: List[float]) -> Dict:
-    """Mean and standard error of the mean (sample std / sqrt(n); None for one sample)."""
-    array = np.asarray(values, dtype=np.float64)
-    stderr = float(array.std(ddof=1) / math.sqrt(len(array))) if len(array) > 1 else None
-    return {"mean": float(array.mean()), "stderr": stderr, "n": len(array)}
+def mean_and_stderr(values: List[Optional[float]]) -> Dict:
+    """Mean and standard error of the mean (sample std / sqrt(n); None for one sample) of the scores that did not
+    fail; ``failed``: how many did (None: the scorer failed on that sample). No sample left: mean None."""
+    finite = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    stderr = float(finite.std(ddof=1) / math.sqrt(len(finite))) if len(finite) > 1 else None
+    return {"mean": float(finite.mean()) if len(finite) else None, "stderr": stderr, "n": len(finite),
+            "failed": len(values) - len(finite)}
 
 
 def summarize(plan: EvaluationPlan, records: List[Dict]) -> Dict:
@@ -41,15 +43,23 @@ def summarize(plan: EvaluationPlan, records: List[Dict]) -> Dict:
         for index, prompt in enumerate(plan.prompts):
             rows = sorted((r for r in mine if r["prompt_index"] == index), key=lambda r: plan.seeds.index(r["seed"]))
             prompts[prompt] = {"seeds": {str(r["seed"]): r["scores"] for r in rows},
-                               "mean": {k: float(np.mean([r["scores"][k] for r in rows])) for k in keys}}
+                               "mean": {k: mean_and_stderr([r["scores"].get(k) for r in rows])["mean"] for k in keys}}
         by_checkpoint[checkpoint.label] = {
             "weights": checkpoint.weights,
-            "summary": {k: mean_and_stderr([r["scores"][k] for r in mine]) for k in keys},
+            "weights_sha256": checkpoint.digest,
+            "summary": {k: mean_and_stderr([r["scores"].get(k) for r in mine]) for k in keys},
             "prompts": prompts,
             "seconds_per_video": {"sampling": float(np.mean([r["sampling_s"] for r in mine])),
                                   "scoring": float(np.mean([r["scoring_s"] for r in mine]))},
         }
     return {"settings": plan.settings(), "prompts": plan.prompts, "seeds": plan.seeds, "checkpoints": by_checkpoint}
+
+
+def failed_scores(results: Dict) -> List[str]:
+    """``label: metric (k of n)`` for every metric that failed on some sample (a warning named each one)."""
+    return [f"{label}: {key} ({stat['failed']} of {stat['failed'] + stat['n']})"
+            for label, entry in results["checkpoints"].items() for key, stat in entry["summary"].items()
+            if stat["failed"]]
 
 
 def columns_of(results: Dict) -> List[tuple]:
@@ -59,7 +69,11 @@ def columns_of(results: Dict) -> List[tuple]:
 
 
 def _cell(stat: Dict) -> str:
-    return f"{stat['mean']:.4f}" if stat["stderr"] is None else f"{stat['mean']:.4f} ± {stat['stderr']:.4f}"
+    failed = f" ({stat['failed']} failed)" if stat.get("failed") else ""
+    if stat["mean"] is None:
+        return f"failed{failed}"
+    value = f"{stat['mean']:.4f}" if stat["stderr"] is None else f"{stat['mean']:.4f} ± {stat['stderr']:.4f}"
+    return value + failed
 
 
 def markdown_table(results: Dict) -> str:
@@ -86,7 +100,8 @@ def bar_chart(results: Dict, path: Path) -> Path:
     panels = []
     for key, header in columns_of(results):
         stats = [results["checkpoints"][label]["summary"].get(key) for label in labels]
-        panels.append(BarPanel(header, labels, [s["mean"] if s else math.nan for s in stats],
+        means = [s["mean"] if s and s["mean"] is not None else math.nan for s in stats]
+        panels.append(BarPanel(header, labels, means,
                                [s["stderr"] if s and s["stderr"] is not None else 0.0 for s in stats]))
     return plot_bars(panels, path, title="mean ± standard error per checkpoint")
 
@@ -117,10 +132,12 @@ def side_by_side(plan: EvaluationPlan, strips: Dict, folder: Path) -> List[Path]
 
 
 def write_reports(plan: EvaluationPlan, records: List[Dict], strips: Dict) -> Dict:
+    from sage_grpo.safe_io import atomic_write
+
     results = summarize(plan, records)
     plan.output.mkdir(parents=True, exist_ok=True)
-    (plan.output / "results.json").write_text(json.dumps(results, indent=2))
-    (plan.output / "results.md").write_text(markdown_table(results))
+    atomic_write(plan.output / "results.json", json.dumps(results, indent=2, allow_nan=False))  # strict JSON
+    atomic_write(plan.output / "results.md", markdown_table(results))
     bar_chart(results, plan.output / "bars.png")
     side_by_side(plan, strips, plan.output / "side_by_side")
     return results

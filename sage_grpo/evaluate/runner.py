@@ -15,28 +15,23 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import io
 import json
-import os
+import math
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from sage_grpo.evaluate.plan import Checkpoint, EvaluationPlan, write_cache_settings
+from sage_grpo.safe_io import CheckpointError
 
 
 def unit_path(plan: EvaluationPlan, checkpoint: Checkpoint, prompt: str, seed: int) -> Path:
     digest = hashlib.sha1(prompt.encode()).hexdigest()[:12]
     return plan.output / "cache" / checkpoint.key / f"{digest}_seed{seed}.json"
-
-
-def _write_atomically(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    write(partial)
-    os.replace(partial, path)
 
 
 def frame_strip(video: torch.Tensor, num_frames: int, height: int) -> np.ndarray:
@@ -51,19 +46,61 @@ def frame_strip(video: torch.Tensor, num_frames: int, height: int) -> np.ndarray
     return (strip.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
 
 
-def read_unit(path: Path, fingerprint: str) -> Optional[Dict]:
-    """The cached record at ``path`` if it is complete and of these settings, else None."""
-    if not path.is_file() or not path.with_suffix(".png").is_file():
-        return None
-    record = json.loads(path.read_text())
-    return record if record.get("fingerprint") == fingerprint else None
+def _is_number(value, *, allow_none: bool = False) -> bool:
+    if value is None:
+        return allow_none
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def expected_unit(plan: EvaluationPlan, checkpoint: Checkpoint, index: int, seed: int) -> Dict:
+    """What a cached record of this unit must say of itself (a record that says otherwise is foreign or stale)."""
+    return {"checkpoint": checkpoint.label, "prompt": plan.prompts[index], "prompt_index": index, "seed": seed,
+            "fingerprint": plan.fingerprint(), "weights": checkpoint.digest}
+
+
+def read_unit(path: Path, expected: Dict) -> Tuple[Optional[Dict], Optional[str]]:
+    """(the cached record at ``path``, None) when it is complete, well-formed and of this unit (``expected``: its
+    checkpoint, prompt, seed, settings fingerprint and weights digest); else (None, why it is sampled again), with
+    why None when there is simply no record yet. Nothing in a cache file is trusted: it is read as JSON, checked
+    field by field, and its picture strip must decode."""
+    from PIL import Image
+
+    if not path.is_file():
+        return None, None
+    try:
+        record = json.loads(path.read_text())
+        with Image.open(path.with_suffix(".png")) as image:
+            image.verify()
+    except Exception as err:  # noqa: BLE001 - a garbled file fails in many ways (JSON, PNG): each means re-sample
+        return None, f"unreadable ({type(err).__name__})"
+    if not isinstance(record, dict) or not isinstance(record.get("scores"), dict):
+        return None, "not a unit record"
+    if any(record.get(key) != value for key, value in expected.items()):
+        differs = next(key for key, value in expected.items() if record.get(key) != value)
+        return None, "weights changed since it was sampled" if differs == "weights" else f"another {differs}"
+    if not all(isinstance(k, str) and _is_number(v, allow_none=True) for k, v in record["scores"].items()) or \
+            not all(_is_number(record.get(key)) and record[key] >= 0 for key in ("sampling_s", "scoring_s")):
+        return None, "malformed scores or timings"
+    return record, None
 
 
 def write_unit(path: Path, record: Dict, strip: np.ndarray) -> None:
+    """The picture strip, then the record, each written by write-then-rename under a temporary name of this process
+    (:func:`~sage_grpo.safe_io.atomic_write`): two evaluations writing into one folder never share one."""
     from PIL import Image
 
-    _write_atomically(path.with_suffix(".png"), lambda p: Image.fromarray(strip).save(p, format="PNG"))
-    _write_atomically(path, lambda p: p.write_text(json.dumps(record, indent=1)))
+    from sage_grpo.safe_io import atomic_write
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    picture = io.BytesIO()
+    Image.fromarray(strip).save(picture, format="PNG")
+    atomic_write(path.with_suffix(".png"), picture.getvalue())
+    atomic_write(path, json.dumps(record, indent=1, allow_nan=False))
+
+
+def finite_or_none(scores: Dict[str, float]) -> Dict[str, Optional[float]]:
+    """A unit's scores as JSON data: a failed (non-finite) score is null, counted as failed in the report."""
+    return {key: value if math.isfinite(value) else None for key, value in scores.items()}
 
 
 def my_prompt_indices(num_prompts: int, rank: int, world_size: int) -> List[int]:
@@ -81,10 +118,9 @@ def run_units(plan: EvaluationPlan, scorers, config, rank: int = 0, world_size: 
 
     if rank == 0:
         write_cache_settings(plan)
-    fingerprint = plan.fingerprint()
     mine = my_prompt_indices(len(plan.prompts), rank, world_size)
     units = [(c, i, s) for c in plan.checkpoints for i in mine for s in plan.seeds]
-    pending = [u for u in units if read_unit(unit_path(plan, u[0], plan.prompts[u[1]], u[2]), fingerprint) is None]
+    pending = pending_units(plan, units)
     bar = tqdm(total=len(units), initial=len(units) - len(pending), desc=f"evaluate (rank {rank})", unit="video",
                disable=None)
     sampled = 0
@@ -102,9 +138,8 @@ def run_units(plan: EvaluationPlan, scorers, config, rank: int = 0, world_size: 
             video = generator.render(GenerationItem(prompt, seed))  # (3, F, H, W) in [0, 1]
             sampled_at = time.perf_counter()
             scores = scorers(video, prompt)
-            record = {"checkpoint": checkpoint.label, "prompt": prompt, "prompt_index": index, "seed": seed,
-                      "scores": scores, "sampling_s": sampled_at - start,
-                      "scoring_s": time.perf_counter() - sampled_at, "rank": rank, "fingerprint": fingerprint}
+            record = {**expected_unit(plan, checkpoint, index, seed), "scores": finite_or_none(scores),
+                      "sampling_s": sampled_at - start, "scoring_s": time.perf_counter() - sampled_at, "rank": rank}
             write_unit(unit_path(plan, checkpoint, prompt, seed), record,
                        frame_strip(video, config.picture_frames, config.picture_height))
             sampled += 1
@@ -114,7 +149,30 @@ def run_units(plan: EvaluationPlan, scorers, config, rank: int = 0, world_size: 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     bar.close()
-    return [read_unit(unit_path(plan, c, plan.prompts[i], s), fingerprint) for c, i, s in units]
+    records = [read_unit(unit_path(plan, c, plan.prompts[i], s), expected_unit(plan, c, i, s)) for c, i, s in units]
+    lost = [str(unit_path(plan, c, plan.prompts[i], s)) for (c, i, s), (record, _) in zip(units, records)
+            if record is None]
+    if lost:  # another writer replaced or removed units while this one ran
+        raise CheckpointError(f"{len(lost)} cached unit(s) changed while this evaluation ran, e.g. {lost[0]}: "
+                              "was another evaluation writing into the same --output? Rerun to sample them again")
+    return [record for record, _ in records]
+
+
+def pending_units(plan: EvaluationPlan, units: List[Tuple]) -> List[Tuple]:
+    """The units not in the cache; a cached record that is unreadable, foreign or of other weights is sampled again,
+    and each checkpoint with such records gets one note line."""
+    pending, stale = [], {}
+    for checkpoint, index, seed in units:
+        record, why = read_unit(unit_path(plan, checkpoint, plan.prompts[index], seed),
+                                expected_unit(plan, checkpoint, index, seed))
+        if record is None:
+            pending.append((checkpoint, index, seed))
+        if why is not None:
+            stale.setdefault((checkpoint, why), []).append(index)
+    for (checkpoint, why), indices in stale.items():
+        print(f"note: {len(indices)} cached unit(s) of {checkpoint.label} are sampled again: {why} "
+              f"({plan.output / 'cache' / checkpoint.key})")
+    return pending
 
 
 def read_strip(plan: EvaluationPlan, checkpoint: Checkpoint, prompt: str, seed: int) -> np.ndarray:

@@ -18,6 +18,7 @@ values in ``sampling.json`` and the model card prints the lines that set them (:
 """
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
@@ -77,9 +78,13 @@ def attribute_overrides(settings: Mapping[str, int]) -> Dict[str, int]:
 
 
 def apply_sampling_settings(pipe, folder: PathLike):
-    """Set the attributes :func:`loading_code` prints on a pipeline loaded from an export ``folder``."""
-    settings = json.loads((Path(folder) / SAMPLING_FILE).read_text())["pipeline_attributes"]
-    for name, value in attribute_overrides(settings).items():
+    """Set the attributes :func:`loading_code` prints on a pipeline loaded from an export ``folder`` (its
+    ``sampling.json``, checked by :func:`read_sampling_record`)."""
+    record = read_sampling_record(folder)
+    if record is None:
+        raise FileNotFoundError(f"{Path(folder) / SAMPLING_FILE} is missing: {folder} is not a sage-grpo pipeline "
+                                "export")
+    for name, value in attribute_overrides(record["pipeline_attributes"]).items():
         setattr(pipe, name, value)
     return pipe
 
@@ -148,7 +153,39 @@ def write_pipeline_folder(model_root: PathLike, version: str, output: PathLike, 
     return record
 
 
+MAX_RECORD_BYTES = 1 << 20  # a sampling.json is a few hundred bytes
+
+
 def read_sampling_record(folder: PathLike) -> Optional[Dict[str, Any]]:
-    """The ``sampling.json`` of a pipeline export (None for any other folder)."""
+    """The ``sampling.json`` of a pipeline export (None for any other folder), checked like the flags it records:
+    the four prompt attributes integers in [1, MAX_TOKENS], guidance and shift finite numbers, a known task; a
+    ValueError naming the file and the key otherwise (the values are set on a pipeline and printed in a card)."""
+    from sage_grpo.config.validation import MAX_TOKENS
+
     path = Path(folder) / SAMPLING_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    if path.stat().st_size > MAX_RECORD_BYTES:
+        raise ValueError(f"{path}: {path.stat().st_size} bytes, not a sampling record (at most {MAX_RECORD_BYTES})")
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, RecursionError) as err:  # ValueError: JSON, UTF-8, an integer of 4300+ digits
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    attributes = record.get("pipeline_attributes") if isinstance(record, dict) else None
+    if not isinstance(attributes, dict):
+        raise ValueError(f"{path}: expected a JSON object with 'pipeline_attributes'")
+    for name, value in attributes.items():
+        if name not in PIPELINE_PROMPT_DEFAULTS:
+            raise ValueError(f"{path}: pipeline_attributes holds {name!r:.60}, not one of "
+                             f"{sorted(PIPELINE_PROMPT_DEFAULTS)}")
+        if type(value) is not int or not 1 <= value <= MAX_TOKENS:
+            raise ValueError(f"{path}: pipeline_attributes.{name} must be an integer in [1, {MAX_TOKENS}], got "
+                             f"{str(value)[:60]!r}")
+    for name in ("guidance_scale", "flow_shift"):
+        value = record.get(name)
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise ValueError(f"{path}: {name} must be a finite number, got {str(value)[:60]!r}")
+    if record.get("task") not in PIPELINE_CLASSES:
+        raise ValueError(f"{path}: task must be one of {sorted(PIPELINE_CLASSES)}, got "
+                         f"{str(record.get('task'))[:60]!r}")
+    return record

@@ -30,6 +30,7 @@ Export (``scripts/export_checkpoint.py``):
 Each gets a model card, ``README.md`` (:mod:`sage_grpo.export.model_card`): base, settings, the run's metrics.
 """
 
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +41,9 @@ import torch
 from sage_grpo.models import lora
 from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, DCP_MODEL, LORA_DIR, TRANSFORMER_FILE
 from sage_grpo.dtypes import DTYPES
-from sage_grpo.export.model_card import write_model_card
+from sage_grpo.export.model_card import recorded_settings, write_model_card
 from sage_grpo.models.loading import _read_safetensors, resolve_transformer_weights
+from sage_grpo.safe_io import check_finite
 
 PathLike = Union[str, Path]
 DCP_METADATA = ".metadata"
@@ -126,6 +128,8 @@ def locate_trained_weights(path: PathLike) -> Path:
                                 f"{', '.join(sorted(p.name for p in located.iterdir())[:10])}); only safetensors "
                                 "weights are read. Save the adapter with peft's save_pretrained(safe_serialization="
                                 "True), or pass a checkpoint-N folder")
+    if lora.is_adapter_folder(located):
+        lora.check_adapter_folder(located)  # its adapter_config.json, before any model loads
     return located
 
 
@@ -150,10 +154,9 @@ def lora_config_of_checkpoint(checkpoint: Optional[Path], state: Dict[str, torch
     if checkpoint is None or not (checkpoint / CONFIG_FILE).is_file():
         raise FileNotFoundError("LoRA weights without their config: expected the checkpoint's lora/ folder or "
                                 "config.yaml next to transformer/model.safetensors")
-    from sage_grpo.config import TrainConfig
-    from sage_grpo.config.schema import from_dict, load_yaml
+    from sage_grpo.config.recorded import read_run_config
 
-    run = from_dict(TrainConfig, load_yaml(str(checkpoint / CONFIG_FILE)), source=str(checkpoint / CONFIG_FILE))
+    run = read_run_config(checkpoint / CONFIG_FILE)
     if run.pretrained_lora_path and lora.is_adapter_folder(Path(run.pretrained_lora_path)):
         return lora.read_adapter_folder(Path(run.pretrained_lora_path))[0]
     modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
@@ -181,20 +184,22 @@ def apply_trained_weights(transformer: torch.nn.Module, weights: TrainedWeights)
     """Put ``weights`` into the base ``transformer`` (LoRA: inject, load strictly, merge); returns it."""
     if not weights.is_lora:
         return load_full_state(transformer, weights.state, str(weights.source))
-    lora.add_adapter(transformer, weights.lora_config, lora.POLICY_ADAPTER)
-    lora.load_adapter_state(transformer, weights.state, lora.POLICY_ADAPTER)
+    with lora.adapter_fits(weights.source):
+        lora.add_adapter(transformer, weights.lora_config, lora.POLICY_ADAPTER)
+        lora.load_adapter_state(transformer, weights.state, lora.POLICY_ADAPTER)
     return lora.merge_adapter(transformer, lora.POLICY_ADAPTER)
 
 
 # ---------------------------------------------------------------------------------------------------- export
-def _run_config(checkpoint: Path) -> dict:
-    """The checkpoint's recorded run config ({} when it has none)."""
-    run_config = checkpoint / CONFIG_FILE
-    if not run_config.is_file():
-        return {}
-    from sage_grpo.config.schema import load_yaml
+def check_export_output(output: Path, checkpoint: Path, model_root: Path) -> None:
+    """``--output`` is a new or empty folder outside everything the export reads (before anything is written)."""
+    from sage_grpo.safe_io import check_output_outside_inputs
 
-    return load_yaml(str(run_config))
+    if output.exists() and not output.is_dir():
+        raise FileExistsError(f"--output {output} is a file; pass a new folder")
+    if output.exists() and any(output.iterdir()):
+        raise FileExistsError(f"--output {output} exists and is not empty; choose a new folder")
+    check_output_outside_inputs(output, "--output", {"--checkpoint": checkpoint, "--model_root": model_root})
 
 
 def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLike, *, export_format: str =
@@ -210,19 +215,18 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     checkpoint, output = Path(checkpoint), Path(output)
-    if output.exists() and any(output.iterdir()):
-        raise FileExistsError(f"--output {output} exists and is not empty; choose a new folder")
+    check_export_output(output, checkpoint, Path(model_root))
+    run_config = recorded_settings(checkpoint)  # checked before anything is read or written
     weights = read_trained_weights(checkpoint)
+    check_finite(weights.state, str(weights.source))  # NaN weights exported would be served as a model
     pipeline_record = None  # a pipeline export's sampling.json
+    version = transformer_version or run_config.get("pretrained_transformer_version") or DEFAULT_TRANSFORMER_VERSION
     if export_format == "lora":
         if not weights.is_lora:
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter; use --format transformer")
         state = {k: v.to(DTYPES[dtype]) for k, v in weights.state.items()}
         lora.write_adapter_folder(output, weights.lora_config, state)
     else:
-        run_config = _run_config(checkpoint)
-        version = transformer_version or run_config.get("pretrained_transformer_version") or \
-            DEFAULT_TRANSFORMER_VERSION
         transformer = load_transformer(model_root, version, dtype=torch.float32, device="cpu")
         apply_trained_weights(transformer, weights)  # merged in fp32, then cast once
         if DTYPES[dtype] != torch.float32:
@@ -233,7 +237,19 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
             pipeline_record = write_pipeline_folder(model_root, version, output, run_config, link_components)
         transformer.save_pretrained(str(output / "transformer" if pipeline_record else output),
                                     safe_serialization=True)
-    write_model_card(output, checkpoint, export_format=export_format, dtype=dtype,
+    write_model_card(output, checkpoint, run_config=run_config, export_format=export_format, dtype=dtype,
                      merged_lora=weights.is_lora and export_format != "lora",
-                     pipeline_record=pipeline_record)
+                     pipeline_record=pipeline_record, base_config=_base_config(model_root, version))
     return output
+
+
+def _base_config(model_root: PathLike, version: str) -> Optional[dict]:
+    """The config.json of the transformer the export starts from (None when the root has none or it is unreadable):
+    the model card tells the released architecture from a tiny or toy one by it."""
+    from sage_grpo.models.layout import transformer_layout
+
+    try:
+        config = json.loads((Path(model_root) / transformer_layout(version).subdir / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None

@@ -46,7 +46,7 @@ import torch
 from sage_grpo.models import layout
 from sage_grpo.models.convert_keys import (GLYPH_PREFIX, LLM_DROPPED, LLM_KEYS, TRANSFORMER_KEYS, VAE_KEYS, StateDict,
                                            to_diffusers_keys)
-from sage_grpo.safe_io import CheckpointError, load_plain
+from sage_grpo.safe_io import CheckpointError, check_output_outside_inputs, load_plain
 
 REFERENCE_TRANSFORMER_DIR = "transformer"
 REFERENCE_VAE_DIR = "vae"
@@ -350,6 +350,10 @@ def convert_reference_checkpoint(reference_root, output, *, versions: Optional[S
     if output.resolve() == reference_root.resolve():
         raise ConversionError(f"--output {output} is the reference root: its text_encoder/ would be replaced; "
                               "write the converted layout to another folder")
+    try:
+        check_output_outside_inputs(output, "--output", {"--reference_root": reference_root, "--glyph_dir": glyph_dir})
+    except ValueError as err:
+        raise ConversionError(str(err)) from None
     existing = [f for f in output_folders(versions, components) if (output / f).exists() or (output / f).is_symlink()]
     if existing and not overwrite:
         raise ConversionError(f"{output} already holds {existing}; pass --overwrite to replace them, or choose "

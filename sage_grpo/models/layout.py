@@ -242,3 +242,9 @@ def check_model_root(root: Path, transformer_version: str, *, text_encoders: boo
     if bad:
         raise CheckpointError("unreadable weight file(s), truncated or not safetensors (download or copy them "
                               "again):\n" + "\n".join(f"  - {line}" for line in bad))
+    from sage_grpo.models.revisions import LOCK_FILE, read_lock
+
+    try:
+        read_lock(root / LOCK_FILE)  # a run records it (run_config.yaml, the model card): checked before any load
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None

@@ -48,6 +48,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from sage_grpo.safe_io import CheckpointError, check_finite
+
 POLICY_ADAPTER = "default"
 ANCHOR_ADAPTER = "anchor"
 PEFT_PREFIX = "base_model.model."
@@ -110,6 +112,7 @@ def check_lora_settings(r: int, alpha: float, dropout: float, targets: Optional[
             raise FileNotFoundError(f"--pretrained_lora_path {pretrained_path}: expected a LoRA adapter folder with "
                                     f"{ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE} (e.g. checkpoint-N/lora, or "
                                     "scripts/export_checkpoint.py --format lora)")
+        check_adapter_folder(folder)
         return
     _check_numbers(r, alpha, dropout)
     check_targets(targets)
@@ -226,18 +229,105 @@ def is_adapter_folder(path: Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG_FILE).is_file()
 
 
+MAX_ADAPTER_CONFIG_BYTES = 1 << 20
+# peft settings that build something other than plain LoRA on the layers (DoRA magnitudes, full copies of modules,
+# extra tokens, replicated layers, per-layer ranks) or that rewrite the base weights while initialising (PiSSA, OLoRA,
+# LoftQ, CorDA, EVA subtract the adapter from W): a file read back must leave them unset
+_PLAIN_LORA_UNSET = ("use_dora", "modules_to_save", "layer_replication", "rank_pattern", "alpha_pattern",
+                     "megatron_config", "trainable_token_indices", "target_parameters", "lora_bias", "use_qalora",
+                     "alora_invocation_tokens", "arrow_config", "use_bdlora")
+_PLAIN_INIT = (True, False, "gaussian")
+
+
+def _is_finite_number(value) -> bool:
+    return type(value) in (int, float) and -1e300 < value < 1e300
+
+
+def check_adapter_folder(folder: Path) -> Dict:
+    """The adapter folder's ``adapter_config.json``, checked like the LoRA flags before peft builds anything from it:
+    plain LoRA (see ``_PLAIN_LORA_UNSET``), ``r`` a positive integer equal to the rank of the weight file's tensors
+    (a crafted ``r`` allocates r x width per layer), ``lora_alpha`` a number in (0, 1e300) (NaN sampled black videos),
+    ``lora_dropout`` in [0, 1), ``target_modules`` a regex or names. One CheckpointError naming the file and the key."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    path, weights = folder / ADAPTER_CONFIG_FILE, folder / ADAPTER_WEIGHTS_FILE
+    if not path.is_file() or not weights.is_file():
+        raise FileNotFoundError(f"{folder} is not a LoRA adapter folder: expected {ADAPTER_CONFIG_FILE} and "
+                                f"{ADAPTER_WEIGHTS_FILE} (peft's save_pretrained format)")
+    if path.stat().st_size > MAX_ADAPTER_CONFIG_BYTES:
+        raise CheckpointError(f"{path}: {path.stat().st_size} bytes, not a LoRA adapter config")
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"{path}: not JSON ({str(err)[:200]})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object of LoRA settings")
+
+    def bad(key: str, wanted: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {key} must be {wanted}, got {str(config.get(key))[:100]!r}")
+
+    if config.get("peft_type", "LORA") != "LORA":
+        raise bad("peft_type", "'LORA'")
+    for key in _PLAIN_LORA_UNSET:
+        if config.get(key):
+            raise bad(key, "unset (sage-grpo reads plain LoRA adapters)")
+    if config.get("init_lora_weights", True) not in _PLAIN_INIT:
+        raise bad("init_lora_weights", "true, false or 'gaussian' (other initialisations rewrite the base weights)")
+    rank, alpha, dropout = config.get("r"), config.get("lora_alpha", 8), config.get("lora_dropout", 0.0)
+    if type(rank) is not int or rank < 1:
+        raise bad("r", "a positive integer")
+    if not _is_finite_number(alpha) or alpha <= 0:
+        raise bad("lora_alpha", "a number > 0 and < 1e300")
+    if not _is_finite_number(dropout) or not 0.0 <= dropout < 1.0:
+        raise bad("lora_dropout", "a number in [0, 1)")
+    targets = config.get("target_modules")
+    if not (isinstance(targets, str) and targets) and not (
+            isinstance(targets, list) and targets and all(isinstance(t, str) and t for t in targets)):
+        raise bad("target_modules", "a regex or a list of module names")
+    if isinstance(targets, str):
+        try:
+            re.compile(targets)
+        except re.error as err:
+            raise CheckpointError(f"{path}: target_modules is not a valid regex: {err}") from None
+    try:
+        with safe_open(str(weights), "pt") as handle:
+            ranks = {handle.get_slice(key).get_shape()[0] for key in handle.keys() if ".lora_A." in key}
+    except Exception as err:  # noqa: BLE001 - a truncated or garbled file fails in several ways
+        raise CheckpointError(f"cannot read {weights}: {str(err)[:200]} (truncated or not a safetensors "
+                              "file)") from None
+    if ranks != {rank}:
+        raise CheckpointError(f"{path}: r is {rank} but the lora_A tensors of {weights.name} have rank "
+                              f"{sorted(ranks)[:5] or 'none (no lora_A tensor)'}")
+    return config
+
+
+@contextlib.contextmanager
+def adapter_fits(source) -> Iterator[None]:
+    """An adapter read from ``source`` (None: made here) that does not fit the transformer (its target_modules match
+    no layer, its tensors other layers or shapes) as one CheckpointError naming ``source``."""
+    try:
+        yield
+    except (ValueError, KeyError) as err:  # peft's NoMatchingPeftModuleError is a ValueError
+        if source is None:
+            raise
+        reason = err.args[0] if err.args else type(err).__name__
+        raise CheckpointError(f"{source}: the LoRA adapter does not fit this transformer ({str(reason)[:300]})") \
+            from None
+
+
 def read_adapter_folder(folder: Path):
-    """(LoraConfig, peft-key state) of an adapter folder (peft's ``save_pretrained`` format, ours included)."""
+    """(LoraConfig, peft-key state) of an adapter folder (peft's ``save_pretrained`` format, ours included), its
+    config checked (:func:`check_adapter_folder`) and its tensors finite."""
     from peft import LoraConfig
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    weights = folder / ADAPTER_WEIGHTS_FILE
-    if not is_adapter_folder(folder) or not weights.is_file():
-        raise FileNotFoundError(f"{folder} is not a LoRA adapter folder: expected {ADAPTER_CONFIG_FILE} and "
-                                f"{ADAPTER_WEIGHTS_FILE} (peft's save_pretrained format)")
+    check_adapter_folder(folder)
     config = LoraConfig.from_pretrained(str(folder))
-    return config, strip_key_prefix(load_file(str(weights)))
+    state = strip_key_prefix(load_file(str(folder / ADAPTER_WEIGHTS_FILE)))
+    check_finite(state, str(folder / ADAPTER_WEIGHTS_FILE))
+    return config, state
 
 
 def merge_adapter(transformer: torch.nn.Module, adapter: str = POLICY_ADAPTER) -> torch.nn.Module:
@@ -275,7 +365,8 @@ class LoraTraining:
         else:
             state = None
             config = make_lora_config(r, alpha, dropout, resolve_target_modules(transformer, target_modules))
-        add_adapter(transformer, config, POLICY_ADAPTER, seed)
+        with adapter_fits(pretrained_path):
+            add_adapter(transformer, config, POLICY_ADAPTER, seed)
         if with_anchor:
             add_adapter(transformer, config, ANCHOR_ADAPTER, seed)
         transformer.set_adapter(POLICY_ADAPTER)
@@ -284,7 +375,8 @@ class LoraTraining:
                 param.data = param.data.to(dtype)
                 param.requires_grad_(adapter == POLICY_ADAPTER)
         if state is not None:
-            load_adapter_state(transformer, state, POLICY_ADAPTER)
+            with adapter_fits(pretrained_path):
+                load_adapter_state(transformer, state, POLICY_ADAPTER)
         return cls(transformer, transformer.peft_config[POLICY_ADAPTER], with_anchor)
 
     # ------------------------------------------------------------------ policy adapter

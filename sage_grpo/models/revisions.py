@@ -18,25 +18,51 @@ Command line (what the download script calls)::
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 LOCK_FILE = "weights.lock.json"
 
 
+# What a lock may hold: the hub's repository ids, its 40-hex commit ids, and revision names (a branch, tag or commit)
+# without spaces, quotes or control characters. A lock is read back into run_config.yaml's comments, the model card
+# and download_weights.sh's command lines: a value that fits these patterns is data there, never syntax.
+REPO_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+COMMIT_PATTERN = re.compile(r"[0-9a-f]{40}")
+REVISION_PATTERN = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9._/+=@-]{0,199}")
+MAX_LOCK_BYTES = 1 << 20
+
+
+def check_entry(repo: Any, revision: Any, commit: Any, source: str) -> None:
+    """One lock entry checked like the download script's arguments; ValueError naming ``source`` and the key."""
+    if not isinstance(repo, str) or not REPO_PATTERN.fullmatch(repo):
+        raise ValueError(f"{source}: {str(repo)[:100]!r} is not a hub repository id (namespace/name)")
+    if not isinstance(commit, str) or not COMMIT_PATTERN.fullmatch(commit):
+        raise ValueError(f"{source}: {repo}: commit {str(commit)[:100]!r} is not a 40-hex-digit commit id")
+    if revision is not None and (not isinstance(revision, str) or not REVISION_PATTERN.fullmatch(revision)):
+        raise ValueError(f"{source}: {repo}: revision {str(revision)[:100]!r} is not a branch, tag or commit name "
+                         "(letters, digits and ._/+=@-, at most 200)")
+
+
 def read_lock(path) -> Dict[str, Dict[str, str]]:
-    """A lock file's {repo: {"revision", "commit"}} ({} when the file does not exist)."""
+    """A lock file's {repo: {"revision", "commit"}} ({} when the file does not exist), every entry checked
+    (:func:`check_entry`)."""
     path = Path(path)
     if not path.is_file():
         return {}
+    if path.stat().st_size > MAX_LOCK_BYTES:
+        raise ValueError(f"{path}: {path.stat().st_size} bytes, more than a weights lock file holds")
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: also an integer of 4300+ digits
         raise ValueError(f"cannot read the lock file {path}: {err}") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) and "commit" in v for v in data.values()):
         raise ValueError(f"{path} is not a weights lock file: expected {{repo: {{\"revision\": ..., \"commit\": ...}}}}")
-    return data
+    for repo, entry in data.items():
+        check_entry(repo, entry.get("revision"), entry["commit"], str(path))
+    return {repo: {key: entry[key] for key in ("revision", "commit") if key in entry} for repo, entry in data.items()}
 
 
 def record(root, repo: str, revision: str, commit: str, lock_file: Optional[str] = None) -> Path:
@@ -46,6 +72,7 @@ def record(root, repo: str, revision: str, commit: str, lock_file: Optional[str]
     if entry is not None and entry["commit"] == commit:
         revision = entry.get("revision", revision)
     path = Path(root) / LOCK_FILE
+    check_entry(repo, revision, commit, str(path))
     lock = read_lock(path)
     lock[repo] = {"revision": revision, "commit": commit}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,6 +92,7 @@ def resolve(repo: str, revision: str, lock: Optional[str] = None) -> str:
     commit = HfApi().model_info(repo, revision=revision).sha
     if not commit:
         raise ValueError(f"the hub gave no commit for {repo} at revision {revision}")
+    check_entry(repo, revision, commit, "the hub's answer")
     return commit
 
 
@@ -82,7 +110,7 @@ def record_run_weights(model_root, run_dir, config_file: Optional[Path] = None) 
     if not lines:
         return []
     source = Path(model_root) / LOCK_FILE
-    (Path(run_dir) / LOCK_FILE).write_text(source.read_text())
+    (Path(run_dir) / LOCK_FILE).write_text(json.dumps(read_lock(source), indent=2) + "\n")  # the checked entries
     if config_file is not None:
         with open(config_file, "a") as handle:
             handle.write(f"# weights, from {source}:\n" + "".join(f"#   {line}\n" for line in lines))

@@ -19,7 +19,8 @@ def latent_shape(vae_config, num_frames: int, height: int, width: int) -> Tuple[
 
 @torch.no_grad()
 def decode_latents(vae, latents: Tensor, *, tiling: Optional[bool] = None) -> Tensor:
-    """(B, C, T, h, w) latents -> (B, 3, F, H, W) float video in [0, 1] on the CPU, one sample at a time.
+    """(B, C, T, h, w) latents -> (B, 3, F, H, W) float video in [0, 1] on the CPU, one sample at a time; a pixel the
+    VAE decodes to NaN or inf is NaN (the reward counts such a video as failed, generate.py refuses to write it).
 
     ``tiling``: decode tile by tile (diffusers' overlapping spatial tiles, blended; bounded memory at real sizes) or
     not; None leaves the VAE's own setting. The VAE's setting is restored afterwards.
@@ -32,7 +33,9 @@ def decode_latents(vae, latents: Tensor, *, tiling: Optional[bool] = None) -> Te
         for latent in latents:
             scaled = latent[None].to(vae.dtype) / vae.config.scaling_factor  # divided ONCE (reference: twice)
             decoded = vae.decode(scaled, return_dict=False)[0]
-            videos.append((decoded.float() / 2 + 0.5).clamp(0, 1).cpu())
+            pixels = decoded.float() / 2 + 0.5
+            # clamping would turn inf into 0 or 1: a non-finite pixel stays NaN, so a broken video is seen as broken
+            videos.append(torch.where(torch.isfinite(pixels), pixels.clamp(0, 1), torch.nan).cpu())
     finally:
         if tiling is not None:
             vae.use_tiling = saved

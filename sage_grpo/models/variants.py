@@ -57,7 +57,7 @@ class VariantSampling:
 def _read_json(path: Path) -> Dict[str, Any]:
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: JSON, UTF-8, a 4300+ digit integer
         raise ConfigError(f"cannot read {path}: {err}. Fix: download the variant's configs again "
                           "(bash download_weights.sh) or delete the file to use the flags' defaults") from None
     if not isinstance(data, dict):

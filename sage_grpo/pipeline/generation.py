@@ -61,8 +61,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from sage_grpo.config.generate import DEFAULT_GUIDANCE_SCALE, GenerateConfig
-from sage_grpo.config.schema import is_explicit
-from sage_grpo.config.validation import check_finite_options, parse_size
+from sage_grpo.config.schema import is_explicit, shorten
+from sage_grpo.config.validation import check_finite_options, check_seeds, check_token_lengths, parse_size
 from sage_grpo.data import check_image, read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
@@ -234,7 +234,9 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
     """Validate the config and resolve prompts, size, paths and speed settings, without loading any model; the
     settings the ``--checkpoint_path`` run recorded fill the unset options (:mod:`sage_grpo.pipeline.recorded`)."""
     check_finite_options(config)  # --flow_shift nan rendered black frames; --guidance_scale nan turned CFG off
-    config, recorded_notes = apply_recorded_settings(config)
+    check_seeds(config)
+    config, recorded_notes = apply_recorded_settings(config)  # the checkpoint's file, checked like the flags
+    check_token_lengths(config)
     if config.resolution not in ("480p", "720p"):
         raise ValueError(f"--resolution must be 480p or 720p, got {config.resolution!r}")
     if config.dtype not in DTYPES:
@@ -285,7 +287,12 @@ def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPl
         "guidance_scale": plan.guidance_scale,
         "prompt": item.prompt, "seed": item.seed,  # this video's own
     }
-    video_path.with_name(f"{video_path.stem}_config.json").write_text(json.dumps(settings, indent=2))
+    settings_path(video_path).write_text(json.dumps(settings, indent=2))
+
+
+def settings_path(video_path: Path) -> Path:
+    """Where ``--save_generation_config`` writes a video's settings."""
+    return video_path.with_name(f"{video_path.stem}_config.json")
 
 
 def offload_transformer_blocks(transformer: torch.nn.Module, device: torch.device) -> None:
@@ -396,6 +403,17 @@ class VideoGenerator:
             return decode_latents(c.vae, result.final_latents.to(c.vae.device))[0]
 
 
+class NonFiniteVideoError(ValueError):
+    """A sampled video holds NaN or inf pixels (weights holding NaN or inf): nothing is written for it."""
+
+
+def weights_named(config: GenerateConfig) -> str:
+    """The weights a generation samples with, as flags."""
+    return ", ".join(f"{flag} {path}" for flag, path in (("--model_path", config.model_path),
+                                                          ("--checkpoint_path", config.checkpoint_path),
+                                                          ("--lora_path", config.lora_path)) if path)
+
+
 def run_generation(config: GenerateConfig) -> List[Path]:
     """Render every planned item; returns the written video paths."""
     plan = plan_generation(config)
@@ -406,7 +424,13 @@ def run_generation(config: GenerateConfig) -> List[Path]:
     generator = VideoGenerator(config, plan)
     for index, (item, path) in enumerate(zip(plan.items, plan.output_paths)):
         print(f"[{index + 1}/{len(plan.items)}] seed {item.seed}: {item.prompt}")
-        write_video(path, generator.render(item, progress=True), VIDEO_FPS)
+        video = generator.render(item, progress=True)
+        if not torch.isfinite(video).all():  # a NaN video is written as black frames: refused instead
+            raise NonFiniteVideoError(
+                f"the video of prompt {shorten(item.prompt)} (seed {item.seed}) is not finite (NaN or inf pixels), "
+                f"so it is not written to {path}: the weights hold NaN or inf ({weights_named(config)}), or the "
+                "settings overflow the model's range")
+        write_video(path, video, VIDEO_FPS)
         if config.save_generation_config:
             _write_settings(path, plan.config, plan, item)
         print(f"saved {path}")

@@ -47,13 +47,15 @@ def run_config_file(weights_path: Optional[str]) -> Optional[Path]:
 
 
 def read_recorded_settings(weights_path: Optional[str]) -> Tuple[Dict[str, Any], Optional[Path]]:
-    """{generate.py option: recorded value} of the checkpoint at ``weights_path``, and the file they come from."""
-    from sage_grpo.config.schema import load_yaml
+    """{generate.py option: recorded value} of the checkpoint at ``weights_path``, and the file they come from. The
+    file is checked like the command line first (:func:`~sage_grpo.config.recorded.read_run_config`): a NaN
+    ``cfg_scale`` there is refused naming the file, not sampled as guidance off."""
+    from sage_grpo.config.recorded import read_run_config, recorded_values
 
     source = run_config_file(weights_path)
     if source is None:
         return {}, None
-    run = load_yaml(str(source))
+    run = recorded_values(read_run_config(source))
     recorded = {option: run[key] for option, key in RECORDED_SETTINGS if run.get(key) is not None}
     if "text_max_length" not in recorded and "byt5_max_length" in recorded:  # the run used the pipeline's 1000
         from sage_grpo.models.text_encoding import TextEncoderSettings

@@ -34,12 +34,14 @@ weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_element
 against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's bf16 shards P·c/Z
 on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding when offloaded);
 the rollout's SDE noise (drawn up front, one latent per stochastic step); the VAE weights and its decode (tiled or
-not); the reward model and its forward on SP leaders. LoRA: the frozen base P·c/Z and every adapter (the anchor's too)
-in m; P_g the adapters that get a gradient; no separate reference: its passes run the policy (the anchor adapter, or
-none), gathering the policy's units.
+not); the reward models and their forward on SP leaders, the held-out validation scorers on rank 0
+(:mod:`sage_grpo.plan.scorers`); the EMA of ``--ema_decay``, P·4/Z (LoRA: the policy adapter's r·Σ(in+out)·4/Z).
+LoRA: the frozen base P·c/Z and every adapter (the anchor's too) in m; P_g the adapters that get a gradient, no reduced
+shard (the peak is the end of the last block's recomputation); no separate reference: its passes run the policy (the
+anchor adapter, or none), gathering the policy's units.
 
 **Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train (forward +
-backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode). The peak is the
+backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode, scoring). The peak is the
 largest phase. Every transformer phase is checked category by category against torch's memory tracker on fake tensors
 (``--simulate``, :mod:`sage_grpo.plan.simulate`).
 
@@ -66,9 +68,10 @@ import torch
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import rollout_size, validation_size
 from sage_grpo.models.placement import Placement
+from sage_grpo.plan.scorers import needs_videoalign, resident_rows, reward_forward_row, validation_scoring_row
 from sage_grpo.plan.sizes import (ModelSizes, lora_muon_step_bytes, no_grad_forward_elements, prompt_embedding_bytes,
-                                  read_model_sizes, reward_forward_bytes, rope_table_elements, text_token_count,
-                                  training_activation_elements, vae_decode_bytes, video_token_count)
+                                  read_model_sizes, rope_table_elements, text_token_count, training_activation_elements,
+                                  vae_decode_bytes, video_token_count)
 from sage_grpo.plan.throughput import choose_throughput, off_cuda, reference_batch_candidates  # noqa: F401 (API)
 
 GIB = 2 ** 30
@@ -202,8 +205,10 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
     if lay.separate_reference and not placement.reference_on_cpu:
         out.append(Component("reference (KL anchor) shards", t.num_params * lay.compute / z, "P·c/Z, on the device"))
     out.append(Component("VAE weights", lay.sizes.vae_params * lay.compute, "resident in --dtype"))
-    if cfg.reward_model == "videoalign_local":
-        out.append(Component("reward model (SP leaders)", lay.sizes.reward_params * 2, "VideoAlign in bf16"))
+    out += [Component(*row) for row in resident_rows(cfg, lay.sizes, lay.compute)]  # rewards, held-out scorers
+    if cfg.ema_decay > 0:  # every trainable tensor (the policy adapter's with LoRA) in fp32, sharded like the weights
+        ema = cfg.lora_r * t.lora_width if cfg.use_lora else t.num_params
+        out.append(Component("EMA of the trained weights", ema * 4 / z, f"{_count_text(ema)}·4/Z, --ema_decay"))
     if not lay.offload_encoders:
         out.append(_encoder_weights(lay, "resident (--offload_text_encoders false)"))
     if _gradients_persist(cfg):
@@ -227,11 +232,11 @@ def _gradients_persist(cfg: TrainConfig) -> bool:
 
 
 def _gradients(lay: _Layout, placement: Placement, note: str = "") -> Component:
-    if lay.shard > 1 and not placement.reduce_per_backward:  # + at the peak, the first reduced (last) block's shard
+    if lay.shard > 1 and not placement.reduce_per_backward:  # + the first reduced (last) block's shard at the peak,
+        first = "" if lay.cfg.use_lora else " + (P_blk − P_unused)·4/Z"  # which LoRA's peak precedes (docstring)
         return Component("gradients (unsharded, held per update)",
-                         lay.trainable * 4 + lay.block_trainable * 4 / lay.shard,
-                         f"P_g·4 + ({'r·(w_blk − w_unused)' if lay.cfg.use_lora else 'P_blk − P_unused'})·4/Z: fp32, "
-                         f"reduced once per update {note}".strip())
+                         lay.trainable * 4 + (0 if lay.cfg.use_lora else lay.block_trainable * 4 / lay.shard),
+                         f"P_g·4{first}: fp32, reduced once per update {note}".strip())
     return Component("gradients (sharded)" if lay.shard > 1 else "gradients", lay.trainable * lay.master / lay.shard,
                      f"P_g·m/Z {note}".strip())
 
@@ -311,11 +316,10 @@ def _vae_decode(lay: _Layout, placement: Placement, frames: int, height: int, wi
                      f"{formula}, {frames}×{height}×{width}")
 
 
-def _reward_forward(lay: _Layout, when: str = "") -> Component:
-    if lay.cfg.reward_model != "videoalign_local" or lay.cfg.remote_reward_url:
-        return Component("reward forward", 0.0)
-    tokens, forward = reward_forward_bytes(lay.cfg, lay.sizes.reward_shape)
-    return Component("reward forward (SP leaders)" + when, forward, f"B_r·tokens·(4h + 3i)·2, {tokens} tokens")
+def _beside_reference(row) -> Component:
+    """The reward's forward (a :mod:`~sage_grpo.plan.scorers` row) in the reference phase (``--async_reward``)."""
+    name, nbytes, formula = row
+    return Component(f"{name} beside it (--async_reward)", nbytes, formula)
 
 
 def _encode(lay: _Layout) -> Component:
@@ -364,7 +368,7 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     # LoRA: the reference passes run the policy itself, its units gathered as for the rollout
     if lay.separate_reference or (cfg.use_lora and lay.kl.uses_reference):
         ref = [ref] if lay.separate_reference else policy_units
-        reward = [_reward_forward(lay, " beside it (--async_reward)")] if placement.async_reward else []
+        reward = [_beside_reference(reward_forward_row(cfg, sizes))] if placement.async_reward else []
         phases.append(Phase("reference", tuple(resident + ref + step_inputs + means + reward + [
                                                            _no_grad_forward(lay, "reference block activations",
                                                                             tokens, placement.reference_batch_size,
@@ -384,7 +388,7 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     phases.append(Phase("optimizer step", tuple(resident + step_inputs + means + _optimizer_step(lay, placement))))
     phases.append(Phase("decode + reward", tuple(resident + step_inputs + [
         _vae_decode(lay, placement, cfg.sample_n_frames, height, width, "VAE decode"),
-        _reward_forward(lay)])))
+        Component(*reward_forward_row(cfg, sizes))])))
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
         v_height, v_width = validation_size(cfg)
         v_tokens = video_token_count(sizes, cfg.validate_video_length, v_height, v_width)
@@ -393,6 +397,8 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
                                                                          v_tokens)])))
         phases.append(Phase("validation decode", tuple(resident + [_vae_decode(
             lay, placement, cfg.validate_video_length, v_height, v_width, "validation VAE decode")])))
+        phases.append(Phase("validation scoring", tuple(resident + [Component(*validation_scoring_row(
+            cfg, sizes, lay.compute))])))
     return MemoryPlan(tuple(phases), placement, gpu_memory_gib)
 
 
@@ -430,8 +436,7 @@ def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
 
 
 def sizes_of(cfg: TrainConfig) -> ModelSizes:
-    return read_model_sizes(str(cfg.pretrained_model_root), cfg.pretrained_transformer_version,
-                            cfg.reward_model == "videoalign_local")
+    return read_model_sizes(str(cfg.pretrained_model_root), cfg.pretrained_transformer_version, needs_videoalign(cfg))
 
 
 def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,

@@ -45,7 +45,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from sage_grpo.config import TrainConfig
-from sage_grpo.plan.tracking import GROUPS, Phase, SimulatedPhase, metadata_only_propagation, without
+from sage_grpo.plan.tracking import (GROUPS, Phase, SimulatedPhase, forward_only_module_tracking,
+                                     metadata_only_propagation, without)
 
 GIB = 2 ** 30
 NEGATIVE_VALID_TOKENS = 8  # valid text slots of the empty negative prompt (the MLLM template), the split CFG row's
@@ -251,7 +252,7 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
         ("encode", "the text encoders are another model family (Qwen2.5-VL, byT5); their bytes are the plan's"),
         ("decode + reward", "VAE decode and VideoAlign are other model families; their bytes are the plan's"),
         ("checkpoint save", "host memory and disk: sharded state is written by each rank from its own shards")])
-    with fake_process_group(world_size), metadata_only_propagation():
+    with fake_process_group(world_size), metadata_only_propagation(), forward_only_module_tracking():
         policy, reference, _dims, lora = build_sharded(cfg, world_size, config, placement)
         models = _Models(policy, reference)
         from torch.distributed.fsdp import fully_shard

@@ -4,7 +4,8 @@ Contract: a reward callable maps ``videos (B, 3, F, H, W)`` in [0, 1] and B prom
 ``build_reward_fn`` combines reward models into the reference's output keys (``videoalign_local_vq`` ...,
 ``avg``) with its failure policy (failed samples score NaN with a warning).
 
-Modules: ``base`` (contract, failure policy), ``registry`` (name table, plug-ins, composite), ``toys``,
+Modules: ``base`` (contract, failure policy), ``builtins`` (the table of built-in rewards), ``registry`` (names,
+plug-ins, composite), ``scorers`` (held-out metrics by name: the evaluation's and the scored validation's), ``toys``,
 ``videoalign`` (the reward callable) with ``videoalign_checkpoint`` (files, key remapping, loading),
 ``videoalign_model`` (network, pooling), ``videoalign_inputs`` (batch assembly), ``video_preprocess``
 (torch-only frame sampling/resize/patchify, mp4 IO), ``prompt_templates``, ``tiny`` (tiny checkpoints),

@@ -10,7 +10,10 @@ the others keep their scores) to batched calls:
 * the batch is scored in chunks of ``batch_size`` (all at once by default);
 * if a chunk raises, each of its samples is retried alone, so only the samples that fail on their own become
   NaN;
-* a sample with any non-finite metric becomes NaN in all metrics of that reward model.
+* a sample with any non-finite metric becomes NaN in all metrics of that reward model;
+* a sample whose video is not finite (NaN or inf pixels, e.g. sampled with weights holding NaN) is NaN without
+  being scored: a reward may well score it (a remote or mp4 reward turns NaN pixels into 0), and a finite reward
+  of a broken video would train on it and hide the failure from the failed-reward count.
 
 Each NaN comes with a ``RuntimeWarning`` naming the reward model, the prompt and the cause. Returning a
 mapping of the wrong shape is a programming error and raises instead.
@@ -75,6 +78,13 @@ def _score_chunk(fn: Callable, videos: torch.Tensor, prompts: Sequence[str], nam
     return _as_rows(output, len(prompts), name)
 
 
+def _finite_videos(videos: torch.Tensor) -> torch.Tensor:
+    """(B,) whether each video's pixels are all finite (integer videos always are)."""
+    if not videos.is_floating_point():
+        return torch.ones(videos.shape[0], dtype=torch.bool)
+    return torch.isfinite(videos.reshape(videos.shape[0], -1)).all(dim=1).cpu()
+
+
 def score_with_fallback(
     fn: Callable,
     videos: torch.Tensor,
@@ -89,9 +99,20 @@ def score_with_fallback(
     if videos.shape[0] != total:
         raise ValueError(f"{videos.shape[0]} videos but {total} prompts")
     step = batch_size or max(total, 1)
-    rows: list[dict | None] = []
-    for start in range(0, total, step):
-        rows += _score_chunk(fn, videos[start:start + step], prompts[start:start + step], name)
+    finite = _finite_videos(videos)
+    if finite.all():
+        rows: list[dict | None] = []
+        for start in range(0, total, step):
+            rows += _score_chunk(fn, videos[start:start + step], prompts[start:start + step], name)
+    else:  # the finite videos scored, in chunks of ``step``; the others failed
+        rows = [None] * total
+        scored = finite.nonzero().flatten().tolist()
+        for start in range(0, len(scored), step):
+            chunk = scored[start:start + step]
+            for i, row in zip(chunk, _score_chunk(fn, videos[chunk], [prompts[i] for i in chunk], name)):
+                rows[i] = row
+        for i in (~finite).nonzero().flatten().tolist():
+            _warn(name, prompts[i], "its video is not finite (NaN or inf pixels), so it is not scored")
 
     metrics = list(metric_names or ())
     for row in rows:

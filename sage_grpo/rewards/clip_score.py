@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
 CLIPSCORE_WEIGHT = 2.5  # w of CLIPScore = w * max(cos, 0)
 FRAMES_PER_FORWARD = 64  # frames per image-encoder call: a 121-frame 480p video in two calls
 

@@ -20,8 +20,6 @@ import torch
 
 from .clip_score import ClipFrameScorer
 
-PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
-PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 
 
 class PickScore:

@@ -26,8 +26,10 @@ a reward server instead. ``avg_term_weights`` gives the weight of every output k
 
 Plug-in rule (a config file is untrusted input, and it names the plug-in): a dotted path loads only a function or
 class marked with :func:`reward_plugin` in its own module. Before anything is imported, the module is located
-without importing it (nor its parent packages) and its source must use ``reward_plugin``; after the import the named
-object must carry the mark itself (not inherit it). So a config can pick among the reward plug-ins installed on the
+without importing it (nor its parent packages) and its source is parsed (``ast``, nothing runs): the named function
+or class must be defined there decorated with ``@reward_plugin`` (or assigned ``name = reward_plugin(...)`` at module
+level; a comment or string mentioning reward_plugin declares nothing). After the import the named object must carry
+the mark itself (not inherit it). So a config can pick among the reward plug-ins installed on the
 machine, never an arbitrary callable such as ``subprocess:Popen``, and never makes a module import that is not a
 reward module. ``kwargs`` / ``--reward_kwargs`` are JSON data (strings, numbers, booleans, null, lists, objects)
 passed to that one reward's constructor (or bound to that function) only.
@@ -35,12 +37,13 @@ passed to that one reward's constructor (or bound to that function) only.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import json
 import math
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,76 +52,11 @@ from sage_grpo.config.reward_weights import json_dict, number_dict, parse_reward
 from sage_grpo.config.schema import shorten
 
 from .base import RewardFn, metric_names_of, score_with_fallback
+from .builtins import BUILTIN_REWARDS, DEFAULT_VIDEOALIGN_WEIGHTS, RewardContext, RewardSpec
 from .remote import RemoteReward, RemoteSettings
-from .toys import TOY_REWARDS, BrightnessReward, TargetColorReward, TemporalSmoothnessReward, ToySuiteReward
-from .videoalign_inputs import SamplingOverrides
 
-DEFAULT_VIDEOALIGN_WEIGHTS = {"VQ": 0.5, "MQ": 0.5, "TA": 1.0}  # reference --reward_weights default
-EMPTY_VIDEOALIGN_WEIGHTS = {"VQ": 1.0, "MQ": 1.0, "TA": 1.0}  # reference fallback for empty reward_weights
 REMOTE_STUBS = ("video_align", "video_score2")
 ENTRY_KEYS = ("weight", "sub_reward", "kwargs")
-
-
-@dataclass(frozen=True)
-class RewardContext:
-    """Settings shared by all reward models of one composite (only VideoAlign uses most of them)."""
-
-    model_root: str | Path = "./ckpts"
-    checkpoint_mode: str = "v3"
-    device: str | torch.device = "cpu"
-    dtype: torch.dtype = torch.bfloat16
-    video_fps: float = 24.0
-    score_from_mp4: bool = False
-    videoalign_sampling: SamplingOverrides = SamplingOverrides()  # checkpoint's frame sampling unless overridden
-
-
-@dataclass(frozen=True)
-class RewardSpec:
-    """A built-in reward model: how to build it and which sub_reward weights it gets by default."""
-
-    build: Callable[[RewardContext, dict], RewardFn]
-    metric_names: tuple[str, ...]  # what the built callable returns, known before building it
-    default_weights: dict[str, float] | None  # when reward_weights is None
-    empty_weights: dict[str, float] | None  # when reward_weights is {} (the reference's fallback)
-
-
-def _build_videoalign(ctx: RewardContext, kwargs: dict) -> RewardFn:
-    from .videoalign import VideoAlignReward
-
-    return VideoAlignReward(
-        ctx.model_root, checkpoint_mode=ctx.checkpoint_mode, device=ctx.device, dtype=ctx.dtype,
-        video_fps=ctx.video_fps, from_mp4=ctx.score_from_mp4, sampling=ctx.videoalign_sampling, **kwargs,
-    )
-
-
-VIDEOALIGN_METRICS = ("VQ", "MQ", "TA", "Overall")  # VideoAlignReward.metric_names, without importing it
-
-BUILTIN_REWARDS: dict[str, RewardSpec] = {
-    "videoalign_local": RewardSpec(
-        _build_videoalign, VIDEOALIGN_METRICS, DEFAULT_VIDEOALIGN_WEIGHTS, EMPTY_VIDEOALIGN_WEIGHTS
-    ),
-    "brightness": RewardSpec(lambda ctx, kw: BrightnessReward(**kw), BrightnessReward.metric_names, None, None),
-    "target_color": RewardSpec(
-        lambda ctx, kw: TargetColorReward(**kw), TargetColorReward.metric_names, None, None
-    ),
-    "temporal_smoothness": RewardSpec(
-        lambda ctx, kw: TemporalSmoothnessReward(**kw), TemporalSmoothnessReward.metric_names, None, None
-    ),
-    "toy_suite": RewardSpec(lambda ctx, kw: ToySuiteReward(**kw), ToySuiteReward.metric_names, None, None),
-}
-
-
-def _toy_world_spec(name: str) -> RewardSpec:
-    """A toy-world reward (:data:`sage_grpo.rewards.toys.TOY_REWARDS`): its score is the GRPO reward, the diagnostics
-    weigh 0."""
-    def build(ctx: RewardContext, kwargs: dict) -> RewardFn:
-        return TOY_REWARDS[name](**kwargs)
-
-    metrics = (name, "manifold_error", "prompt_adherence")
-    return RewardSpec(build, metrics, {name: 1.0}, {name: 1.0})
-
-
-BUILTIN_REWARDS.update({name: _toy_world_spec(name) for name in ("toy_large", "toy_red", "toy_redness")})
 _REGISTERED: dict[str, str | Callable] = {}
 
 
@@ -181,9 +119,34 @@ def _split_plugin_path(path: str) -> tuple[str, str]:
     return module_name, attr
 
 
+def _decorator_name(node: ast.expr) -> str:
+    """``reward_plugin`` for ``@reward_plugin``, ``@rewards.reward_plugin`` and ``@reward_plugin(...)``."""
+    node = node.func if isinstance(node, ast.Call) else node
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def declares_plugin(source: str, attr: str) -> bool | None:
+    """Whether module ``source`` declares ``attr`` a reward plug-in where it defines it, read with ``ast`` (nothing
+    runs): a ``def`` or ``class`` named ``attr`` (a dotted ``attr`` through the classes' bodies) decorated with
+    ``@reward_plugin``, or a module-level assignment ``attr = reward_plugin(...)``. A comment or a string mentioning
+    reward_plugin declares nothing. None: the source defines no ``attr`` at all."""
+    body = ast.parse(source).body
+    *outer, name = attr.split(".")
+    for part in outer:
+        body = next((node.body for node in body if isinstance(node, ast.ClassDef) and node.name == part), [])
+    found = None
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            found = any(_decorator_name(d) == "reward_plugin" for d in node.decorator_list)
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            found = (not outer and isinstance(node.value, ast.Call) and _decorator_name(node.value) == "reward_plugin")
+    return found
+
+
 def import_object(path: str):
     """Import the reward plug-in ``"package.module:attr"`` or ``"package.module.attr"`` (``attr`` may be dotted after
-    ``:``), enforcing the plug-in rule of the module docstring."""
+    ``:``), enforcing the plug-in rule of the module docstring: the module's source must declare ``attr`` a plug-in
+    (:func:`declares_plugin`, checked without importing anything) before it is imported."""
     module_name, attr = _split_plugin_path(path)
     spec = _find_spec_without_import(module_name)
     if spec is None:
@@ -191,13 +154,17 @@ def import_object(path: str):
                           "installed, or its folder on PYTHONPATH?)")
     origin = Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
     try:
-        source = origin.read_text(encoding="utf-8") if origin is not None else ""
-    except (OSError, UnicodeDecodeError):
-        source = ""
-    if "reward_plugin" not in source:
-        raise ImportError(f"refusing reward plug-in {path!r}: {module_name!r} is not a reward module (its source "
-                          "does not use @reward_plugin). Mark the reward with @sage_grpo.rewards.reward_plugin, or "
-                          f"use a built-in reward: {sorted(BUILTIN_REWARDS)}")
+        declared = origin is not None and declares_plugin(origin.read_text(encoding="utf-8"), attr)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
+        declared = False  # unreadable, or not Python source: never imported
+    if declared is None:
+        raise ImportError(f"cannot import reward plug-in {path!r}: {module_name!r} has no attribute {attr!r} of its "
+                          "own (a plug-in is defined, and marked with @reward_plugin, in the module it is named by)")
+    if not declared:
+        raise ImportError(f"refusing reward plug-in {path!r}: {attr!r} is not marked with @reward_plugin where "
+                          f"{module_name!r} defines it (checked in its source, without running it). Decorate the "
+                          f"reward with @sage_grpo.rewards.reward_plugin, or use a built-in reward: "
+                          f"{sorted(BUILTIN_REWARDS)}")
     try:
         obj = importlib.import_module(module_name)
     except ImportError as exc:
@@ -297,14 +264,39 @@ def output_key(model: str, metric: str) -> str:
     return model if metric == model.lower() else f"{model}_{metric}"
 
 
-def _resolve_metric(model: str, metric: str, available: tuple[str, ...]) -> str:
+def _resolve_metric(model: str, metric: str, available: tuple[str, ...], fix: str = "") -> str:
     """Exact name, else the unique case-insensitive match (the reference tries lower case, then as given)."""
     if metric in available:
         return metric
     matches = [m for m in available if m.lower() == metric.lower()]
     if len(matches) != 1:
-        raise ValueError(f"reward model {model!r} has no metric {metric!r} for sub_reward; its metrics: {available}")
+        raise ValueError(f"reward model {model!r} has no metric {metric!r} for sub_reward; its metrics: {available}"
+                         + (f"; {fix}" if fix else ""))
     return matches[0]
+
+
+def declared_metrics(target: RewardSpec | Callable) -> tuple[str, ...] | None:
+    """The metrics a resolved reward (:func:`resolve_reward`) declares before it is built, or None."""
+    return target.metric_names if isinstance(target, RewardSpec) else metric_names_of(target)
+
+
+def _check_weights(model: str, sub_reward: dict[str, float], target, primary: bool) -> None:
+    """The sub-reward weights of ``model`` against the metrics it declares, before anything is built: one line naming
+    the mismatch and weights that would work. A plug-in that declares no ``metric_names`` is checked at its first
+    call, except against VideoAlign's weights (``--reward_weights``' default), which it cannot be meant to take."""
+    declared = declared_metrics(target)
+    spec_default = target.default_weights if isinstance(target, RewardSpec) else None
+    example = json.dumps(spec_default or {(declared or ("<its metric>",))[0]: 1.0})
+    fix = (f"use --reward_weights '{example}' (or '' to weigh its metrics equally)" if primary else
+           f"give its entry \"sub_reward\": {example} (or none, to weigh its metrics equally)")
+    if declared is None:
+        if sub_reward == DEFAULT_VIDEOALIGN_WEIGHTS and model not in BUILTIN_REWARDS:
+            raise ValueError(f"the weights {json.dumps(sub_reward)} are VideoAlign's (the default of "
+                             f"--reward_weights), and reward model {model!r} declares no metric_names to check them "
+                             f"against; {fix}, or declare its metrics (e.g. my_reward.metric_names = (\"score\",))")
+        return
+    for metric in sub_reward:
+        _resolve_metric(model, metric, declared, fix)
 
 
 class CompositeReward:
@@ -392,8 +384,10 @@ def build_reward_fn(
         reward_kwargs: constructor arguments of the primary model, dict or JSON (e.g. ``{"target_rgb": [0, 0, 1]}``
             for ``target_color``, ``{"checkpoint_step": 11352}`` for ``videoalign_local``).
         extra_models: further models ``{name: {"weight": w, "sub_reward": {...}, "kwargs": {...}}}`` (dict or
-            JSON); an entry named like ``reward_model`` replaces the primary entry (to give it a weight other than
-            1.0).
+            JSON; an entry may be the weight alone, ``{name: w}``, or None for 1.0; a built-in without sub_reward
+            gets its default weights, e.g. ``{"clipscore": 1.0}``); an entry named like ``reward_model`` updates the
+            primary entry (to give it a weight other than 1.0), which keeps its sub_reward and kwargs unless the
+            entry gives them.
         batch_size: videos per reward-model call (None: the whole batch; 1: the reference's one at a time).
         remote: score ``reward_model`` on the reward server these settings name (:mod:`.remote`) instead of
             building it here; further models (``extra_models``) stay local.
@@ -427,8 +421,15 @@ def plan_reward_models(
         sub_reward = weights
     kwargs = json_dict(reward_kwargs or {}, "reward_kwargs", '{"target_rgb": [0.0, 0.0, 1.0]}')
     entries = {name: {"weight": 1.0, "sub_reward": sub_reward, "kwargs": kwargs}}
-    entries.update(json_dict(extra_models or {}, "extra_models", '{"temporal_smoothness": {"weight": 0.5}}'))
+    extra = json_dict(extra_models or {}, "extra_models", '{"temporal_smoothness": {"weight": 0.5}}')
+    for model, entry in extra.items():  # a weight alone (or nothing: 1.0) is an entry too
+        entry = {"weight": 1.0 if entry is None else entry} if not isinstance(entry, Mapping) else entry
+        entries[model] = {**entries[model], **entry} if model in entries else entry  # the primary keeps the rest
     models = {model: _validate_entry(model, entry) for model, entry in entries.items()}
+    for model, cfg in models.items():  # a further built-in without sub_reward: its default weights, as the primary
+        default = BUILTIN_REWARDS[model].default_weights if model in BUILTIN_REWARDS else None
+        if model != name and cfg["sub_reward"] is None and default is not None:
+            cfg["sub_reward"] = dict(default)
     if len(models) == 1 and abs(models[name]["weight"] - 1.0) > 1e-6:
         raise ValueError(
             f"a single reward model must have weight 1.0, got {models[name]['weight']} for {name!r}; "
@@ -437,11 +438,19 @@ def plan_reward_models(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 or None (whole batch), got {batch_size}")
     for model, cfg in models.items():  # catch metric-name typos and bad plug-ins before loading any model
-        resolve_reward(model)
-        if model in BUILTIN_REWARDS and cfg["sub_reward"] is not None:
-            for metric in cfg["sub_reward"]:
-                _resolve_metric(model, metric, BUILTIN_REWARDS[model].metric_names)
+        target = resolve_reward(model)
+        if cfg["sub_reward"] is not None:
+            _check_weights(model, cfg["sub_reward"], target, primary=model == name)
     return models
+
+
+def check_reward_files(models: dict[str, dict], context: RewardContext) -> None:
+    """The model folders of the planned ``models`` that say which they load (CLIPScore, PickScore) exist; raises
+    FileNotFoundError naming the flag. Loads nothing."""
+    for model in models:
+        spec = BUILTIN_REWARDS.get(model)
+        if spec is not None and spec.files is not None:
+            spec.files(context)
 
 
 def avg_term_weights(models: dict[str, dict]) -> dict[str, float]:
@@ -451,11 +460,10 @@ def avg_term_weights(models: dict[str, dict]) -> dict[str, float]:
     nor declared ``metric_names`` has no known terms and is an error."""
     weights: dict[str, float] = {}
     for name, cfg in models.items():
-        target = resolve_reward(name)
         if cfg["sub_reward"] is not None:
             weights.update({output_key(name, m): cfg["weight"] * w for m, w in cfg["sub_reward"].items()})
             continue
-        metrics = target.metric_names if isinstance(target, RewardSpec) else metric_names_of(target)
+        metrics = declared_metrics(resolve_reward(name))
         if not metrics:
             raise ValueError(f"reward model {name!r} declares no metric_names and has no sub_reward weights, so its "
                              "terms are unknown before it runs; give it weights (--reward_weights '{\"score\": 1.0}') "

@@ -28,7 +28,9 @@ Start-up: the client probes ``GET /info`` once with ``probe_timeout_s`` (a few s
 a wrong URL or a silent server ends the run at once with one line naming the URL and what to check. A server
 started with ``--auth_token_file`` wants ``Authorization: Bearer <token>`` on every request; the client reads the
 token from the environment variable ``SAGE_GRPO_REWARD_TOKEN`` (never a flag: command lines are visible to every
-user of a machine through ``ps``).
+user of a machine through ``ps``). A URL carrying credentials (``user:password@``, a query string such as
+``?token=...``) is refused at start, in a message that shows it masked (:func:`redact_secrets`): the client never
+sends them, and the URL would be printed in the run summary and recorded in ``run_config.yaml`` and every checkpoint.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ import http.client
 import json
 import math
 import os
+import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from dataclasses import dataclass
@@ -48,6 +52,16 @@ import torch
 HEADER_LENGTH_BYTES = 4
 MAX_HEADER_BYTES = 1 << 20
 TOKEN_ENV = "SAGE_GRPO_REWARD_TOKEN"
+
+
+# userinfo after a scheme (``https://user:password@``), and a query string up to a space, quote or fragment
+_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@'\"]+@")
+_QUERY = re.compile(r"\?[^\s#'\"]+")
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with every URL's ``user:password@`` and every query string masked (``***@``, ``?***``)."""
+    return _QUERY.sub("?***", _USERINFO.sub(r"\g<scheme>***@", text))
 
 
 class RemoteRewardError(RuntimeError):
@@ -65,8 +79,14 @@ class RemoteSettings:
     probe_timeout_s: float = 5.0  # the one GET /info at start: a silent server ends the run in seconds
 
     def __post_init__(self):
+        shown = redact_secrets(self.url)
         if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"remote_reward_url {self.url!r} must be an http(s) URL, e.g. http://127.0.0.1:8765")
+            raise ValueError(f"remote_reward_url {shown!r} must be an http(s) URL, e.g. http://127.0.0.1:8765")
+        parts = urllib.parse.urlsplit(self.url)
+        if "@" in parts.netloc or parts.query or parts.fragment:
+            raise ValueError(f"remote_reward_url {shown!r} carries credentials or a query: give the address only "
+                             f"(http(s)://host:port[/path]); the server's token goes in the environment variable "
+                             f"{TOKEN_ENV}, never in the URL, which is printed and recorded in run_config.yaml")
         if self.retries < 0:
             raise ValueError(f"remote_reward_retries must be >= 0, got {self.retries}")
         if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):

@@ -15,20 +15,40 @@ anything else the server did not expect is a 500, which the client retries. Requ
 
 A server on a shared cluster meets stalled and hostile clients, so every resource a connection takes is bounded:
 
+* a new connection has ``header_timeout_s`` (1 s) to deliver its request line and headers, then it is closed: a
+  client that has not authenticated holds a thread for about a second at most, however slowly it trickles;
+* a request holds one of the ``max_connections`` serving slots only once its headers have arrived and its token is
+  accepted; the next authenticated request gets 503 (the client retries 5xx). Connections that have not got that
+  far are capped separately (``max_pending_connections``, beyond which a new connection gets 503 at once), so idle
+  or trickling strangers cannot take the slots of the trainers;
 * a connection that sends nothing for ``idle_timeout_s`` is dropped, and so is one that has not delivered its whole
-  request within ``request_timeout_s`` (a client trickling one byte a second cannot hold a thread forever);
-* at most ``max_connections`` connections are served at once; the next one gets an immediate 503 and is closed;
+  request within ``request_timeout_s`` (a client trickling its body one byte a second cannot hold a slot forever);
 * request bodies held in memory at once (read, queued for the model, being scored) total at most
-  ``max_buffered_bytes``; a request that would pass it gets 503 before its body is read (the client retries 5xx);
+  ``max_buffered_bytes``; a request that would pass it gets 503 before its body is read. Each body is held once: it
+  is read into one buffer of its ``Content-Length`` and the frames handed to the model are a view of it; the one
+  request being scored adds its current chunk of ``--reward_batch_size`` videos in float32 (4 bytes per value) and
+  what the model itself needs, so memory is bounded by ``max_buffered_bytes`` plus one chunk;
 * with ``--auth_token_file`` every request must carry ``Authorization: Bearer <token>`` (compared in constant
   time); anything else gets 401 before its body is read;
 * the JSON header may nest at most ``MAX_JSON_DEPTH`` levels (the expected one has 2), checked before parsing, so a
   deeply nested header is a 400, not a recursion error.
+
+The server's log lines show request paths with any query string masked (``?***``), so a token a client put in a URL
+is not printed; ``sage-grpo serve-reward`` warns at start when it listens beyond the loopback interface without a
+token.
+
+Why ``http.server`` and not an ASGI server or aiohttp (tried, docs/configuration.md "Why the standard library"):
+uvicorn bounds no request head in time, so connections trickling a header kept its ``limit_concurrency`` slots past
+its keep-alive timeout and every authenticated request got 503; aiohttp closes a connection without a complete head
+after its keep-alive timeout, but the rest (the token before the body, the buffered-bytes cap, one copy of the body,
+the body's deadline) is this module's code either way, and it would add eight packages (five compiled) to every
+install for this one optional process.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import math
 import re
@@ -43,7 +63,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 from .base import metric_names_of, score_with_fallback
-from .remote import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES
+from .remote import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, redact_secrets
 
 HEADER_KEYS = {"prompts", "shape", "dtype", "video_fps"}
 MAX_JSON_DEPTH = 4  # the header is {"prompts": [...], "shape": [...]}: depth 2
@@ -63,7 +83,9 @@ class ServerLimits:
     max_side: int = 4096
     max_prompt_chars: int = 20000
     max_buffered_bytes: int = 2 << 30  # request bodies in memory at once, over all connections
-    max_connections: int = 16
+    max_connections: int = 16  # authenticated requests served at once
+    max_pending_connections: int = 256  # connections not (yet) holding a serving slot
+    header_timeout_s: float = 1.0  # longest time to deliver the request line and headers (before authentication)
     idle_timeout_s: float = 30.0  # longest silence while a request is read (or its answer written)
     request_timeout_s: float = 300.0  # longest time to deliver one whole request (headers and body)
 
@@ -130,11 +152,12 @@ def decode_request(body: bytes | bytearray, limits: ServerLimits, video_fps: flo
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or float(fps) != video_fps:
         raise RequestError(f"video_fps {fps!r} is not the server's {video_fps} (its --video_fps); frames would be "
                            "sampled at the wrong times")
-    payload = memoryview(body)[HEADER_LENGTH_BYTES + header_length:]
-    if len(payload) != math.prod(shape):
-        raise RequestError(f"{len(payload)} frame bytes do not fill shape {shape} ({math.prod(shape)} bytes)")
-    videos = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(shape)
-    return videos.permute(0, 4, 1, 2, 3).contiguous(), prompts  # (B, 3, F, H, W), laid out as a local batch
+    offset = HEADER_LENGTH_BYTES + header_length
+    if len(body) - offset != math.prod(shape):
+        raise RequestError(f"{len(body) - offset} frame bytes do not fill shape {shape} ({math.prod(shape)} bytes)")
+    buffer = body if isinstance(body, bytearray) else bytearray(body)  # the server's own bytearray: used in place
+    videos = torch.frombuffer(buffer, dtype=torch.uint8, offset=offset, count=math.prod(shape)).view(shape)
+    return videos.permute(0, 4, 1, 2, 3), prompts  # (B, 3, F, H, W): a view of the body, no copy
 
 
 class RewardService:
@@ -150,6 +173,7 @@ class RewardService:
         self.limits = limits
         self.metric_names = metric_names_of(reward_fn)
         self._expected_authorization = None if auth_token is None else f"Bearer {auth_token}".encode()
+        self.requires_token = auth_token is not None
         self._lock = threading.Lock()
         self._buffer_lock = threading.Lock()
         self.buffered_bytes = 0
@@ -179,7 +203,9 @@ class RewardService:
             self.buffered_bytes -= num_bytes
 
     def _reward_of_uint8(self, videos: torch.Tensor, prompts: list[str]):
-        return self.reward_fn(videos.float() / 255.0, prompts)  # per chunk: the float copy stays chunk-sized
+        # per chunk, one float copy laid out (B, 3, F, H, W) and scaled in place: the same values as float() / 255
+        frames = torch.empty(videos.shape, dtype=torch.float32).copy_(videos).div_(255.0)
+        return self.reward_fn(frames, prompts)
 
     def score(self, body: bytes | bytearray) -> dict:
         videos, prompts = decode_request(body, self.limits, self.video_fps)
@@ -202,10 +228,14 @@ def _handler_class(service: RewardService) -> type[BaseHTTPRequestHandler]:
 
         def setup(self):
             super().setup()
-            # a hard bound on delivering the request: shutting the socket down ends any blocked read with EOF
-            self._deadline = threading.Timer(service.limits.request_timeout_s, self._drop)
-            self._deadline.daemon = True
-            self._deadline.start()
+            self._slot = False
+            # hard bounds: shutting the socket down ends any blocked read with EOF. The head's is short: until its
+            # headers have arrived a client is unauthenticated; the whole request's covers a trickled body
+            self._deadlines = [threading.Timer(seconds, self._drop) for seconds in
+                               (service.limits.header_timeout_s, service.limits.request_timeout_s)]
+            for deadline in self._deadlines:
+                deadline.daemon = True
+                deadline.start()
 
         def _drop(self) -> None:
             try:
@@ -213,9 +243,20 @@ def _handler_class(service: RewardService) -> type[BaseHTTPRequestHandler]:
             except OSError:
                 pass
 
+        def parse_request(self) -> bool:  # reads the headers: the head has arrived when it returns
+            parsed = super().parse_request()
+            self._deadlines[0].cancel()
+            return parsed
+
         def finish(self):
-            self._deadline.cancel()
+            for deadline in self._deadlines:
+                deadline.cancel()
+            if self._slot:
+                self.server.release_slot()
             super().finish()
+
+        def log_message(self, format, *args):  # noqa: A002 - http.server's signature
+            super().log_message("%s", redact_secrets(format % args))  # no query string or userinfo in a log line
 
         def _answer(self, status: int, payload: dict) -> None:
             data = json.dumps(payload).encode()
@@ -227,25 +268,31 @@ def _handler_class(service: RewardService) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _refuse_unauthorized(self) -> bool:
-            if service.authorized(self.headers.get("Authorization")):
+        def _admitted(self) -> bool:
+            """Authenticated and holding a serving slot; otherwise answered (401 or 503), closed, False."""
+            if not service.authorized(self.headers.get("Authorization")):
+                self.close_connection = True  # the body, if any, is never read
+                self._answer(401, {"error": "missing or wrong token: send 'Authorization: Bearer <token>' with the "
+                                            "token of the server's --auth_token_file (the client reads it from "
+                                            "SAGE_GRPO_REWARD_TOKEN)"})
                 return False
-            self.close_connection = True  # the body, if any, is never read
-            self._answer(401, {"error": "missing or wrong token: send 'Authorization: Bearer <token>' with the "
-                                        "token of the server's --auth_token_file (the client reads it from "
-                                        "SAGE_GRPO_REWARD_TOKEN)"})
-            return True
+            self._slot = self.server.take_slot()
+            if not self._slot:
+                self.close_connection = True
+                self._answer(503, {"error": f"the reward server is serving --max_connections "
+                                            f"{service.limits.max_connections} requests; retry later"})
+            return self._slot
 
         def do_GET(self):  # noqa: N802 - http.server's naming
-            self._deadline.cancel()
-            if self._refuse_unauthorized():
+            self._deadlines[1].cancel()
+            if not self._admitted():
                 return
             if self.path != "/info":
                 return self._answer(404, {"error": f"unknown path {self.path!r}; use GET /info or POST /score"})
             self._answer(200, service.info())
 
         def do_POST(self):  # noqa: N802
-            if self._refuse_unauthorized():
+            if not self._admitted():
                 return
             if self.path != "/score":
                 self.close_connection = True
@@ -264,7 +311,7 @@ def _handler_class(service: RewardService) -> type[BaseHTTPRequestHandler]:
         def _score(self, length: int) -> None:
             try:
                 body = self._read_body(length)
-                self._deadline.cancel()  # delivered: scoring may take as long as the model needs
+                self._deadlines[1].cancel()  # delivered: scoring may take as long as the model needs
                 self._answer(200, service.score(body))
             except _ConnectionDropped:
                 self.close_connection = True
@@ -284,45 +331,57 @@ def _handler_class(service: RewardService) -> type[BaseHTTPRequestHandler]:
             return int(length)
 
         def _read_body(self, length: int) -> bytearray:
-            body = bytearray()
-            while len(body) < length:  # each read waits at most idle_timeout_s; the deadline bounds the total
-                try:
-                    chunk = self.rfile.read(min(BODY_CHUNK_BYTES, length - len(body)))
-                except (TimeoutError, ConnectionError) as err:
-                    raise _ConnectionDropped() from err
-                if not chunk:
-                    raise _ConnectionDropped()
-                body += chunk
+            """The body, read into one buffer of its length (no growing copies; the frames become a view of it)."""
+            body = bytearray(length)
+            with memoryview(body) as view:
+                done = 0
+                while done < length:  # each read waits at most idle_timeout_s; the deadline bounds the total
+                    try:
+                        count = self.rfile.readinto(view[done:done + BODY_CHUNK_BYTES])
+                    except (TimeoutError, ConnectionError) as err:
+                        raise _ConnectionDropped() from err
+                    if not count:
+                        raise _ConnectionDropped()
+                    done += count
             return body
 
     return Handler
 
 
 class RewardHTTPServer(ThreadingHTTPServer):
-    """The threaded server with a cap on concurrent connections (the next one gets 503 and is closed at once)."""
+    """The threaded server: every connection has a thread, at most ``max_connections + max_pending_connections`` at
+    once (the next one gets 503 and is closed); an authenticated request takes one of ``max_connections`` serving
+    slots (:meth:`take_slot`) for as long as it is read, scored and answered."""
 
     daemon_threads = True
 
-    def __init__(self, address, handler_class, max_connections: int):
-        self._slots = threading.BoundedSemaphore(max_connections)
+    def __init__(self, address, handler_class, limits: ServerLimits):
+        self._open = threading.BoundedSemaphore(limits.max_connections + limits.max_pending_connections)
+        self._slots = threading.BoundedSemaphore(limits.max_connections)
         super().__init__(address, handler_class)
 
+    def take_slot(self) -> bool:
+        return self._slots.acquire(blocking=False)
+
+    def release_slot(self) -> None:
+        self._slots.release()
+
     def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
+        if not self._open.acquire(blocking=False):
             _refuse_busy(request)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
-        except BaseException:  # the thread did not start: its slot would never come back
-            self._slots.release()
+        except BaseException:  # the thread did not start: its place would never come back
+            self._open.release()
             raise
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._open.release()
 
     def handle_error(self, request, client_address):
         err = sys.exc_info()[1]
@@ -334,7 +393,7 @@ class RewardHTTPServer(ThreadingHTTPServer):
 
 def _refuse_busy(request: socket.socket) -> None:
     """Answer 503 from the accepting thread: a few hundred bytes fit any send buffer, and the timeout bounds it."""
-    data = b'{"error": "the reward server is at its connection limit (--max_connections); retry later"}'
+    data = b'{"error": "the reward server has as many connections open as it allows; retry later"}'
     try:
         request.settimeout(1.0)
         request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -345,7 +404,22 @@ def _refuse_busy(request: socket.socket) -> None:
 
 def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 8765) -> RewardHTTPServer:
     """A threaded HTTP server for ``service`` (port 0 picks a free port: see ``server.server_address``)."""
-    return RewardHTTPServer((host, port), _handler_class(service), service.limits.max_connections)
+    return RewardHTTPServer((host, port), _handler_class(service), service.limits)
+
+
+def exposure_warning(bound_host: str, service: RewardService) -> str | None:
+    """The warning for a server reachable from other machines without a token (None on the loopback interface or
+    with ``--auth_token_file``); ``bound_host`` is the address the socket is bound to."""
+    if service.requires_token:
+        return None
+    try:
+        if ipaddress.ip_address(bound_host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    return (f"warning: the reward server listens on {bound_host}, reachable from other machines, without "
+            "--auth_token_file: anyone who reaches the port can use the reward model and its GPU; pass "
+            "--auth_token_file (the trainers then set SAGE_GRPO_REWARD_TOKEN) or --host 127.0.0.1")
 
 
 def read_auth_token(path: str) -> str:
@@ -378,7 +452,8 @@ def service_from_config(cfg) -> RewardService:
     limits = ServerLimits(max_request_bytes=cfg.max_request_mb << 20,
                           max_videos_per_request=cfg.max_videos_per_request,
                           max_buffered_bytes=cfg.max_buffered_mb << 20, max_connections=cfg.max_connections,
-                          idle_timeout_s=cfg.idle_timeout_s, request_timeout_s=cfg.request_timeout_s)
+                          header_timeout_s=cfg.header_timeout_s, idle_timeout_s=cfg.idle_timeout_s,
+                          request_timeout_s=cfg.request_timeout_s)
     token = read_auth_token(cfg.auth_token_file) if cfg.auth_token_file else None  # before the model loads
     return RewardService(make_reward(name, ctx, models[name]["kwargs"]), name, video_fps=cfg.video_fps,
                          batch_size=cfg.reward_batch_size, limits=limits, auth_token=token)

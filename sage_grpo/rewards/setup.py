@@ -1,9 +1,10 @@
 """What the trainer checks and builds besides its models (those are :mod:`sage_grpo.models.bundle`): the reward
-configuration, parsed and checked once before any model loads (:class:`RewardPlan`), and the reward callable.
+configuration, parsed and checked once before any model loads (:class:`RewardPlan`), the reward callable, and the
+held-out metrics of the scored validation (``--validation_metrics``: :mod:`sage_grpo.rewards.scorers`).
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -12,7 +13,9 @@ from sage_grpo.config.validation import ConfigError
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.rewards import avg_term_weights, build_reward_fn, plan_reward_models
-from sage_grpo.rewards.registry import RewardContext
+from sage_grpo.rewards.builtins import RewardContext
+from sage_grpo.rewards.registry import check_reward_files
+from sage_grpo.rewards.scorers import MetricPlan, Scorers, held_out, plan_metrics
 from sage_grpo.rewards.remote import RemoteSettings
 from sage_grpo.rewards.videoalign_inputs import SamplingOverrides
 from sage_grpo.rl import RewardAggregation
@@ -30,14 +33,18 @@ class RewardPlan:
     sampling: SamplingOverrides  # --videoalign_fps / --videoalign_num_frames / --videoalign_max_pixels
     remote: Optional[RemoteSettings]  # --remote_reward_url and its retries and timeout; None: score locally
     aggregation: RewardAggregation  # --reward_aggregation with the weight of every term of avg
+    models: Dict[str, dict]  # every reward model of avg (--reward_model, --extra_rewards): {name: entry}
+    held_out: Optional[MetricPlan] = None  # --validation_metrics not trained on; None: the training reward alone
+    notes: tuple = ()
 
 
 def check_reward_config(cfg: TrainConfig) -> RewardPlan:
     """Parse and validate the reward configuration and resolve its names (plug-ins imported under the plug-in rule
-    of :mod:`sage_grpo.rewards.registry`) without building any reward model."""
+    of :mod:`sage_grpo.rewards.registry`) without building any reward model; the scorers' folders are found."""
     try:
         weights = parse_reward_weights(cfg.reward_weights)
-        models = plan_reward_models(cfg.reward_model, weights, cfg.reward_kwargs, batch_size=cfg.reward_batch_size)
+        models = plan_reward_models(cfg.reward_model, weights, cfg.reward_kwargs, cfg.extra_rewards,
+                                    batch_size=cfg.reward_batch_size)
         aggregation = RewardAggregation(cfg.reward_aggregation, avg_term_weights(models)
                                         if cfg.reward_aggregation == "advantage" else None)
     except (ValueError, ImportError, TypeError) as err:
@@ -46,13 +53,44 @@ def check_reward_config(cfg: TrainConfig) -> RewardPlan:
         sampling = SamplingOverrides(cfg.videoalign_fps, cfg.videoalign_num_frames, cfg.videoalign_max_pixels)
         remote = (RemoteSettings(cfg.remote_reward_url, cfg.remote_reward_retries, cfg.remote_reward_timeout)
                   if cfg.remote_reward_url else None)
-    except ValueError as err:
+        context = reward_context(cfg, sampling, "cpu")
+        check_reward_files({m: e for m, e in models.items() if remote is None or m != next(iter(models))}, context)
+        held_out, notes = _held_out_metrics(cfg, models)
+    except (ValueError, FileNotFoundError) as err:
         raise ConfigError(str(err)) from None
-    return RewardPlan(weights, sampling, remote, aggregation)
+    return RewardPlan(weights, sampling, remote, aggregation, models, held_out, tuple(notes))
+
+
+def _held_out_metrics(cfg: TrainConfig, trained: Dict[str, dict]):
+    """``--validation_metrics`` planned (names checked, folders found), without those the training reward scores
+    already (its sub-rewards are logged anyway); None when no validation runs or none is left."""
+    kept, dropped = held_out(cfg.validation_metrics or [], trained)
+    notes: List[str] = [f"--validation_metrics {name}: the training reward scores the validation videos already "
+                        "(Validation/<its keys>)" for name in dropped]
+    if kept and not (cfg.validation_interval > 0 or cfg.validate_at_step0):
+        notes.append("--validation_metrics is set but no validation runs (--validation_interval 0, "
+                     "--validate_at_step0 false)")
+        return None, notes
+    plan = plan_metrics(kept, model_root=cfg.pretrained_model_root, clip_model=cfg.clip_model,
+                        pickscore_model=cfg.pickscore_model, pickscore_processor=cfg.pickscore_processor,
+                        flag="--validation_metrics") if kept else None
+    return plan, notes
+
+
+def reward_context(cfg: TrainConfig, sampling: SamplingOverrides, device) -> RewardContext:
+    return RewardContext(cfg.pretrained_model_root, cfg.reward_checkpoint_mode, device, DTYPES[cfg.dtype],
+                         cfg.video_fps, cfg.reward_from_mp4, sampling, cfg.clip_model, cfg.pickscore_model,
+                         cfg.pickscore_processor)
 
 
 def build_reward(cfg: TrainConfig, plan: RewardPlan, device: torch.device) -> Callable:
-    context = RewardContext(cfg.pretrained_model_root, cfg.reward_checkpoint_mode, device, DTYPES[cfg.dtype],
-                            cfg.video_fps, cfg.reward_from_mp4, plan.sampling)
-    return build_reward_fn(cfg.reward_model, plan.weights, context=context, batch_size=cfg.reward_batch_size,
-                           reward_kwargs=cfg.reward_kwargs, remote=plan.remote)
+    return build_reward_fn(cfg.reward_model, plan.weights, context=reward_context(cfg, plan.sampling, device),
+                           batch_size=cfg.reward_batch_size, reward_kwargs=cfg.reward_kwargs,
+                           extra_models=cfg.extra_rewards, remote=plan.remote)
+
+
+def build_held_out_scorers(cfg: TrainConfig, plan: RewardPlan, device: torch.device) -> Optional[Scorers]:
+    """The held-out metrics' scorers (main process only), or None."""
+    if plan.held_out is None:
+        return None
+    return Scorers(plan.held_out, cfg.pretrained_model_root, device, DTYPES[cfg.dtype])

@@ -223,8 +223,7 @@ def write_tiny_clip_scorers(root: str | Path, *, seed: int = 0) -> Path:
     gives (``<root>/<hub repo name>``): ``clip-vit-large-patch14/`` (CLIPModel + its processor),
     ``PickScore_v1/`` (CLIPModel only, logit scale ln 100) and ``CLIP-ViT-H-14-laion2B-s32B-b79K/`` (the processor
     PickScore uses). transformers' own classes, 1-layer towers; a seed gives identical files."""
-    from .clip_score import DEFAULT_CLIP_MODEL
-    from .pick_score import PICKSCORE_MODEL, PICKSCORE_PROCESSOR
+    from sage_grpo.config.train import DEFAULT_CLIP_MODEL, PICKSCORE_MODEL, PICKSCORE_PROCESSOR
 
     root = Path(root)
     processor = _tiny_clip_processor()

@@ -32,7 +32,7 @@ from sage_grpo.config.schema import from_dict, load_yaml
 from sage_grpo.config.validation import validation_flow_shift
 from sage_grpo.models.loading import load_transformer
 from sage_grpo.pipeline.sampler import Sampler
-from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics, summarize_run
+from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics, summarize_run, training_rows
 from sage_grpo.toy.manifold import fit_manifold, prompt_adherence
 
 KL_YARDSTICK = ("sage_grpo", 0.5)  # the common SDE under which every run's KL to the pretrained model is measured
@@ -117,7 +117,7 @@ def run_one(cfg: TrainConfig, prompts: Sequence[str], window: int, log=print) ->
     trainer = run_training(cfg)
     wall = time.perf_counter() - start
     pretrained = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, torch.float32, "cpu")
-    rows = read_metrics(Path(cfg.output_dir))
+    rows = training_rows(read_metrics(Path(cfg.output_dir)))
     summary = summarize_run(rows, window)
     key = manifold_error_key(rows)
     result = {"reward_gain": summary["gain"], "manifold_last": summary.get("manifold_last_mean", float("nan")),

@@ -131,21 +131,28 @@ class BarPanel:
 
 def plot_bars(panels: Sequence[BarPanel], path, *, title: str = "", columns: int = 3, panel_width: int = 300,
               panel_height: int = 260) -> Path:
-    """Bar charts, one panel per metric laid out in ``columns``, bars coloured by name (legend on top); one PNG."""
+    """Bar charts, one panel per metric laid out in ``columns``, bars coloured by name (legend on top); one PNG. The
+    picture is widened (and the panels) until the title, every legend name and every panel title fit whole."""
     from PIL import Image, ImageDraw
 
     names = list(dict.fromkeys(name for panel in panels for name in panel.names))
     legend = 16 * len(names) + 8
     top = (30 if title else 10) + legend
     rows = max(1, math.ceil(len(panels) / columns))
-    image = Image.new("RGB", (panel_width * min(columns, max(len(panels), 1)), top + panel_height * rows), "white")
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    shown_columns = min(columns, max(len(panels), 1))
+    panel_width = max([panel_width] + [70 + math.ceil(measure.textlength(panel.title)) for panel in panels])
+    width = max([panel_width * shown_columns, 20 + math.ceil(measure.textlength(title))]
+                + [38 + math.ceil(measure.textlength(name)) for name in names])
+    panel_width = width // shown_columns  # the panels share any room the legend asked for
+    image = Image.new("RGB", (width, top + panel_height * rows), "white")
     draw = ImageDraw.Draw(image)
     if title:
         draw.text((10, 8), title, fill="black")
     for number, name in enumerate(names):
         y = top - legend + 16 * number
         draw.rectangle((10, y + 2, 22, y + 12), fill=COLOURS[number % len(COLOURS)])
-        draw.text((28, y), name[:80], fill="black")
+        draw.text((28, y), name, fill="black")
     for index, panel in enumerate(panels):
         x0, y0 = (index % columns) * panel_width, top + (index // columns) * panel_height
         box = (x0 + 60, y0 + 24, x0 + panel_width - 10, y0 + panel_height - 16)

@@ -4,7 +4,8 @@ Run directory (``--output_dir``)::
 
     run_config.yaml            resolved configuration (pass it back with --config to repeat the run)
     train.log                  the console lines
-    metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}
+    metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}, and one per validation:
+                               {"step": ..., "Validation/<key>": value, ...} (validation_rows / training_rows)
     tb/                        TensorBoard scalars, tags grouped as the reference: Reward/, KL/, Time/, Train/
     wandb/, swanlog/           the wandb and SwanLab run files (--report_to wandb / swanlab; tracking/trackers.py)
     trackers.json              the tracker run ids a resumed run continues
@@ -14,6 +15,7 @@ Run directory (``--output_dir``)::
 """
 
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -26,17 +28,22 @@ from tqdm.auto import tqdm
 
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.faults import fault_point
-from sage_grpo.safe_io import atomic_write
+from sage_grpo.safe_io import atomic_write, check_output_outside_inputs
 from sage_grpo.tracking.trackers import RUN_IDS_FILE, LoggedVideo
 
 RUN_MARKER = "run_config.yaml"
 
 
-def check_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> None:
-    """Refuse, before anything loads, to mix two runs in one directory (changes nothing on disk)."""
+def check_run_dir(output_dir: str, *, resuming: bool, overwrite: bool, inputs: Optional[Dict] = None) -> None:
+    """Refuse, before anything loads, to mix two runs in one directory, or to write inside what the run reads
+    (``inputs``: {flag: path}); changes nothing on disk."""
     run_dir = Path(output_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir} is a file, not a directory; pass a directory path")
+    try:
+        check_output_outside_inputs(run_dir, "--output_dir", inputs or {})
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if (run_dir / RUN_MARKER).exists() and not (resuming or overwrite):
         raise ConfigError(f"--output_dir {output_dir} already holds a run ({RUN_MARKER} exists). Use a new "
                           "--output_dir, continue it with --resume_from_checkpoint latest, or pass "
@@ -65,7 +72,10 @@ def _remove_previous_run(run_dir: Path) -> None:
 
 
 def tensorboard_tag(name: str) -> str:
-    """The reference's tag routing: reward -> Reward/, kl -> KL/, time -> Time/, everything else -> Train/."""
+    """The reference's tag routing: reward -> Reward/, kl -> KL/, time -> Time/, everything else -> Train/; a name
+    that carries its group already (``Validation/avg``) stays as it is."""
+    if "/" in name:
+        return name
     lowered = name.lower()
     for key, group in (("reward", "Reward"), ("kl", "KL"), ("time", "Time")):
         if key in lowered:
@@ -101,7 +111,8 @@ def startup_summary(cfg, dims, run_dir: Path, device) -> List[str]:
     return ["run summary:",
             f"  run directory  {run_dir}",
             f"  model root     {cfg.pretrained_model_root} (transformer {cfg.pretrained_transformer_version}{adapters})",
-            f"  reward         {reward}, weights {cfg.reward_weights}",
+            f"  reward         {reward}, weights {cfg.reward_weights}"
+            + (f", plus {cfg.extra_rewards}" if cfg.extra_rewards else ""),
             f"  world          {dims.world_size} process(es) = dp {dims.dp_size} x sp {dims.sp_size} on {device}",
             f"  dtype          {cfg.dtype}",
             f"  steps          to {cfg.max_steps}, {cfg.batch_size * dims.dp_size} videos per step"]
@@ -174,6 +185,18 @@ class MetricsLogger:
             eta = eta_text(step - first, self.max_steps - first, now - started) if self.max_steps else ""
             self.info(console_line(step, clean) + (f" | {eta}" if eta else ""))
 
+    def log_validation(self, step: int, metrics: Dict[str, float]) -> None:
+        """A validation's ``Validation/...`` metrics at global step ``step`` (0: before training): a row of their own
+        in ``metrics.jsonl``, the trackers' scalars under their own names, and one console line."""
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        with open(self.run_dir / "metrics.jsonl", "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        for tracker in self.trackers:
+            tracker.log_scalars({tensorboard_tag(name): value for name, value in row.items() if name != "step"}, step)
+        self.info(validation_line(step, row))
+
     def log_videos(self, key: str, videos: List[LoggedVideo], step: int) -> None:
         """Videos the run wrote (rollouts, validation), as media of global step ``step``."""
         if self.enabled and videos:
@@ -186,9 +209,31 @@ class MetricsLogger:
         self.trackers = []
 
 
+def validation_line(step: int, metrics: Dict[str, float]) -> str:
+    """``validation at step 25 | avg 0.6123 | toy_large 0.6123 | clipscore 0.3012 | 1.2 s``: every score, no times."""
+    prefix = "Validation/"
+    scores = [f"{key[len(prefix):]} {value:.4g}" for key, value in metrics.items()
+              if key.startswith(prefix) and not key.endswith("time")]
+    return " | ".join([f"validation at step {step}", *scores, f"{metrics.get(prefix + 'time', 0.0):.1f} s"])
+
+
+def is_validation_row(row: dict) -> bool:
+    return any(key.startswith("Validation/") for key in row)
+
+
+def training_rows(rows: list) -> list:
+    """The rows of training steps (``read_metrics`` gives the validation rows too)."""
+    return [row for row in rows if not is_validation_row(row)]
+
+
+def validation_rows(rows: list) -> list:
+    return [row for row in rows if is_validation_row(row)]
+
+
 def read_metrics(run_dir: Path) -> list:
-    """All rows of ``metrics.jsonl`` (for plots and tests). A line that is not a JSON object (a kill mid-write
-    leaves a torn last line) is dropped with a warning."""
+    """All rows of ``metrics.jsonl`` (for plots and tests). A line that is not a JSON object with a step number (a
+    kill mid-write leaves a torn last line; the file is read back, so a line may be anything: nested thousands deep,
+    a number of thousands of digits) is dropped with a warning. Read a row's values with :func:`metric_value`."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
@@ -198,14 +243,26 @@ def read_metrics(run_dir: Path) -> list:
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError, an integer too long to convert, deep nesting
             row = None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        if not isinstance(row, dict) or type(row.get("step")) is not int or not 0 <= row["step"] < 2**63:
             warnings.warn(f"{path}, line {number}: not a complete metrics row (an interrupted write?); dropped",
                           RuntimeWarning, stacklevel=2)
             continue
         rows.append(row)
     return rows
+
+
+def metric_value(row: dict, key: str) -> Optional[float]:
+    """The finite number a metrics row logs under ``key``, else None (absent, NaN, inf, not a number, too large)."""
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond the float range
+        return None
+    return value if math.isfinite(value) else None
 
 
 # the phases of a step; they add up to the step's wall time (other_time: the rest of train_step). The background
@@ -225,6 +282,7 @@ def summarize_run(rows: list, window: int) -> Dict[str, float]:
     """What a run learned, from its ``metrics.jsonl`` rows: the mean GRPO reward of the first and the last ``window``
     steps, the gain, the step-to-step std of the first window and gain / std; the same window means and the maximum
     of the manifold error when a toy reward logs one; the mean seconds per step (sum of the phase times)."""
+    rows = training_rows(rows)
     if len(rows) < 2 * window:
         raise ValueError(f"need at least {2 * window} logged steps, got {len(rows)}")
     reward = [row["gathered_avg_reward_mean"] for row in rows]

@@ -175,7 +175,10 @@ def read_run_ids(run_dir: Path) -> Dict[str, str]:
     path = run_dir / RUN_IDS_FILE
     if not path.exists():
         return {}
-    ids = json.loads(path.read_text())
+    try:
+        ids = json.loads(path.read_text())
+    except (ValueError, RecursionError):  # ValueError: JSON, UTF-8, an integer of 4300+ digits
+        ids = None
     if not isinstance(ids, dict) or not all(isinstance(v, str) for v in ids.values()):
         raise ConfigError(f"{path} is not a JSON object of tracker run ids; delete it to start new tracker runs")
     return ids

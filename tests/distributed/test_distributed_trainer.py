@@ -130,11 +130,12 @@ def dp2_post_train(root, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dp2_sp2(root, tmp_path_factory):
-    """4 processes, 2 steps, Muon on shards and a sharded CPU-offloaded reference; anchor refreshed every update."""
+    """4 processes, 2 steps, Muon on shards and a sharded CPU-offloaded reference; anchor refreshed every update; an
+    EMA of the weights."""
     base = tmp_path_factory.mktemp("dp2sp2")
     flags = tiny_flags(root, base / "run", "--batch_size", "2", "--sp_size", "2", "--enable_fsdp", "true",
                        "--use_muon", "true", "--reference_placement", "cpu", "--gradient_reduction", "per_update",
-                       "--update_ref_model_step", "1", "--grpo_sampling_steps", "2")
+                       "--update_ref_model_step", "1", "--grpo_sampling_steps", "2", "--ema_decay", "0.5")
     report = run_script(4, base / "report", *flags, "--max_steps", "2")
     return base, flags, report
 
@@ -209,9 +210,11 @@ def test_dp2_sp2_checkpoint_resumes_on_two_processes(dp2_sp2):
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["kl_moving"] == 0.0  # anchor = policy after the refresh
     resumed = run_script(2, base / "resumed", *flags, "--sp_size", "1", "--max_steps", "3",
                          "--resume_from_checkpoint", "latest", "--previous_report_dir", str(base / "report"))
-    # DCP resharded 4 -> 2 ranks: the weights and the moving anchor are exactly the checkpointed ones.
+    # DCP resharded 4 -> 2 ranks: the weights, the moving anchor and the EMA are exactly the checkpointed ones.
     assert (resumed["world_size"], resumed["resumed_from_step"]) == (2, 2)
     assert resumed["resume_weight_err"] == 0.0 and resumed["resume_anchor_err"] == 0.0
+    assert resumed["resume_ema_err"] == 0.0 and first["ema_sharded_like_the_weights"] is True
+    assert resumed["ema_sharded_like_the_weights"] is True
     assert resumed["update_steps"] == 3 and resumed["reductions_per_unit"] == [1]
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -231,6 +234,7 @@ def test_sharded_checkpoint_resumes_on_one_process(dp2_sp2, tmp_path):
                          str(base / "run" / "checkpoint-2"), "--previous_report_dir", str(base / "report"))
     assert resumed["world_size"] == 1 and not resumed["policy_sharded"]
     assert resumed["resume_weight_err"] == 0.0 and resumed["resume_anchor_err"] == 0.0
+    assert resumed["resume_ema_err"] == 0.0
     (row,), expected = read_metrics(tmp_path / "run"), read_metrics(base / "run")[2]
     assert row["step"] == 3 and set(row) == set(expected)
     for name in set(row) - TIMING_KEYS:

@@ -4,21 +4,11 @@ import re
 
 import pytest
 
-from bench_support import NUMBER, generate_variants, run_benchmark, value_of, compiled_one_sp_rank
+from bench_support import NUMBER, benchmark_module, generate_variants, run_benchmark, value_of, compiled_one_sp_rank
 
 
 def test_benchmark_transformer_compiled_aot_eager_and_one_sp_rank(capsys):
     compiled_one_sp_rank(capsys, "aot_eager")
-
-
-def test_benchmark_step(capsys):
-    out = run_benchmark("benchmark_step", capsys, "--geometry", "tiny", "--steps", "2", "--repeats", "1", "--warmup",
-                        "0", "--threads", "2", "--use_muon", "false")  # a trainer flag passed on
-    shares = [value_of(rf"^{phase}: [0-9.]+ s, {NUMBER}% of the step$", out) for phase in
-              ("encode", "rollout", "decode", "reward", "reference means", "policy update")]
-    assert sum(shares) == pytest.approx(100.0, abs=0.5)
-    assert value_of(rf"^step \(sum of the phases, each the best of 1 steps\): {NUMBER} s$", out) > 0
-    assert "trainer: batch 2 x 2 generations, 2 SDE steps, 5x16x16 videos" in out
 
 
 def test_benchmark_levers(capsys):
@@ -55,15 +45,15 @@ def test_benchmark_step_at_real_width(capsys, real_width_root):
     VideoAlign: every phase timed, the planner's estimate of each phase printed next to the (CPU: absent) peak,
     and the planner's transformer is the 1-block one that was loaded."""
     out = run_benchmark("benchmark_step", capsys, *REAL_SMALL, "--checkpoint_root", str(real_width_root), "--steps",
-                        "1", "--use_lora", "true")
+                        "1", "--use_lora", "true")  # a trainer flag passed on
     assert "geometry real: 1 blocks, hidden 2048, 8 video tokens (5x32x32)" in out
     assert "reward videoalign_local" in out
     planned = value_of(r"^planner sizes: transformer ([0-9]+) parameters \(1 blocks;", out)
     assert planned == 320_592_672 == value_of(r"the loaded policy has ([0-9]+) besides LoRA", out)
     shares = [value_of(rf"^{phase}: [0-9.]+ s, {NUMBER}% of the step$", out) for phase in
-              ("encode", "rollout", "decode", "reward", "reference means", "policy update")]
+              benchmark_module("benchmark_step").PHASES]
     assert sum(shares) == pytest.approx(100.0, abs=0.5)
-    for phase in ("rollout", "decode", "policy update"):
+    for phase in ("rollout", "decode", "policy update", "optimizer step"):
         assert value_of(rf"^memory {phase}: peak n/a, planned {NUMBER} GB", out) > 0
     # LoRA: no separate reference, its means are the policy's no-grad forwards, in the plan's reference phase
     assert re.search(r"^memory reference means: peak n/a, planned [0-9.]+ GB \(reference,", out, flags=re.MULTILINE)

@@ -46,7 +46,8 @@ def test_grpo_raises_a_toy_reward_in_a_few_steps(reduced_toy, tmp_path):
     post_train.main(["--config", "configs/toy_cpu.yaml", "--pretrained_model_root", str(root), "--output_dir",
                      str(out), "--reward_model", "toy_redness", "--reward_weights", '{"toy_redness": 1.0}',
                      "--kl_weight", "0", "--learning_rate", "3e-3", "--max_steps", "6", "--batch_size", "16",
-                     "--validation_interval", "0", "--save_interval", "6", "--save_rollout_videos", "false"])
+                     "--validation_interval", "0", "--validate_at_step0", "false", "--save_interval", "6",
+                     "--save_rollout_videos", "false"])
     rows = read_metrics(out)
     reward = [row["gathered_avg_reward_mean"] for row in rows]
     assert len(rows) == 6 and all("gathered_toy_redness_manifold_error_reward_mean" in row for row in rows)

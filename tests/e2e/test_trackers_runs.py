@@ -8,7 +8,7 @@ import pytest
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.tracking.trackers import RUN_IDS_FILE
-from sage_grpo.tracking.run_dir import read_metrics
+from sage_grpo.tracking.run_dir import read_metrics, validation_rows
 from sage_grpo.trainer import GRPOTrainer
 
 from model_fixtures import tiny_args
@@ -45,3 +45,5 @@ def test_training_run_reports_to_wandb_and_resumes_the_same_run(tiny_root, tmp_p
         captions = logged["Video/rollout/captions"]
         assert len(captions) == 2 and all(", reward " in c and ", advantage " in c for c in captions)  # both videos
     assert second["history"][2]["Video/validation/captions"][0].endswith("(seed 930)")
+    (validation,) = validation_rows(rows)  # the scored validation's scalars, under their own names
+    assert second["history"][2]["Validation/avg"] == validation["Validation/avg"]

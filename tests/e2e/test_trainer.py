@@ -5,12 +5,13 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from launch_flags import RUN_POST_TRAIN_FLAGS
 from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
-from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
+from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics, validation_rows
 from sage_grpo.trainer import GRPOTrainer
 
 
@@ -61,12 +62,13 @@ def _comparable(rows):
 
 
 def test_resume_continues_exactly(tiny_root, tmp_path):
-    straight = make_trainer(tiny_root, tmp_path / "straight", "--max_steps", "4")
+    straight = make_trainer(tiny_root, tmp_path / "straight", "--max_steps", "4", "--ema_decay", "0.5")
     straight.train()
 
-    first = make_trainer(tiny_root, tmp_path / "split", "--max_steps", "2")
+    first = make_trainer(tiny_root, tmp_path / "split", "--max_steps", "2", "--ema_decay", "0.5")
     first.train()  # saves checkpoint-2 at the end
-    resumed = make_trainer(tiny_root, tmp_path / "split", "--max_steps", "4", "--resume_from_checkpoint", "latest")
+    resumed = make_trainer(tiny_root, tmp_path / "split", "--max_steps", "4", "--ema_decay", "0.5",
+                           "--resume_from_checkpoint", "latest")
     assert resumed.global_step == 0
     resumed.train()
     assert resumed.anchor.last_refreshed_at == 2  # the moving anchor moved at update 2, before the resume point ...
@@ -78,6 +80,13 @@ def test_resume_continues_exactly(tiny_root, tmp_path):
         assert torch.equal(value, weights(resumed)[name]), name
     # ... and its weights were restored from the checkpoint, so the KL terms after the resume match too.
     assert rows_split[2]["kl_moving"] == rows_straight[2]["kl_moving"]
+    # the EMA of the weights is restored too: the same average after 4 updates, written whole in checkpoint-4/ema/
+    ema = straight.ema.state_dict()
+    saved = load_file(str(resumed.run_dir / "checkpoint-4" / "ema" / "model.safetensors"))
+    assert set(ema) == set(saved) == set(weights(straight))
+    for name, value in ema.items():
+        assert torch.equal(value, resumed.ema.state_dict()[name]) and torch.equal(value, saved[name]), name
+    assert any(not torch.equal(value, weights(straight)[name]) for name, value in ema.items())  # it lags
 
 
 @pytest.mark.parametrize("moving,dual,expect_keys,expect_refresh", [
@@ -119,13 +128,33 @@ def test_reference_launch_flags_run_one_step(tiny_root, tmp_path):
 
 
 def test_run_directory_contents(tiny_root, tmp_path):
-    trainer = make_trainer(tiny_root, tmp_path / "run", "--max_steps", "2", "--save_rollout_videos", "true",
+    from eval_support import linked_root
+
+    from sage_grpo.rewards.tiny import write_tiny_clip_scorers
+
+    root = write_tiny_clip_scorers(linked_root(tmp_path / "ckpts", tiny_root), seed=0)  # + tiny CLIP and PickScore
+    trainer = make_trainer(root, tmp_path / "run", "--max_steps", "2", "--save_rollout_videos", "true",
                            "--validation_interval", "2", "--validation_fixed_size", "16x16",
-                           "--validate_video_length", "5", "--validation_num_inference_steps", "2")
+                           "--validate_video_length", "5", "--validation_num_inference_steps", "2",
+                           "--validation_metrics", "clipscore,pickscore", "--ema_decay", "0.5", "--validate_ema")
     trainer.train()
     run = trainer.run_dir
     assert (run / "run_config.yaml").exists() and any((run / "tb").iterdir())
     assert len(list((run / "samples" / "step_000002").glob("sample_000_seed_930_*.mp4"))) == 1
+    # the validation videos scored by the training reward (avg = 1.0 x target_color) and the held-out CLIPScore and
+    # PickScore: a row of its own, with the times
+    (validation,) = validation_rows(read_metrics(run))
+    assert validation["step"] == 2 and validation["Validation/avg"] == validation["Validation/target_color"]
+    assert {"Validation/clipscore", "Validation/clip_cosine", "Validation/pickscore", "Validation/pickscore_cosine",
+            "Validation/sampling_time", "Validation/reward_time", "Validation/held_out_time", "Validation/time"
+            } == set(validation) - {"step", "Validation/avg", "Validation/target_color"}
+    before = weights(trainer)
+    video = trainer.validate(2).samples.samples[0].video  # the same weights (the EMA's) sample the same video
+    prompt = trainer.validation_items[0].prompt
+    assert validation["Validation/clipscore"] == trainer.held_out(video, prompt)["clipscore"]
+    assert all(torch.equal(value, weights(trainer)[name]) for name, value in before.items())  # the policy is back
+    policy_video = trainer.validator.run(2, tmp_path / "policy").samples.samples[0].video
+    assert not torch.equal(policy_video, video)
     group = json.loads(next((run / "rl_samples" / "0000001" / "group_0").glob("*_rewards.json")).read_text())
     assert len(group) == 2 and {"prompt", "seed", "target_color", "avg", "advantage"} <= set(group[0])
     # two members of one group: advantages are the z-scores, +-1 (or 0 when both rewards are equal)

@@ -1,9 +1,11 @@
 """Trust end to end: a failed start leaves the earlier run untouched, an always-failing reward stops the run,
 resume into a new directory."""
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import sage_grpo.trainer as trainer_module
@@ -70,3 +72,39 @@ def test_a_reward_failing_on_every_sample_is_counted_then_stops_the_run(tiny_roo
     rows = read_metrics(trainer.run_dir)
     assert [r["failed_reward_count"] for r in rows] == [2.0, 2.0]
     assert all(r["ratio_mean"] == 1.0 for r in rows)  # advantages 0: nothing to learn, no crash
+
+
+def test_weights_changed_where_the_fingerprint_does_not_look_stop_the_run_with_nothing_lost(tiny_root, tmp_path):
+    """The issue's open case: a model root whose transformer holds NaN outside the fingerprint's sampled blocks is
+    accepted on resume (the note says the check can miss it); the KL reference it loads makes every loss NaN. Before,
+    that NaN gradient was applied, every checkpoint after the resume held NaN weights and the rewards turned NaN; now
+    no update is applied and the run stops after --max_failed_reward_steps steps, the weights as the checkpoint
+    left them."""
+    from eval_support import linked_root
+    from safetensors.torch import load_file
+
+    from sage_grpo.resume import model_fingerprint
+    from trust_support import nan_outside_fingerprint
+
+    root = linked_root(tmp_path / "root", tiny_root)
+    (root / "transformer").unlink()
+    shutil.copytree(tiny_root / "transformer", root / "transformer")
+    run = tmp_path / "run"
+    fixed_anchor = ("--update_ref_model_step", "100")  # the KL reference stays the root's transformer
+    GRPOTrainer(parse_cli(TrainConfig, tiny_args(root, run, "--max_steps", "1", "--save_interval", "1",
+                                                 *fixed_anchor))).train()
+    before = model_fingerprint(root, "480p_t2v")
+    nan_outside_fingerprint(root / "transformer" / "480p_t2v" / "diffusion_pytorch_model.safetensors")
+    assert model_fingerprint(root, "480p_t2v") == before  # the cheap check cannot see it ...
+    resumed = GRPOTrainer(parse_cli(TrainConfig, tiny_args(root, run, "--max_steps", "5", "--resume_from_checkpoint",
+                                                           "latest", "--max_failed_reward_steps", "2", *fixed_anchor)))
+    assert any("weights changed in place elsewhere in a file of the same size are not detected" in note
+               for note in resumed.notes)  # ... and says so
+    with pytest.raises(trainer_module.RewardFailure, match=r"^2 consecutive steps \(steps 2-3\) trained on nothing, "
+                                                           r"the last because its loss was nan"):
+        resumed.train()
+    rows = read_metrics(run)
+    assert [(r["step"], r.get("skipped_updates")) for r in rows] == [(1, None), (2, 1.0), (3, 1.0)]
+    saved = load_file(run / "checkpoint-1" / "transformer" / "model.safetensors")
+    for name, value in resumed.models.trainable_state_dict().items():
+        assert torch.equal(value, saved[name]), name  # no NaN gradient reached the weights

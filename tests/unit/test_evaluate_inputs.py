@@ -63,7 +63,10 @@ def test_mean_and_standard_error():
     stat = mean_and_stderr([1.0, 2.0, 4.0])
     # mean 7/3; sample variance ((4/3)^2 + (1/3)^2 + (5/3)^2) / 2 = 7/3; s.e. = sqrt(7/3 / 3)
     assert stat["mean"] == pytest.approx(7 / 3) and stat["stderr"] == pytest.approx(math.sqrt(7 / 9))
-    assert mean_and_stderr([5.0]) == {"mean": 5.0, "stderr": None, "n": 1}
+    assert mean_and_stderr([5.0]) == {"mean": 5.0, "stderr": None, "n": 1, "failed": 0}
+    # a failed score (None) is counted and left out of the mean and its error
+    assert mean_and_stderr([1.0, None, 4.0]) == {"mean": 2.5, "stderr": pytest.approx(1.5), "n": 2, "failed": 1}
+    assert mean_and_stderr([None]) == {"mean": None, "stderr": None, "n": 0, "failed": 1}
 
 
 def test_markdown_is_table2_first():
@@ -91,3 +94,19 @@ def test_bar_chart_draws_each_bar_in_its_colour(tmp_path):
     image = Image.open(path).convert("RGB")
     colours = {image.getpixel((x, y)) for x in range(image.width) for y in range(40, image.height)}
     assert COLOURS[0] in colours and COLOURS[1] in colours and image.size[0] == 300
+
+
+def test_bar_chart_legend_shows_long_checkpoint_labels_whole(tmp_path):
+    from PIL import Image, ImageDraw
+
+    from sage_grpo.tracking.plots import BarPanel, plot_bars
+
+    long = "/scratch/someone/sage_grpo_runs/outputs/run_2026_11_25_sage_dual_kl/checkpoint-1000"
+    path = plot_bars([BarPanel("Overall", ["base", long], [1.0, 2.0], [0.1, 0.1])], tmp_path / "bars.png",
+                     title="mean ± standard error per checkpoint", columns=3)
+    image = Image.open(path).convert("L")
+    text_width = ImageDraw.Draw(image).textlength(long)
+    row = range(30 + 16, 30 + 16 + 14)  # the legend's second line: title 30 px, then 16 px a name
+    inked = [x for x in range(28, image.width) for y in row if image.getpixel((x, y)) < 128]
+    assert max(inked) >= 28 + text_width - 4  # the label is drawn to its last character ...
+    assert max(inked) <= image.width - 8  # ... inside the picture, with its margin

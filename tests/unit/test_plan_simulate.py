@@ -14,12 +14,10 @@ FLAGS = LAUNCH_FLAGS + ["--use_moving_KL", "True"]
 LAUNCHES = {"per_backward, Muon": ["--gradient_reduction", "per_backward"],
             "per_update, Muon": ["--gradient_reduction", "per_update"],
             "per_update, AdamW": ["--gradient_reduction", "per_update", "--use_muon", "False"]}
-# The one known gap over 5%, at 2 blocks only: training activations 1.04 to 1.06 (1.01 at 54 blocks, where the
-# checkpointed inputs the plan counts exactly dominate). The simulation's training peak holds 0.12 GB of the token
-# refiner's masked attention that the CPU's SDPA math path saves (B·H·L_mllm² scores per refiner layer; a GPU's fused
-# kernel saves none), and the peak moment inside the last block's recomputation shifts by up to 0.05 GB (seen with
-# AdamW, and with Muon after other simulations ran in the same process). docs/benchmarks.md states it.
-GAPS = {(launch, "train", "activations"): 0.07 for launch in LAUNCHES}
+# Training activations at 2 blocks: 0.951 in every launch, whatever ran before in the process (the plan counts saves
+# the backward has consumed by its peak, the output layers' among them; 0.978 at 54 blocks). Before the tracker ran
+# without its backward hooks (sage_grpo/plan/tracking.py) they read 1.041 to 1.076, by when the garbage collector
+# happened to run.
 
 
 @pytest.fixture(scope="module", params=list(LAUNCHES))
@@ -32,8 +30,7 @@ def test_every_category_of_every_phase_agrees_with_the_plan(simulated):
     gathered weights, gradients, optimizer state, activations, inputs): the tracker's bytes at the phase's peak equal
     the plan's components within 5%, and a group the plan leaves empty is empty in the simulation too."""
     launch, _, simulation, plan = simulated
-    compared = assert_categories_agree(simulation, plan, lambda phase, group: GAPS.get((launch, phase, group),
-                                                                                       TOLERANCE), launch)
+    compared = assert_categories_agree(simulation, plan, lambda phase, group: (1 - TOLERANCE, 1 + TOLERANCE), launch)
     assert compared >= 21  # 5 groups in each no-grad phase, 6 in training (gradients), 5 in the optimizer step
 
 
@@ -118,3 +115,35 @@ def test_global_norm_clip_gathers_nothing():
     real = [n for n, fake in local.outputs if not fake]
     assert real and max(real) <= shard
     assert max(n for n, fake in local.outputs if fake) == 1024 * 256  # a global shape, fake: no memory on a GPU
+
+
+def test_the_tracked_backward_leaves_no_reference_cycles():
+    """A phase tracked as the simulation tracks it (``forward_only_module_tracking``) leaves no autograd node in a
+    reference cycle: every saved tensor is freed when the run drops it, not when the garbage collector next runs
+    (torch's ``ModTracker`` hooks made such cycles, and the simulated training activations depended on what ran
+    before in the process)."""
+    import gc
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from sage_grpo.plan.simulate import fake_process_group
+    from sage_grpo.plan.tracking import Phase, forward_only_module_tracking
+
+    with fake_process_group(4):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        for module in (model[0], model[2], model):
+            fully_shard(module, mesh=init_device_mesh("cpu", (4,)))
+        gc.collect()
+        gc.disable()
+        try:
+            with forward_only_module_tracking(), Phase("train", model, torch.optim.SGD(model.parameters()), ()):
+                model(torch.ones(8, 64, requires_grad=True)).square().mean().backward()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            cycles = [type(o).__name__ for o in gc.garbage if isinstance(o, torch.autograd.graph.Node)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert cycles == []  # before: ['GeluBackward0'], held by the hook on the second Linear's input

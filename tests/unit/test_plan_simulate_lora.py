@@ -11,10 +11,11 @@ from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.plan.simulate import simulation_report
 
 TOLERANCE = 0.05
-# Training activations at 2 blocks: within 5% when this file runs alone, 1.054 (moving anchor, Muon) after the other
-# simulations of the unit tier ran in the same process: the peak moment inside the last block's recomputation shifts
-# (test_plan_simulate.py names the same effect; not tracked down). At 54 blocks 1.005.
-TRAIN_ACTIVATIONS_TOLERANCE = 0.07
+# Training activations at 2 blocks: 0.916 in both launches, whatever ran before in the process: the plan is an upper
+# bound, counting saves the backward has consumed by the peak (the end of the last block's recomputation), the
+# output layers' among them; 0.965 at 54 blocks. Before the tracker ran without its backward hooks
+# (sage_grpo/plan/tracking.py) they read 1.03 alone and 1.054 after the unit tier's other simulations.
+TRAIN_ACTIVATIONS_LOWEST = 0.90
 FLAGS = LAUNCH_FLAGS + ["--use_lora", "true"]
 # The reference launch's LoRA (moving anchor: a second adapter, Muon, gradients held per update) and a fixed KL
 # reference (adapters disabled in its passes) with AdamW.
@@ -29,12 +30,13 @@ def simulated(request):
 
 def test_every_category_of_every_lora_phase_agrees_with_the_plan(simulated):
     """Per phase (rollout, reference, train, optimizer step) and per group of tracker categories: the tracker's bytes
-    at the phase's peak equal the plan's LoRA components within 5%, and a group the plan leaves empty is empty in the
-    simulation too. The plan has a reference phase for LoRA (the policy's own no-grad passes), so its reference
+    at the phase's peak equal the plan's LoRA components within 5% (the training activations at most 10% below the
+    plan), and a group the plan leaves empty is empty in the simulation too. The plan has a reference phase for LoRA (the policy's own no-grad passes), so its reference
     batch is bounded by the step's peak."""
     launch, _, simulation, plan = simulated
-    compared = assert_categories_agree(simulation, plan, lambda phase, group: TRAIN_ACTIVATIONS_TOLERANCE if (
-        phase, group) == ("train", "activations") else TOLERANCE, launch)
+    compared = assert_categories_agree(simulation, plan, lambda phase, group: (
+        TRAIN_ACTIVATIONS_LOWEST if (phase, group) == ("train", "activations") else 1 - TOLERANCE, 1 + TOLERANCE),
+        launch)
     assert compared >= 21  # 5 groups in each no-grad phase, 6 in training, 5 in the optimizer step
     # its batch does not raise the step's peak: under the peak of 20 trained steps per forward (the CUDA default
     # here) all 40 of the rollout batch's transitions fit; with one step per forward they would raise it

@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from sage_grpo.rewards import build_reward_fn, register_reward
 from sage_grpo.rewards.base import score_with_fallback
 from sage_grpo.rewards.prompt_templates import DETAILED_SPECIAL_TEMPLATE, REWARD_TOKENS, build_prompt
-from sage_grpo.rewards.registry import BUILTIN_REWARDS, VIDEOALIGN_METRICS, RewardContext, import_object
+from sage_grpo.rewards.builtins import BUILTIN_REWARDS, VIDEOALIGN_METRICS, RewardContext
+from sage_grpo.rewards.registry import import_object
 from sage_grpo.rewards.tiny import FULL_STEP, LORA_STEP, RELEASED_NORM_STATS, write_tiny_video_reward
 from sage_grpo.rewards.toys import TargetColorReward, TemporalSmoothnessReward
 from sage_grpo.rewards.video_preprocess import (
@@ -458,8 +459,8 @@ def test_invalid_configurations_raise_clear_errors(kwargs, match):
 
 def test_builtin_metric_table_matches_the_callables():
     assert VIDEOALIGN_METRICS == VideoAlignReward.metric_names
-    assert sorted(BUILTIN_REWARDS) == ["brightness", "target_color", "temporal_smoothness", "toy_large", "toy_red",
-                                       "toy_redness", "toy_suite", "videoalign_local"]
+    assert sorted(BUILTIN_REWARDS) == ["brightness", "clipscore", "pickscore", "target_color", "temporal_smoothness",
+                                       "toy_large", "toy_red", "toy_redness", "toy_suite", "videoalign_local"]
     from sage_grpo.rewards.toys import TOY_REWARDS
 
     for name, cls in TOY_REWARDS.items():

@@ -17,7 +17,7 @@ from sage_grpo.safe_io import UnsafeFileError, load_plain
 from sage_grpo.tracking.trackers import TensorBoardTracker, TrackerRun
 from sage_grpo.tracking.run_dir import (MetricsLogger, prepare_run_dir, prune_rollout_media, read_metrics,
                                         tensorboard_tag)
-from sage_grpo.trainer import GRPOTrainer
+from sage_grpo.pipeline.validation import validation_items
 
 
 def _csv(tmp_path, text, name="p.csv"):
@@ -44,7 +44,7 @@ def test_csv_reader_rules_shared_with_generate(tmp_path):
 
 def test_validation_rows_without_a_seed_get_the_validation_seed(tmp_path):
     cfg = TrainConfig(valid_video_csv=[_csv(tmp_path, "prompt,seed\nfirst,5\nsecond,\n")], validation_global_seed=930)
-    items = GRPOTrainer._validation_items(SimpleNamespace(cfg=cfg))  # reads only the configuration
+    items = validation_items(cfg)
     assert [(i.prompt, i.seed) for i in items] == [("first", 5), ("second", 930)]
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 from model_fixtures import tiny_args
 from procs import run_group
+from trust_support import alias_bomb
 
 import sage_grpo.checkpoint as checkpoint_module
 import sage_grpo.safe_io as safe_io
@@ -268,16 +269,8 @@ def test_options_are_typed_strictly(values, match):
         from_dict(TrainConfig, values)
 
 
-def _alias_bomb(path: Path, levels: int) -> Path:
-    """A billion-laughs YAML: each level is a list of nine references to the one before (9**levels strings)."""
-    lines = ["reward_kwargs:", "  l0: &l0 [" + ", ".join(['"lol"'] * 9) + "]"]
-    lines += [f"  l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def test_a_yaml_alias_bomb_gives_a_short_error_fast(tmp_path, capsys):
-    bomb = _alias_bomb(tmp_path / "bomb.yaml", 7)  # 4.8 million strings if anything expanded it
+    bomb = alias_bomb(tmp_path / "bomb.yaml", 7)  # 4.8 million strings if anything expanded it
     start = time.perf_counter()
     with pytest.raises(SystemExit) as ended:
         parse_cli(TrainConfig, ["--config", str(bomb)])
@@ -473,7 +466,7 @@ def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_ro
     with pytest.raises(pytest.fail.Exception, match="models loaded"):  # allowed: the preflight passes
         trainer_module.GRPOTrainer(cfg)
     check = check_resume(cfg, kl_mode_of(cfg), distributed=False)
-    trainer = SimpleNamespace(cfg=cfg, resume_check=check, notes=[])
+    trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[])
     run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)
     assert yaml.safe_load((run_dir / "run_config.yaml").read_text())["pretrained_model_root"] == str(other_root)
     (recorded,) = yaml.safe_load((run_dir / CONFIG_CHANGES_FILE).read_text())

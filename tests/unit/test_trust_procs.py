@@ -90,10 +90,11 @@ def test_a_silent_connection_is_dropped_after_the_idle_timeout(serve):
     assert _get(server.url + "/info")[0] == 200  # the server still serves
 
 
-def test_a_trickling_connection_is_dropped_at_the_request_deadline(serve):
+def test_a_trickling_body_is_dropped_at_the_request_deadline(serve):
     server = serve(limits=ServerLimits(idle_timeout_s=1.0, request_timeout_s=1.5))
     sock = _connect(server)
     start = time.monotonic()
+    sock.sendall(b"POST /score HTTP/1.1\r\nContent-Length: 1000\r\n\r\n")  # the head in time, then the body
     with pytest.raises(OSError):  # the server shuts the connection down mid-trickle: a send fails (EPIPE, reset)
         for _ in range(int(scaled(40))):  # one byte per 0.25 s: never idle for 1 s, never done
             sock.sendall(b"G")
@@ -107,18 +108,23 @@ def test_a_trickling_connection_is_dropped_at_the_request_deadline(serve):
     assert 1.4 < time.monotonic() - start < scaled(5.0)
 
 
-def test_the_connection_cap_refuses_the_next_connection(serve):
-    server = serve(limits=ServerLimits(max_connections=3, idle_timeout_s=30.0))
+def test_the_connection_caps_refuse_the_next_request_and_connection(serve):
+    server = serve(limits=ServerLimits(max_connections=3, max_pending_connections=1, header_timeout_s=30.0,
+                                       idle_timeout_s=30.0))
     held = [_connect(server) for _ in range(3)]
-    for sock in held:  # each is served by now (a request line reaches a handler thread)
-        sock.sendall(b"GET /info HTTP/1.1\r\n")
+    for sock in held:  # each is being served: its head arrived, its body is awaited
+        sock.sendall(b"POST /score HTTP/1.1\r\nContent-Length: 100\r\n\r\n")
     assert _eventually(lambda: server.server._slots._value == 0)  # the 3 handler threads have taken their slots
+    status, answer = _get(server.url + "/info")
+    assert status == 503 and answer["error"] == ("the reward server is serving --max_connections 3 requests; "
+                                                 "retry later")
+    silent = _connect(server)  # the one connection allowed besides the served ones
     extra = _connect(server)
     extra.settimeout(scaled(5.0))
     answer = extra.recv(4096)
-    assert answer.startswith(b"HTTP/1.0 503") and b"connection limit" in answer
+    assert answer.startswith(b"HTTP/1.0 503") and b"as many connections open as it allows" in answer
     assert _seconds_until_closed(extra, scaled(5.0)) < scaled(2.0)
-    for sock in held:
+    for sock in held + [silent]:
         sock.close()
     assert _eventually(lambda: server.server._slots._value == 3)  # slots come back once the handlers end
     assert _get(server.url + "/info")[0] == 200
@@ -136,9 +142,9 @@ def test_buffered_bytes_are_capped_over_all_connections(serve):
     assert err.value.code == 503 and "retry later" in json.loads(err.value.read())["error"]
     first.sendall(body[10:])  # the first request completes, its bytes are released, the next one fits
     assert b"200 OK" in first.recv(4096)
+    assert _eventually(lambda: server.service.buffered_bytes == 0)  # released just after the answer is written
     with urllib.request.urlopen(request, timeout=scaled(5.0)) as response:
         assert set(json.loads(response.read())["scores"]) == {"color", "brightness", "smoothness"}
-    assert _eventually(lambda: server.service.buffered_bytes == 0)  # released just after the answer is written
 
 
 def test_a_missing_or_wrong_token_gets_401_and_the_client_sends_it_from_the_environment(serve, monkeypatch):

@@ -8,9 +8,11 @@ Writes, from rank 0, ``DIR/report.json``:
 - the layout (world, dp, sp) and the trainer's counters;
 - FSDP reduce-scatters per FSDP unit (``GradientReductionCounter``), the number of backward passes and of those
   run with gradient synchronisation, to check one gradient reduction per optimizer update;
-- with ``--resume_from_checkpoint``: the largest difference between the weights (and the moving anchor) right after
-  the resume and those the checkpointed run had (its ``checkpoint-N/transformer/model.safetensors`` and the
-  ``anchor.pt`` its report dir holds);
+- with ``--resume_from_checkpoint``: the largest difference between the weights (and the moving anchor, and the EMA
+  of ``--ema_decay``) right after the resume and those the checkpointed run had (its
+  ``checkpoint-N/transformer/model.safetensors``, the ``anchor.pt`` its report dir holds, ``checkpoint-N/ema/``);
+- with ``--ema_decay``: whether every EMA tensor is sharded like its weight (same mesh and placements, DTensors
+  exactly when the weights are);
 
 and ``DIR/anchor.pt``: the full reference (anchor) weights at the end of the run.
 """
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
@@ -66,11 +69,23 @@ def resume_errors(trainer: GRPOTrainer, previous: Path) -> dict:
     trainer.resume(path)
     trainer.cfg.resume_from_checkpoint = None
     policy, anchor = trained_and_anchor(trainer)
+    ema = gather_to_main(trainer.ema.state_dict(), trainer.is_main) if trainer.ema is not None else None
     if not trainer.is_main:
         return {}
-    return {"resumed_from_step": trainer.global_step,
-            "resume_weight_err": max_difference(policy, load_file(path / "transformer" / "model.safetensors")),
-            "resume_anchor_err": max_difference(anchor, torch.load(previous / "anchor.pt"))}
+    errors = {"resumed_from_step": trainer.global_step,
+              "resume_weight_err": max_difference(policy, load_file(path / "transformer" / "model.safetensors")),
+              "resume_anchor_err": max_difference(anchor, torch.load(previous / "anchor.pt"))}
+    if ema is not None:
+        errors["resume_ema_err"] = max_difference(ema, load_file(path / "ema" / "model.safetensors"))
+    return errors
+
+
+def ema_sharded_like_the_weights(trainer: GRPOTrainer) -> bool:
+    weights, average = trainer.models.trainable_state_dict(), trainer.ema.state_dict()
+    return all(isinstance(average[n], DTensor) == isinstance(w, DTensor) and (
+        not isinstance(w, DTensor) or (average[n].placements == w.placements and average[n].device_mesh == w.device_mesh
+                                       and average[n].to_local().shape == w.to_local().shape))
+        for n, w in weights.items())
 
 
 def main() -> None:
@@ -98,6 +113,7 @@ def main() -> None:
                   reductions_per_unit=sorted(set(counter.calls.values())) if sharded else None,
                   updates_reduced=counter.updates_reduced if sharded else None,
                   compute_dtypes=sorted(compute_dtypes),
+                  ema_sharded_like_the_weights=ema_sharded_like_the_weights(trainer) if trainer.ema else None,
                   run_dir=str(trainer.run_dir))
     if trainer.is_main:
         report_dir = Path(args.report_dir)

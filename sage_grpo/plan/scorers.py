@@ -1,0 +1,157 @@
+"""What the reward models and the held-out validation scorers hold, for the memory plan (:mod:`sage_grpo.plan.memory`).
+
+* **Trained rewards** (``--reward_model`` unless ``--remote_reward_url`` scores it elsewhere, and ``--extra_rewards``)
+  stay on every SP leader through the run: VideoAlign in bf16 (its Qwen2-VL base, :mod:`sage_grpo.plan.sizes`),
+  CLIPScore's and PickScore's CLIP models in fp32.
+* **Held-out metrics** (``--validation_metrics``, those the training reward does not score already, with validation
+  on) are built once on the main process (rank 0) and stay there: VideoAlign in ``--dtype``, the CLIP models in fp32.
+  Their weights are counted in every phase of the plan, whose peak is rank 0's.
+* **Forwards**: VideoAlign's is :func:`~sage_grpo.plan.sizes.reward_forward_bytes` (on the validation video, one per
+  call, in the validation scoring phase); a CLIP scorer encodes ``FRAMES_PER_FORWARD`` frames per call, one layer's
+  activations b·t·(4h + i)·4 plus its attention scores b·heads·t²·4 bytes (t = (image / patch)² + 1 tokens), an
+  estimate like the reward's. Toys and plug-ins hold nothing the plan can know and are not counted.
+
+CLIP sizes are exact, counted on the ``meta`` device from the scorer folder's ``config.json`` (``--clip_model``,
+``--pickscore_model``, as the trainer finds them) or, when it is not there, from the released configs below.
+"""
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from sage_grpo.config import TrainConfig
+from sage_grpo.plan.sizes import ModelSizes, reward_forward_bytes
+
+FRAMES_PER_FORWARD = 64  # sage_grpo.rewards.clip_score: frames per image-encoder call
+# The released configs (openai/clip-vit-large-patch14; PickScore_v1, a fine-tuned laion CLIP-ViT-H-14).
+CLIP_L14 = {"projection_dim": 768,
+            "text_config": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                            "num_attention_heads": 12, "max_position_embeddings": 77, "vocab_size": 49408},
+            "vision_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                              "num_attention_heads": 16, "image_size": 224, "patch_size": 14}}
+CLIP_H14 = {"projection_dim": 1024,
+            "text_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                            "num_attention_heads": 16, "max_position_embeddings": 77, "vocab_size": 49408},
+            "vision_config": {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
+                              "num_attention_heads": 16, "image_size": 224, "patch_size": 14}}
+CLIP_SCORERS = {"clipscore": ("clip_model", CLIP_L14, "CLIP ViT-L/14"),
+                "pickscore": ("pickscore_model", CLIP_H14, "PickScore_v1, CLIP ViT-H/14")}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScorerMemory:
+    name: str
+    weights: float  # bytes
+    forward: float  # bytes of one call's activations
+    note: str
+
+
+Row = Tuple[str, float, str]  # (component, bytes, formula): a memory-plan Component's fields
+
+
+def reward_models(cfg: TrainConfig) -> List[str]:
+    """Every reward model of ``avg`` (``--reward_model``, ``--extra_rewards``)."""
+    return list(dict.fromkeys(["videoalign_local" if cfg.reward_model == "auto" else cfg.reward_model]
+                              + list(cfg.extra_rewards or {})))
+
+
+def local_rewards(cfg: TrainConfig) -> List[str]:
+    """The reward models of ``avg`` that run on this run's SP leaders (not the remote one)."""
+    return reward_models(cfg)[1:] if cfg.remote_reward_url else reward_models(cfg)
+
+
+def held_out_rewards(cfg: TrainConfig) -> List[str]:
+    """The reward models of the held-out validation metrics the trainer builds on the main process."""
+    from sage_grpo.rewards.scorers import held_out, registry_name
+
+    if not (cfg.validation_interval > 0 or cfg.validate_at_step0):
+        return []
+    kept, _ = held_out(cfg.validation_metrics or [], reward_models(cfg))
+    return list(dict.fromkeys(registry_name(name) for name in kept))
+
+
+def needs_videoalign(cfg: TrainConfig) -> bool:
+    return "videoalign_local" in local_rewards(cfg) + held_out_rewards(cfg)
+
+
+@functools.lru_cache(maxsize=8)
+def clip_sizes(config_file: Optional[str], name: str) -> Tuple[int, int, int, int, int]:
+    """(parameters, vision hidden, vision intermediate, vision tokens, heads) of scorer ``name``'s CLIP model, from
+    ``config_file`` or (None) the released config."""
+    from transformers import CLIPConfig, CLIPModel
+
+    from sage_grpo.plan.sizes import _count, _on_meta
+
+    config = json.loads(Path(config_file).read_text()) if config_file else CLIP_SCORERS[name][1]
+    clip = CLIPConfig(text_config=config["text_config"], vision_config=config["vision_config"],
+                      projection_dim=config.get("projection_dim", 512))
+    vision = clip.vision_config
+    tokens = (vision.image_size // vision.patch_size) ** 2 + 1
+    return (_count(_on_meta(lambda: CLIPModel(clip))), vision.hidden_size, vision.intermediate_size, tokens,
+            vision.num_attention_heads)
+
+
+def _clip_memory(cfg: TrainConfig, name: str) -> ScorerMemory:
+    from sage_grpo.rewards.clip_score import resolve_model_folder
+
+    flag, _, label = CLIP_SCORERS[name]
+    try:
+        config = resolve_model_folder(getattr(cfg, flag), cfg.pretrained_model_root, f"--{flag}") / "config.json"
+    except FileNotFoundError:
+        config = None
+    found = config is not None and config.is_file()
+    params, hidden, intermediate, tokens, heads = clip_sizes(str(config) if found else None, name)
+    forward = FRAMES_PER_FORWARD * tokens * (4 * hidden + intermediate + heads * tokens) * 4
+    source = str(config) if found else f"released config, {label}"
+    return ScorerMemory(name, params * 4, forward, f"{params / 1e6:.0f}M·4 fp32 ({source}); forward "
+                        f"b·t·(4h + i + heads·t)·4, b = {FRAMES_PER_FORWARD} frames, t = {tokens}")
+
+
+def _memory(cfg: TrainConfig, sizes: ModelSizes, name: str, dtype_bytes: int, validation: bool
+            ) -> Optional[ScorerMemory]:
+    """What reward model ``name`` holds with VideoAlign in ``dtype_bytes`` (the CLIP models are fp32), and one call's
+    activations on a rollout batch or (``validation``) on one validation video; None when not counted."""
+    if name in CLIP_SCORERS:
+        return _clip_memory(cfg, name)
+    if name != "videoalign_local":
+        return None
+    scored = dataclasses.replace(cfg, sample_n_frames=cfg.validate_video_length, reward_batch_size=1) \
+        if validation else cfg
+    tokens, forward = reward_forward_bytes(scored, sizes.reward_shape)
+    return ScorerMemory(name, sizes.reward_params * dtype_bytes, forward,
+                        f"VideoAlign {sizes.reward_params / 1e9:.2f}B·{dtype_bytes}; forward B_r·tokens·(4h + 3i)·2, "
+                        f"{tokens} tokens")
+
+
+def _counted(cfg: TrainConfig, sizes: ModelSizes, names: List[str], dtype_bytes: int, validation: bool):
+    return [m for m in (_memory(cfg, sizes, name, dtype_bytes, validation) for name in names) if m is not None]
+
+
+def resident_rows(cfg: TrainConfig, sizes: ModelSizes, compute_bytes: int) -> List[Row]:
+    """The rewards' weights (SP leaders: VideoAlign in bf16) and the held-out scorers' (rank 0: VideoAlign in
+    ``--dtype``), held through the run."""
+    rows = [(f"reward model {m.name} (SP leaders)", m.weights, m.note.split(";")[0])
+            for m in _counted(cfg, sizes, local_rewards(cfg), 2, False)]
+    return rows + [(f"held-out scorer {m.name} (rank 0)", m.weights, m.note.split(";")[0])
+                   for m in _counted(cfg, sizes, held_out_rewards(cfg), compute_bytes, True)]
+
+
+def _largest_forward(memories: List[ScorerMemory], label: str) -> Row:
+    if not memories:
+        return (label, 0.0, "")
+    largest = max(memories, key=lambda m: m.forward)
+    return (f"{label}: {largest.name}", largest.forward, largest.note.split("; ")[-1])
+
+
+def reward_forward_row(cfg: TrainConfig, sizes: ModelSizes) -> Row:
+    """The largest forward of the rewards of ``avg`` on a rollout batch (they run one after another)."""
+    return _largest_forward(_counted(cfg, sizes, local_rewards(cfg), 2, False), "reward forward (SP leaders)")
+
+
+def validation_scoring_row(cfg: TrainConfig, sizes: ModelSizes, compute_bytes: int) -> Row:
+    """The largest forward scoring one validation video: the training reward's or a held-out scorer's (rank 0)."""
+    return _largest_forward(_counted(cfg, sizes, local_rewards(cfg), 2, True)
+                            + _counted(cfg, sizes, held_out_rewards(cfg), compute_bytes, True),
+                            "validation scoring forward (rank 0)")

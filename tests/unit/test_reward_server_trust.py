@@ -1,0 +1,191 @@
+"""Issue 33, the reward server: strangers that never authenticate cannot take a trainer's place, a request costs about
+its body in memory (not 14x), a server open to other machines without a token says so, and credentials never reach
+a printed line. Every server is a real one on 127.0.0.1 in a thread of this process."""
+
+import json
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from procs import scaled
+from reward_options_support import ServerThread
+
+from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config.validation import ConfigError
+from sage_grpo.rewards.remote import HEADER_LENGTH_BYTES, RemoteSettings, redact_secrets
+from sage_grpo.rewards.serving import RewardService, ServerLimits, exposure_warning
+from sage_grpo.rewards.setup import check_reward_config
+from sage_grpo.rewards.toys import ToySuiteReward
+
+TOKEN = "0123456789abcdef-shared-secret"
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(reward=None, **service_options) -> ServerThread:
+        servers.append(ServerThread(RewardService(reward or ToySuiteReward(), "toy_suite", video_fps=24.0,
+                                                  **service_options)))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def _get_info(url: str, token: str) -> int:
+    request = urllib.request.Request(url + "/info", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=scaled(5.0)) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _seconds_open(sock, opened: float, limit: float) -> float:
+    """Seconds from ``opened`` until the server closed ``sock`` (EOF or reset), waiting at most ``limit``."""
+    sock.settimeout(limit)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return float("inf")
+    return time.monotonic() - opened
+
+
+def test_trickling_strangers_neither_take_a_trainers_slot_nor_stay_past_a_second(serve):
+    """Six connections that trickle a request head without a token, against a server of 2 serving slots: every
+    authenticated request of the trainer is served (before: the strangers held both slots and it got 503), and each
+    stranger is closed about 1 s (``header_timeout_s``) after it connected (before: 30 s idle, 300 s deadline)."""
+    import socket
+
+    server = serve(limits=ServerLimits(max_connections=2), auth_token=TOKEN)
+    strangers = [(socket.create_connection(server.address, timeout=scaled(5.0)), time.monotonic()) for _ in range(6)]
+    stop = threading.Event()
+
+    def trickle():  # one byte of a header line every 0.1 s: never silent for long, never done
+        for sock, _ in strangers:
+            sock.sendall(b"GET /info HTTP/1.1\r\nX-Slow: ")
+        while not stop.wait(0.1):
+            for sock, _ in strangers:
+                try:
+                    sock.sendall(b"a")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)  # the strangers' threads are reading their heads
+        statuses = [_get_info(server.url, TOKEN) for _ in range(10)]
+        open_for = [_seconds_open(sock, opened, scaled(5.0)) for sock, opened in strangers]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for sock, _ in strangers:
+            sock.close()
+    assert statuses == [200] * 10
+    assert all(0.9 < seconds < scaled(2.0) for seconds in open_for), open_for
+
+
+class _MeanReward:
+    """A reward that allocates next to nothing, so that the memory measured is the server's."""
+
+    metric_names = ("mean",)
+
+    def __call__(self, videos: torch.Tensor, prompts):
+        return {"mean": videos.mean(dim=(1, 2, 3, 4))}
+
+
+def _resident_bytes() -> tuple[int, int]:
+    """(current, peak) resident set of this process, from /proc (Linux)."""
+    status = Path("/proc/self/status").read_text()
+    return tuple(int(re.search(rf"{key}:\s+(\d+) kB", status).group(1)) << 10 for key in ("VmRSS", "VmHWM"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak resident memory is read from /proc")
+def test_a_request_costs_its_body_plus_one_float_chunk(serve):
+    """A 48 MiB request of 8 videos, scored 2 at a time: the server's peak memory rises by the body (held once, the
+    frames a view of it) plus one chunk of 2 videos in float32 (4 bytes a value: the body's size again), about 2.0x
+    the body (before: the body read by growing, copied out of the header, laid out again, and converted with a
+    second float temporary, 5x; 14x with the whole request as one chunk). Each allocation here is above glibc's
+    largest mmap threshold (32 MB), so the resident set shows it exactly."""
+    server = serve(_MeanReward(), batch_size=2)
+    shape = [8, 16, 256, 512, 3]  # (B, F, H, W, 3) uint8: 48 MiB
+    header = json.dumps({"prompts": ["p"] * shape[0], "shape": shape, "dtype": "uint8", "video_fps": 24.0}).encode()
+    frames = torch.empty(shape, dtype=torch.uint8)
+    for i in range(shape[0]):  # video i is one gray level: its mean is known without a 48 MiB computation
+        frames[i].fill_(30 * i)
+    body = len(header).to_bytes(HEADER_LENGTH_BYTES, "big") + header + frames.numpy().tobytes()
+    del frames
+    request = urllib.request.Request(server.url + "/score", data=body, method="POST")
+    before, _ = _resident_bytes()
+    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from the current resident set
+    with urllib.request.urlopen(request, timeout=scaled(30.0)) as response:
+        scores = json.loads(response.read())["scores"]["mean"]
+    _, peak = _resident_bytes()
+    assert scores == pytest.approx([30 * i / 255 for i in range(shape[0])])  # the view and the float chunks
+    chunk = 4 * 2 * (len(body) - HEADER_LENGTH_BYTES - len(header)) // shape[0]  # 2 videos in float32
+    assert peak - before < len(body) + chunk + 0.25 * len(body), (peak - before) / len(body)
+
+
+def test_a_server_open_to_other_machines_without_a_token_warns(monkeypatch, capsys):
+    open_service = RewardService(ToySuiteReward(), "toy_suite", video_fps=24.0)
+    for host in ("127.0.0.1", "127.0.0.2", "::1"):
+        assert exposure_warning(host, open_service) is None
+    assert exposure_warning("0.0.0.0", RewardService(ToySuiteReward(), "toy_suite", video_fps=24.0,
+                                                     auth_token=TOKEN)) is None
+    warning = exposure_warning("0.0.0.0", open_service)
+    assert warning.startswith("warning: the reward server listens on 0.0.0.0, reachable from other machines, "
+                              "without --auth_token_file") and "--host 127.0.0.1" in warning
+
+    from sage_grpo.cli import serve_reward
+    from sage_grpo.rewards.serving import RewardHTTPServer
+
+    def interrupted(self, *args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RewardHTTPServer, "serve_forever", interrupted)
+    assert serve_reward.main(["--reward_model", "toy_suite", "--host", "0.0.0.0", "--port", "0"]) == 0
+    assert capsys.readouterr().err.strip() == warning
+    assert serve_reward.main(["--reward_model", "toy_suite", "--host", "127.0.0.1", "--port", "0"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://trainer:hunter2@127.0.0.1:8765", "http://***@127.0.0.1:8765"),
+    ("https://hunter2@reward.example:443/v1", "https://***@reward.example:443/v1"),
+    ("http://127.0.0.1:8765/?token=hunter2", "http://127.0.0.1:8765/?***"),
+    ("ftp://trainer:hunter2@127.0.0.1/x?key=hunter2", "ftp://***@127.0.0.1/x?***"),
+])
+def test_credentials_in_the_remote_reward_url_are_refused_and_never_shown(url, shown):
+    """Refused at start (the client would not send them, and the URL is printed in the run summary and recorded in
+    run_config.yaml and every checkpoint), in one line that shows the URL masked."""
+    with pytest.raises(ValueError) as err:
+        RemoteSettings(url)
+    assert f"remote_reward_url {shown!r}" in str(err.value) and "hunter2" not in str(err.value)
+    cfg = parse_cli(TrainConfig, ["--remote_reward_url", url, "--pretrained_model_root", "/nonexistent"])
+    with pytest.raises(ConfigError) as err:
+        check_reward_config(cfg)  # the trainer's start, before any model loads or anything is written
+    assert "hunter2" not in str(err.value) and "\n" not in str(err.value)
+    assert redact_secrets(f"error: {url} failed") == f"error: {shown} failed"
+
+
+def test_the_servers_log_lines_mask_query_strings(serve, capsys):
+    server = serve()
+    for path in ("/info?token=hunter2", "/score?key=hunter2&x=1"):
+        request = urllib.request.Request(server.url + path, data=b"" if "score" in path else None)
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(request, timeout=scaled(5.0))
+    logged = capsys.readouterr().err
+    assert '"GET /info?*** HTTP/1.1" 404' in logged and '"POST /score?*** HTTP/1.1" 404' in logged
+    assert "hunter2" not in logged
