@@ -48,6 +48,14 @@ ARMS: Dict[str, Dict] = {  # name -> post_train.py settings that differ from con
     "k2_moving": {"num_inner_epochs": 2, "use_dual_kl": False},
     "k4_moving": {"num_inner_epochs": 4, "use_dual_kl": False},
     "k2_clip1e3": {"num_inner_epochs": 2, "clip_range": 1e-3},  # a wider PPO clip, so later passes keep a gradient
+    # the step-wise KL against the rollout's policy (the drift since the rollout) instead of the paper's previous step
+    "k2_rollout_kl": {"num_inner_epochs": 2, "stepwise_kl_reference": "rollout"},
+    "k4_rollout_kl": {"num_inner_epochs": 4, "stepwise_kl_reference": "rollout"},
+    # the equalizer inside a window: the whole schedule's scales or renormalised over the window's steps
+    "window4_slow_eq_full": {"sde_window_size": 4, "sde_window_stride": 4, "sde_window_equalizer": "full"},
+    "window4_slow_eq_window": {"sde_window_size": 4, "sde_window_stride": 4, "sde_window_equalizer": "window"},
+    "window_eq_full": {"sde_window_size": 4, "sde_window_stride": 2, "sde_window_equalizer": "full"},
+    "window_eq_window": {"sde_window_size": 4, "sde_window_stride": 2, "sde_window_equalizer": "window"},
 }
 WINDOW = 5
 REWARD_KEY = "gathered_avg_reward_mean"

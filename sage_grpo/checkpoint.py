@@ -10,7 +10,7 @@ The training loop only says when.
 
     transformer/model.safetensors   trainable weights (all weights, or the LoRA adapter weights with --use_lora)
     training_state.pt               counters (the step fixes the data position and the LR), KL controller, anchor
-                                    schedule, parallel layout, RNG states
+                                    schedule, drift guard (``--drift_guard``), parallel layout, RNG states
     config.yaml                     the run's resolved configuration
     lora/                           LoRA runs not sharded by FSDP: the peft adapter folder
     ema/model.safetensors           --ema_decay: the EMA of the trainable weights (whole; on several processes gathered
@@ -377,13 +377,24 @@ class CheckpointManager:
             self._load_dcp(path, training_state, has_reference)
         else:
             self._load_files(path, has_reference)
+        # counters added later (the failed-reward streak, the drift guard's state) may be absent from an older run's
         self.counters.load_state_dict({key: training_state[key] for key in self.counters.state_dict()
-                                       if key in training_state})  # counters added later start from their default
+                                       if key in training_state})
         if self.kl_controller is not None and training_state["kl_controller"] is not None:
             self.kl_controller.load_state_dict(training_state["kl_controller"])
         if has_reference:  # a run resumed without the KL has no anchor to schedule
             self.anchor_schedule.load_state_dict(training_state["anchor_schedule"])
         self._restore_rng(training_state)
+
+    def roll_back(self, path: Path) -> None:
+        """The drift guard's rollback: the weights, optimizer, KL controller and anchor of the run's own checkpoint
+        ``path``, keeping the counters' state (the drift guard's with it) and this process's RNG states: the run goes
+        on from its step (a collective on several processes, as :meth:`load`)."""
+        training_state = load_plain(Path(path) / TRAINING_STATE_FILE, "training state")
+        counters, rng = self.counters.state_dict(), capture_rng_state()
+        self.load(path, training_state)
+        self.counters.load_state_dict(counters)
+        restore_rng_state(rng)
 
     def _load_files(self, path: Path, has_reference: bool) -> None:
         """A one-process checkpoint (plain data only, see :mod:`sage_grpo.safe_io`; weights and optimizer state

@@ -36,7 +36,7 @@ RUN_DEFINING: Tuple[str, ...] = (
     # optimizer and schedule
     "use_muon", "learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "lr_num_cycles", "lr_power",
     "gradient_accumulation_steps",
-    "max_grad_norm", "ema_decay",
+    "max_grad_norm", "max_grad_norm_units", "ema_decay",
     # data and groups (the videos per step, batch_size x dp, are compared through the checkpoint's layout record)
     "num_generations", "seed", "use_same_noise",
     # sampler
@@ -44,10 +44,10 @@ RUN_DEFINING: Tuple[str, ...] = (
     "video_bucket_hw_base_size", "rollout_height", "rollout_width",
     # GRPO objective
     "timestep_fraction", "clip_range", "adv_clip_max", "use_grad_balancing", "enable_timestep_permutation",
-    "mini_batch_size_per_update", "num_inner_epochs", "sde_window_size", "sde_window_stride",
+    "mini_batch_size_per_update", "num_inner_epochs", "sde_window_size", "sde_window_stride", "sde_window_equalizer",
     # trust region
     "kl_weight", "kl_coef", "kl_min_coef", "use_moving_KL", "update_ref_model_step", "use_dual_kl",
-    "dual_kl_moving_weight", "dual_kl_step_weight",
+    "dual_kl_moving_weight", "dual_kl_step_weight", "stepwise_kl_reference",
     # reward
     "reward_model", "reward_weights", "reward_kwargs", "extra_rewards", "reward_checkpoint_mode", "reward_aggregation",
     "videoalign_fps", "videoalign_num_frames", "videoalign_max_pixels",

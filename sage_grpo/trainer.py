@@ -16,8 +16,8 @@
   loss times the equalizer scale of its *original* step, plus beta * (w_m * KL_mean-matching + w_s * KL_step-wise) with
   beta from the adaptive controller. Gradients accumulate into one optimizer update per
   ``--gradient_accumulation_steps`` rollout batches.
-* Anchor: every ``--update_ref_model_step`` updates the reference model is overwritten with the policy (the moving
-  anchor), before the next rollout.
+* Anchor: after every ``--update_ref_model_step``-th update the reference model is overwritten with the policy (the
+  moving anchor; between two inner epochs, the later ones see the new anchor's means: ``rl.AnchorMeans``).
 
 Image-to-video: a step's prompts are one task (``data.py``); an i2v batch's prompt embeddings carry the image
 condition of its reference images (``ModelBundle.encode``), so rollout, replay, reference means and validation use it
@@ -68,7 +68,7 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl
-from sage_grpo.checkpoint import CheckpointManager, resumes, seed_everything
+from sage_grpo.checkpoint import CheckpointManager, list_checkpoints, resumes, seed_everything
 from sage_grpo.config import TrainConfig, save_yaml
 from sage_grpo.config.schema import config_to_yaml, to_dict
 from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, trained_steps_per_sample,
@@ -77,7 +77,8 @@ from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_p
 from sage_grpo.distributed import barrier, destroy_distributed, mean_over_world
 from sage_grpo.distributed.liveness import PeerLost
 from sage_grpo.distributed.startup import start_processes
-from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, parallelize_models
+from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, clip_threshold,
+                                               parallelize_models)
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_step_rewards,
                                                 run_on_main, share_rollout)
 from sage_grpo.faults import fault_point
@@ -87,6 +88,7 @@ from sage_grpo.models.variants import resolve_train_sampling
 from sage_grpo.optim.ema import PolicyEMA
 from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
 from sage_grpo.pipeline.failed_steps import count_failed_step, finite_update, step_failures
+from sage_grpo.pipeline.drift import DriftGuardStop, DriftSentinel, check_watched_metrics
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
@@ -113,11 +115,7 @@ from sage_grpo.video_io import BackgroundWriter
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
 # one line instead of a traceback.
 USER_ERRORS = (ConfigError, CheckpointError, MissingCheckpointError, FileNotFoundError, RewardFailure,
-               RemoteRewardError, PeerLost, DiskFullError)
-
-
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+               RemoteRewardError, PeerLost, DiskFullError, DriftGuardStop)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -147,7 +145,9 @@ class GRPOTrainer:
                     "--pretrained_transformer_version")
         self._check_i2v_tokens()
         self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
+        self.drift_watch = rl.drift_watch_of(cfg, self.kl_mode)  # the drift proxy and guard, likewise
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
+        check_watched_metrics(self.drift_watch, self.reward_plan.held_out)
         self.notes += self.reward_plan.notes
         self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
         check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
@@ -205,7 +205,8 @@ class GRPOTrainer:
         self.window = SDEWindow(cfg.sde_window_size, cfg.sde_window_stride, cfg.grpo_sampling_steps)
         self.num_train_steps = trained_steps_per_sample(cfg)
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
-                                      self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars)
+                                      self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars,
+                                      window_equalizer=cfg.sde_window_equalizer == "window" and self.window.enabled)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps that trained on nothing (pipeline/failed_steps.py)
@@ -221,15 +222,15 @@ class GRPOTrainer:
                                     trackers=trackers, max_steps=cfg.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
         self.validator = self._build_validator()
+        self.sentinel = DriftSentinel(self.drift_watch, self.validator, self.logger.info)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
             keep_checkpoints=cfg.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
             config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, ema=self.ema)
-        self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device))
-        for note in self.notes:
-            self.logger.info(f"note: {note}")
+        self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device)
+                               + [f"note: {note}" for note in self.notes])
         if self.dims.is_distributed:
             self.logger.info(f"{self.dims.world_size} processes: dp {self.dp_size} x sp {self.dims.sp_size}, "
                              f"FSDP {'on' if cfg.enable_fsdp else 'off'}")
@@ -258,18 +259,19 @@ class GRPOTrainer:
         cfg = self.cfg
         if self.resume_check is not None:
             self.resume(self.resume_check.path)
-        elif cfg.validate_at_step0:
+        elif cfg.validate_at_step0 or self.drift_watch.proxy:  # the proxy's baseline: the base model's samples
             self.validate(0)
         progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
         while self.global_step < cfg.max_steps:
-            self.maybe_refresh_anchor()
+            self.maybe_refresh_anchor()  # a checkpoint saved before its refresh (an earlier version refreshed here)
             metrics = self.train_step()
             self.global_step += 1
             self.logger.log_step(self.global_step, metrics)
             self.failed_reward_steps = count_failed_step(  # the streak of steps that trained on nothing
                 self.failed_reward_steps, self.global_step, step_failures(metrics, cfg.batch_size * self.dp_size),
                 cfg.max_failed_reward_steps, self.logger.info)
+            self.sentinel.record_step(metrics)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['gathered_avg_reward_mean']:.4f}",
                                  kl=f"{metrics.get('kl_loss', 0.0):.2e}")
@@ -296,7 +298,8 @@ class GRPOTrainer:
         height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
         embeds = self._encode(items, (height, width))
         first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
-        noise_generators = [_generator(derived_seed(cfg.seed, step, first + slot, s)) for slot, s in enumerate(seeds)]
+        noise_generators = [torch.Generator().manual_seed(derived_seed(cfg.seed, step, first + slot, s))
+                            for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
                                        num_frames=cfg.sample_n_frames, height=height, width=width,
                                        sde_generators=noise_generators, decode=False, progress=self.show_bars,
@@ -312,8 +315,9 @@ class GRPOTrainer:
         scoring = self.rewards.start(videos, prompts)  # scored now, or beside the reference pass (--async_reward)
         timings["reward_time"] = time.perf_counter() - start
         start = time.perf_counter()
-        ref_means = self.reference_means(rollout, embeds)
-        timings["ref_model_time"] = time.perf_counter() - start
+        trained_steps = self.window.steps(self.update_steps)
+        # the anchor's means, computed now (beside the reward worker) and again after a refresh between inner epochs
+        reference = rl.AnchorMeans(partial(self.reference_means, rollout, embeds, trained_steps), self.anchor)
         start = time.perf_counter()
         rewards, group_rewards = self.rewards.collect(scoring)
         timings["reward_time"] += time.perf_counter() - start  # the reward's time on the step's critical path
@@ -326,10 +330,11 @@ class GRPOTrainer:
                                      RolloutSamples(items, seeds, videos, rewards, advantages))
         timings["media_time"] = time.perf_counter() - start  # handing them to the writer (waiting when it lags)
 
-        start = time.perf_counter()
+        start, before = time.perf_counter(), reference.seconds
         metrics = run_inner_epochs(cfg.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
-                                                                  ref_means, self.window.steps(self.update_steps)))
-        timings["grpo_loop_time"] = time.perf_counter() - start
+                                                                  reference, trained_steps, self.update_steps))
+        timings["ref_model_time"] = reference.seconds  # with means recomputed after a refresh between epochs
+        timings["grpo_loop_time"] = time.perf_counter() - start - (reference.seconds - before)
         timings["other_time"] = time.perf_counter() - step_start - sum(timings.values())  # the phases add up
         # the writer's own time, overlapping the phases (not in the step); on every rank, so the all-reduce matches
         timings["background_media_time"] = self.rollout_media.writer.seconds
@@ -372,30 +377,30 @@ class GRPOTrainer:
         images = [item.ref_image_path for item in items] if items[0].task == "i2v" else None
         return self.models.encode([item.prompt for item in items], images, size)
 
-    def reference_means(self, rollout, embeds) -> Optional[torch.Tensor]:
-        """mu_ref of every stored transition, (B, N, C, T, h, w) on the device, the placement's reference batch of
-        transitions per forward (``--reference_batch_size``); with the SDE window only the window's transitions
-        (the others are never trained); None without a KL reference."""
+    def reference_means(self, rollout, embeds, trained_steps: torch.Tensor) -> Optional[torch.Tensor]:
+        """mu_ref of every stored transition, (B, N, C, T, h, w) on the device, ``--reference_batch_size`` transitions
+        per forward; with the SDE window only those of ``trained_steps`` (never trained others); None without KL."""
         if self.models.reference is None or self.kl_controller is None:
             return None
-        steps = self.window.steps(self.update_steps) if self.window.enabled else None
+        steps = trained_steps if self.window.enabled else None
         with self.models.reference_on_device() as reference:
             return self.reference_sampler.transition_means(reference, rollout.latents, embeds, self.device,
                                                            self.show_bars, steps=steps)
 
-    def policy_update(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
-                      trained_steps: torch.Tensor, pass_index: int = 0) -> Dict[str, float]:
-        """One pass (``rl.inner_epochs``) over the rollout's (sample, step) pairs of ``trained_steps``."""
+    def policy_update(self, rollout, embeds, advantages: torch.Tensor, reference: rl.AnchorMeans,
+                      trained_steps: torch.Tensor, rollout_update: int, pass_index: int = 0) -> Dict[str, float]:
+        """One pass (``rl.inner_epochs``) over the (sample, step) pairs of ``trained_steps``, at the anchor's means."""
         cfg = self.cfg
         shuffle, order = shuffled_pairs(pass_seed(cfg.seed, self.dp_rank, self.global_step, pass_index),
                                         rollout.latents.shape[0], trained_steps, cfg.enable_timestep_permutation)
         check_same_in_sp_group(self.dims, shuffle=shuffle.tolist(), order=order.tolist())
         closes_window = (self.micro_steps + 1) % self.cfg.gradient_accumulation_steps == 0
-        result = self.policy_pass.backward(rollout, embeds, advantages, ref_means, shuffle, order, closes_window,
-                                           self.global_step)
+        result = self.policy_pass.backward(rollout, embeds, advantages, reference.current(), shuffle, order,
+                                           closes_window, self.global_step, self.update_steps == rollout_update)
         self.micro_steps += 1
         if self.micro_steps % self.cfg.gradient_accumulation_steps == 0:
             result.update(self.optimizer_step())
+            self.maybe_refresh_anchor()  # after exactly every --update_ref_model_step updates, at any K
         return result
 
     def optimizer_step(self) -> Dict[str, float]:
@@ -403,7 +408,7 @@ class GRPOTrainer:
         params = [p for _, p in self.models.trainable_named_parameters()]
         watched = _local(params[0]).detach().clone() if cfg.debug_grad_flow else None
         average_unsharded_gradients(params, self.dims)
-        grad_norm = clip_gradients(params, cfg.max_grad_norm)
+        grad_norm = clip_gradients(params, clip_threshold(cfg))  # --max_grad_norm in --max_grad_norm_units
         if finite_update(grad_norm):  # a NaN or inf gradient is never applied (pipeline/failed_steps.py)
             self.lr_schedule.apply(self.optimizer, self.update_steps)
             self.optimizer.step()
@@ -451,20 +456,24 @@ class GRPOTrainer:
         out_dir = self.run_dir / "samples" / f"step_{step:06d}"
         with self.ema.applied() if self.cfg.validate_ema else nullcontext():  # --validate_ema: the EMA weights
             result = self.validator.run(step, out_dir)
-        self.logger.log_validation(step, result.metrics)
+        added, alarms = self.sentinel.observe(step, result.metrics)
+        self.logger.log_validation(step, {**result.metrics, **added})
         self.logger.info(f"validation videos written to {out_dir}")
+        self.sentinel.act(step, alarms, partial(run_on_main, partial(list_checkpoints, self.run_dir), self.dims),
+                          self.save, self.checkpoints.roll_back)  # every rank alike: rank 0's metrics and checkpoints
         return result
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The counters, as the training state holds them (saved and restored by the checkpoint manager); the run of
-        all-failed reward steps too, so resuming does not reset the count that stops the run."""
+        """The counters as the training state holds them (saved and restored by the checkpoint manager), the streak of
+        all-failed reward steps (a resume does not reset it) and the drift guard's state too."""
         return {"global_step": self.global_step, "update_steps": self.update_steps, "micro_steps": self.micro_steps,
-                "failed_reward_steps": self.failed_reward_steps}
+                "failed_reward_steps": self.failed_reward_steps, **self.sentinel.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.global_step, self.update_steps = state["global_step"], state["update_steps"]
         self.micro_steps, self.failed_reward_steps = state["micro_steps"], state.get("failed_reward_steps", 0)
+        self.sentinel.load_state_dict(state)
 
     def save(self) -> Path:
         """Write ``checkpoint-{global_step}``: called by every rank."""

@@ -5,8 +5,11 @@ validation (``Validation/...`` rows), as a PNG.
     python scripts/plot_run.py outputs/demo  # the same command
 
 Reads only ``metrics.jsonl``; the reward is ``gathered_avg_reward_mean`` with its within-step std as a band, the
-validation prompts' training reward (``Validation/avg``) beside it and their manifold error beside the rollouts'; each
-held-out validation metric (``--validation_metrics``: a key the training reward does not log) gets a panel of its own.
+validation prompts' training reward (``Validation/avg``) beside it and their manifold error beside the rollouts'; the
+drift proxy (``--drift_proxy``, ``--drift_guard``: the base model's denoising error of the validation samples) over its
+step-0 value beside the validation manifold error over its own, with the points where the drift guard raised an
+alarm; each held-out validation metric (``--validation_metrics``: a key the training reward does not log) gets a
+panel of its own.
 """
 
 import argparse
@@ -20,6 +23,7 @@ from sage_grpo.tracking.run_dir import (manifold_error_key, metric_value, read_m
                                         validation_rows)
 
 VALIDATION = "Validation/"
+DRIFT_KEYS = tuple(VALIDATION + key for key in ("drift_proxy", "drift_proxy_ratio", "drift_guard_alarms"))
 
 
 def _values(rows, key, missing=math.nan):
@@ -39,7 +43,26 @@ def held_out_keys(rows, validation):
     trained = {k[len("gathered_"):-len("_reward_mean")] for row in rows for k in row
                if k.startswith("gathered_") and k.endswith("_reward_mean")}
     keys = dict.fromkeys(k for row in validation for k in row if k.startswith(VALIDATION))
-    return [k for k in keys if not k.endswith("time") and k[len(VALIDATION):] not in trained]
+    return [k for k in keys if not k.endswith("time") and k[len(VALIDATION):] not in trained and k not in DRIFT_KEYS]
+
+
+def drift_panel(validation, manifold_key: str):
+    """The drift proxy over its step-0 value beside the validation manifold error over its own (when the reward
+    reports one), and the points where the guard raised an alarm; None without the proxy."""
+    proxy = _validation_series(validation, VALIDATION + "drift_proxy_ratio", "drift proxy")
+    if not proxy:
+        return None
+    series = proxy
+    truth = [(row["step"], row[manifold_key]) for row in validation if manifold_key in row]
+    if truth and truth[0][1] > 0:
+        series.append(Series("manifold error (truth)", [s for s, _ in truth],
+                             [v / truth[0][1] for _, v in truth]))
+    alarms = [row for row in validation if row.get(VALIDATION + "drift_guard_alarms", 0) > 0]
+    if alarms:
+        series.append(Series("drift guard alarms", [row["step"] for row in alarms],
+                             [row[VALIDATION + "drift_proxy_ratio"] for row in alarms]))
+    return Panel("drift of the validation samples, each over its step-0 value (the base model's own samples)",
+                 "x step 0", series)
 
 
 def run_panels(rows):
@@ -56,6 +79,9 @@ def run_panels(rows):
         panels.append(Panel("manifold error of the rollouts (RMS distance to the nearest toy-world video)", "RMS",
                             [Series(name, steps, _values(rows, key))]
                             + _validation_series(validation, VALIDATION + name, "validation")))
+    drift = drift_panel(validation, VALIDATION + (name if key is not None else "manifold_error"))
+    if drift is not None:
+        panels.append(drift)
     kl_keys = [k for k in ("kl_loss",) if any(k in row for row in rows)]
     if kl_keys:
         panels.append(Panel("KL to the moving anchor (kl_loss)", "KL",

@@ -31,13 +31,13 @@ TRAIN_GROUPS: FlagGroups = (
         "extra_rewards", "clip_model", "pickscore_model", "pickscore_processor")),
     ("GRPO update", "advantages, the clipped ratio, the gradient-norm equalizer and the trained steps", (
         "clip_range", "adv_clip_max", "timestep_fraction", "use_grad_balancing", "enable_timestep_permutation",
-        "num_inner_epochs")),
+        "num_inner_epochs", "sde_window_equalizer")),
     ("KL and trust region", "the moving reference anchor, the step-wise KL and the adaptive KL coefficient", (
         "kl_weight", "kl_coef", "kl_min_coef", "use_moving_KL", "update_ref_model_step", "use_dual_kl",
-        "dual_kl_moving_weight", "dual_kl_step_weight")),
+        "dual_kl_moving_weight", "dual_kl_step_weight", "stepwise_kl_reference")),
     ("optimisation", "optimizer, learning-rate schedule and run length", (
         "learning_rate", "lr_scheduler", "warmup_steps", "lr_num_cycles", "lr_power", "weight_decay", "use_muon",
-        "max_grad_norm", "gradient_accumulation_steps", "max_steps", "ema_decay")),
+        "max_grad_norm", "max_grad_norm_units", "gradient_accumulation_steps", "max_steps", "ema_decay")),
     ("LoRA", "train LoRA adapters instead of every weight", (
         "use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "pretrained_lora_path")),
     ("parallelism and memory", "FSDP2, Ulysses, the memory plan's placements, the device", (
@@ -53,6 +53,9 @@ TRAIN_GROUPS: FlagGroups = (
         "validation_interval", "validate_at_step0", "validation_prompts", "valid_video_csv", "validation_global_seed",
         "validation_num_inference_steps", "validation_timestep_shift", "validation_fixed_size",
         "validate_video_length", "validation_metrics", "validate_ema")),
+    ("drift guard", "the drift proxy against the base model and the sentinel that warns, stops or rolls back", (
+        "drift_proxy", "drift_proxy_sigmas", "drift_guard", "drift_guard_proxy_ratio", "drift_guard_window",
+        "drift_guard_heldout", "drift_guard_reward_rise", "drift_guard_heldout_fall")),
     ("reference flags without effect", "accepted so the reference's launch lines run; setting one warns", (
         "train_timestep_shift", "flow_snr_type", "i2v_prob", "num_workers", "prefetch_factor")),
 )

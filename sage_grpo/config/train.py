@@ -25,6 +25,7 @@ ATTENTION_BACKENDS = ("native", "_native_math", "_native_efficient", "_native_fl
 # --mixed_length_attention: how rows of different valid text lengths (the CFG pair) attend (models/attention.py)
 MIXED_LENGTH_ATTENTION = ("auto", "mask", "split")
 DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'
+DRIFT_GUARD_ACTIONS = ("off", "warn", "stop", "rollback")  # --drift_guard (sage_grpo/rl/drift_guard.py)
 # The CLIPScore and PickScore checkpoints (hub names, found as <model root>/<name after its last '/'>): the trainer's
 # flags and the evaluation's read them here (sage_grpo/rewards/clip_score.py, pick_score.py).
 DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
@@ -114,7 +115,8 @@ class TrainConfig:
     kl_min_coef: float = config_field(1e-7, "Lower bound of the adaptive KL coefficient and start of its warm-up")
     use_moving_KL: bool = config_field(True, "Moving anchor: copy the policy into the reference periodically")
     update_ref_model_step: int = config_field(10, "Anchor refresh interval, in optimizer updates")
-    use_dual_kl: bool = config_field(True, "Add the step-wise (rollout vs current log-prob) KL term")
+    use_dual_kl: bool = config_field(
+        True, "Add the step-wise (velocity) KL term, log pi_prev - log pi_theta (--stepwise_kl_reference)")
     dual_kl_moving_weight: float = config_field(1.0, "Weight of the mean-matching (position) KL term")
     dual_kl_step_weight: float = config_field(0.1, "Weight of the step-wise (velocity) KL term")
     # ---------------------------------------------------------------- sampler / GRPO
@@ -144,6 +146,32 @@ class TrainConfig:
     validation_fixed_size: str = config_field("480x864", "Validation HxW ('HxW' or 'H*W'; 'none': rollout size)")
     validate_video_length: int = config_field(
         81, "Validation frame count", aliases=("validation_video_length", "video_length"))
+    # (our own additions, docs/toy_study.md "Drift proxy": how far the samples left the base model's manifold)
+    drift_proxy: bool = config_field(
+        False, "At every validation (and at step 0), the frozen base model's denoising error of the validation "
+        "videos: Validation/drift_proxy and drift_proxy_ratio (over step 0). The base model is free with LoRA "
+        "(adapters off) and a fixed KL anchor, a frozen copy of the transformer otherwise")
+    drift_proxy_sigmas: List[float] = config_field(
+        [0.5, 0.75, 0.9], "Noise levels sigma in (0, 1) of the drift proxy's denoising error (one unguided base "
+        "forward each per validation video)", nargs="+")
+    drift_guard: str = config_field(
+        "off", "Drift sentinel at every validation (turns --drift_proxy on): warn (log, console, trackers), stop "
+        "(checkpoint, then exit naming the bound crossed), rollback (to the newest checkpoint of a validation point "
+        "that crossed no bound; stop when it is rolled back to twice); off", choices=DRIFT_GUARD_ACTIONS)
+    drift_guard_proxy_ratio: float = config_field(
+        4.0, "Drift guard bound: the drift proxy over its step-0 value (the base model's own samples)")
+    drift_guard_window: int = config_field(
+        3, "Drift guard: the validation points over which the training reward and the held-out metrics are compared")
+    drift_guard_heldout: Optional[List[str]] = config_field(
+        None, "Drift guard: the held-out validation metrics (keys --validation_metrics logs, higher is better: "
+        "clipscore, pickscore, Overall, ...) whose fall while the training reward rises is an alarm; unset: none",
+        nargs="+")
+    drift_guard_reward_rise: float = config_field(
+        0.0, "Drift guard bound: a training-reward rise over the window above this, while a held-out metric falls, "
+        "is an alarm")
+    drift_guard_heldout_fall: float = config_field(
+        0.05, "Drift guard bound: a --drift_guard_heldout metric falling over the window by more than this fraction "
+        "of its first value, while the training reward rises, is an alarm")
     # ---------------------------------------------------------------- parallelism / memory
     use_lora: bool = config_field(False, "Train LoRA adapters instead of all weights")
     lora_r: int = config_field(8, "LoRA rank")
@@ -238,6 +266,20 @@ class TrainConfig:
     sde_window_stride: int = config_field(
         1, "Optimizer updates between two one-step moves of the --sde_window_size window (wrapping to step 0 after "
         "the last position); 0: the window stays on the first steps")
+    sde_window_equalizer: str = config_field(
+        "full", "Equalizer scales inside an --sde_window_size window: full (the whole schedule's, median(g) / g_k, as "
+        "without a window) or window (renormalised over the window's steps: median over the window / g_k)",
+        choices=("full", "window"))
+    stepwise_kl_reference: str = config_field(
+        "previous_step", "The policy the step-wise KL is measured against (it matters with --num_inner_epochs > 1): "
+        "previous_step (the paper's pi_{theta_{k-1}}: the policy before this optimizer update, i.e. the current "
+        "weights; 0 in value, its gradient -grad log pi) or rollout (the policy that drew the rollout: the drift of "
+        "the inner epochs so far)", choices=("previous_step", "rollout"))
+    max_grad_norm_units: str = config_field(
+        "reference", "What --max_grad_norm is compared with: reference (the reference's gradient norm, which under "
+        "--sp_size sp is 1/sp of the full gradient's, so the full gradient is clipped at max_grad_norm x sp: the "
+        "reference's launch flags clip where the reference does at every SP degree) or full (the full gradient's "
+        "norm: the same clip at every SP degree)", choices=("reference", "full"))
     use_same_noise: bool = config_field(False, "All members of a group start from the same initial noise")
     video_fps: int = config_field(24, "Frame rate of saved videos and of reward frame sampling")
     validation_num_inference_steps: int = config_field(40, "Validation denoising steps")

@@ -117,9 +117,11 @@ def check_finite_options(config) -> None:
     comparison (``nan <= 0`` is False), so it would reach the sampler; inf is no valid setting either."""
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
+        values = value if isinstance(value, list) else [value]  # a list of floats: each (--drift_proxy_sigmas)
+        bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
             default = field.default if field.default is not dataclasses.MISSING else None
-            _fail(f"{field.name}-finite", f"--{field.name} {value} is not a finite number",
+            _fail(f"{field.name}-finite", f"--{field.name} {bad[0]} is not a finite number",
                   f"give a number; the default is {default!r}" if default is not None
                   else "give a number, or leave it unset for its default")
 
@@ -243,12 +245,32 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
         if validation_flow_shift(cfg) <= 0:
             _fail("validation-shift-positive", f"--validation_timestep_shift {cfg.validation_timestep_shift} must be "
                   "> 0", "leave it unset for the model version's shift (480p_t2v: 5.0, 720p_t2v: 9.0)")
+    notes += _check_drift_options(cfg)
     if cfg.pretrained_lora_path and not cfg.use_lora:
         _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
     if cfg.kl_weight > 0 and cfg.kl_min_coef > cfg.kl_weight:
         notes.append(f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
                      f"{cfg.kl_weight} (as the reference does)")
     return notes
+
+
+def _check_drift_options(cfg: TrainConfig) -> List[str]:
+    """The drift proxy and guard (``sage_grpo.rl.drift_guard``) watch the validation points: without any they are off
+    (a note says so: a config file may turn the guard on and a benchmark validation off)."""
+    if not (cfg.drift_proxy or cfg.drift_guard != "off"):
+        return []
+    if cfg.validation_interval <= 0:
+        flag = "--drift_proxy true" if cfg.drift_guard == "off" else f"--drift_guard {cfg.drift_guard}"
+        return [f"{flag} is measured at the validation points and --validation_interval is "
+                f"{cfg.validation_interval}: the drift proxy and guard are off"]
+    if not cfg.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in cfg.drift_proxy_sigmas):
+        _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {cfg.drift_proxy_sigmas} must be one or more noise levels "
+              "in (0, 1)", "use --drift_proxy_sigmas 0.5 0.75 0.9 (the default)")
+    if cfg.drift_guard_window < 2 or cfg.drift_guard_proxy_ratio <= 1 or cfg.drift_guard_heldout_fall < 0:
+        _fail("drift-guard-bounds", f"--drift_guard_window {cfg.drift_guard_window} must be >= 2, "
+              f"--drift_guard_proxy_ratio {cfg.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
+              f"and --drift_guard_heldout_fall {cfg.drift_guard_heldout_fall} >= 0", "use the defaults (3, 4.0, 0.05)")
+    return []
 
 
 def _check_reward_weights(text: str) -> None:

@@ -28,6 +28,13 @@ Gradients: FSDP averages over every rank of its mesh, which is both the data-par
 correction (see ``sequence_parallel.py``). Without FSDP on several processes, :func:`average_unsharded_gradients`
 does that mean explicitly (one all-reduce per parameter, once per optimizer update). :func:`clip_gradients` clips by
 the global norm, gathering the norm of DTensor gradients (the only communication is one scalar).
+
+Clip threshold (:func:`clip_threshold`): the gradient here is the full gradient at every SP degree, the reference's is
+1/sp of it (its backward gives each SP rank its own tokens' share and FSDP then averages over the SP ranks too; spec
+§10.20), so its ``--max_grad_norm m`` clips where the full gradient's norm is m·sp. With ``--max_grad_norm_units
+reference`` (default) ``--max_grad_norm`` means the reference's number and the full gradient is clipped at m·sp, so
+``run_post_train.sh``'s flags and the paper configs clip where the reference does at every SP degree; ``full`` clips
+the full gradient at m (one process then reproduces an SP run with the same flags).
 """
 
 from typing import List, Optional
@@ -83,20 +90,20 @@ def policy_param_dtype(cfg: TrainConfig) -> torch.dtype:
 
 
 def parallelize_models(bundle, dims: ParallelDims, cfg: TrainConfig) -> None:
-    """SP, then FSDP2 when ``--enable_fsdp`` and world > 1, on ``bundle.policy`` and ``bundle.reference`` (in place).
+    """SP, then FSDP2 when ``--enable_fsdp`` and world > 1, on ``bundle.policy``, ``bundle.reference`` and the drift
+    proxy's frozen ``bundle.base`` (in place; the base like the reference).
 
     Call on every rank after ``dims.build_meshes()`` and before building the optimizer.
     """
-    reference = bundle.separate_reference  # with LoRA the reference is the policy itself: wrapped once
-    for model in (bundle.policy, reference):
-        if model is not None:
-            apply_sequence_parallel(model, dims.sp_group)
+    frozen = [m for m in (bundle.separate_reference, bundle.base) if m is not None]  # LoRA's reference: the policy
+    for model in (bundle.policy, *frozen):
+        apply_sequence_parallel(model, dims.sp_group)
     if not (dims.is_distributed and cfg.enable_fsdp):
         return
     apply_fsdp(bundle.policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
                activation_checkpointing=cfg.enable_gradient_checkpointing)
-    if reference is not None:
-        shard_frozen(reference, dims.fsdp_mesh, offload=bundle.placement.reference_on_cpu)
+    for model in frozen:
+        shard_frozen(model, dims.fsdp_mesh, offload=bundle.placement.reference_on_cpu)
     bundle.materialize()  # transformers built on the meta device: read each rank's shards now
 
 
@@ -106,6 +113,11 @@ def average_unsharded_gradients(params: List[torch.nn.Parameter], dims: Parallel
     """Mean over all ranks of plain gradients (several processes without FSDP); no-op when FSDP already reduced."""
     if dims.is_distributed and not any(isinstance(p, DTensor) for p in params):
         average_gradients(params, dist.group.WORLD)
+
+
+def clip_threshold(cfg: TrainConfig) -> float:
+    """The norm of the full gradient at which it is clipped: ``--max_grad_norm`` in ``--max_grad_norm_units``."""
+    return cfg.max_grad_norm * (cfg.sp_size if cfg.max_grad_norm_units == "reference" else 1)
 
 
 def clip_gradients(params: List[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -3,8 +3,9 @@
 * ``results.json``: the sampler settings (once), then per checkpoint a ``summary`` (per metric: mean, standard error
   of the mean over its prompt x seed samples, n) and ``prompts`` (per prompt: its per-seed scores and their mean),
   plus mean sampling and scoring seconds per (prompt, seed);
-* ``results.md``: the summary in the layout of the paper's Table 2 (VQ, MQ, TA, Overall = VQ + MQ + TA, CLIPScore,
-  PickScore; then any further metric), ``mean ± s.e.``;
+* ``results.md``: the summary in the layout of the paper's Table 2 (VQ, MQ, TA, Overall = VQ + MQ + TA, CLIPScore and
+  PickScore on the paper's scale, then the raw PickScore logit and any further metric), ``mean ± s.e.``, every
+  column headed with how it is computed; ``results.json`` holds the same definitions (``metric_definitions``);
 * ``bars.png``: one bar panel per metric, a bar per checkpoint with its standard error;
 * ``side_by_side/<i>_<prompt>.png``: per prompt (first seed), one row of evenly spaced frames per checkpoint.
 """
@@ -20,9 +21,31 @@ import numpy as np
 
 from sage_grpo.evaluate.plan import EvaluationPlan
 
-# Table 2's columns first (key, header), in the paper's order; then every other metric in the order produced.
-TABLE2_COLUMNS = (("VQ", "VQ"), ("MQ", "MQ"), ("TA", "TA"), ("Overall", "Overall"), ("clipscore", "CLIPScore"),
-                  ("pickscore", "PickScore"), ("Weighted", "Weighted (--reward_weights)"))
+# Table 2's columns first (key, header), in the paper's order, then the raw scores beside them; then every other
+# metric in the order produced.
+TABLE2_COLUMNS = (("VQ", "VQ"), ("MQ", "MQ"), ("TA", "TA"), ("Overall", "Overall"),
+                  ("clipscore", "CLIPScore (2.5·cos)"), ("pickscore_paper", "PickScore (logit/26)"),
+                  ("pickscore", "PickScore logit (raw)"), ("Weighted", "Weighted (--reward_weights)"),
+                  ("clip_cosine", "CLIP cos (raw)"), ("pickscore_cosine", "PickScore cos (raw)"))
+# Table 2's scale of a raw score, derived per sample (the paper names neither scorer: inferred, docs/evaluation.md):
+# PickScore as Flow-GRPO's PickScore scorer reports it, the logit divided by 26.
+PAPER_SCALE = {"pickscore_paper": ("pickscore", 1 / 26)}
+METRIC_DEFINITIONS = {
+    "clipscore": "paper scale (Table 2's CLIPScore, inferred): mean over frames of 2.5 * max(cos, 0), CLIP ViT-L/14 "
+                 "(Hessel et al.'s CLIPScore)",
+    "pickscore_paper": "paper scale (Table 2's PickScore, inferred): mean over frames of PickScore_v1's logit / 26 "
+                       "(Flow-GRPO's PickScore scorer)",
+    "pickscore": "raw: mean over frames of PickScore_v1's logit exp(logit_scale) * cos (its model card), ~100 * cos",
+    "clip_cosine": "raw: mean over frames of the CLIP ViT-L/14 image-text cosine",
+    "pickscore_cosine": "raw: mean over frames of the PickScore_v1 image-text cosine",
+}
+
+
+def with_paper_scale(scores: Dict[str, Optional[float]]) -> Dict[str, Optional[float]]:
+    """``scores`` plus the paper-scale values derived from them (``PAPER_SCALE``; a failed score, None, stays None)."""
+    derived = {key: None if scores[raw] is None else scores[raw] * factor
+               for key, (raw, factor) in PAPER_SCALE.items() if raw in scores}
+    return {**scores, **derived}
 
 
 def mean_and_stderr(values: List[Optional[float]]) -> Dict:
@@ -35,6 +58,7 @@ def mean_and_stderr(values: List[Optional[float]]) -> Dict:
 
 
 def summarize(plan: EvaluationPlan, records: List[Dict]) -> Dict:
+    records = [{**record, "scores": with_paper_scale(record["scores"])} for record in records]
     by_checkpoint: Dict[str, Dict] = {}
     for checkpoint in plan.checkpoints:
         mine = [r for r in records if r["checkpoint"] == checkpoint.label]
@@ -52,7 +76,9 @@ def summarize(plan: EvaluationPlan, records: List[Dict]) -> Dict:
             "seconds_per_video": {"sampling": float(np.mean([r["sampling_s"] for r in mine])),
                                   "scoring": float(np.mean([r["scoring_s"] for r in mine]))},
         }
-    return {"settings": plan.settings(), "prompts": plan.prompts, "seeds": plan.seeds, "checkpoints": by_checkpoint}
+    metrics = {key for entry in by_checkpoint.values() for key in entry["summary"]}
+    return {"settings": plan.settings(), "prompts": plan.prompts, "seeds": plan.seeds, "checkpoints": by_checkpoint,
+            "metric_definitions": {key: text for key, text in METRIC_DEFINITIONS.items() if key in metrics}}
 
 
 def failed_scores(results: Dict) -> List[str]:
@@ -84,7 +110,10 @@ def markdown_table(results: Dict) -> str:
              f"{settings['guidance_scale']}, shift {settings['flow_shift']}, {settings['dtype']}; "
              f"{len(results['prompts'])} prompts x {len(results['seeds'])} seeds {results['seeds']}; "
              "mean ± standard error over the (prompt, seed) samples."
-             + (" Overall = VQ + MQ + TA." if any(key == "Overall" for key, _ in columns) else ""), "",
+             + (" Overall = VQ + MQ + TA." if any(key == "Overall" for key, _ in columns) else "")
+             + (" CLIPScore (2.5·cos) and PickScore (logit/26) are on Table 2's scale (the paper names neither "
+                "scorer: these are inferred, see docs/evaluation.md); hold those against Table 2, not the raw columns."
+                if any(key in ("clipscore", "pickscore_paper") for key, _ in columns) else ""), "",
              "| Model | " + " | ".join(header for _, header in columns) + " |",
              "|---|" + "---:|" * len(columns)]
     for label, entry in results["checkpoints"].items():

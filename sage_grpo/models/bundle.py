@@ -18,6 +18,10 @@ only adapter tensors, keyed as peft saves them (``<module>.lora_A.weight``); :me
 peft adapter folder ``lora/`` to a checkpoint. ``--reference_mode_offload`` has no second model to move with LoRA.
 Parallelism wrappers go on ``policy`` and on :attr:`ModelBundle.separate_reference`, never on ``reference`` itself.
 
+The frozen base model of the drift proxy (``--drift_proxy``, ``--drift_guard``; :meth:`ModelBundle.base_on_device`):
+with LoRA the policy with its adapters disabled, with a KL anchor that never moves the reference, and otherwise
+``base``, a third transformer loaded and placed like the reference (``sage_grpo.rl.drift_guard.drift_watch_of``).
+
 Placement (:class:`sage_grpo.models.placement.Placement`, from ``--reference_placement``, ``--gradient_reduction`` and
 ``--vae_tiling``; ``auto`` decided by the memory plan): whether the reference lives on the CPU between its passes,
 and whether decodes are tiled. With ``--offload_text_encoders`` (default) the text encoders live on the CPU and visit
@@ -42,7 +46,7 @@ from torch.distributed.fsdp import FSDPModule
 from sage_grpo.checkpoint_layout import LORA_DIR
 from sage_grpo.config import TrainConfig
 from sage_grpo.dtypes import DTYPES
-from sage_grpo.models.lora import LoraTraining, check_lora_settings
+from sage_grpo.models.lora import LoraTraining, check_lora_settings, reference_pass
 from sage_grpo.models.image_condition import ImageConditionEncoder
 from sage_grpo.models.attention import install_joint_attention, split_rows_of
 from sage_grpo.models.layout import transformer_layout, version_task
@@ -51,7 +55,7 @@ from sage_grpo.models.sharded_load import load_sharded_weights, transformer_on_m
 from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
 from sage_grpo.models.placement import Placement
 from sage_grpo.models.vae import decode_latents
-from sage_grpo.rl import KLMode
+from sage_grpo.rl import KLMode, drift_watch_of
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:
@@ -84,6 +88,7 @@ class ModelBundle:
     lora: Optional[LoraTraining] = None
     weights_folder: Optional[Path] = None  # set while the transformers are on the meta device (see materialize)
     images: Optional[ImageConditionEncoder] = None  # image-to-video versions only
+    base: Optional[torch.nn.Module] = None  # the drift proxy's frozen base copy, where it needs one (module doc)
 
     def materialize(self) -> None:
         """Read the weights into transformers built on the meta device (after they were sharded): each rank
@@ -92,9 +97,10 @@ class ModelBundle:
         if self.weights_folder is None:
             return
         load_sharded_weights(self.policy, self.weights_folder, self.device)
-        if self.separate_reference is not None:
-            load_sharded_weights(self.separate_reference, self.weights_folder,
-                                 "cpu" if self.placement.reference_on_cpu else self.device)
+        for frozen in (self.separate_reference, self.base):
+            if frozen is not None:
+                load_sharded_weights(frozen, self.weights_folder,
+                                     "cpu" if self.placement.reference_on_cpu else self.device)
         self.weights_folder = None
 
     # ------------------------------------------------------------------ sampling
@@ -149,17 +155,33 @@ class ModelBundle:
             with self.lora.reference_mode() as reference:
                 yield reference
             return
-        if isinstance(self.reference, FSDPModule):
-            yield self.reference
+        with self._frozen_on_device(self.reference) as reference:
+            yield reference
+
+    @contextlib.contextmanager
+    def base_on_device(self) -> Iterator[torch.nn.Module]:
+        """The frozen base model (the drift proxy's) for the duration of the block: with LoRA the policy with its
+        adapters disabled; the frozen copy ``base`` where the run has one; else the reference, an anchor that never
+        moves."""
+        if self.lora is not None:
+            with reference_pass(self.policy, None) as base:
+                yield base
             return
-        offload = self.placement.reference_on_cpu
-        if offload:
-            self.reference.to(self.device)
+        with self._frozen_on_device(self.base if self.base is not None else self.reference) as base:
+            yield base
+
+    @contextlib.contextmanager
+    def _frozen_on_device(self, module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        """A frozen transformer of its own (the reference, the base copy) on the device: FSDP gathers a sharded one
+        itself; a plain one offloaded to the CPU moves there and back."""
+        if isinstance(module, FSDPModule) or not self.placement.reference_on_cpu:
+            yield module
+            return
+        module.to(self.device)
         try:
-            yield self.reference
+            yield module
         finally:
-            if offload:
-                self.reference.to("cpu")
+            module.to("cpu")
 
     @torch.no_grad()
     def copy_policy_to_reference(self) -> None:
@@ -220,8 +242,9 @@ def build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, maste
 
 
 def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> ModelBundle:
-    """The policy, the reference when ``kl_mode`` uses one (see the module docstring), the VAE and the encoder, laid
-    out as ``placement`` says (the memory plan's decision: :func:`sage_grpo.plan.memory.placement_of`)."""
+    """The policy, the reference when ``kl_mode`` uses one (see the module docstring), the drift proxy's frozen base
+    copy where the run's :class:`~sage_grpo.rl.drift_guard.DriftWatch` needs one, the VAE and the encoder, laid out as
+    ``placement`` says (the memory plan's decision: :func:`sage_grpo.plan.memory.placement_of`)."""
     if cfg.use_lora:  # a bad adapter path or target regex fails before the weights load
         check_lora_settings(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules,
                             cfg.pretrained_lora_path)
@@ -237,8 +260,8 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> Mod
                                  load_image_encoder=version_task(cfg.pretrained_transformer_version) == "i2v")
     folder = Path(cfg.pretrained_model_root) / transformer_layout(cfg.pretrained_transformer_version).subdir
     policy = transformer_on_meta(folder, master_dtype) if on_meta else components.transformer
-    split_rows = split_rows_of(cfg.mixed_length_attention, device)  # decided once, for both transformers
-    install_joint_attention(policy, cfg.attention_backend, split_rows)
+    # --mixed_length_attention decided for the training device, for every transformer (a CPU-kept reference too)
+    install_joint_attention(policy, cfg.attention_backend, split_rows_of(cfg.mixed_length_attention, device))
     lora = None
     if cfg.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
         lora = build_lora(cfg, kl_mode, policy, master_dtype)
@@ -247,16 +270,7 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> Mod
         if policy.dtype != master_dtype:
             policy.to(master_dtype)
         policy.requires_grad_(True)
-        reference = None
-        if kl_mode.uses_reference:
-            if on_meta:
-                reference = transformer_on_meta(folder, load_dtype)
-            else:
-                reference = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version,
-                                             load_dtype, "cpu" if placement.reference_on_cpu else device)
-            install_joint_attention(reference, cfg.attention_backend, split_rows)
-            reference.requires_grad_(False)
-            reference.eval()
+        reference = frozen_transformer(cfg, folder, placement, device, on_meta) if kl_mode.uses_reference else None
     policy.train()
     if cfg.enable_gradient_checkpointing:
         policy.enable_gradient_checkpointing()
@@ -268,5 +282,21 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> Mod
                                     compute_device=device if offload_encoders else None,
                                     max_cache_bytes=int(cfg.image_cache_gb * 2 ** 30))
               if components.image_encoder is not None else None)
+    base_copy = drift_watch_of(cfg, kl_mode).base_copy
+    base = frozen_transformer(cfg, folder, placement, device, on_meta) if base_copy else None
     return ModelBundle(cfg, device, policy, reference, components.vae, encoder, placement, lora,
-                       weights_folder=folder if on_meta else None, images=images)
+                       weights_folder=folder if on_meta else None, images=images, base=base)
+
+
+def frozen_transformer(cfg: TrainConfig, folder: Path, placement: Placement, device: torch.device,
+                       on_meta: bool) -> torch.nn.Module:
+    """A frozen base transformer in ``--dtype`` (the KL reference, the drift proxy's base copy): on the meta device
+    for a sharded run (``materialize`` reads its shards), else loaded where ``placement`` keeps the reference."""
+    if on_meta:
+        model = transformer_on_meta(folder, DTYPES[cfg.dtype])
+    else:
+        model = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, DTYPES[cfg.dtype],
+                                 "cpu" if placement.reference_on_cpu else device)
+    install_joint_attention(model, cfg.attention_backend, split_rows_of(cfg.mixed_length_attention, device))
+    model.requires_grad_(False)
+    return model.eval()

@@ -42,13 +42,21 @@ class PolicyPass:
     eq_scales: Optional[torch.Tensor]  # (N,) equalizer scales; None with --use_grad_balancing off
     num_train_steps: int  # steps trained per sample (--timestep_fraction of the N steps)
     show_bar: bool = False  # a tqdm bar over the backward passes (main process on a terminal, no --quiet)
+    window_equalizer: bool = False  # --sde_window_equalizer window with a window on: scales renormalised over it
 
     def backward(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
-                 shuffle: torch.Tensor, order: torch.Tensor, closes_window: bool, step: int) -> Dict[str, float]:
-        """Accumulate the gradients of one rollout batch: ``shuffle`` (B,) orders the samples, ``order`` (B, N) each
-        sample's steps; ``closes_window``: this batch is the last of an accumulation window. Returns the means of the
-        per-iteration metrics (β: its last value), with one device-to-host copy."""
+                 shuffle: torch.Tensor, order: torch.Tensor, closes_window: bool, step: int,
+                 rollout_weights: bool = True) -> Dict[str, float]:
+        """Accumulate the gradients of one rollout batch: ``shuffle`` (B,) orders the samples, ``order`` (B, S) each
+        sample's trained steps; ``closes_window``: this batch is the last of an accumulation window;
+        ``rollout_weights``: no optimizer update since the rollout (the step-wise KL's π_prev is then the rollout's
+        policy, else the current one, ``rl.kl``). Returns the means of the per-iteration metrics (β: its last value),
+        with one device-to-host copy."""
         cfg = self.cfg
+        eq_scales = self.eq_scales
+        if eq_scales is not None and self.window_equalizer:  # every row of order holds the window's steps
+            eq_scales = rl.window_scales(eq_scales, order[0])
+        stepwise_from_rollout = rollout_weights or self.kl_mode.stepwise_to_rollout
         batch, micro = rollout.latents.shape[0], cfg.mini_batch_size_per_update
         group = self.models.placement.replay_group_size  # trained steps per forward and backward
         # One iteration per (mini-batch, trained step); dividing by the number of iterations of the whole
@@ -65,7 +73,7 @@ class PolicyPass:
             for first in range(0, self.num_train_steps, group):
                 positions = range(first, min(first + group, self.num_train_steps))
                 loss = self._group_loss(rollout, embeds, advantages, ref_means, rows, order[rows][:, positions],
-                                        history)
+                                        history, eq_scales, stepwise_from_rollout)
                 iterations_done += len(positions)
                 # FSDP reduces the gradients after every backward (--gradient_reduction per_backward) or once per
                 # optimizer update, on the window's last backward (per_update)
@@ -82,9 +90,12 @@ class PolicyPass:
         return dict(zip(history, summary.tolist()))
 
     def _group_loss(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
-                    rows: torch.Tensor, steps: torch.Tensor, history: Dict[str, List[torch.Tensor]]) -> torch.Tensor:
+                    rows: torch.Tensor, steps: torch.Tensor, history: Dict[str, List[torch.Tensor]],
+                    eq_scales: Optional[torch.Tensor], stepwise_from_rollout: bool) -> torch.Tensor:
         """The summed loss of the (mb, g) pairs of ``rows`` (mb,) at the original ``steps`` (mb, g), replayed in one
-        forward of g·mb rows (position-major); each position's metrics are appended to ``history``."""
+        forward of g·mb rows (position-major); each position's metrics are appended to ``history``. ``eq_scales``:
+        the equalizer's (N,) scales or None; ``stepwise_from_rollout``: the step-wise KL's π_prev is the rollout's
+        log-probability (else the current policy's, detached)."""
         cfg, micro, group = self.cfg, rows.numel(), steps.shape[1]
         pair_rows, pair_steps = rows.repeat(group), steps.T.reshape(-1)  # (g·mb,): position j is rows j·mb..
         x = rollout.latents[pair_rows, pair_steps].to(self.device)  # only the rows this pass uses
@@ -92,7 +103,8 @@ class PolicyPass:
         out = self.sampler.replay(self.models.policy, x, x_next, pair_steps.to(self.device),
                                   embeds.select(pair_rows.tolist()))
         old_lp = rollout.log_probs[pair_rows, pair_steps].to(self.device)
-        scale = self.eq_scales[pair_steps].to(self.device) if self.eq_scales is not None else None
+        scale = eq_scales[pair_steps].to(self.device) if eq_scales is not None else None
+        previous_lp = old_lp if stepwise_from_rollout else out.log_prob.detach()
         terms = []  # per position: (policy loss, its metrics, effective KL or None)
         for j in range(group):
             part = slice(j * micro, (j + 1) * micro)
@@ -103,7 +115,7 @@ class PolicyPass:
             if self.kl_controller is not None and ref_means is not None:
                 ref_mean = ref_means[pair_rows[part], pair_steps[part]].to(self.device)
                 std = out.std[part] if out.std.ndim else out.std
-                effective_kl, parts = rl.dual_kl(out.mean[part], ref_mean, std, old_lp[part], out.log_prob[part],
+                effective_kl, parts = rl.dual_kl(out.mean[part], ref_mean, std, previous_lp[part], out.log_prob[part],
                                                  self.kl_mode.dual, cfg.dual_kl_moving_weight,
                                                  cfg.dual_kl_step_weight)
                 metrics.update(kl_loss=effective_kl.detach(), **parts)

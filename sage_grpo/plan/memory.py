@@ -32,7 +32,8 @@ unsharded fp32 gradient (the first reduced, at the start of the backward where t
 casts of every fp32 weight, cached by autocast for the whole forward) when the compute runs under autocast on fp32
 weights; activations per block (:func:`~sage_grpo.plan.sizes.block_saved_elements`, counted save by save and checked
 against the tensors autograd saves on the tiny model, ``tests/unit/test_plan.py``); the reference's bf16 shards P·c/Z
-on the device, or about two blocks while it runs from the CPU; the text encoders (only while encoding when offloaded);
+on the device, or about two blocks while it runs from the CPU, and the same for the drift proxy's frozen base copy
+(``--drift_proxy`` without LoRA or a fixed anchor); the text encoders (only while encoding when offloaded);
 the rollout's SDE noise (drawn up front, one latent per stochastic step); the VAE weights and its decode (tiled or
 not); the reward models and their forward on SP leaders, the held-out validation scorers on rank 0
 (:mod:`sage_grpo.plan.scorers`); the EMA of ``--ema_decay``, P·4/Z (LoRA: the policy adapter's r·Σ(in+out)·4/Z).
@@ -41,9 +42,9 @@ shard (the peak is the end of the last block's recomputation); no separate refer
 anchor adapter, or none), gathering the policy's units.
 
 **Phases**: encode (text encoders), rollout (policy, no grad), reference (KL means, no grad), train (forward +
-backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode, scoring). The peak is the
-largest phase. Every transformer phase is checked category by category against torch's memory tracker on fake tensors
-(``--simulate``, :mod:`sage_grpo.plan.simulate`).
+backward), optimizer step (:func:`_optimizer_step`), decode + reward, validation (sampling, decode, scoring, the drift
+proxy's base forwards). The peak is the largest phase. Every transformer phase is checked category by category against
+torch's memory tracker on fake tensors (``--simulate``, :mod:`sage_grpo.plan.simulate`).
 
 **Auto decisions** on CUDA (:func:`plan_launch`), each keeping ``MARGIN`` of the GPU free: the reference's shards stay
 on the device when the plan fits with them there (no host transfers), else go to the CPU if
@@ -126,17 +127,6 @@ class MemoryPlan:
     def phase(self, name: str) -> Optional[Phase]:
         return next((p for p in self.phases if p.name == name), None)
 
-    def table(self, phase: Optional[Phase] = None) -> str:
-        """``phase`` (default: the peak) component by component, then every phase's total."""
-        phase = phase or self.peak
-        title = f"{phase.name} phase{', the peak' if phase is self.peak else ''}"
-        lines = [f"| component ({title}) | GB | note |", "|---|---:|---|"]
-        lines += [f"| {c.name} | {c.bytes / GIB:.2f} | {c.note} |" for c in phase.components if c.bytes]
-        lines += [f"| **total** | **{phase.bytes / GIB:.2f}** | |"]
-        lines += ["", "| phase | GB per GPU |", "|---|---:|"]
-        lines += [f"| {p.name}{' (peak)' if p is self.peak else ''} | {p.bytes / GIB:.2f} |" for p in self.phases]
-        return "\n".join(lines)
-
 
 @dataclass(frozen=True)
 class _Layout:
@@ -158,12 +148,13 @@ class _Layout:
     kl: object  # the run's KLMode (sage_grpo.rl.kl_mode_of)
     adapters: int  # LoRA: every adapter's parameters, the anchor's too (r·Σ(in+out) each); 0 without LoRA
     block_trainable: int  # the last block's trained parameters (not its unused text outputs): FSDP reduces it first
+    base_copy: bool  # the drift proxy's frozen base transformer, placed like the reference (rl.drift_guard)
 
 
 def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: str) -> _Layout:
     from sage_grpo.distributed.parallelize import policy_param_dtype
     from sage_grpo.dtypes import DTYPES, autocast_dtype_of
-    from sage_grpo.rl import kl_mode_of
+    from sage_grpo.rl import drift_watch_of, kl_mode_of
 
     sharded = cfg.enable_fsdp and world_size > 1
     t = sizes.transformer
@@ -181,7 +172,8 @@ def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: s
         separate_reference=kl.uses_reference and not cfg.use_lora, trainable=trainable,
         offload_encoders=cfg.offload_text_encoders and device_type != "cpu",
         kl=kl, adapters=r * t.lora_width * (2 if kl.moving_anchor else 1) if cfg.use_lora else 0,
-        block_trainable=r * (per_block - t.unused_lora_width) if cfg.use_lora else t.block_params - t.unused_params)
+        block_trainable=r * (per_block - t.unused_lora_width) if cfg.use_lora else t.block_params - t.unused_params,
+        base_copy=drift_watch_of(cfg, kl).base_copy)
 
 
 def _resident(lay: _Layout, placement: Placement) -> List[Component]:
@@ -202,8 +194,9 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
                              "2·(P_g − P_mat)·m/Z (biases, norms, the patch conv)"))
     else:
         out.append(Component("optimizer: AdamW moments", 2 * lay.trainable * lay.master / z, "2·P_g·m/Z"))
-    if lay.separate_reference and not placement.reference_on_cpu:
-        out.append(Component("reference (KL anchor) shards", t.num_params * lay.compute / z, "P·c/Z, on the device"))
+    for held, name in ((lay.separate_reference, "reference (KL anchor)"), (lay.base_copy, "frozen base (drift proxy)")):
+        if held and not placement.reference_on_cpu:
+            out.append(Component(f"{name} shards", t.num_params * lay.compute / z, "P·c/Z, on the device"))
     out.append(Component("VAE weights", lay.sizes.vae_params * lay.compute, "resident in --dtype"))
     out += [Component(*row) for row in resident_rows(cfg, lay.sizes, lay.compute)]  # rewards, held-out scorers
     if cfg.ema_decay > 0:  # every trainable tensor (the policy adapter's with LoRA) in fp32, sharded like the weights
@@ -358,16 +351,9 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
                                          + [_no_grad_forward(lay, "rollout block activations", tokens)])))
     means = [Component("reference means", latents // (cfg.grpo_sampling_steps + 1) * cfg.grpo_sampling_steps,
                        "B·N·latent·4: reference pass to optimizer step")] if lay.kl.uses_reference else []
-    if lay.separate_reference:
-        if placement.reference_on_cpu:
-            ref_bytes = (2 * t.block_params + t.root_params if lay.shard > 1 else t.num_params) * lay.compute
-            ref = Component("reference from the CPU", ref_bytes, "its gathered units (whole model unsharded)")
-        else:
-            ref = Component("reference gathered units", (t.root_params + 2 * t.block_params) * lay.compute
-                            if lay.shard > 1 else 0.0, "(P_root + 2·P_blk)·c")
     # LoRA: the reference passes run the policy itself, its units gathered as for the rollout
     if lay.separate_reference or (cfg.use_lora and lay.kl.uses_reference):
-        ref = [ref] if lay.separate_reference else policy_units
+        ref = [_frozen_units(lay, placement, "reference")] if lay.separate_reference else policy_units
         reward = [_beside_reference(reward_forward_row(cfg, sizes))] if placement.async_reward else []
         phases.append(Phase("reference", tuple(resident + ref + step_inputs + means + reward + [
                                                            _no_grad_forward(lay, "reference block activations",
@@ -399,7 +385,21 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
             lay, placement, cfg.validate_video_length, v_height, v_width, "validation VAE decode")])))
         phases.append(Phase("validation scoring", tuple(resident + [Component(*validation_scoring_row(
             cfg, sizes, lay.compute))])))
+        if lay.base_copy:  # the drift proxy's base forwards (LoRA's and a fixed anchor's base: no model of its own)
+            phases.append(Phase("drift proxy", tuple(resident + [_frozen_units(lay, placement, "frozen base"),
+                                                                 _no_grad_forward(lay, "drift proxy activations",
+                                                                                  v_tokens)])))
     return MemoryPlan(tuple(phases), placement, gpu_memory_gib)
+
+
+def _frozen_units(lay: _Layout, placement: Placement, name: str) -> Component:
+    """A frozen transformer's (the reference's, the base copy's) weights in flight during its forward."""
+    t = lay.sizes.transformer
+    if placement.reference_on_cpu:
+        units = 2 * t.block_params + t.root_params if lay.shard > 1 else t.num_params
+        return Component(f"{name} from the CPU", units * lay.compute, "its gathered units (whole model unsharded)")
+    return Component(f"{name} gathered units", (t.root_params + 2 * t.block_params) * lay.compute
+                     if lay.shard > 1 else 0.0, "(P_root + 2·P_blk)·c")
 
 
 # ====================================================================== decisions

@@ -14,9 +14,21 @@ import torch
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, validate_train_config
 from sage_grpo.config.validation import rollout_size
-from sage_grpo.plan.memory import (DEFAULT_GPU_MEMORY_GIB, MARGIN, MemoryPlan, device_memory_gib, launch_world_size,
-                                   plan_launch, sizes_of)
+from sage_grpo.plan.memory import (DEFAULT_GPU_MEMORY_GIB, GIB, MARGIN, MemoryPlan, Phase, device_memory_gib,
+                                   launch_world_size, plan_launch, sizes_of)
 from sage_grpo.plan.sizes import ModelSizes, text_token_count, video_token_count
+
+
+def plan_table(plan: MemoryPlan, phase: Optional[Phase] = None) -> str:
+    """``phase`` of ``plan`` (default: the peak) component by component, then every phase's total."""
+    phase = phase or plan.peak
+    title = f"{phase.name} phase{', the peak' if phase is plan.peak else ''}"
+    lines = [f"| component ({title}) | GB | note |", "|---|---:|---|"]
+    lines += [f"| {c.name} | {c.bytes / GIB:.2f} | {c.note} |" for c in phase.components if c.bytes]
+    lines += [f"| **total** | **{phase.bytes / GIB:.2f}** | |"]
+    lines += ["", "| phase | GB per GPU |", "|---|---:|"]
+    lines += [f"| {p.name}{' (peak)' if p is plan.peak else ''} | {p.bytes / GIB:.2f} |" for p in plan.phases]
+    return "\n".join(lines)
 
 
 # ====================================================================== what fits
@@ -71,11 +83,11 @@ def report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> str:
         f"{'in the background' if placement.async_reward else 'in line'}, rollout decode "
         f"{'tiled' if placement.tile(cfg.sample_n_frames, height, width) else 'untiled'}, text encoders "
         f"{'offloaded' if cfg.offload_text_encoders else 'resident'}",
-        "", plan.table(), "",
+        "", plan_table(plan), "",
     ]
     train = plan.phase("train")
     if train is not plan.peak:  # the phase the gradient and activation decisions are about
-        lines += [plan.table(train).split("\n\n")[0], ""]
+        lines += [plan_table(plan, train).split("\n\n")[0], ""]
     for flag, candidates in SEARCHES:
         values = list(candidates(cfg))
         best = largest_fitting(cfg, world_size, gpu_memory_gib, sizes, flag, values)
@@ -126,7 +138,7 @@ def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
         raise ConfigError(
             f"[memory-plan] the launch needs {plan.peak_gib:.1f} GB per GPU in its {plan.peak.name} phase but the GPU "
             f"has {gpu:.1f} GB (python -m sage_grpo.plan prints the whole plan). Fix: {fix}; or pass "
-            f"--ignore_memory_plan true to start anyway.\n{plan.table()}")
+            f"--ignore_memory_plan true to start anyway.\n{plan_table(plan)}")
     if not plan.fits(MARGIN):
         free = gpu - plan.peak_gib
         print(f"warning: [memory-plan] the launch fits with {free:.1f} GB ({free / gpu:.0%}) of the GPU free, less "

@@ -140,17 +140,19 @@ def split_rows_on_cuda(cfg: TrainConfig) -> bool:
 
 
 class _Models(torch.nn.Module):
-    """The policy and the reference under one root, so that one tracker sees both."""
+    """The policy, the reference and the drift proxy's base copy under one root, so that one tracker sees them."""
 
-    def __init__(self, policy, reference):
+    def __init__(self, policy, reference, base):
         super().__init__()
         self.policy = policy
         self.reference = reference
+        self.base = base
 
 
 def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
-    """(policy, reference, dims, lora) parallelized as ``parallelize_models`` does, still on ``meta``: the reference
-    is None without one; with ``--use_lora`` it is None too and ``lora`` the trainer's
+    """(policy, reference, dims, lora, base) parallelized as ``parallelize_models`` does, still on ``meta``: the
+    reference is None without one, ``base`` (the drift proxy's frozen copy) where the run holds none; with
+    ``--use_lora`` the reference is None too and ``lora`` the trainer's
     :class:`~sage_grpo.models.lora.LoraTraining` on the policy (the frozen base in ``--dtype``, the adapters in
     ``--master_weight_type``, the KL anchor a second adapter), built by the trainer's own
     :func:`~sage_grpo.models.bundle.build_lora`."""
@@ -160,7 +162,7 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
     from sage_grpo.distributed.sequence_parallel import apply_sequence_parallel
     from sage_grpo.dtypes import DTYPES
     from sage_grpo.models.bundle import build_lora
-    from sage_grpo.rl import kl_mode_of
+    from sage_grpo.rl import drift_watch_of, kl_mode_of
 
     from sage_grpo.config import ConfigError
 
@@ -173,26 +175,26 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
                         num_attention_heads=config.get("num_attention_heads", 16))
     dims.build_meshes()
     kl_mode = kl_mode_of(cfg)
-    lora = reference = None
+    lora = reference = base = None
     if cfg.use_lora:  # as build_models: the base loaded in --dtype, frozen, the adapters in the master dtype
         policy = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg)
         lora = build_lora(cfg, kl_mode, policy, DTYPES[cfg.master_weight_type])
     else:
         policy = _transformer_on_meta(config, DTYPES[cfg.master_weight_type], cfg)
         policy.requires_grad_(True)
-        if kl_mode.uses_reference:
-            reference = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg)
-            reference.requires_grad_(False)
-            reference.eval()
+        frozen = [kl_mode.uses_reference, drift_watch_of(cfg, kl_mode).base_copy]
+        reference, base = [_transformer_on_meta(config, DTYPES[cfg.dtype], cfg)
+                           .requires_grad_(False).eval() if wanted else None for wanted in frozen]
     policy.train()
-    for model in (policy, reference):
+    for model in (policy, reference, base):
         if model is not None:
             apply_sequence_parallel(model, dims.sp_group)
     apply_fsdp(policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
                activation_checkpointing=cfg.enable_gradient_checkpointing)
-    if reference is not None:  # offloaded shards are left on the device here and out of its tally (docstring)
-        shard_frozen(reference, dims.fsdp_mesh, offload=False)
-    return policy, reference, dims, lora
+    for model in (reference, base):  # offloaded shards are left on the device here and out of its tally (docstring)
+        if model is not None:
+            shard_frozen(model, dims.fsdp_mesh, offload=False)
+    return policy, reference, dims, lora, base
 
 
 # ====================================================================== running the phases
@@ -253,8 +255,8 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
         ("decode + reward", "VAE decode and VideoAlign are other model families; their bytes are the plan's"),
         ("checkpoint save", "host memory and disk: sharded state is written by each rank from its own shards")])
     with fake_process_group(world_size), metadata_only_propagation(), forward_only_module_tracking():
-        policy, reference, _dims, lora = build_sharded(cfg, world_size, config, placement)
-        models = _Models(policy, reference)
+        policy, reference, _dims, lora, base = build_sharded(cfg, world_size, config, placement)
+        models = _Models(policy, reference, base)
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(models, mesh=_dims.fsdp_mesh)  # the tracker wants an FSDP root; this one holds no parameters
@@ -328,7 +330,8 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
                         reference.load_state_dict(policy.state_dict(), strict=True)
                 result.phases.append(phase.result)
         if placement.reference_on_cpu:
-            result.phases = [without(p, reference, "Sharded Param") for p in result.phases]
+            result.phases = [without(without(p, reference, "Sharded Param"), base, "Sharded Param", "frozen base")
+                             for p in result.phases]
     result.seconds = time.perf_counter() - started
     return result
 
@@ -338,7 +341,7 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
 # Planner components by the group of tracker categories they stand for (matched on the start of their names); the
 # rest (VAE, reward, text encoders, runtime overhead, their activations) are not in the simulation.
 _PLANNER_GROUPS = (
-    ("sharded weights", ("policy weights", "reference (KL anchor) shards")),
+    ("sharded weights", ("policy weights", "reference (KL anchor) shards", "frozen base (drift proxy) shards")),
     ("gathered weights", ("FSDP gathered units", "reference gathered units", "reference from the CPU")),
     ("gradients", ("gradients", "FSDP unsharded block gradient")),
     ("optimizer state", ("optimizer:",)),

@@ -210,13 +210,15 @@ class Phase:
         return False
 
 
-def without(phase: SimulatedPhase, module: Optional[torch.nn.Module], category: str) -> SimulatedPhase:
-    """``phase`` without ``module``'s local parameter bytes in ``category`` (offloaded shards: not on the GPU)."""
+def without(phase: SimulatedPhase, module: Optional[torch.nn.Module], category: str,
+            name: str = "reference") -> SimulatedPhase:
+    """``phase`` without ``module``'s (``name``'s) local parameter bytes in ``category`` (offloaded shards: not on
+    the GPU)."""
     from torch.distributed.tensor import DTensor
 
     if module is None:
         return phase
     local = sum((p.to_local() if isinstance(p, DTensor) else p).untyped_storage().nbytes() for p in module.parameters())
     phase.peak[category] = max(0, phase.peak.get(category, 0) - local)
-    phase.note = (phase.note + "; " if phase.note else "") + "reference shards on the CPU, left out"
+    phase.note = (phase.note + "; " if phase.note else "") + f"{name} shards on the CPU, left out"
     return phase

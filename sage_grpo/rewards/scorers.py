@@ -25,7 +25,7 @@ from sage_grpo.config.reward_weights import parse_reward_weights
 
 from .clip_score import resolve_model_folder
 from .base import metric_names_of, score_with_fallback
-from .builtins import DEFAULT_VIDEOALIGN_WEIGHTS, VIDEOALIGN_METRICS, RewardContext
+from .builtins import BUILTIN_REWARDS, DEFAULT_VIDEOALIGN_WEIGHTS, VIDEOALIGN_METRICS, RewardContext
 from .registry import make_reward, output_key, resolve_reward
 
 VIDEOALIGN_NAMES = ("videoalign", "videoalign_local")
@@ -123,3 +123,26 @@ class Scorers:
         if "VQ" in scores:
             scores[WEIGHTED] = sum(w * scores[m] for m, w in self.metrics.videoalign_weights.items())
         return scores
+
+
+def held_out_key_test(plan: Optional[MetricPlan]) -> Callable[[str], bool]:
+    """Whether a validation key (``Validation/`` removed) is one the :class:`Scorers` of ``plan`` produce, known
+    before any model loads: a built-in's metric names, and for a plug-in its name and ``<name>_...``. Every such key is
+    higher-is-better except the toy world's manifold error, which is left out (it is also the ground truth a real run
+    lacks). ``plan`` None (no ``--validation_metrics``): no key is."""
+    keys, prefixes = set(), []
+    for name in plan.names if plan is not None else ():
+        fixed = name in VIDEOALIGN_NAMES or name in SCORER_NAMES
+        spec = BUILTIN_REWARDS.get(registry_name(name))
+        if spec is None:
+            prefixes.append(name)
+        else:
+            keys.update(metric if fixed else output_key(name, metric) for metric in spec.metric_names)
+        if name in VIDEOALIGN_NAMES:
+            keys.add(WEIGHTED)
+
+    def test(key: str) -> bool:
+        return not key.endswith("manifold_error") and (
+            key in keys or any(key == p or key.startswith(p + "_") for p in prefixes))
+
+    return test

@@ -14,8 +14,11 @@
 Both checkpoints hold the same network, so they must score identically. ``key_layout`` picks the state-dict
 naming: ``"legacy"`` (pre-4.52 transformers, like the released checkpoint; load with mode v1 or v3) or
 ``"current"`` (transformers >= 4.52; load with v2 or v3). The weights are random: scores are meaningless
-but depend on the video and the prompt, which is all the plumbing tests need. The frame budget is tiny
-(``max_frame_pixels`` 56x84, ``min_frame_pixels`` 56x56) so CPU forwards take milliseconds.
+but depend on the video and the prompt, which is all the plumbing tests need. ``model_config.json`` holds only keys
+VideoAlign's own dataclasses accept (``DataConfig``, ``ModelConfig``, ``PEFTLoraConfig``), so its ``inference.py``
+loads the folder too; the frames are therefore sized as VideoAlign sizes them: a video smaller than
+``max_frame_pixels`` (56x84) is enlarged to qwen-vl-utils' minimum of 128x28x28 pixels (a 64x96 video to 280x392,
+16x16 to 336x336), one larger is shrunk to the budget; the model's width keeps CPU forwards in the tens of ms.
 
 ``write_tiny_clip_scorers(root)`` writes the evaluation scorers' stand-ins (``CLIPModel`` + ``CLIPProcessor``, 1-layer
 towers on 16x16 images, an offline byte-level CLIP tokenizer) under the folder names of the real hub repos.
@@ -24,6 +27,7 @@ towers on 16x16 images, an offline byte-level CLIP tokenizer) under the folder n
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -74,7 +78,7 @@ def tiny_model_config_json(lora_r: int = 4) -> dict:
     return {
         "data_config": {
             "meta_data": "unused", "data_dir": "unused",
-            "max_frame_pixels": 56 * 84, "min_frame_pixels": 56 * 56, "fps": 2.0, "num_frames": None,
+            "max_frame_pixels": 56 * 84, "fps": 2.0, "num_frames": None,
             "eval_dim": ["VQ", "MQ", "TA"], "prompt_template_type": "detailed_special", "sample_type": "uniform",
         },
         "model_config": {
@@ -180,6 +184,21 @@ def write_tiny_video_reward(output_root: str | Path, *, seed: int = 0, key_layou
     full_dir.mkdir(exist_ok=True)
     torch.save(to_key_layout(state, key_layout), full_dir / "model.pth")
     return reward_dir
+
+
+def gradient_videos(batch: int = 3, frames: int = 9, height: int = 64, width: int = 96, seed: int = 0) -> torch.Tensor:
+    """(B, 3, F, H, W) moving sinusoidal colour gradients in [0.1, 0.9]: smooth, codec-friendly test videos whose
+    scores differ with the content (tests, ``benchmarks/videoalign_codec.py``)."""
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.linspace(0, 1, height).view(1, 1, height, 1)
+    x = torch.linspace(0, 1, width).view(1, 1, 1, width)
+    t = torch.linspace(0, 1, frames).view(1, frames, 1, 1)
+    videos = []
+    for _ in range(batch):
+        a, b, phase = torch.rand(3, 3, generator=gen)
+        channels = [0.5 + 0.4 * torch.sin(2 * math.pi * (a[c] * x + b[c] * y + 0.5 * t + phase[c])) for c in range(3)]
+        videos.append(torch.cat(channels, dim=0))
+    return torch.stack(videos)
 
 
 # ---------------------------------------------------------------- the evaluation scorers (CLIPScore, PickScore)

@@ -12,6 +12,11 @@ re-implements the same arithmetic with plain torch:
    ``[min_pixels, max_pixels]``, aspect ratio kept; bicubic with antialias, clamped to [0, 255]. Files are
    decoded to uint8 and torchvision resizes uint8 frames by rounding the float result back to uint8, so the mp4
    path rounds (``quantize=True``); decoded rollout tensors are not quantised.
+   Then the processor's own resize (``processor_resize``): the Qwen2-VL video processor applies ``smart_resize``
+   again with *its* pixel budget (``min_pixels`` / ``max_pixels`` of the base model's processor config) to the
+   float frames qwen-vl-utils handed it; a frame already inside that budget is left as it is (the released
+   budget, 448x448 against Qwen2-VL's 56x56 .. 12845056), a smaller one is enlarged (bicubic, antialias, float:
+   no clamp, no rounding).
 3. ``normalize_frames``: ``(x - 255 * mean) / (255 * std)``, the fused rescale + normalise of the fast processor.
 4. ``patchify_video``: pad T to a multiple of ``temporal_patch_size`` by repeating the last frame, then the
    Qwen2-VL flattening ``(T, C, H, W) -> (grid_t * grid_h * grid_w, C * tp * p * p)`` in merge-window order.
@@ -33,6 +38,9 @@ FRAME_FACTOR = 2  # qwen-vl-utils keeps an even number of frames (one temporal p
 FPS_MIN_FRAMES = 4
 FPS_MAX_FRAMES = 768
 VIDEO_MIN_PIXELS = 128 * 28 * 28  # qwen-vl-utils default; the reference never overrides it
+# Qwen2VLVideoProcessor's class defaults (size shortest_edge / longest_edge), for a processor config without a budget
+PROCESSOR_MIN_PIXELS = 128 * 28 * 28
+PROCESSOR_MAX_PIXELS = 28 * 28 * 768
 MAX_ASPECT_RATIO = 200
 
 
@@ -92,6 +100,12 @@ def resize_frames(frames: torch.Tensor, size: tuple[int, int], *, quantize: bool
     out = F.interpolate(frames.float(), size=size, mode="bicubic", align_corners=False, antialias=True)
     out.clamp_(0.0, 255.0)  # in place: the interpolation's output is ours
     return out.round_() if quantize else out
+
+
+def processor_resize(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """The video processor's resize of float ``(T, 3, H, W)`` frames: bicubic with antialias, neither clamped nor
+    rounded (torchvision's resize of a float tensor)."""
+    return F.interpolate(frames.float(), size=size, mode="bicubic", align_corners=False, antialias=True)
 
 
 def normalize_frames(

@@ -14,7 +14,9 @@ Departures from the reference, all deliberate:
 * decoded tensors are scored directly. The reference writes each rollout to mp4 (uint8 truncation + H.264,
   ``imageio.mimsave`` defaults) and scores the decoded file; ``from_mp4=True`` / ``score_files`` take that
   path (decoded with imageio-ffmpeg rather than torchvision/PyAV, which may differ by a colour level). On the
-  tiny model the codec moves normalised scores by <= 4e-4 per head (mean pixel error ~3/255);
+  tiny model the codec moves normalised scores by up to 4.9e-3 per head and 1.1e-2 for Overall on smooth moving
+  gradients (mean pixel error ~3/255; the same videos' Overall spans 0.24), and by up to 3.2e-2 per head on
+  per-pixel noise, the codec's worst case (``python benchmarks/videoalign_codec.py``: 3 sizes x 4 seeds);
 * the root is an argument (the reference hard-codes ``./ckpts``), attention is SDPA/eager (no flash-attn),
   and dtype/device are arguments (the reference always runs bf16 on the local GPU).
 
@@ -32,7 +34,7 @@ import torch
 
 from .prompt_templates import REWARD_TOKENS, build_prompt
 from ..video_io import read_video_frames, write_video
-from .video_preprocess import VIDEO_MIN_PIXELS
+from .video_preprocess import PROCESSOR_MAX_PIXELS, PROCESSOR_MIN_PIXELS
 from .videoalign_checkpoint import (
     CHECKPOINT_MODES,
     ResolvedCheckpoint,
@@ -139,6 +141,21 @@ def build_reward_model(
     return model
 
 
+def processor_pixel_budget(base_dir: Path) -> tuple[int, int]:
+    """(min_pixels, max_pixels) of the base model's Qwen2-VL video processor, read as transformers reads them: the
+    first of ``video_preprocessor_config.json`` and ``preprocessor_config.json`` (Qwen2-VL-2B-Instruct has only the
+    latter: 3136 .. 12845056), its ``min_pixels`` / ``max_pixels`` over its ``size`` (``shortest_edge`` /
+    ``longest_edge``), else the processor class's defaults."""
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        path = base_dir / name
+        if path.is_file():
+            raw = json.loads(path.read_text())
+            size = raw.get("size") or {}
+            return (int(raw.get("min_pixels", size.get("shortest_edge", PROCESSOR_MIN_PIXELS))),
+                    int(raw.get("max_pixels", size.get("longest_edge", PROCESSOR_MAX_PIXELS))))
+    return PROCESSOR_MIN_PIXELS, PROCESSOR_MAX_PIXELS
+
+
 def _input_spec(resolved: ResolvedCheckpoint, vision_config) -> VideoInputSpec:
     cfg = resolved.config
     mean_std = {}
@@ -146,11 +163,13 @@ def _input_spec(resolved: ResolvedCheckpoint, vision_config) -> VideoInputSpec:
     if preprocessor.is_file():
         raw = json.loads(preprocessor.read_text())
         mean_std = {k: tuple(raw[k]) for k in ("image_mean", "image_std") if k in raw}
+    processor_min, processor_max = processor_pixel_budget(resolved.base_dir)
     return VideoInputSpec(
         fps=cfg.fps if cfg.num_frames is None else None,
         num_frames=cfg.num_frames,
         max_pixels=cfg.max_frame_pixels,
-        min_pixels=cfg.min_frame_pixels if cfg.min_frame_pixels is not None else VIDEO_MIN_PIXELS,
+        processor_min_pixels=processor_min,
+        processor_max_pixels=processor_max,
         patch_size=vision_config.patch_size,
         temporal_patch_size=vision_config.temporal_patch_size,
         merge_size=vision_config.spatial_merge_size,

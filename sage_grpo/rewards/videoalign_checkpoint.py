@@ -69,7 +69,6 @@ class VideoRewardConfig:
 
     model_name_or_path: str
     max_frame_pixels: int = 240 * 320
-    min_frame_pixels: int | None = None  # not in VideoAlign configs: then qwen-vl-utils' 128*28*28
     fps: float | None = 2.0
     num_frames: int | None = None
     prompt_template_type: str = "none"
@@ -96,7 +95,6 @@ class VideoRewardConfig:
         return cls(
             model_name_or_path=model["model_name_or_path"],
             max_frame_pixels=int(data.get("max_frame_pixels", 240 * 320)),
-            min_frame_pixels=data.get("min_frame_pixels"),
             fps=data.get("fps", 2.0),
             num_frames=data.get("num_frames"),
             prompt_template_type=data.get("prompt_template_type", "none"),

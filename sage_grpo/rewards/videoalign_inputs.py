@@ -28,9 +28,13 @@ from .video_preprocess import (
     FRAME_FACTOR,
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
+    PROCESSOR_MAX_PIXELS,
+    PROCESSOR_MIN_PIXELS,
+    VIDEO_MIN_PIXELS,
     normalize_frames,
     num_sampled_frames,
     patchify_video,
+    processor_resize,
     resize_frames,
     sample_frame_indices,
     smart_resize,
@@ -48,7 +52,9 @@ class VideoInputSpec:
     fps: float | None = 2.0  # frames per second fed to the model; ignored when ``num_frames`` is set
     num_frames: int | None = None
     max_pixels: int = 240 * 320  # data_config.max_frame_pixels
-    min_pixels: int = 128 * 28 * 28
+    min_pixels: int = VIDEO_MIN_PIXELS  # qwen-vl-utils' (VideoAlign never sets it)
+    processor_min_pixels: int = PROCESSOR_MIN_PIXELS  # the Qwen2-VL processor's own budget, applied second
+    processor_max_pixels: int = PROCESSOR_MAX_PIXELS
     patch_size: int = 14
     temporal_patch_size: int = 2
     merge_size: int = 2
@@ -88,7 +94,7 @@ class SamplingOverrides:
             changes.update(fps=None, num_frames=self.num_frames)
         if self.max_pixels is not None:
             changes.update(max_pixels=self.max_pixels)
-        if changes.get("max_pixels", spec.max_pixels) < spec.min_pixels:
+        if "max_pixels" in changes and changes["max_pixels"] < spec.min_pixels:
             raise ValueError(f"videoalign_max_pixels {self.max_pixels} is below the checkpoint's minimum frame size "
                              f"{spec.min_pixels} pixels; use at least {spec.min_pixels}")
         return dataclasses.replace(spec, **changes)
@@ -110,15 +116,16 @@ class FrameSampler:
         return sample_frame_indices(total_frames, count)
 
     def resize(self, frames: torch.Tensor, *, quantize: bool) -> torch.Tensor:
-        """Sampled ``(T, 3, H, W)`` frames in [0, 255] -> ``(T, 3, h, w)`` at the spec's pixel budget."""
+        """Sampled ``(T, 3, H, W)`` frames in [0, 255] -> ``(T, 3, h, w)``: qwen-vl-utils' resize to the spec's
+        pixel budget, then the processor's to its own budget (a no-op when the first already fits it)."""
+        factor = self.spec.patch_size * self.spec.merge_size
         _, _, height, width = frames.shape
-        size = smart_resize(
-            height, width,
-            factor=self.spec.patch_size * self.spec.merge_size,
-            min_pixels=self.spec.min_pixels,
-            max_pixels=self.spec.max_pixels,
-        )
-        return resize_frames(frames, size, quantize=quantize)
+        size = smart_resize(height, width, factor=factor, min_pixels=self.spec.min_pixels,
+                            max_pixels=self.spec.max_pixels)
+        frames = resize_frames(frames, size, quantize=quantize)
+        second = smart_resize(*size, factor=factor, min_pixels=self.spec.processor_min_pixels,
+                              max_pixels=self.spec.processor_max_pixels)
+        return frames if second == size else processor_resize(frames, second)
 
     def frames_from_tensor(self, video: torch.Tensor, video_fps: float) -> torch.Tensor:
         """A decoded rollout ``(3, F, H, W)`` in [0, 1] -> prepared frames (no uint8 quantisation)."""

@@ -15,6 +15,11 @@ variance (sage, dance, flow) g_k = 1 where the noise std is zero or undefined (t
 sage, std² <= 0 or σ = 0). torch.median is the lower median; a non-positive or non-finite median becomes 1.
 g is computed in float64 on the host and stored float32, like the reference's Python floats.
 
+With a window of trained steps (``--sde_window_size``), ``--sde_window_equalizer window`` renormalises the scales
+over the window's steps, scale_k = median_window(g) / g_k (``window_scales``), so the window's median scale is 1
+wherever it is; ``full`` (default) keeps the whole schedule's scales, which move the window's mean scale from
+large (noisy steps) to small (clean steps) as it slides.
+
 Departure: for dance/flow with η = 0 the reference floors n at 1e-12 (g ≈ |dt|·1e12); we give g = 1. Such a
 configuration has no defined Gaussian log density and ``check_schedule`` rejects it. On valid schedules
 (1 >= σ_0 > ... > σ_N >= 0, η > 0) the scales equal the reference's ``compute_grad_balancing_factors``.
@@ -51,3 +56,9 @@ def grad_balance_scales(sde_type: str, sigmas: Tensor, eta: Optional[float], sde
     if not (torch.isfinite(median) and median > 0):
         median = torch.ones((), dtype=g.dtype)
     return median / g
+
+
+def window_scales(scales: Tensor, steps: Tensor) -> Tensor:
+    """(N,) ``scales`` renormalised over the window ``steps``: median over the window of g, divided by g_k (with
+    g_k = median(g) / scale_k this is scale_k times the lower median of 1 / scale over the window)."""
+    return scales * torch.median(1.0 / scales[steps])

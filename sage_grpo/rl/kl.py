@@ -5,9 +5,16 @@ anchor"): the KL between two isotropic Gaussians with the same std, averaged per
 
     KL_pos = mean_b [ mean_elems (μ_θ − μ_ref)² / (2·(std² + 1e-6)) ]       ``mean_matching_kl``
 
-Velocity control, the step-wise KL to the rollout policy, a one-sample estimate of KL(π_old ‖ π_θ):
+Velocity control, the step-wise KL to the previous optimisation step's policy (paper eq. 12, 15: π_{θ_{k−1}}, the
+policy before this optimizer update), a one-sample estimate on the rollout's transitions:
 
-    KL_step = mean_b (log π_old − log π_θ)                                  ``stepwise_kl``
+    KL_step = mean_b (log π_prev − log π_θ)                                 ``stepwise_kl``
+
+With one optimizer update per rollout (the reference) π_prev is the rollout's policy and log π_prev the log-prob
+stored at rollout time. With several (``--num_inner_epochs K > 1``) the policy before a later update is the current
+one, so log π_prev is the replayed log-prob itself, detached: KL_step is 0 in value and its gradient is −∇ log π_θ,
+exactly as at K = 1. ``--stepwise_kl_reference rollout`` measures the later epochs against the rollout's policy
+instead (the drift since the rollout, which the adaptive β then sees); ``KLMode.stepwise_to_rollout``.
 
     KL_eff = w_pos·KL_pos + w_step·KL_step (dual; w = 1.0, 0.1)  or  KL_pos   ``dual_kl``
 
@@ -18,7 +25,7 @@ KL modes (the README's KL ablation), chosen by (kl_weight, use_moving_KL, use_du
 (no reference model is loaded), otherwise the table ``KL_MODES`` below. "Step-wise only" has no flag in the
 reference; the closest is a dual mode with moving weight 0, which still needs the reference model.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Union
 
 from torch import Tensor
@@ -37,6 +44,7 @@ class KLMode:
     uses_reference: bool
     moving_anchor: bool
     dual: bool
+    stepwise_to_rollout: bool = False  # --stepwise_kl_reference rollout (dual modes): π_prev = the rollout's policy
 
 
 KL_MODES: dict[tuple[bool, bool], KLMode] = {  # (use_moving_KL, use_dual_kl) -> mode, for kl_weight > 0
@@ -60,7 +68,8 @@ def resolve_kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) ->
 def kl_mode_of(cfg: "TrainConfig") -> KLMode:
     """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: decided once (the trainer,
     the memory plan) and handed to everything that depends on it (model building, resume checks, the update)."""
-    return resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
+    mode = resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
+    return replace(mode, stepwise_to_rollout=cfg.stepwise_kl_reference == "rollout") if mode.dual else mode
 
 
 def kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) -> str:
@@ -77,7 +86,7 @@ def mean_matching_kl(mean: Tensor, ref_mean: Tensor, std: Union[float, Tensor]) 
 
 
 def stepwise_kl(old_log_prob: Tensor, new_log_prob: Tensor) -> Tensor:
-    """0-d KL_step = mean(old − new): ≈ 0 in value on-policy, but its gradient is −∇ log π_θ."""
+    """0-d KL_step = mean(old − new) with old = log π_prev: ≈ 0 in value on-policy, but its gradient is −∇ log π_θ."""
     return (old_log_prob - new_log_prob).mean()
 
 

@@ -6,7 +6,9 @@ thread per process):
 - baseline: one process, batch 4 = one prompt group of G = 4, 3 steps, AdamW, constant KL beta, anchor refreshed
   before step 3;
 - ``post_train.py --config configs/tiny_cpu.yaml`` on 2 processes: dp 2 x batch 2, FSDP2 (the group spans both ranks);
-- 2 processes sp 2 (one replica, batch 4), FSDP off: Ulysses plus the explicit gradient mean;
+- 2 processes sp 2 (one replica, batch 4), FSDP off: Ulysses plus the explicit gradient mean, and the reference's
+  clip (its --max_grad_norm at sp 2 clips the full gradient at twice the value: the same clipped updates as one
+  process at twice the flag);
 - the same on 2 processes with ``--gradient_reduction per_update`` (the default reduces after every backward);
 - 4 processes dp 2 x sp 2, FSDP2 with the reference sharded and CPU-offloaded, Muon, gradients reduced once per
   update, 2 steps and a checkpoint; then 2 processes (dp 2 x sp 1) and 1 process resume it;
@@ -47,6 +49,9 @@ LOSS_KEYS = {"policy_loss", "total_loss"}
 METRIC_RTOL = 1e-5   # observed <= 6e-6 (reward std after one update, grad_norm, kl_moving)
 LOSS_ATOL = 5e-5     # observed <= 1.1e-5 (see the module docstring)
 WEIGHT_ATOL = 1e-5   # observed <= 7e-7 after 3 updates that moved the weights by up to 3e-3
+# --max_grad_norm of the one-process runs: their full-gradient norms are ~0.107, 0.098, 0.134 in steps 1-3, so the clip
+# acts on step 3 only (a clip on every step would scale every update alike, which AdamW does not see)
+MAX_GRAD_NORM = 0.12
 
 
 def tiny_flags(root: Path, out_dir: Path, *extra: str) -> list:
@@ -58,7 +63,8 @@ def tiny_flags(root: Path, out_dir: Path, *extra: str) -> list:
         "--grpo_sampling_steps", "3", "--sample_n_frames", "5", "--rollout_height", "16", "--rollout_width", "16",
         "--text_max_length", "16", "--byt5_max_length", "8", "--validation_interval", "0", "--max_steps", "3",
         "--learning_rate", "1e-3", "--use_muon", "false", "--kl_weight", "1e-3", "--kl_coef", "1e-3",
-        "--kl_min_coef", "1e-3", "--update_ref_model_step", "2", "--enable_gradient_checkpointing", "true", *extra,
+        "--kl_min_coef", "1e-3", "--update_ref_model_step", "2", "--enable_gradient_checkpointing", "true",
+        "--max_grad_norm", str(MAX_GRAD_NORM), *extra,
     ]
 
 
@@ -184,11 +190,20 @@ def test_export_loads_into_the_transformer(dp2_post_train, root):
 
 
 def test_sequence_parallel_processes_match_one(root, baseline, tmp_path):
-    """sp 2 (one replica holding the baseline's batch of 4) without FSDP: Ulysses plus the explicit gradient mean."""
+    """sp 2 (one replica holding the baseline's batch of 4) without FSDP: Ulysses plus the explicit gradient mean.
+    The reference's gradient at sp 2 is half the full one, so its --max_grad_norm m clips the full gradient at 2m:
+    this run, at half the baseline's flag, clips the same gradients at the same point."""
     report = run_script(2, tmp_path / "report", *tiny_flags(root, tmp_path / "run", "--batch_size", "4",
-                                                            "--sp_size", "2", "--enable_fsdp", "false"))
+                                                            "--sp_size", "2", "--enable_fsdp", "false",
+                                                            "--max_grad_norm", str(MAX_GRAD_NORM / 2)))
     assert (report["world_size"], report["dp_size"], report["sp_size"]) == (2, 1, 2)
     assert not report["policy_sharded"] and report["reductions_per_unit"] is None
+    assert report["clip_thresholds"] == [MAX_GRAD_NORM] * 3
+    norms = [row["grad_norm"] for row in read_metrics(baseline)]
+    assert norms[2] > MAX_GRAD_NORM > max(norms[:2])  # the baseline's clip acted on step 3 only
+    for clipped, norm in zip(report["clipped_grad_norms"], norms):
+        # clip coefficient max_norm / (norm + 1e-6): 7.5e-6 below max_norm at step 3, plus summation order
+        assert math.isclose(clipped, min(norm, MAX_GRAD_NORM), rel_tol=3e-5)
     assert_same_run(tmp_path / "run", baseline)
 
 

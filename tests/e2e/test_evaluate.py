@@ -57,8 +57,14 @@ def test_outputs(setup, uninterrupted):
     base, trained = (results["checkpoints"][label]["summary"]["clip_cosine"]["mean"] for label in
                      setup["checkpoints"][:2])
     assert base != trained  # the trained weights were loaded
+    for entry in results["checkpoints"].values():  # Table 2's PickScore scale beside the raw logit
+        summary = entry["summary"]
+        assert summary["pickscore_paper"]["mean"] == pytest.approx(summary["pickscore"]["mean"] / 26)
+        assert summary["pickscore_paper"]["stderr"] == pytest.approx(summary["pickscore"]["stderr"] / 26)
+    assert {"clipscore", "pickscore_paper", "pickscore"} <= set(results["metric_definitions"])
     table = (output / "results.md").read_text().splitlines()
-    assert table[2].startswith("| Model | VQ | MQ | TA | Overall | CLIPScore | PickScore |")
+    assert table[2].startswith("| Model | VQ | MQ | TA | Overall | CLIPScore (2.5·cos) | PickScore (logit/26) | "
+                               "PickScore logit (raw) |")
     assert len(table) == 4 + 3
     pictures = sorted((output / "side_by_side").glob("*.png"))
     assert len(pictures) == 4 and Image.open(pictures[0]).height == 20 + 3 * (16 + 4)  # a row per checkpoint

@@ -28,7 +28,8 @@ def test_first_i2v_step_is_on_policy_and_trains_the_image_pathway(tiny_i2v_root,
                            "--save_rollout_videos", "true")
     conditions = []
     original = trainer._encode
-    trainer._encode = lambda items, size: conditions.append(original(items, size)) or conditions[-1]
+    recording = lambda items, size: conditions.append(original(items, size)) or conditions[-1]  # noqa: E731
+    trainer._encode = trainer.validator.encode = recording  # the validator holds the encoder it was built with
     before = {n: p.detach().clone() for n, p in trainer.models.policy.named_parameters()}
     trainer.train()
     metrics = read_metrics(trainer.run_dir)[0]

@@ -18,17 +18,31 @@ def make_trainer(root, out_dir, *extra) -> GRPOTrainer:
     return GRPOTrainer(parse_cli(TrainConfig, tiny_args(root, out_dir, *extra)))
 
 
-def test_the_second_pass_sees_the_first_passes_update(tiny_root, tmp_path):
-    trainer = make_trainer(tiny_root, tmp_path / "run", "--max_steps", "1", "--num_inner_epochs", "2")
+def test_later_passes_see_the_earlier_updates_and_the_anchor_moves_between_them(tiny_root, tmp_path):
+    # 3 passes, the anchor every 2 updates (tiny_args): it moves after pass 1's update, inside the step
+    trainer = make_trainer(tiny_root, tmp_path / "run", "--max_steps", "1", "--num_inner_epochs", "3")
     trainer.train()
     row = read_metrics(trainer.run_dir)[0]
-    assert trainer.update_steps == 2  # one optimizer update per pass
+    assert trainer.update_steps == 3  # one optimizer update per pass
     # pass 0 re-scores with the rollout's own weights: on-policy, exactly
     assert row["inner_epoch_0/ratio_mean"] == 1.0 and row["inner_epoch_0/kl_stepwise"] == 0.0
-    # pass 1 re-scores with the weights pass 0's update produced: the ratio, the clip and the step-wise KL act
-    assert row["inner_epoch_1/ratio_mean"] != 1.0
-    assert row["inner_epoch_1/kl_stepwise"] != 0.0 and row["inner_epoch_1/clipfrac"] > 0.0
-    assert math.isclose(row["ratio_mean"], (row["inner_epoch_0/ratio_mean"] + row["inner_epoch_1/ratio_mean"]) / 2)
+    # pass 1 re-scores with the weights pass 0's update produced: the ratio and the clip act; the step-wise KL is
+    # measured against the policy before this update (the paper's pi_{theta_{k-1}}): 0 in value
+    assert row["inner_epoch_1/ratio_mean"] != 1.0 and row["inner_epoch_1/clipfrac"] > 0.0
+    assert row["inner_epoch_1/kl_stepwise"] == 0.0 and row["inner_epoch_1/kl_moving"] > 0.0
+    # the anchor was refreshed after update 2 (not skipped until an outer step lands on a multiple), and pass 2
+    # measures the mean-matching KL against it: the anchor is the policy pass 2 replays with, exactly
+    assert trainer.anchor.last_refreshed_at == 2
+    assert row["inner_epoch_2/kl_moving"] == 0.0
+    assert math.isclose(row["ratio_mean"], sum(row[f"inner_epoch_{k}/ratio_mean"] for k in range(3)) / 3)
+
+
+def test_stepwise_kl_against_the_rollout_policy_measures_the_drift(tiny_root, tmp_path):
+    trainer = make_trainer(tiny_root, tmp_path / "run", "--max_steps", "1", "--num_inner_epochs", "2",
+                           "--stepwise_kl_reference", "rollout")
+    trainer.train()
+    row = read_metrics(trainer.run_dir)[0]
+    assert row["inner_epoch_0/kl_stepwise"] == 0.0 and row["inner_epoch_1/kl_stepwise"] != 0.0
 
 
 def test_resume_with_inner_epochs_and_a_moving_window_continues_exactly(tiny_root, tmp_path):

@@ -131,8 +131,9 @@ def test_lora_checkpoint_holds_adapter_weights_and_a_peft_folder(runs, tiny_root
     assert len(state) == 2 * NUM_BLOCK_LINEARS * num_blocks
     assert all(k.startswith("transformer_blocks.") and k.endswith(("lora_A.weight", "lora_B.weight")) for k in state)
     assert max(float(v.abs().max()) for k, v in state.items() if "lora_B" in k) > 0  # B starts at 0: it trained
-    anchor = load_file(str(checkpoint / "anchor" / "model.safetensors"))  # refreshed at update 1
-    assert set(anchor) == set(state) and any(not torch.equal(anchor[k], state[k]) for k in state)
+    # the anchor adapter, refreshed right after every update (--update_ref_model_step 1): the policy's after update 2
+    anchor = load_file(str(checkpoint / "anchor" / "model.safetensors"))
+    assert set(anchor) == set(state) and all(torch.equal(anchor[k], state[k]) for k in state)
 
 
 def test_trainer_checkpoint_has_the_peft_adapter_folder(runs):

@@ -67,11 +67,12 @@ def test_resume_continues_exactly(tiny_root, tmp_path):
 
     first = make_trainer(tiny_root, tmp_path / "split", "--max_steps", "2", "--ema_decay", "0.5")
     first.train()  # saves checkpoint-2 at the end
+    assert first.anchor.last_refreshed_at == 2  # the moving anchor moved after update 2, before the checkpoint ...
     resumed = make_trainer(tiny_root, tmp_path / "split", "--max_steps", "4", "--ema_decay", "0.5",
                            "--resume_from_checkpoint", "latest")
     assert resumed.global_step == 0
     resumed.train()
-    assert resumed.anchor.last_refreshed_at == 2  # the moving anchor moved at update 2, before the resume point ...
+    assert resumed.anchor.last_refreshed_at == straight.anchor.last_refreshed_at == 4
 
     rows_straight, rows_split = read_metrics(straight.run_dir), read_metrics(resumed.run_dir)
     assert [r["step"] for r in rows_split] == [1, 2, 3, 4]
@@ -102,7 +103,7 @@ def test_kl_modes(tiny_root, tmp_path, moving, dual, expect_keys, expect_refresh
     rows = read_metrics(trainer.run_dir)
     kl_keys = {k for k in rows[-1] if "kl" in k.lower()} - {"approx_kl"}
     assert kl_keys == expect_keys
-    assert (trainer.anchor.last_refreshed_at == 1) is expect_refresh
+    assert (trainer.anchor.last_refreshed_at == 2) is expect_refresh  # after updates 1 and 2
     # At step 2 the policy has moved once: the mean-matching KL is positive against the base model (fixed) and
     # exactly 0 right after a refresh (moving anchor = policy).
     assert (rows[-1]["kl_moving"] == 0.0) is expect_refresh

@@ -230,13 +230,17 @@ def test_step_phases_are_the_best_of_the_measured_steps():
             dict(step=2, rollout_time=3.0, reward_time=0.5, ref_model_time=1.0, grpo_loop_time=4.0),
             dict(step=3, rollout_time=2.0, reward_time=0.7, ref_model_time=0.8, grpo_loop_time=5.0)]
     encode, decode = {0: 5.0, 1: 0.5, 2: 0.25}, {0: 5.0, 1: 0.5, 2: 0.25}  # keyed by global_step = step - 1
-    phases = step.phase_seconds(rows, encode, decode, warmup=1)
-    # rollout = rollout_time - encode - decode: 3 - 0.5 - 0.5 = 2.0 at step 2, 2 - 0.25 - 0.25 = 1.5 at step 3
+    optimizer = {0: 2.0, 1: 1.5, 2: 0.5}  # the optimizer step runs inside grpo_loop_time
+    phases = step.phase_seconds(rows, encode, decode, warmup=1, optimizer=optimizer)
+    # rollout = rollout_time - encode - decode: 3 - 0.5 - 0.5 = 2.0 at step 2, 2 - 0.25 - 0.25 = 1.5 at step 3;
+    # policy update = grpo_loop_time - optimizer: 4 - 1.5 = 2.5 at step 2, 5 - 0.5 = 4.5 at step 3
     assert phases == {"encode": 0.25, "rollout": 1.5, "decode": 0.25, "reward": 0.5, "reference means": 0.8,
-                      "policy update": 4.0}
+                      "policy update": 2.5, "optimizer step": 0.5}
     assert list(phases) == list(step.PHASES)
+    # a run that never stepped the optimizer (every update skipped) counts it as 0 s, not a KeyError
+    assert step.phase_seconds(rows, encode, decode, warmup=1, optimizer={})["policy update"] == 4.0
     with pytest.raises(SystemExit, match="raise --repeats"):
-        step.phase_seconds(rows[:1], encode, decode, warmup=1)
+        step.phase_seconds(rows[:1], encode, decode, warmup=1, optimizer=optimizer)
 
 
 def test_step_memory_lines_against_the_plan():

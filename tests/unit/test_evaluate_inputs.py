@@ -6,7 +6,7 @@ import math
 import pytest
 
 from sage_grpo.evaluate import main
-from sage_grpo.evaluate.report import markdown_table, mean_and_stderr
+from sage_grpo.evaluate.report import markdown_table, mean_and_stderr, with_paper_scale
 
 
 @pytest.fixture
@@ -79,9 +79,25 @@ def test_markdown_is_table2_first():
                "checkpoints": {"base": entry(toy_red=1.0, pickscore=21.0, VQ=-0.75, MQ=-0.59, TA=1.41,
                                              Overall=0.07, clipscore=0.8)}}
     lines = markdown_table(results).splitlines()
-    assert lines[2] == "| Model | VQ | MQ | TA | Overall | CLIPScore | PickScore | toy_red |"
+    assert lines[2] == "| Model | VQ | MQ | TA | Overall | CLIPScore (2.5·cos) | PickScore logit (raw) | toy_red |"
     assert lines[4].startswith("| base | -0.7500 ± 0.5000 | -0.5900 ± 0.5000 | 1.4100 ± 0.5000 | 0.0700 ± 0.5000 |")
     assert "40 steps" in lines[0]
+
+
+def test_paper_scale_pickscore_is_flow_grpos_logit_over_26():
+    # Table 2's PickScore 0.74 is a logit of 19.24 (PickScore_v1: 100 cos, cos 0.19) on Flow-GRPO's scale
+    scores = with_paper_scale({"pickscore": 19.24, "clipscore": 0.54, "clip_cosine": 0.216})
+    assert scores["pickscore_paper"] == pytest.approx(0.74) and scores["clipscore"] == 0.54
+    assert with_paper_scale({"VQ": 1.0}) == {"VQ": 1.0}  # nothing to derive without PickScore
+    assert with_paper_scale({"pickscore": None})["pickscore_paper"] is None  # a failed score stays failed
+    results = {"settings": {"sampler": "Euler", "num_inference_steps": 40, "height": 480, "width": 848,
+                            "video_length": 121, "guidance_scale": 6.0, "flow_shift": 5.0, "dtype": "bf16"},
+               "prompts": ["a"], "seeds": [0],
+               "checkpoints": {"base": {"summary": {k: {"mean": v, "stderr": None, "n": 1} for k, v in scores.items()}}}}
+    lines = markdown_table(results).splitlines()
+    assert lines[2] == ("| Model | CLIPScore (2.5·cos) | PickScore (logit/26) | PickScore logit (raw) | "
+                        "CLIP cos (raw) |")
+    assert "hold those against Table 2" in lines[0] and lines[4] == "| base | 0.5400 | 0.7400 | 19.2400 | 0.2160 |"
 
 
 def test_bar_chart_draws_each_bar_in_its_colour(tmp_path):

@@ -271,6 +271,24 @@ def test_tiling_and_offloading_lower_their_phases():
     assert _component(resident, "train", "text encoders") == (7_070_619_136 + planner.sizes_of(cfg).byt5_params) * 2
 
 
+def test_the_drift_proxys_base_copy_is_planned_where_the_run_holds_one():
+    """A copy of the base transformer in --dtype, sharded and placed like the reference, where no model of the run is
+    the base already; its forwards in a phase of their own."""
+    cfg = TrainConfig(sp_size=2, drift_proxy=True)  # the reference's full fine-tune with the moving anchor
+    plan, sizes = _plan(cfg, world_size=8)
+    shards = sizes.transformer.num_params * 2 / 8  # P·c/Z in bf16
+    assert _component(plan, "train", "frozen base (drift proxy) shards") == shards
+    assert _component(plan, "drift proxy", "frozen base gathered units") > 0
+    without, _ = _plan(dataclasses.replace(cfg, drift_proxy=False), world_size=8)
+    assert plan.phase("train").bytes - without.phase("train").bytes == shards
+    for free in (dict(use_moving_KL=False), dict(use_lora=True)):  # the reference is the base; LoRA disables adapters
+        other, _ = _plan(dataclasses.replace(cfg, **free), world_size=8)
+        assert _component(other, "train", "frozen base") == 0 and other.phase("drift proxy") is None
+    offloaded, _ = _plan(cfg, world_size=8, on_cpu=True)  # with the reference: only its units visit the GPU
+    assert _component(offloaded, "train", "frozen base") == 0
+    assert _component(offloaded, "drift proxy", "frozen base from the CPU") > 0
+
+
 def test_launch_that_cannot_fit_is_refused_with_the_table(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "8")
     cfg = TrainConfig(sp_size=2, validation_interval=0, gpu_memory_gb=24.0, device="cuda")

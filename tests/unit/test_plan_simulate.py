@@ -147,3 +147,25 @@ def test_the_tracked_backward_leaves_no_reference_cycles():
             gc.garbage.clear()
             gc.enable()
     assert cycles == []  # before: ['GeluBackward0'], held by the hook on the second Linear's input
+
+
+def test_the_simulation_holds_the_drift_proxys_base_copy_sharded_like_the_reference():
+    """The simulated launch builds the frozen base copy of ``--drift_proxy`` as the trainer does (a third transformer
+    in --dtype, frozen, FSDP-sharded like the reference), so every simulated phase holds its shards, as the plan's
+    resident component says (the whole simulation agrees with the plan at 1.00 on the sharded weights: measured with
+    this launch; docs/toy_study.md, "Drift proxy")."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from sage_grpo.config import TrainConfig, parse_cli
+    from sage_grpo.models.placement import Placement
+    from sage_grpo.plan import memory as planner
+    from sage_grpo.plan.simulate import build_sharded, fake_process_group, public_config
+
+    cfg = parse_cli(TrainConfig, FLAGS + ["--drift_proxy", "True", "--validation_interval", "100"])
+    config = dict(public_config(planner.sizes_of(cfg).transformer.config), num_layers=2)
+    with fake_process_group(4):
+        policy, reference, _, _, base = build_sharded(cfg, 4, config, Placement(False, False))
+        assert isinstance(base, FSDPModule) and base is not reference and not base.training
+        shards = [(p.dtype, p.requires_grad, p.placements, p.to_local().shape) for p in base.parameters()]
+        assert shards == [(p.dtype, p.requires_grad, p.placements, p.to_local().shape) for p in reference.parameters()]
+        assert {dtype for dtype, *_ in shards} == {torch.bfloat16} and not any(grad for _, grad, *_ in shards)

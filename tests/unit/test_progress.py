@@ -42,7 +42,8 @@ def test_console_lines_end_with_the_eta(tmp_path, capsys, monkeypatch):
 def test_startup_summary_names_run_model_reward_world_and_dtype(tmp_path):
     cfg = SimpleNamespace(remote_reward_url=None, reward_model="videoalign", use_lora=True, lora_r=8,
                           pretrained_model_root="ckpts", pretrained_transformer_version="480p_t2v",
-                          reward_weights='{"VQ": 1.0}', dtype="bf16", max_steps=100, batch_size=2)
+                          reward_weights='{"VQ": 1.0}', dtype="bf16", max_steps=100, batch_size=2,
+                          extra_rewards=None)
     dims = SimpleNamespace(world_size=8, dp_size=4, sp_size=2)
     lines = startup_summary(cfg, dims, tmp_path, "cuda:0")
     assert lines == ["run summary:", f"  run directory  {tmp_path}",
@@ -50,5 +51,7 @@ def test_startup_summary_names_run_model_reward_world_and_dtype(tmp_path):
                      "  reward         local videoalign, weights {\"VQ\": 1.0}",
                      "  world          8 process(es) = dp 4 x sp 2 on cuda:0",
                      "  dtype          bf16", "  steps          to 100, 8 videos per step"]
+    cfg.extra_rewards = '{"clipscore": 0.5}'
+    assert startup_summary(cfg, dims, tmp_path, "cpu")[3].endswith(', plus {"clipscore": 0.5}')
     cfg.remote_reward_url = "http://10.0.0.2:8765"
     assert startup_summary(cfg, dims, tmp_path, "cpu")[3].startswith("  reward         remote http://10.0.0.2:8765 (")

@@ -76,12 +76,13 @@ def test_overrides_change_the_frames_and_pixels_the_model_sees(videoalign, tiny_
     videos = random_videos(2, 9, 112, 168)
     overridden = build_reward_fn("videoalign_local", context=RewardContext(
         tiny_reward_root, device="cpu", dtype=torch.float32,
-        videoalign_sampling=SamplingOverrides(num_frames=8, max_pixels=112 * 168)))
+        videoalign_sampling=SamplingOverrides(num_frames=8, max_pixels=200704)))
     inputs = overridden.fns["videoalign_local"].inputs
     frames = [inputs.frames_from_tensor(v, 24.0) for v in videos]
-    assert frames[0].shape == (8, 3, 112, 168)  # 8 of 9 frames, full size fits the new budget
+    # 8 of 9 frames; 112x168 fits the new budget, so qwen-vl-utils enlarges it to its minimum of 128x28x28 pixels
+    assert frames[0].shape == (8, 3, 280, 392)
     batch = inputs.build(frames, PROMPTS)
-    assert batch["video_grid_thw"].tolist() == [[4, 8, 12]] * 2  # default: [[2, 4, 6]]
+    assert batch["video_grid_thw"].tolist() == [[4, 20, 28]] * 2  # default: [[2, 4, 6]]
     default_batch = videoalign.inputs.build([videoalign.inputs.frames_from_tensor(v, 24.0) for v in videos], PROMPTS)
     assert default_batch["video_grid_thw"].tolist() == [[2, 4, 6]] * 2
     scores, default = overridden(videos[:1], PROMPTS[:1]), videoalign(videos[:1], PROMPTS[:1])
@@ -107,7 +108,7 @@ def test_sampling_flags_are_checked_before_any_model_loads():
 
 
 def test_a_pixel_budget_below_the_checkpoints_minimum_is_refused(tiny_reward_root):
-    with pytest.raises(ValueError, match="below the checkpoint's minimum frame size 3136 pixels"):
+    with pytest.raises(ValueError, match="below the checkpoint's minimum frame size 100352 pixels"):
         VideoAlignReward(tiny_reward_root, device="cpu", dtype=torch.float32,
                          sampling=SamplingOverrides(max_pixels=28 * 56))
 

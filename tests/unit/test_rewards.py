@@ -19,6 +19,7 @@ from sage_grpo.rewards.prompt_templates import DETAILED_SPECIAL_TEMPLATE, REWARD
 from sage_grpo.rewards.builtins import BUILTIN_REWARDS, VIDEOALIGN_METRICS, RewardContext
 from sage_grpo.rewards.registry import import_object
 from sage_grpo.rewards.tiny import FULL_STEP, LORA_STEP, RELEASED_NORM_STATS, write_tiny_video_reward
+from sage_grpo.rewards.tiny import gradient_videos as smooth_videos
 from sage_grpo.rewards.toys import TargetColorReward, TemporalSmoothnessReward
 from sage_grpo.rewards.video_preprocess import (
     normalize_frames,
@@ -36,20 +37,6 @@ PROMPTS = [
     "A red ball bounces on a wooden floor, slow motion, warm light.",
     "The camera pans over a city at night.",
 ]
-
-
-def smooth_videos(batch: int = 3, frames: int = 9, height: int = 64, width: int = 96, seed: int = 0) -> torch.Tensor:
-    """Moving colour gradients in [0.1, 0.9] (codec friendly): (B, 3, F, H, W)."""
-    gen = torch.Generator().manual_seed(seed)
-    y = torch.linspace(0, 1, height).view(1, 1, height, 1)
-    x = torch.linspace(0, 1, width).view(1, 1, 1, width)
-    t = torch.linspace(0, 1, frames).view(1, frames, 1, 1)
-    videos = []
-    for _ in range(batch):
-        a, b, phase = torch.rand(3, 3, generator=gen)
-        channels = [0.5 + 0.4 * torch.sin(2 * math.pi * (a[c] * x + b[c] * y + 0.5 * t + phase[c])) for c in range(3)]
-        videos.append(torch.cat(channels, dim=0))
-    return torch.stack(videos)
 
 
 def tiny_reward(root: Path, **kwargs) -> VideoAlignReward:
@@ -128,12 +115,14 @@ def test_prompt_template_holds_the_three_reward_tokens_in_order():
 def test_batch_layout_tokens_types_and_padding(tiny_scorer):
     builder = tiny_scorer.inputs
     frames = [builder.frames_from_tensor(v, 24.0) for v in smooth_videos()]
-    assert frames[0].shape == (4, 3, 56, 84)  # 9 frames at 24 fps -> 4 sampled, 64x96 -> 56x84
+    # 9 frames at 24 fps -> 4 sampled; 64x96 is within max_frame_pixels (56x84 after rounding to 28), so
+    # qwen-vl-utils enlarges it to its minimum of 128x28x28 pixels, as VideoAlign does: 280x392
+    assert frames[0].shape == (4, 3, 280, 392)
     batch = builder.build(frames, PROMPTS)
-    assert batch["video_grid_thw"].tolist() == [[2, 4, 6]] * 3
-    assert batch["pixel_values_videos"].shape == (3 * 48, 3 * 2 * 14 * 14)
+    assert batch["video_grid_thw"].tolist() == [[2, 20, 28]] * 3
+    assert batch["pixel_values_videos"].shape == (3 * 1120, 3 * 2 * 14 * 14)
     video_id = builder.video_token_id
-    assert ((batch["input_ids"] == video_id).sum(-1) == 48 // 4).all()  # grid_t*grid_h*grid_w / merge^2
+    assert ((batch["input_ids"] == video_id).sum(-1) == 1120 // 4).all()  # grid_t*grid_h*grid_w / merge^2
     assert torch.equal(batch["mm_token_type_ids"] == 2, batch["input_ids"] == video_id)
     lengths = batch["attention_mask"].sum(-1)
     assert lengths[1] > lengths[0] and lengths.max() == batch["input_ids"].shape[1]
@@ -300,11 +289,12 @@ def test_tensor_and_mp4_paths_agree_within_codec_tolerance(tiny_scorer, referenc
     # Measured 0.03-0.045 over these test videos (~3/255 in pixels; yuv420 chroma subsampling dominates).
     assert (from_tensor - from_file).abs().mean() < 0.08
     by_file = tiny_scorer.score_files(paths, PROMPTS)
-    # Measured |score diff| <= 4e-4 per head and <= 1.1e-3 for Overall, against an Overall spread of 1.3e-2
-    # between these three videos: the codec moves scores far less than the content does.
+    # Measured |score diff| <= 1.6e-3 per head and 4.2e-3 for Overall, against an Overall spread of 0.14 between
+    # these three videos: the codec moves scores far less than the content does (benchmarks/videoalign_codec.py
+    # measures more videos: up to 4.9e-3 per head on gradients like these).
     for key in ("VQ", "MQ", "TA"):
-        assert (by_file[key] - reference_scores[key]).abs().max() < 1e-3
-    assert (by_file["Overall"] - reference_scores["Overall"]).abs().max() < 2.5e-3
+        assert (by_file[key] - reference_scores[key]).abs().max() < 3e-3
+    assert (by_file["Overall"] - reference_scores["Overall"]).abs().max() < 8e-3
     spread = reference_scores["Overall"].max() - reference_scores["Overall"].min()
     assert (by_file["Overall"] - reference_scores["Overall"]).abs().max() < 0.25 * spread
     round_trip = tiny_reward(tiny_scorer.checkpoint.reward_dir.parent, from_mp4=True)(videos, PROMPTS)

@@ -4,13 +4,16 @@ import math
 import pytest
 import torch
 
+from sage_grpo.config import TrainConfig, parse_cli
 from sage_grpo.rl import (
     AdaptiveKLController,
+    AnchorMeans,
     MovingAnchorSchedule,
     clip_advantages,
     dual_kl,
     group_advantages,
     kl_mode,
+    kl_mode_of,
     local_advantages,
     mean_matching_kl,
     ppo_clipped_loss,
@@ -167,6 +170,12 @@ def test_kl_mode_table():
     assert not resolve_kl_mode(0.0, True, True).uses_reference
     with pytest.raises(ValueError):
         kl_mode(-1.0, False, False)
+    # the step-wise KL's reference: the policy before this update (the paper), or the rollout's on request
+    assert not kl_mode_of(parse_cli(TrainConfig, [])).stepwise_to_rollout
+    rollout = kl_mode_of(parse_cli(TrainConfig, ["--stepwise_kl_reference", "rollout"]))
+    assert rollout.stepwise_to_rollout and rollout.name == "dual_moving"
+    assert not kl_mode_of(parse_cli(TrainConfig, ["--stepwise_kl_reference", "rollout", "--use_dual_kl", "false"]))\
+        .stepwise_to_rollout  # no step-wise term
 
 
 # ------------------------------------------------------------------------------------------ controller
@@ -267,3 +276,18 @@ def test_moving_anchor_schedule():
     assert not resumed.should_refresh(10) and resumed.should_refresh(20)
     assert not MovingAnchorSchedule(enabled=False, every=10).should_refresh(10)
     assert not MovingAnchorSchedule(enabled=True, every=0).should_refresh(10)
+
+
+def test_anchor_means_follow_a_refresh_between_inner_epochs():
+    """K = 3 passes, an update after each, the anchor every 2 updates: refreshed after update 2 (inside the step), and
+    the third pass gets means recomputed from the new anchor; the first two passes share the rollout's means."""
+    schedule, computed, updates = MovingAnchorSchedule(enabled=True, every=2), [], 0
+    means = AnchorMeans(lambda: computed.append(schedule.last_refreshed_at) or len(computed), schedule)
+    seen = []
+    for _ in range(3):  # one inner epoch: read the means, then one optimizer update and the refresh check
+        seen.append(means.current())
+        updates += 1
+        if schedule.should_refresh(updates):
+            schedule.mark_refreshed(updates)
+    assert seen == [1, 1, 2] and computed == [None, 2] and schedule.last_refreshed_at == 2
+    assert means.seconds >= 0.0

@@ -12,7 +12,7 @@ from sage_grpo.sde import (
     step,
     timesteps_from_sigmas,
 )
-from sage_grpo.rl.grad_balance import grad_balance_scales, grad_norm_proxies
+from sage_grpo.rl.grad_balance import grad_balance_scales, grad_norm_proxies, window_scales
 
 ETA = 0.5
 SIGMAS = shifted_sigmas(20, 5.0)
@@ -87,6 +87,21 @@ def test_sage_equalizer_scales():
     assert scales.dtype == torch.float32 and scales.shape == (20,)
     assert scales[9].item() == 1.0
     torch.testing.assert_close(scales, torch.tensor(SAGE_SCALES), rtol=0, atol=1e-4)
+
+
+def test_window_scales_renormalise_over_the_window():
+    # The whole schedule's scales make a 4-step window's mean scale fall 34x as it slides from the first steps
+    # (8.15, 5.30, 3.73, 2.90: mean 5.02) to the last (0.241, 0.175, 0.115, 0.055: mean 0.146). Renormalised, the
+    # window's lower median of g becomes the reference: g_k = g_9 / s_k, so over steps 16-19 it is g_17 and
+    # scale'_k = s_k / s_17 = 1.377, 1, 0.657, 0.315 (mean 0.837); over steps 0-3, s_k / s_1 (mean 0.947).
+    scales = torch.tensor(SAGE_SCALES)
+    first, last = torch.arange(0, 4), torch.arange(16, 20)
+    assert scales[first].mean().item() == pytest.approx(5.02, abs=0.01)
+    assert scales[last].mean().item() == pytest.approx(0.146, abs=0.001)
+    torch.testing.assert_close(window_scales(scales, last)[last], torch.tensor([1.3771, 1.0, 0.6566, 0.3149]),
+                               rtol=0, atol=2e-4)
+    assert window_scales(scales, first)[first].mean().item() == pytest.approx(0.947, abs=0.001)
+    assert window_scales(scales, last)[17].item() == 1.0  # the window's median step
 
 
 def test_equalizer_eta_none_means_one():

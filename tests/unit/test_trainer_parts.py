@@ -235,14 +235,14 @@ class Counters:
                                                                  state["micro_steps"])
 
 
-def _manager(run_dir, models, keep_checkpoints=0):
+def _manager(run_dir, models, keep_checkpoints=0, counters=None):
     """A one-process manager over ``models``, AdamW, a KL controller and a moving anchor (both only with a
     reference, as the trainer builds them); ``manager.notes`` collects what it logs."""
     notes = []
     manager = CheckpointManager(
         models=models, optimizer=torch.optim.AdamW(models.policy.parameters(), lr=0.1),
         kl_controller=AdaptiveKLController.from_flags(0.1, 0.01, 0.001) if models.reference is not None else None,
-        anchor_schedule=MovingAnchorSchedule(models.reference is not None, 2), counters=Counters(),
+        anchor_schedule=MovingAnchorSchedule(models.reference is not None, 2), counters=counters or Counters(),
         dims=ParallelDims(world_size=1), run_dir=run_dir, keep_checkpoints=keep_checkpoints,
         layout={"world_size": 1, "dp_size": 1, "sp_size": 1, "videos_per_step": 2}, config_yaml=lambda: "seed: 1\n",
         log=notes.append)
@@ -259,6 +259,51 @@ def _train_to(manager, update):
     manager.kl_controller.update(0.5)
     manager.models.reference.load_state_dict(manager.models.policy.state_dict())
     manager.anchor_schedule.mark_refreshed(update)
+
+
+class GuardedCounters(Counters):
+    """The trainer's state in a guarded run: the counters and the drift guard's state (GRPOTrainer.state_dict)."""
+
+    def __init__(self):
+        from sage_grpo.rl.drift_guard import DriftGuard, GuardBounds
+
+        super().__init__()
+        self.guard = DriftGuard(GuardBounds(2.0, 3, 0.0, 0.05))
+
+    def state_dict(self):
+        return {**super().state_dict(), "drift_guard": self.guard.state_dict()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        if "drift_guard" in state:
+            self.guard.load_state_dict(state["drift_guard"])
+
+
+def test_the_drift_guard_resumes_and_a_roll_back_keeps_the_counters_and_the_guard(tmp_path):
+    manager = _manager(tmp_path, StandInModels(seed=0), counters=GuardedCounters())
+    manager.counters.guard.observe(0, 0.01, {})
+    _train_to(manager, 2)
+    manager.save(2)
+    at_two = {name: value.clone() for name, value in manager.models.policy.state_dict().items()}
+    training = load_plain(tmp_path / "checkpoint-2" / "training_state.pt", "training state")
+    assert training["drift_guard"]["proxy_baseline"] == 0.01
+    resumed = _manager(tmp_path, StandInModels(seed=1), counters=GuardedCounters())
+    resumed.load(tmp_path / "checkpoint-2", training)
+    assert resumed.counters.state_dict() == manager.counters.state_dict()
+    unguarded = _manager(tmp_path, StandInModels(seed=1))  # a guarded run's checkpoint resumed without the guard
+    unguarded.load(tmp_path / "checkpoint-2", training)
+    assert unguarded.counters.state_dict() == {"global_step": 2, "update_steps": 2, "micro_steps": 2}
+
+    _train_to(manager, 4)  # the weights move on; a drifted point, then the rollback to checkpoint-2
+    manager.counters.guard.record_reward(0.5)
+    manager.counters.guard.observe(4, 0.05, {})
+    state, draw = manager.counters.state_dict(), torch.get_rng_state()
+    manager.roll_back(tmp_path / "checkpoint-2")
+    for name, value in manager.models.policy.state_dict().items():
+        assert torch.equal(value, at_two[name]), name
+    assert manager.counters.state_dict() == state and state["global_step"] == 4  # the counters and the guard stay
+    assert manager.anchor_schedule.last_refreshed_at == 2 and manager.optimizer.state_dict()["state"][0]["step"] == 1
+    assert torch.equal(torch.get_rng_state(), draw)
 
 
 def test_checkpoint_manager_roundtrip_atomic_and_latest(tmp_path):

@@ -1,7 +1,9 @@
 """The transformer forward without host syncs (sage_grpo/models/transformer_forward.py, issue 28): bit for bit
-diffusers' own forward (velocity and every gradient) for text-to-video with padded text of different lengths, equal
-lengths and image-to-video; no data-dependent op in a forward on counted embeddings; a forward that runs on the meta
-device, where reading any value back is impossible."""
+diffusers' own forward run with our attention processor and the text trimmed before the blocks (velocity and every
+gradient) for text-to-video with padded text of different lengths, equal lengths and image-to-video (against
+diffusers' stock processor: tests/unit/test_attention.py); no data-dependent op in a forward on counted embeddings; a
+forward that runs on the meta device, where reading any value back is impossible; finite gradients for a row without
+a valid text token (NaN in diffusers' forward)."""
 
 import contextlib
 from collections import Counter
@@ -81,6 +83,23 @@ def test_t2v_matches_diffusers_forward_bit_for_bit(tiny_components, tiny_encoder
         _assert_bit_identical(transformer, _latents(len(prompts)), embeds, TINY_IMAGE_TOKENS)
     finally:
         transformer.disable_gradient_checkpointing()
+
+
+def test_a_row_without_valid_text_gives_finite_gradients(tiny_components, tiny_encoder):
+    """Row 1's MLLM text masked out entirely (both CFG branches): diffusers' token refiner pools it 0/0, so every
+    refiner gradient is NaN although the row's text is discarded; the guarded forward gives diffusers' velocity and
+    finite gradients."""
+    transformer = tiny_components.transformer
+    embeds = tiny_encoder.encode(["a red ball", 'a sign "hi" on a wall'])
+    embeds.masks[1], embeds.neg_masks[1], embeds.valid_tokens = 0, 0, None
+    with diffusers_forward(transformer):
+        expected, expected_grads = _velocity_and_grads(transformer, _latents(2), embeds, TINY_IMAGE_TOKENS)
+    nan = sorted(name for name, grad in expected_grads.items() if not torch.isfinite(grad).all())
+    assert nan and all(name.startswith("context_embedder.") for name in nan)  # the refiner's, in diffusers
+    velocity, grads = _velocity_and_grads(transformer, _latents(2), embeds, TINY_IMAGE_TOKENS)
+    assert torch.isfinite(expected).all() and torch.equal(velocity, expected)
+    assert set(grads) == set(expected_grads) and all(torch.isfinite(grad).all() for grad in grads.values())
+    assert all(torch.equal(grads[name], expected_grads[name]) for name in set(grads) - set(nan))
 
 
 def test_uncounted_embeddings_give_the_same_velocity(tiny_components, tiny_encoder):

@@ -56,7 +56,8 @@ def _trainer(use_muon: bool):
     layer = torch.nn.Linear(3, 4)
     named = list(layer.named_parameters())
     return SimpleNamespace(
-        cfg=SimpleNamespace(debug_grad_flow=False, max_grad_norm=1.0), dims=ParallelDims(world_size=1),
+        cfg=SimpleNamespace(debug_grad_flow=False, max_grad_norm=1.0, max_grad_norm_units="full", sp_size=1),
+        dims=ParallelDims(world_size=1),
         models=SimpleNamespace(trainable_named_parameters=lambda: named), layer=layer,
         optimizer=build_optimizer(named, use_muon=use_muon, lr=0.1, weight_decay=0.01),
         lr_schedule=LRSchedule("constant", 0.1, 0, total_updates=10), update_steps=0, skipped_updates=0, ema=None)

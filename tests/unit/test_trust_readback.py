@@ -149,10 +149,11 @@ def test_a_training_state_of_another_shape_is_one_line(tmp_path, state, match):
 
 def test_the_failed_reward_streak_survives_a_resume():
     """A run that resumes between all-failed reward steps must still stop: the streak is checkpoint state."""
-    trainer = SimpleNamespace(global_step=5, update_steps=5, micro_steps=5, failed_reward_steps=2)
+    unguarded = SimpleNamespace(state_dict=dict, load_state_dict=lambda state: None)  # the drift sentinel, off
+    trainer = SimpleNamespace(global_step=5, update_steps=5, micro_steps=5, failed_reward_steps=2, sentinel=unguarded)
     state = trainer_module.GRPOTrainer.state_dict(trainer)
     assert state["failed_reward_steps"] == 2
-    resumed = SimpleNamespace()
+    resumed = SimpleNamespace(sentinel=unguarded)
     trainer_module.GRPOTrainer.load_state_dict(resumed, state)
     assert resumed.failed_reward_steps == 2 and resumed.global_step == 5
     trainer_module.GRPOTrainer.load_state_dict(resumed, {"global_step": 3, "update_steps": 3, "micro_steps": 3})

@@ -8,6 +8,8 @@ Writes, from rank 0, ``DIR/report.json``:
 - the layout (world, dp, sp) and the trainer's counters;
 - FSDP reduce-scatters per FSDP unit (``GradientReductionCounter``), the number of backward passes and of those
   run with gradient synchronisation, to check one gradient reduction per optimizer update;
+- per optimizer update, the norm of the full gradient at which it was clipped and its norm after clipping
+  (``clip_thresholds``, ``clipped_grad_norms``);
 - with ``--resume_from_checkpoint``: the largest difference between the weights (and the moving anchor, and the EMA
   of ``--ema_decay``) right after the resume and those the checkpointed run had (its
   ``checkpoint-N/transformer/model.safetensors``, the ``anchor.pt`` its report dir holds, ``checkpoint-N/ema/``);
@@ -35,6 +37,7 @@ from sage_grpo.config import TrainConfig, parse_cli  # noqa: E402
 from sage_grpo.distributed import GradientReductionCounter, barrier, destroy_distributed  # noqa: E402
 from sage_grpo.distributed.parallelize import is_sharded  # noqa: E402
 import sage_grpo.pipeline.policy_update as policy_update_module  # noqa: E402
+import sage_grpo.trainer as trainer_module  # noqa: E402
 from sage_grpo.trainer import GRPOTrainer  # noqa: E402
 
 
@@ -61,6 +64,23 @@ def record_gradient_sync() -> list:
 
     policy_update_module.gradient_sync = recording
     return flags
+
+
+def record_clipping() -> dict:
+    """Wrap the trainer's ``clip_gradients``: per optimizer update the threshold it was given and the global norm of
+    the gradients after clipping."""
+    clips = {"clip_thresholds": [], "clipped_grad_norms": []}
+    original = trainer_module.clip_gradients
+
+    def recording(params, max_norm):
+        norm = original(params, max_norm)
+        after = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        clips["clip_thresholds"].append(float(max_norm))
+        clips["clipped_grad_norms"].append(float(after.full_tensor() if hasattr(after, "full_tensor") else after))
+        return norm
+
+    trainer_module.clip_gradients = recording
+    return clips
 
 
 def resume_errors(trainer: GRPOTrainer, previous: Path) -> dict:
@@ -104,6 +124,7 @@ def main() -> None:
     trainer.models.policy.transformer_blocks[0].register_forward_pre_hook(
         lambda block, args: compute_dtypes.add(str(next(block.parameters()).dtype)))
     sync_flags = record_gradient_sync()
+    clips = record_clipping()
     sharded = is_sharded(trainer.models.policy)
     with GradientReductionCounter(trainer.models.policy) if sharded else contextlib.nullcontext() as counter:
         trainer.train()
@@ -112,7 +133,7 @@ def main() -> None:
                   synced_backward_passes=sum(sync_flags),
                   reductions_per_unit=sorted(set(counter.calls.values())) if sharded else None,
                   updates_reduced=counter.updates_reduced if sharded else None,
-                  compute_dtypes=sorted(compute_dtypes),
+                  compute_dtypes=sorted(compute_dtypes), **clips,
                   ema_sharded_like_the_weights=ema_sharded_like_the_weights(trainer) if trainer.ema else None,
                   run_dir=str(trainer.run_dir))
     if trainer.is_main:
