@@ -14,25 +14,23 @@ PHASES = ["rollout", "reference", "train", "optimizer step"]
 LAUNCH_FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_generations", "4",
                 "--enable_fsdp", "--enable_gradient_checkpointing", "--sp_size", "2", "--kl_weight", "1e-5",
                 "--use_dual_kl", "True", "--validation_interval", "0", "--sample_n_frames", "81", "--rollout_height",
-                "352", "--rollout_width", "624"]
+                "352", "--rollout_width", "624", "--replay_group_size", "1"]
+# (one trained step per forward unless a test says otherwise: at 2 blocks the plan's training activations count
+# 0.14 GB per row of saves the backward has consumed by its peak, a share that grows with the rows of a grouped replay)
 
 
 def simulate_two_blocks(flags: Sequence[str]):
     """(printed text, simulation, plan) of the launch ``flags`` at 2 blocks on 4 ranks (the plan at that depth too)."""
-    cfg = parse_cli(TrainConfig, list(flags))
-    text, simulation = simulation_report(cfg, 4, 80.0, num_layers=2)
-    return text, simulation, plan_two_blocks(cfg)
-
-
-def plan_two_blocks(cfg: TrainConfig):
-    """The plan of ``cfg`` at 2 blocks on 4 ranks of 80 GB."""
     from sage_grpo.plan import memory as planner
     from sage_grpo.plan.simulate import public_config
     from sage_grpo.plan.sizes import transformer_sizes
 
+    cfg = parse_cli(TrainConfig, list(flags))
+    text, simulation = simulation_report(cfg, 4, 80.0, num_layers=2)
     sizes = planner.sizes_of(cfg)
     config = dict(public_config(sizes.transformer.config), num_layers=2)
-    return planner.plan_launch(cfg, 4, 80.0, dataclasses.replace(sizes, transformer=transformer_sizes(config)))
+    plan = planner.plan_launch(cfg, 4, 80.0, dataclasses.replace(sizes, transformer=transformer_sizes(config)))
+    return text, simulation, plan
 
 
 def assert_categories_agree(simulation, plan, allowed: Callable[[str, str], Tuple[float, float]],

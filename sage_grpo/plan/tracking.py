@@ -29,7 +29,6 @@ Three corrections, each measured:
 """
 
 import contextlib
-import gc
 import time
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -185,10 +184,6 @@ class Phase:
     def __enter__(self):
         from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
 
-        # Fake tensors leave cyclic garbage, which Python's collector frees when its counters say so; collected here,
-        # the phase starts from zero counts, so its collections (and the frees they cause before or after the peak)
-        # fall at the same moments whatever ran in this process before (the reduced-depth tests: one process)
-        gc.collect()
         self.start = time.perf_counter()
         self.tracker.__enter__()
         for part in self.parts:

@@ -5,7 +5,7 @@ second adapter), sharded by the trainer's FSDP2; the reference phase runs the po
 ``LoraTraining.reference_mode`` (sage_grpo/plan/simulate.py)."""
 import pytest
 
-from plan_simulate_support import (LAUNCH_FLAGS, assert_categories_agree, assert_verdict_agrees, plan_two_blocks,
+from plan_simulate_support import (LAUNCH_FLAGS, assert_categories_agree, assert_verdict_agrees,
                                    simulate_two_blocks)
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.plan.simulate import simulation_report
@@ -38,11 +38,7 @@ def test_every_category_of_every_lora_phase_agrees_with_the_plan(simulated):
         TRAIN_ACTIVATIONS_LOWEST if (phase, group) == ("train", "activations") else 1 - TOLERANCE, 1 + TOLERANCE),
         launch)
     assert compared >= 21  # 5 groups in each no-grad phase, 6 in training, 5 in the optimizer step
-    # its batch does not raise the step's peak: under the peak of 20 trained steps per forward (the CUDA default
-    # here) all 40 of the rollout batch's transitions fit; with one step per forward they would raise it
-    assert plan.phase("reference").bytes <= plan.peak.bytes and plan.placement.replay_group_size == 20
-    one_step = plan_two_blocks(parse_cli(TrainConfig, FLAGS + LAUNCHES[launch] + ["--replay_group_size", "1"]))
-    assert one_step.placement.reference_batch_size < 40
+    assert plan.placement.reference_batch_size < 40  # not the whole rollout batch: it would raise the peak
 
 
 def test_the_reference_phase_runs_the_policy_with_its_anchor_or_without_adapters(simulated):

@@ -23,7 +23,8 @@ def _plan(cfg=CFG, **placement):
 
 def test_the_background_reward_is_planned_beside_the_reference_pass():
     in_line, beside = _plan(async_reward=False), _plan(async_reward=True)
-    forward = _component(beside, "reference", "reward forward (SP leaders) beside it")
+    forward = _component(beside, "reference", "reward forward (SP leaders)")
+    assert any(c.name.endswith("beside it (--async_reward)") for c in beside.phase("reference").components)
     assert forward == _component(in_line, "decode + reward", "reward forward") > 0.1 * 2 ** 30
     assert beside.phase("reference").bytes == in_line.phase("reference").bytes + forward
     for phase in ("rollout", "train", "optimizer step", "decode + reward"):
