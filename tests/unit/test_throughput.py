@@ -27,19 +27,22 @@ def _one_pass(trainer, inputs, group: int):
     trainer.models.placement = dataclasses.replace(trainer.models.placement, replay_group_size=group)
     trainer.kl_controller.load_state_dict(inputs["controller"])
     metrics = trainer.policy_pass.backward(inputs["rollout"], inputs["embeds"], inputs["advantages"],
-                                           inputs["ref_means"], inputs["shuffle"], inputs["order"], True, 0)
+                                           inputs["ref_means"], inputs["shuffle"], inputs["order"], True, 0,
+                                           inputs["rollout_weights"])
     grads = {name: p.grad.clone() for name, p in trainer.models.trainable_named_parameters() if p.grad is not None}
     trainer.optimizer.zero_grad(set_to_none=True)
     return grads, metrics, trainer.kl_controller.state_dict()
 
 
-def test_grouped_replay_gives_the_same_update_and_beta_sequence(tiny_root, tmp_path):
+@pytest.mark.parametrize("rollout_weights", [True, False], ids=["first pass", "after an update"])
+def test_grouped_replay_gives_the_same_update_and_beta_sequence(tiny_root, tmp_path, rollout_weights):
     """2 samples x 3 steps (the tiny run's), dual moving KL, the policy moved off the rollout's (as in a second inner
     epoch) so that the ratio, both KL terms and β all act, β past its warm-up and shrinking at every update (x0.9:
     the recent KL is above target): one step per forward (the reference) against all three of a sample's steps in one
     forward and one backward, and against groups of 2 and 1. Every gradient and every per-iteration mean agree
     within float order, and the controller saw the same six KL values in the same order, each position's loss
-    weighted by the β read before its own update."""
+    weighted by the β read before its own update. Both step-wise KL references: the rollout's log-probabilities (no
+    update since the rollout) and the current policy's (after an update: issue 35's π_prev)."""
     trainer = _trainer(tiny_root, tmp_path)
     assert trainer.models.placement.replay_group_size == 1  # a CPU device: the reference's one step per forward
     items = [trainer.items[i] for i in trainer.prompt_sampler.indices(0)]
@@ -47,14 +50,15 @@ def test_grouped_replay_gives_the_same_update_and_beta_sequence(tiny_root, tmp_p
     generators = [torch.Generator().manual_seed(s) for s in (1, 2)]
     rollout = trainer.sampler.rollout(trainer.models.policy, trainer.models.vae, embeds, [1, 2], num_frames=5,
                                       height=16, width=16, sde_generators=generators, decode=False)
-    ref_means = trainer.reference_means(rollout, embeds)
+    ref_means = trainer.reference_means(rollout, embeds, trainer.window.steps(0))
     noise = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for _, param in trainer.models.trainable_named_parameters():
             param.add_(0.02 * torch.randn(param.shape, generator=noise))
     inputs = dict(rollout=rollout, embeds=embeds, advantages=torch.tensor([0.7, -0.7]), ref_means=ref_means,
                   shuffle=torch.tensor([1, 0]), order=torch.tensor([[2, 0, 1], [1, 2, 0]]),
-                  controller={"kl_coef": 1e-3, "num_updates": 100, "history": [1.0] * 10})
+                  controller={"kl_coef": 1e-3, "num_updates": 100, "history": [1.0] * 10},
+                  rollout_weights=rollout_weights)
     single_grads, single, single_controller = _one_pass(trainer, inputs, 1)
     assert single["ratio_mean"] != 1.0 and single["kl_moving"] > 0
     assert single["KL_weight"] == pytest.approx(1e-3 * 0.9 ** 5)  # the sixth iteration's β, read before its update
