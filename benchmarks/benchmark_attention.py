@@ -21,7 +21,11 @@ GPU adds the native flash / efficient / cuDNN kernels and ``flash``, ``flash_var
 materializes the S x S scores, 21 GB per block call); the unusable ones are listed with the reason. A backend that
 takes no mask runs a masked batch on its varlen sibling or native SDPA (``attention.py``). Prints each time, the ratio
 dense / ours, the largest velocity difference to diffusers' processor on the same inputs, and the dense mask each
-block call no longer allocates: B x S x S bytes (bool).
+block call no longer allocates: B x S x S bytes (bool). With CFG and the key mask on, each backend is timed a second
+time with the rows split (``--mixed_length_attention split``, issue 36: one mask-free call per row of its own valid
+length, the same rows and lengths), printed with the ratio masked / split and the largest velocity difference to the
+masked call: the mask question on the device at hand, as the trainer would run it; on the CPU also the process CPU
+time of the two, alternated.
 """
 
 import argparse
@@ -123,6 +127,8 @@ def main(argv=None) -> None:
             if result is not None:
                 masked_s = result[0]
                 print(f"joint attention, {backend}: {masked_s:.4f} s{against_dense(result, dense_s, dense_v)}")
+                if args.guidance_scale > 1.0:
+                    time_split(transformer, call, setup, backend, *result)
         if unmasked is not None:
             result = timed(f"joint attention, {backend}, no key mask", unmasked, setup)
             if result is not None:
@@ -130,6 +136,46 @@ def main(argv=None) -> None:
                 print(f"joint attention, {backend}, no key mask: {result[0]:.4f} s"
                       f"{against_dense(result, dense_s, unmasked_dense_v, ratio)}")
     install_joint_attention(transformer, setup.attention_backend)
+
+
+def time_split(transformer, call: bench.VelocityCall, setup: bench.BenchSetup, backend: str, masked_s: float,
+               masked_v: torch.Tensor) -> None:
+    """The same pass with the CFG rows split into mask-free calls, against the masked one just timed."""
+    from sage_grpo.models.attention import install_joint_attention
+
+    install_joint_attention(transformer, backend, split_rows=True)
+    result = timed(f"joint attention, {backend}, split rows", call, setup)
+    install_joint_attention(transformer, backend)
+    if result is None:
+        return
+    seconds, velocity = result
+    difference = (velocity.float() - masked_v.float()).abs().max().item()
+    print(f"joint attention, {backend}, split rows: {seconds:.4f} s, ratio masked / split "
+          f"{masked_s / seconds:.2f}, max |velocity difference to the masked call| {difference:.2e}")
+    if setup.device.type == "cpu":
+        masked_cpu, split_cpu = interleaved_cpu_seconds(transformer, call, setup, backend)
+        print(f"joint attention, {backend}, process CPU (masked and split alternated, medians of {setup.repeats}): "
+              f"masked {masked_cpu:.4f} s, split {split_cpu:.4f} s, ratio masked / split {masked_cpu / split_cpu:.2f}")
+
+
+def interleaved_cpu_seconds(transformer, call: bench.VelocityCall, setup: bench.BenchSetup, backend: str):
+    """Median process CPU seconds of the masked and the split pass, run alternately (after the warm-up): on a machine
+    shared with other jobs the CPU time is steadier than the wall clock, and alternating gives both the same load."""
+    import statistics
+    import time
+
+    from sage_grpo.models.attention import install_joint_attention
+
+    seconds = {False: [], True: []}
+    for repeat in range(setup.warmup + setup.repeats):
+        for split_rows in (False, True):
+            install_joint_attention(transformer, backend, split_rows=split_rows)
+            start = time.process_time()
+            call.training_pass()
+            if repeat >= setup.warmup:
+                seconds[split_rows].append(time.process_time() - start)
+    install_joint_attention(transformer, backend)
+    return statistics.median(seconds[False]), statistics.median(seconds[True])
 
 
 def against_dense(result, dense_s, dense_v, extra: str = "") -> str:

@@ -141,7 +141,7 @@ def instrument(trainer, encode: dict, decode: dict, optimizer: dict) -> PhaseMem
     models.decode = Stopwatch(memory.wrap(models.decode, "decode", before="rollout"), trainer, decode, trainer.device)
     trainer.optimizer_step = Stopwatch(memory.wrap(trainer.optimizer_step, "optimizer step", before="policy update"),
                                        trainer, optimizer, trainer.device)
-    trainer.score = memory.wrap(trainer.score, "reward")
+    trainer.rewards.start = memory.wrap(trainer.rewards.start, "reward")
     trainer.reference_means = memory.wrap(trainer.reference_means, "reference means")
     trainer.policy_update = memory.wrap(trainer.policy_update, "policy update")
     return memory

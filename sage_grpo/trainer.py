@@ -1,10 +1,13 @@
 """The SAGE-GRPO trainer (reference_spec §2): one outer step is
 
-    rollout  ->  reward  ->  group advantages  ->  reference means  ->  policy update  ->  (anchor refresh)
+    rollout  ->  reward (started)  ->  reference means  ->  reward (collected)  ->  group advantages  ->  policy update
+    ->  (anchor refresh)
 
 * Rollout: every prompt of this rank's batch is sampled with the SDE sampler (``Sampler``, built once) at all
   ``grpo_sampling_steps`` steps, storing the latents x_0..x_N and the per-step log-probs log pi_old(x_{k+1} | x_k).
-* Reward: the reward stack scores the decoded videos; ``avg`` is the GRPO reward. Failed rewards are NaN.
+* Reward: the reward stack scores the decoded videos; ``avg`` is the GRPO reward. Failed rewards are NaN. The
+  reference means do not need the rewards: with ``--async_reward`` they are scored in a background worker while the
+  reference means run (``rewards.step_rewards``), the same numbers, collected before the advantages.
 * Advantages: per-group population z-score with a 1e-6 floor (NaN rewards excluded, advantage 0) of ``avg``, or with
   ``--reward_aggregation advantage`` the weighted sum of each reward term's own z-scores (``rl.advantages``).
 * Reference means: the KL anchor's SDE means mu_ref on the stored transitions, computed before training (the
@@ -68,16 +71,16 @@ from sage_grpo import rl
 from sage_grpo.checkpoint import CheckpointManager, list_checkpoints, resumes, seed_everything
 from sage_grpo.config import TrainConfig, save_yaml
 from sage_grpo.config.schema import config_to_yaml, to_dict
-from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, validation_flow_shift,
-                                        validation_size)
+from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, trained_steps_per_sample,
+                                        validation_flow_shift, validation_size)
 from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_prompt_csvs, sample_seeds, video_size
 from sage_grpo.distributed import barrier, destroy_distributed, mean_over_world
 from sage_grpo.distributed.liveness import PeerLost
 from sage_grpo.distributed.startup import start_processes
 from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, clip_threshold,
                                                parallelize_models)
-from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_group_rewards,
-                                                gather_step_rewards, run_on_main, share_rewards, share_rollout)
+from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_step_rewards,
+                                                run_on_main, share_rollout)
 from sage_grpo.faults import fault_point
 from sage_grpo.models.geometry import check_video_sizes, video_tokens_at
 from sage_grpo.models.layout import MissingCheckpointError, check_model_root
@@ -106,6 +109,7 @@ from sage_grpo.pipeline.validation import (ValidationResult, ValidationSettings,
 from sage_grpo.plan.memory import placement_of
 from sage_grpo.rewards.remote import RemoteRewardError
 from sage_grpo.rewards.setup import RewardFailure, build_held_out_scorers, build_reward, check_reward_config
+from sage_grpo.rewards.step_rewards import StepRewards
 from sage_grpo.video_io import BackgroundWriter
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
@@ -194,10 +198,12 @@ class GRPOTrainer:
                               if self.kl_mode.uses_reference else None)
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
+        self.rewards = StepRewards(self.reward_fn, self.dims, self.ranks_per_group, self.device,
+                                   self.models.placement.async_reward)
         self.eq_scales = self.sampler.grad_balance_scales() if cfg.use_grad_balancing else None
         self.reference_sampler = self.sampler.with_micro_batch(self.models.placement.reference_batch_size)
         self.window = SDEWindow(cfg.sde_window_size, cfg.sde_window_stride, cfg.grpo_sampling_steps)
-        self.num_train_steps = max(int(self.window.steps(0).numel() * cfg.timestep_fraction), 1)
+        self.num_train_steps = trained_steps_per_sample(cfg)
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
                                       self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars,
                                       window_equalizer=cfg.sde_window_equalizer == "window" and self.window.enabled)
@@ -274,6 +280,7 @@ class GRPOTrainer:
             if self.global_step % cfg.save_interval == 0 or self.global_step == cfg.max_steps:
                 self.save()
         progress.close()
+        self.rewards.close()
         self.rollout_media.flush()
         self.logger.info(f"training finished at step {self.global_step}; outputs in {self.run_dir}")
         self.logger.close()
@@ -305,8 +312,15 @@ class GRPOTrainer:
         fault_point("rollout", step + 1)
 
         start = time.perf_counter()
-        rewards, group_rewards = self.score(videos, prompts)
+        scoring = self.rewards.start(videos, prompts)  # scored now, or beside the reference pass (--async_reward)
         timings["reward_time"] = time.perf_counter() - start
+        start = time.perf_counter()
+        trained_steps = self.window.steps(self.update_steps)
+        # the anchor's means, computed now (beside the reward worker) and again after a refresh between inner epochs
+        reference = rl.AnchorMeans(partial(self.reference_means, rollout, embeds, trained_steps), self.anchor)
+        start = time.perf_counter()
+        rewards, group_rewards = self.rewards.collect(scoring)
+        timings["reward_time"] += time.perf_counter() - start  # the reward's time on the step's critical path
         advantages = rl.local_advantages(group_rewards, cfg.num_generations, self.ranks_per_group,
                                          self.dp_rank % self.ranks_per_group, cfg.batch_size,
                                          self.reward_plan.aggregation)
@@ -316,8 +330,6 @@ class GRPOTrainer:
                                      RolloutSamples(items, seeds, videos, rewards, advantages))
         timings["media_time"] = time.perf_counter() - start  # handing them to the writer (waiting when it lags)
 
-        trained_steps = self.window.steps(self.update_steps)
-        reference = rl.AnchorMeans(partial(self.reference_means, rollout, embeds, trained_steps), self.anchor)
         start, before = time.perf_counter(), reference.seconds
         metrics = run_inner_epochs(cfg.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
                                                                   reference, trained_steps, self.update_steps))
@@ -326,6 +338,7 @@ class GRPOTrainer:
         timings["other_time"] = time.perf_counter() - step_start - sum(timings.values())  # the phases add up
         # the writer's own time, overlapping the phases (not in the step); on every rank, so the all-reduce matches
         timings["background_media_time"] = self.rollout_media.writer.seconds
+        timings["background_reward_time"] = self.rewards.seconds  # the reward worker's time this step (0 in line)
 
         metrics = mean_over_world({**metrics, **timings}, self.device)
         metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.num_generations))
@@ -363,19 +376,6 @@ class GRPOTrainer:
         """Prompt embeddings of ``items`` (one task), with the image condition of an image-to-video batch."""
         images = [item.ref_image_path for item in items] if items[0].task == "i2v" else None
         return self.models.encode([item.prompt for item in items], images, size)
-
-    def score(self, videos: torch.Tensor, prompts: List[str]) -> Tuple[Dict[str, torch.Tensor], ...]:
-        """This rank's (B,) rewards, scored on the SP leader, and those of its prompt group: the same, or the whole
-        (G,) group when it spans several DP ranks."""
-        local = None
-        if self.dims.is_sp_leader:
-            with torch.no_grad():
-                scored = self.reward_fn(videos, list(prompts))
-            if "avg" not in scored:
-                raise KeyError(f"the reward function returned {sorted(scored)} without the 'avg' key GRPO trains on")
-            local = {name: value.detach().float().cpu() for name, value in scored.items()}
-        rewards = share_rewards(local, self.dims)
-        return rewards, gather_group_rewards(rewards, self.dims, self.ranks_per_group)
 
     def reference_means(self, rollout, embeds, trained_steps: torch.Tensor) -> Optional[torch.Tensor]:
         """mu_ref of every stored transition, (B, N, C, T, h, w) on the device, ``--reference_batch_size`` transitions

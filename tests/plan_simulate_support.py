@@ -14,7 +14,9 @@ PHASES = ["rollout", "reference", "train", "optimizer step"]
 LAUNCH_FLAGS = ["--pretrained_model_root", "/nonexistent", "--batch_size", "2", "--num_generations", "4",
                 "--enable_fsdp", "--enable_gradient_checkpointing", "--sp_size", "2", "--kl_weight", "1e-5",
                 "--use_dual_kl", "True", "--validation_interval", "0", "--sample_n_frames", "81", "--rollout_height",
-                "352", "--rollout_width", "624"]
+                "352", "--rollout_width", "624", "--replay_group_size", "1"]
+# (one trained step per forward unless a test says otherwise: at 2 blocks the plan's training activations count
+# 0.14 GB per row of saves the backward has consumed by its peak, a share that grows with the rows of a grouped replay)
 
 
 def simulate_two_blocks(flags: Sequence[str]):

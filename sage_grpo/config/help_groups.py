@@ -45,6 +45,8 @@ TRAIN_GROUPS: FlagGroups = (
         "gradient_reduction", "mini_batch_size_per_update", "reference_mode_offload", "reference_placement",
         "reference_batch_size", "offload_text_encoders", "image_cache_gb", "vae_tiling", "gpu_memory_gb",
         "ignore_memory_plan", "collective_timeout_minutes", "device", "cpu_threads")),
+    ("throughput", "levers that change how fast a step runs, not what it computes", (
+        "replay_group_size", "async_reward", "mixed_length_attention")),
     ("logging and checkpoints", "the run directory, checkpoints, resuming, trackers and saved rollouts", (
         "output_dir", "overwrite_output_dir", "save_interval", "keep_checkpoints", "resume_from_checkpoint",
         "allow_config_change", "log_interval", "quiet", "report_to", "tracker_project_name", "run_name",

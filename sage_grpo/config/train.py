@@ -22,6 +22,8 @@ RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (5
 # sage_grpo/models/attention.py).
 ATTENTION_BACKENDS = ("native", "_native_math", "_native_efficient", "_native_flash", "_native_cudnn", "flash",
                       "flash_varlen", "_flash_3", "_flash_varlen_3", "sage", "sage_varlen", "xformers", "flex")
+# --mixed_length_attention: how rows of different valid text lengths (the CFG pair) attend (models/attention.py)
+MIXED_LENGTH_ATTENTION = ("auto", "mask", "split")
 DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'
 DRIFT_GUARD_ACTIONS = ("off", "warn", "stop", "rollback")  # --drift_guard (sage_grpo/rl/drift_guard.py)
 # The CLIPScore and PickScore checkpoints (hub names, found as <model root>/<name after its last '/'>): the trainer's
@@ -197,6 +199,16 @@ class TrainConfig:
         0, "Transitions per no-grad forward of the KL reference means (an addition); 0: auto, "
         "--mini_batch_size_per_update on a CPU device (the reference's arithmetic: another batch size changes the "
         "means in the last bits), on CUDA the largest the memory plan fits, up to all of a rollout batch's")
+    replay_group_size: int = config_field(
+        0, "Trained steps of a sample per policy forward and backward (grouped replay, an addition): the same mean "
+        "over (sample, step) pairs and the same per-iteration beta, within float order; 1: one per forward (the "
+        "reference); 0: auto, 1 on a CPU device (its runs are pinned bit for bit) or with --lora_dropout > 0 (the "
+        "dropout draws would differ), on CUDA the largest the memory plan fits")
+    async_reward: str = config_field(
+        "auto", "Score the rewards in a background worker while the reference means run, collected before the "
+        "advantages (the same rewards and failures): true, false, or auto (a remote reward: true; a local one: on "
+        "CUDA when the memory plan fits its forward beside the reference pass, false on a CPU device, whose cores "
+        "the trainer's threads use)", choices=("auto", "true", "false"))
     offload_text_encoders: bool = config_field(
         True, "Keep the text encoders on the CPU and move them to the GPU only to encode prompts not cached yet")
     image_cache_gb: float = config_field(
@@ -215,6 +227,11 @@ class TrainConfig:
     attention_backend: str = config_field(
         "native", "diffusers attention backend of the transformer (native = torch SDPA; flash, flash_varlen, sage, "
         "... where installed); the text padding is trimmed and no dense mask is built", choices=ATTENTION_BACKENDS)
+    mixed_length_attention: str = config_field(
+        "auto", "Attention of rows whose valid text lengths differ (the CFG pair, prompts of a micro-batch): mask (one "
+        "call with a key-padding mask), split (one mask-free call per run of rows of equal length, the same outputs "
+        "within float order; SDPA can take its flash kernel); auto: split on CUDA, mask elsewhere (the CPU runs are "
+        "pinned bit for bit)", choices=MIXED_LENGTH_ATTENTION)
     ignore_memory_plan: bool = config_field(
         False, "Start even when the memory plan (python -m sage_grpo.plan) says the launch does not fit")
     resume_from_checkpoint: Optional[str] = config_field(

@@ -126,6 +126,12 @@ def check_finite_options(config) -> None:
                   else "give a number, or leave it unset for its default")
 
 
+def trained_steps_per_sample(cfg: TrainConfig) -> int:
+    """(sample, step) pairs trained per sample and pass: ``--timestep_fraction`` of the SDE window's steps (all N
+    steps without a window), at least 1."""
+    return max(int((cfg.sde_window_size or cfg.grpo_sampling_steps) * cfg.timestep_fraction), 1)
+
+
 SEED_LIMIT = 1 << 63  # torch generators take seeds below 2**64; a group's members add their index to a seed
 
 
@@ -193,6 +199,9 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
               "use --sde_window_size 0 (off)")
     if cfg.grpo_sampling_steps < 1:
         _fail("sampling-steps", f"--grpo_sampling_steps {cfg.grpo_sampling_steps} must be >= 1", "use 20")
+    if not 0 <= cfg.replay_group_size <= trained_steps_per_sample(cfg):
+        _fail("replay-group", f"--replay_group_size {cfg.replay_group_size} must be in [0, the trained steps per "
+              f"sample, {trained_steps_per_sample(cfg)}]", "use 0 (auto) or 1 (one step per forward, the reference)")
     if cfg.eta <= 0:
         _fail("eta-positive", f"--eta {cfg.eta} gives a zero-noise SDE with no log-probability",
               "use --eta 0.5 (the reference's value)")

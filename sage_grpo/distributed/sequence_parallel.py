@@ -39,7 +39,7 @@ from torch.distributed import _functional_collectives as funcol
 from torch.utils.hooks import RemovableHandle
 
 from sage_grpo.config.validation import check_sequence_parallel_tokens
-from sage_grpo.models.attention import dispatch, joint_projections, key_padding_mask
+from sage_grpo.models.attention import joint_attention, joint_projections
 
 _STATE_ATTR = "_sage_sequence_parallel"
 
@@ -112,8 +112,8 @@ class UlyssesAttnProcessor:
         key = torch.cat([key, text_k[:, :, heads]], dim=1)
         value = torch.cat([value, text_v[:, :, heads]], dim=1)
 
-        # The same key-padding mask as without SP (attention.py), over [all image tokens, text slots].
-        out = dispatch(query, key, value, key_padding_mask(attention_mask, num_image_tokens), self._attention_backend)
+        # The same key-padding mask or split calls as without SP (attention.py), over [all image tokens, text slots].
+        out = joint_attention(query, key, value, attention_mask, num_image_tokens, self._attention_backend)
         out = out.to(query.dtype)  # (B, N + L, H/sp, D)
 
         image_out = self.heads_to_seq(out[:, :num_image_tokens]).flatten(2, 3)  # (B, N/sp, H*D)

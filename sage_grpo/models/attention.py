@@ -12,6 +12,17 @@ unnecessary:
 * what remains is a key-padding mask (a padded query's output is never used), ``(B, 1, 1, S)``, and none at all when
   no sample of the batch has padding left (one sample per forward, or equal valid lengths).
 
+Rows of different valid lengths (the CFG pair: the empty negative prompt next to the positive one) keep that key mask
+in every attention call, which keeps torch SDPA off its flash kernel on a GPU and costs the CPU's kernel time too.
+``--mixed_length_attention split`` (:func:`split_rows_of`) runs them mask-free instead: one call per run of
+consecutive rows with the same valid length, each over its own keys (the image tokens and its valid text), the
+queries untouched, so every token, padded ones included, attends to exactly the keys the mask lets through. The
+outputs equal the masked call's within float order (the kernel sums over fewer keys: not bit for bit), which is why
+``auto`` keeps the mask on the CPU (the golden run is pinned bit for bit) and splits on CUDA. Measured on the CPU
+(``benchmarks/benchmark_mixed_length_attention.py``, ``docs/benchmarks.md``): the split calls beat the masked one at
+every size, while torch's nested-tensor (jagged) SDPA and eager flex attention, the variable-length paths there, are
+3-47x slower than the masked call (and flex attention has no CPU backward).
+
 :func:`install_joint_attention` puts :class:`JointAttnProcessor` on every dual-stream block and makes the transformer
 run :func:`~sage_grpo.models.transformer_forward.joint_forward`, which orders the text valid-first and trims it to
 the longest valid length before the blocks, from a layout decided once per prompt batch (no host sync per forward).
@@ -22,14 +33,14 @@ mask (``flash``, ``sage``) is used for the mask-free forwards and the masked one
 when it has one, else to native SDPA.
 """
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sage_grpo.config.train import ATTENTION_BACKENDS
-from sage_grpo.models.transformer_forward import install_joint_forward, remove_joint_forward
+from sage_grpo.config.train import ATTENTION_BACKENDS, MIXED_LENGTH_ATTENTION
+from sage_grpo.models.transformer_forward import SplitRows, install_joint_forward, remove_joint_forward
 
 # Backends that take no attention mask, and what runs a masked batch instead.
 _MASKED_FALLBACK = {"flash": "flash_varlen", "_flash_3": "_flash_varlen_3", "sage": "sage_varlen",
@@ -82,6 +93,39 @@ def check_attention_runs(name: str, device: torch.device, dtype: torch.dtype) ->
                               "kernel that runs)") from None
 
 
+def split_rows_of(mode: str, device: torch.device) -> bool:
+    """``--mixed_length_attention`` decided for ``device``: split for ``split``, and for ``auto`` on CUDA (the mask
+    keeps SDPA off its flash kernel there); the mask for ``mask``, and for ``auto`` elsewhere (the split changes the
+    last bits, and the CPU runs are pinned bit for bit)."""
+    if mode not in MIXED_LENGTH_ATTENTION:
+        raise ValueError(f"unknown mixed-length attention {mode!r}; choose one of {', '.join(MIXED_LENGTH_ATTENTION)}")
+    return mode == "split" or (mode == "auto" and torch.device(device).type == "cuda")
+
+
+def row_runs(lengths: Tuple[int, ...]) -> List[Tuple[int, int, int]]:
+    """(first row, end row, valid length) of each run of consecutive rows with the same valid length."""
+    runs: List[Tuple[int, int, int]] = []
+    for row, length in enumerate(lengths):
+        if runs and runs[-1][2] == length:
+            runs[-1] = (runs[-1][0], row + 1, length)
+        else:
+            runs.append((row, row + 1, length))
+    return runs
+
+
+def joint_attention(query: Tensor, key: Tensor, value: Tensor, text_keys: Union[None, Tensor, SplitRows],
+                    num_image_tokens: int, backend: Optional[str]) -> Tensor:
+    """Attention over [image tokens, text slots], ``(B, N + L, H, D)`` each: mask-free for None; one call under the
+    key mask of a ``(B, L)`` text validity; for :class:`SplitRows` one mask-free call per :func:`row_runs` run over
+    its own keys (the image tokens and its valid text), the queries all kept."""
+    if isinstance(text_keys, SplitRows):
+        outs = [dispatch(query[first:end], key[first:end, :num_image_tokens + length],
+                         value[first:end, :num_image_tokens + length], None, backend)
+                for first, end, length in row_runs(text_keys.lengths)]
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+    return dispatch(query, key, value, key_padding_mask(text_keys, num_image_tokens), backend)
+
+
 def key_padding_mask(text_mask: Optional[Tensor], num_image_tokens: int) -> Optional[Tensor]:
     """(B, 1, 1, N + L) key mask over [image tokens (always valid), text slots], or None for no mask."""
     if text_mask is None:
@@ -123,14 +167,15 @@ def dispatch(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor], 
 
 
 class JointAttnProcessor:
-    """Drop-in for ``HunyuanVideo15AttnProcessor2_0`` taking a trimmed ``(B, L)`` text mask or None."""
+    """Drop-in for ``HunyuanVideo15AttnProcessor2_0`` taking a trimmed ``(B, L)`` text mask, the rows'
+    :class:`SplitRows` or None."""
 
     def __init__(self, attention_backend: Optional[str] = None):
         self._attention_backend = attention_backend
         self._parallel_config = None
 
     def __call__(self, attn, hidden_states: Tensor, encoder_hidden_states: Optional[Tensor] = None,
-                 attention_mask: Optional[Tensor] = None,
+                 attention_mask: Union[None, Tensor, SplitRows] = None,
                  image_rotary_emb: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor]:
         if encoder_hidden_states is None:
             raise ValueError("JointAttnProcessor serves HunyuanVideo-1.5 joint attention; text tokens are required")
@@ -138,20 +183,22 @@ class JointAttnProcessor:
                                                                           image_rotary_emb)
         num_image_tokens = query.shape[1]
         query, key, value = (torch.cat(pair, dim=1) for pair in ((query, text_q), (key, text_k), (value, text_v)))
-        out = dispatch(query, key, value, key_padding_mask(attention_mask, num_image_tokens), self._attention_backend)
+        out = joint_attention(query, key, value, attention_mask, num_image_tokens, self._attention_backend)
         out = out.flatten(2, 3).to(query.dtype)
         image_out = attn.to_out[1](attn.to_out[0](out[:, :num_image_tokens]))
         return image_out, attn.to_add_out(out[:, num_image_tokens:])
 
 
-def install_joint_attention(transformer: torch.nn.Module, backend: Optional[str] = "native") -> None:
-    """:class:`JointAttnProcessor` on ``backend`` on every dual-stream block and the trimming forward (idempotent: a
-    second call only changes the backend)."""
+def install_joint_attention(transformer: torch.nn.Module, backend: Optional[str] = "native",
+                            split_rows: bool = False) -> None:
+    """:class:`JointAttnProcessor` on ``backend`` on every dual-stream block and the trimming forward, with
+    ``split_rows`` (:func:`split_rows_of`) for rows of different valid lengths (idempotent: a second call only
+    changes the backend and ``split_rows``)."""
     if backend is not None:
         check_attention_backend(backend)
     for block in transformer.transformer_blocks:
         block.attn.set_processor(JointAttnProcessor(backend))
-    install_joint_forward(transformer)
+    install_joint_forward(transformer, split_rows)
 
 
 def remove_joint_attention(transformer: torch.nn.Module) -> None:

@@ -48,7 +48,7 @@ from sage_grpo.config import TrainConfig
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models.lora import LoraTraining, check_lora_settings, reference_pass
 from sage_grpo.models.image_condition import ImageConditionEncoder
-from sage_grpo.models.attention import install_joint_attention
+from sage_grpo.models.attention import install_joint_attention, split_rows_of
 from sage_grpo.models.layout import transformer_layout, version_task
 from sage_grpo.models.loading import load_components, load_transformer
 from sage_grpo.models.sharded_load import load_sharded_weights, transformer_on_meta
@@ -260,7 +260,8 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> Mod
                                  load_image_encoder=version_task(cfg.pretrained_transformer_version) == "i2v")
     folder = Path(cfg.pretrained_model_root) / transformer_layout(cfg.pretrained_transformer_version).subdir
     policy = transformer_on_meta(folder, master_dtype) if on_meta else components.transformer
-    install_joint_attention(policy, cfg.attention_backend)
+    # --mixed_length_attention decided for the training device, for every transformer (a CPU-kept reference too)
+    install_joint_attention(policy, cfg.attention_backend, split_rows_of(cfg.mixed_length_attention, device))
     lora = None
     if cfg.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
         lora = build_lora(cfg, kl_mode, policy, master_dtype)
@@ -296,6 +297,6 @@ def frozen_transformer(cfg: TrainConfig, folder: Path, placement: Placement, dev
     else:
         model = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, DTYPES[cfg.dtype],
                                  "cpu" if placement.reference_on_cpu else device)
-    install_joint_attention(model, cfg.attention_backend)
+    install_joint_attention(model, cfg.attention_backend, split_rows_of(cfg.mixed_length_attention, device))
     model.requires_grad_(False)
     return model.eval()

@@ -20,13 +20,18 @@ class Placement:
     ``reduce_per_backward``: FSDP reduce-scatters the gradients after every backward (sharded gradients only) instead
     of once per optimizer update; ``reference_on_cpu``: the frozen reference's shards are offloaded to the CPU;
     ``vae_tiling``: ``--vae_tiling`` (``auto``: tiled above :data:`VAE_TILING_PIXELS`, see :meth:`tile`);
-    ``reference_batch_size``: transitions per no-grad forward of the KL reference means (``--reference_batch_size``).
+    ``reference_batch_size``: transitions per no-grad forward of the KL reference means (``--reference_batch_size``);
+    ``replay_group_size``: trained steps of a sample per policy forward and backward (``--replay_group_size``);
+    ``async_reward``: the reward is scored in a background worker while the reference means run
+    (``--async_reward``).
     """
 
     reduce_per_backward: bool
     reference_on_cpu: bool
     vae_tiling: str = "auto"
     reference_batch_size: int = 1
+    replay_group_size: int = 1
+    async_reward: bool = False
 
     def tile(self, num_frames: int, height: int, width: int) -> bool:
         """Whether a decode of ``num_frames`` frames of ``height x width`` pixels runs tiled."""

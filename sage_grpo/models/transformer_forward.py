@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 TEXT_LAYOUT_KEY = "text_layout"
+SPLIT_ROWS_ATTR = "_split_text_rows"  # set by install_joint_forward: rows of different valid lengths attend apart
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,15 @@ class TextLayout:
         flag, *lengths = torch.cat([is_t2v, counts.long()]).tolist()
         num_image = 0 if flag else image_embeds.shape[1]
         return cls(not flag, tuple(num_image + n for n in lengths))
+
+
+@dataclass(frozen=True)
+class SplitRows:
+    """What the blocks' attention gets instead of a key mask under ``--mixed_length_attention split``: each row's
+    number of valid slots after the trim (host ints, from :class:`TextLayout`), so that rows of different lengths
+    attend in separate mask-free calls (``sage_grpo.models.attention.joint_attention``)."""
+
+    lengths: Tuple[int, ...]
 
 
 def valid_first(image: Tensor, image_valid: bool, glyph: Tensor, glyph_mask: Tensor, text: Tensor, text_mask: Tensor,
@@ -120,7 +130,9 @@ def joint_forward(self, hidden_states: Tensor, timestep: Tensor, encoder_hidden_
 
     joint, keep = valid_first(image, layout.has_image, glyph, encoder_attention_mask_2, text, encoder_attention_mask,
                               layout.length)
-    mask = keep if layout.needs_mask else None
+    mask = None
+    if layout.needs_mask:  # rows of different valid lengths: a key mask, or split calls (install_joint_forward)
+        mask = SplitRows(layout.valid_lengths) if getattr(self, SPLIT_ROWS_ATTR, False) else keep
     checkpointed = torch.is_grad_enabled() and self.gradient_checkpointing
     for block in self.transformer_blocks:
         if checkpointed:
@@ -135,15 +147,18 @@ def joint_forward(self, hidden_states: Tensor, timestep: Tensor, encoder_hidden_
     return Transformer2DModelOutput(sample=hidden_states) if return_dict else (hidden_states,)
 
 
-def install_joint_forward(transformer: torch.nn.Module) -> None:
+def install_joint_forward(transformer: torch.nn.Module, split_rows: bool = False) -> None:
     """Run :func:`joint_forward` as ``transformer``'s forward (an instance attribute, so ``__call__`` and every hook
     on it, FSDP's included, stay as they are), under diffusers' LoRA-scale handling of ``attention_kwargs["scale"]``,
-    the decorator of its own forward."""
+    the decorator of its own forward. ``split_rows``: rows of different valid text lengths reach the blocks'
+    attention as :class:`SplitRows` (separate mask-free calls; our processors only) instead of a key mask."""
     from diffusers.utils.peft_utils import apply_lora_scale
 
+    setattr(transformer, SPLIT_ROWS_ATTR, split_rows)
     transformer.forward = types.MethodType(apply_lora_scale("attention_kwargs")(joint_forward), transformer)
 
 
 def remove_joint_forward(transformer: torch.nn.Module) -> None:
     """Back to the class's (diffusers') forward."""
     transformer.__dict__.pop("forward", None)
+    transformer.__dict__.pop(SPLIT_ROWS_ATTR, None)

@@ -50,12 +50,13 @@ torch's memory tracker on fake tensors (``--simulate``, :mod:`sage_grpo.plan.sim
 on the device when the plan fits with them there (no host transfers), else go to the CPU if
 ``--reference_mode_offload`` allows it (the reference's own switch for offloading; without it the plan reports that
 the launch does not fit and names ``--reference_placement cpu``); then gradients are reduced once per update when the
-plan still fits with the unsharded fp32 gradients held, else after every backward; last, ``--reference_batch_size 0``
-takes the largest reference batch (transitions per no-grad reference forward, doubling from
-``--mini_batch_size_per_update`` up to a rollout batch's transitions) that does not raise the step's peak. Tiling:
-``--vae_tiling auto`` tiles decodes above :data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. A CPU device has no
+plan still fits with the unsharded fp32 gradients held, else after every backward; last, what spends the memory left
+on speed (:mod:`sage_grpo.plan.throughput`): the reward scored beside the reference pass (its forward then counts in
+the reference phase), the replay group (the train phase's rows) and the largest reference batch that does not raise
+the step's peak. Tiling: ``--vae_tiling auto`` tiles decodes above :data:`~sage_grpo.models.placement.VAE_TILING_PIXELS`. A CPU device has no
 GPU budget: a sharded full fine-tune reduces per backward, the reference stays with the model, its batch is
-``--mini_batch_size_per_update`` (a larger one changes the means in the last bits; the golden run is bit for bit).
+``--mini_batch_size_per_update`` (a larger one changes the means in the last bits; the golden run is bit for bit), the
+replay group 1, the reward in the background only from a reward server.
 """
 
 import dataclasses
@@ -72,6 +73,7 @@ from sage_grpo.plan.scorers import needs_videoalign, resident_rows, reward_forwa
 from sage_grpo.plan.sizes import (ModelSizes, lora_muon_step_bytes, no_grad_forward_elements, prompt_embedding_bytes,
                                   read_model_sizes, rope_table_elements, text_token_count, training_activation_elements,
                                   vae_decode_bytes, video_token_count)
+from sage_grpo.plan.throughput import choose_throughput, off_cuda, reference_batch_candidates  # noqa: F401 (API)
 
 GIB = 2 ** 30
 MARGIN = 0.10  # share of the GPU the auto decisions leave free: allocator fragmentation, NCCL buffers, the unplanned
@@ -255,9 +257,9 @@ def _autocast(lay: _Layout) -> List[Component]:
                       "P·2: autocast caches a bf16 cast of each fp32 weight for the whole forward")]
 
 
-def _calls(cfg: TrainConfig) -> int:
-    """b: samples per transformer call (both CFG branches in one call)."""
-    return cfg.mini_batch_size_per_update * (2 if cfg.cfg_scale > 1 else 1)
+def _calls(cfg: TrainConfig, steps: int = 1) -> int:
+    """b: samples per transformer call (both CFG branches in one call), ``steps`` trained steps of each."""
+    return cfg.mini_batch_size_per_update * steps * (2 if cfg.cfg_scale > 1 else 1)
 
 
 def _no_grad_forward(lay: _Layout, name: str, video_tokens: int, samples: Optional[int] = None,
@@ -307,6 +309,12 @@ def _vae_decode(lay: _Layout, placement: Placement, frames: int, height: int, wi
                      f"{formula}, {frames}×{height}×{width}")
 
 
+def _beside_reference(row) -> Component:
+    """The reward's forward (a :mod:`~sage_grpo.plan.scorers` row) in the reference phase (``--async_reward``)."""
+    name, nbytes, formula = row
+    return Component(f"{name} beside it (--async_reward)", nbytes, formula)
+
+
 def _encode(lay: _Layout) -> Component:
     """Prompt encoding of a step's prompts (+ the negative): every hidden state of the MLLM is returned (the
     pipeline takes the third from last), plus one layer's transient."""
@@ -346,11 +354,12 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     # LoRA: the reference passes run the policy itself, its units gathered as for the rollout
     if lay.separate_reference or (cfg.use_lora and lay.kl.uses_reference):
         ref = [_frozen_units(lay, placement, "reference")] if lay.separate_reference else policy_units
-        phases.append(Phase("reference", tuple(resident + ref + step_inputs + means + [
+        reward = [_beside_reference(reward_forward_row(cfg, sizes))] if placement.async_reward else []
+        phases.append(Phase("reference", tuple(resident + ref + step_inputs + means + reward + [
                                                            _no_grad_forward(lay, "reference block activations",
                                                                             tokens, placement.reference_batch_size,
                                                                             cfg.use_lora and lay.kl.moving_anchor)])))
-    b = _calls(cfg)
+    b = _calls(cfg, placement.replay_group_size)
     kept, saved = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
     train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)
     if not _gradients_persist(cfg):
@@ -409,9 +418,9 @@ def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
     fixed_backward, fixed_cpu = _explicit(cfg)
     sharded = cfg.enable_fsdp and world_size > 1
 
-    def plan(per_backward: bool, on_cpu: bool, reference_batch: int = cfg.mini_batch_size_per_update) -> MemoryPlan:
+    def plan(per_backward: bool, on_cpu: bool) -> MemoryPlan:
         return plan_memory(cfg, sizes, world_size, gpu_memory_gib,
-                           Placement(per_backward, on_cpu, cfg.vae_tiling, reference_batch))
+                           Placement(per_backward, on_cpu, cfg.vae_tiling, cfg.mini_batch_size_per_update))
 
     smallest_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
     on_cpu = fixed_cpu
@@ -420,24 +429,10 @@ def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
     per_backward = fixed_backward
     if per_backward is None:
         per_backward = sharded and not plan(False, on_cpu).fits(MARGIN)
-    if cfg.reference_batch_size:
-        return plan(per_backward, on_cpu, cfg.reference_batch_size)
-    # last, with the placements fixed: the largest reference batch that does not raise the step's peak (memory the
-    # step holds anyway; the no-grad forward's bytes are an estimate, so the GPU is not filled beyond that)
-    peak = plan(per_backward, on_cpu).peak.bytes
-    fitting = [size for size in reference_batch_candidates(cfg) if plan(per_backward, on_cpu, size).peak.bytes <= peak]
-    return plan(per_backward, on_cpu, max(fitting, default=cfg.mini_batch_size_per_update))
+    def planned(placement: Placement) -> MemoryPlan:
+        return plan_memory(cfg, sizes, world_size, gpu_memory_gib, placement)
 
-
-def reference_batch_candidates(cfg: TrainConfig) -> List[int]:
-    """Reference batch sizes ``--reference_batch_size 0`` tries on CUDA: ``--mini_batch_size_per_update`` doubled up
-    to a rollout batch's transitions with reference means (B x the steps trained: the window's, or all N)."""
-    transitions = cfg.batch_size * (cfg.sde_window_size or cfg.grpo_sampling_steps)
-    sizes, size = [], cfg.mini_batch_size_per_update
-    while size < transitions:
-        sizes.append(size)
-        size *= 2
-    return sizes + [transitions]
+    return planned(choose_throughput(cfg, plan(per_backward, on_cpu).placement, planned, MARGIN))
 
 
 def sizes_of(cfg: TrainConfig) -> ModelSizes:
@@ -455,20 +450,18 @@ def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,
     """
     if plan is None and device_type == "cuda":
         plan = plan_launch(cfg, launch_world_size(), device_memory_gib(cfg))
-    # off CUDA, auto keeps the update's batch: a larger one would change the means in the last bits (not bit-identical
-    # on the CPU), and there is no GPU to fill
-    cpu_reference_batch = cfg.reference_batch_size or cfg.mini_batch_size_per_update
+    # off CUDA, auto keeps the reference's batches: larger ones would change the numbers in the last bits (not
+    # bit-identical on the CPU), and there is no GPU to fill (plan/throughput.py)
     if plan is not None:
         placement = plan.placement
         if device_type == "cuda":
             return placement
-        return dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu and device_type != "cpu",
-                                   reference_batch_size=cpu_reference_batch)
+        return off_cuda(cfg, dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu
+                                                 and device_type != "cpu"))
     fixed_backward, fixed_cpu = _explicit(cfg)
     per_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
     on_cpu = bool(fixed_cpu)  # --reference_placement cpu is honoured on a CPU device too (FSDP's CPU offload)
-    return Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling,
-                     reference_batch_size=cpu_reference_batch)
+    return off_cuda(cfg, Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling))
 
 
 def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:

@@ -79,7 +79,8 @@ def report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> str:
         f"+ {text_token_count(cfg)} text tokens",
         f"decisions: gradient_reduction {'per_backward' if placement.reduce_per_backward else 'per_update'}, "
         f"reference {'cpu' if placement.reference_on_cpu else 'device'} ({placement.reference_batch_size} "
-        f"transitions per forward), rollout decode "
+        f"transitions per forward), replay {placement.replay_group_size} trained step(s) per forward, reward "
+        f"{'in the background' if placement.async_reward else 'in line'}, rollout decode "
         f"{'tiled' if placement.tile(cfg.sample_n_frames, height, width) else 'untiled'}, text encoders "
         f"{'offloaded' if cfg.offload_text_encoders else 'resident'}",
         "", plan_table(plan), "",

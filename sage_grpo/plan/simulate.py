@@ -26,7 +26,10 @@ What fake mode cannot run, and where it is worked around:
   layout from the host instead of reading it off the device (diffusers' forward asks ``torch.all(image_embeds == 0)``
   and reorders the text by boolean masks, data-dependent questions fake tensors cannot answer). The simulation's
   prompts have every MLLM and byT5 slot valid (the planner's worst case), so the blocks see T = L_mllm + L_byt5 text
-  tokens and no mask, as ``sage_grpo.plan.sizes.text_token_count`` assumes.
+  tokens, as ``sage_grpo.plan.sizes.text_token_count`` assumes; with the CFG rows split
+  (``--mixed_length_attention``, as CUDA decides it) the negative prompt has a few valid slots and its row attends
+  in calls of its own, as in a run; with the mask kept, both rows are fully valid and need none (a masked call would
+  run SDPA's math kernel on fake CPU tensors, which saves the S x S scores a GPU's masked kernels do not).
 - Offloaded reference shards (``--reference_placement cpu``) live on the CPU and cannot be told apart from the
   device's on a CPU-only run: the simulation keeps them in place and leaves their bytes out of the device's tally.
 
@@ -46,6 +49,7 @@ from sage_grpo.plan.tracking import (GROUPS, Phase, SimulatedPhase, forward_only
                                      metadata_only_propagation, without)
 
 GIB = 2 ** 30
+NEGATIVE_VALID_TOKENS = 8  # valid text slots of the empty negative prompt (the MLLM template), the split CFG row's
 # What the simulation cannot see on a CPU-only fake run; the planner's "runtime overhead" and margin stand for it.
 UNSEEN = ("CUDA caching-allocator rounding and fragmentation", "NCCL communicator buffers",
           "flash/cuDNN attention workspaces and kernels' own temporaries", "the CUDA context")
@@ -116,15 +120,23 @@ def public_config(config: Dict) -> Dict:
     return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
-def _transformer_on_meta(config: Dict, dtype: torch.dtype, backend: Optional[str]):
+def _transformer_on_meta(config: Dict, dtype: torch.dtype, cfg: TrainConfig):
     from diffusers import HunyuanVideo15Transformer3DModel
 
     from sage_grpo.models.attention import install_joint_attention
 
     with torch.device("meta"):
         model = HunyuanVideo15Transformer3DModel.from_config(public_config(config)).to(dtype)
-    install_joint_attention(model, backend)  # and the sync-free forward (models/transformer_forward.py)
+    # and the sync-free forward (models/transformer_forward.py), splitting rows as on CUDA
+    install_joint_attention(model, cfg.attention_backend, split_rows_on_cuda(cfg))
     return model
+
+
+def split_rows_on_cuda(cfg: TrainConfig) -> bool:
+    """``--mixed_length_attention`` as a CUDA run decides it (the simulated launch's device)."""
+    from sage_grpo.models.attention import split_rows_of
+
+    return split_rows_of(cfg.mixed_length_attention, torch.device("cuda"))
 
 
 class _Models(torch.nn.Module):
@@ -165,13 +177,13 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
     kl_mode = kl_mode_of(cfg)
     lora = reference = base = None
     if cfg.use_lora:  # as build_models: the base loaded in --dtype, frozen, the adapters in the master dtype
-        policy = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg.attention_backend)
+        policy = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg)
         lora = build_lora(cfg, kl_mode, policy, DTYPES[cfg.master_weight_type])
     else:
-        policy = _transformer_on_meta(config, DTYPES[cfg.master_weight_type], cfg.attention_backend)
+        policy = _transformer_on_meta(config, DTYPES[cfg.master_weight_type], cfg)
         policy.requires_grad_(True)
         frozen = [kl_mode.uses_reference, drift_watch_of(cfg, kl_mode).base_copy]
-        reference, base = [_transformer_on_meta(config, DTYPES[cfg.dtype], cfg.attention_backend)
+        reference, base = [_transformer_on_meta(config, DTYPES[cfg.dtype], cfg)
                            .requires_grad_(False).eval() if wanted else None for wanted in frozen]
     policy.train()
     for model in (policy, reference, base):
@@ -188,7 +200,10 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
 # ====================================================================== running the phases
 
 def _embeds(cfg: TrainConfig, batch: int, config: Dict, dtype: torch.dtype):
-    """Fake prompt conditioning of ``batch`` prompts: every MLLM and byT5 slot valid (the planner's worst case)."""
+    """Fake prompt conditioning of ``batch`` prompts: every MLLM and byT5 slot valid (the planner's worst case); with
+    the CFG rows split (``--mixed_length_attention``) the negative prompt has :data:`NEGATIVE_VALID_TOKENS` valid
+    slots, so the blocks run the split calls (masked calls would run SDPA's math kernel on the CPU, which a GPU's
+    masked kernels do not: the simulation keeps equal lengths, and no mask, then)."""
     from sage_grpo.models.text_encoding import PromptEmbeds, TextEncoderSettings
 
     mllm = cfg.text_max_length or TextEncoderSettings.max_length
@@ -198,7 +213,8 @@ def _embeds(cfg: TrainConfig, batch: int, config: Dict, dtype: torch.dtype):
 
     (text, mask), (glyph, glyph_mask) = stream(mllm, config["text_embed_dim"]), stream(cfg.byt5_max_length,
                                                                                        config["text_embed_2_dim"])
-    counted = ((mllm + cfg.byt5_max_length,) * 2,) * batch  # every slot valid: what the forward reads, on the host
+    negative = NEGATIVE_VALID_TOKENS if cfg.cfg_scale > 1 and split_rows_on_cuda(cfg) else mllm + cfg.byt5_max_length
+    counted = ((mllm + cfg.byt5_max_length, negative),) * batch  # what the forward reads, on the host
     return PromptEmbeds(text, mask, glyph, glyph_mask, text.clone(), mask.clone(), glyph.clone(), glyph_mask.clone(),
                         valid_tokens=counted)
 
@@ -288,11 +304,13 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
             # An update's window has several backwards; the peak is in a later one, with the earlier ones' gradients
             # held: sharded (per_backward) or unsharded fp32 until the window's last backward reduces them (per_update)
             passes = [True, True] if placement.reduce_per_backward else [False, True]
-            with Phase("train", models, optimizer, inputs, "forward + backward of one (sample, step) pair, twice: "
-                       + ("both reduced" if placement.reduce_per_backward else "held, then reduced")) as phase:
+            group = placement.replay_group_size  # a sample's trained steps per forward (--replay_group_size)
+            with Phase("train", models, optimizer, inputs, f"forward + backward of {group} (sample, step) pair(s) per "
+                       "sample, twice: " + ("both reduced" if placement.reduce_per_backward else "held, then reduced")
+                       ) as phase:
                 for reduce_now in passes:
                     with gradient_sync(policy, enabled=reduce_now):
-                        velocity(policy).square().mean().backward()
+                        velocity(policy, batch * group).square().mean().backward()
                     phase.tracker.reset_mod_stats()  # per-module stats cover one pass; the peak is kept
             result.phases.append(phase.result)
             params = [p for p in policy.parameters() if p.grad is not None]
@@ -422,6 +440,8 @@ def simulation_report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, 
     plan = plan_launch(cfg, world_size, gpu_memory_gib, sizes)
     simulation = simulate(cfg, world_size, plan.placement, config, latent_shape(cfg, sizes))
     head = (f"simulated GRPO step: {world_size} ranks (fake process group, rank 0), sp {cfg.sp_size}, "
-            f"{config['num_layers']} blocks, fake tensors on the CPU; placement {plan.placement}")
+            f"{config['num_layers']} blocks, fake tensors on the CPU; placement {plan.placement}; CFG rows "
+            + (f"split (the negative prompt's {NEGATIVE_VALID_TOKENS} valid text slots attend apart)"
+               if cfg.cfg_scale > 1 and split_rows_on_cuda(cfg) else "of equal length (every text slot valid)"))
     simulation.verdict = simulated_verdict(plan, simulation)
     return head + "\n\n" + comparison_table(plan, simulation), simulation

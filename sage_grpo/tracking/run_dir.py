@@ -268,7 +268,8 @@ def metric_value(row: dict, key: str) -> Optional[float]:
 # the phases of a step; they add up to the step's wall time (other_time: the rest of train_step). The background
 # media writer's own time (background_media_time) overlaps them and is not one of them.
 PHASE_TIMES = ("rollout_time", "reward_time", "ref_model_time", "grpo_loop_time", "media_time", "other_time")
-TIMING_METRICS = PHASE_TIMES + ("background_media_time",)  # every logged number that is a duration
+# every logged number that is a duration (the background workers' own times overlap the phases)
+TIMING_METRICS = PHASE_TIMES + ("background_media_time", "background_reward_time")
 
 
 def manifold_error_key(rows: list) -> Optional[str]:

@@ -11,6 +11,18 @@ def test_benchmark_transformer_compiled_aot_eager_and_one_sp_rank(capsys):
     compiled_one_sp_rank(capsys, "aot_eager")
 
 
+def test_benchmark_levers(capsys):
+    """Two trainers of the tiny config (shrunk by trainer flags passed on), one step each: off, then on."""
+    out = run_benchmark("benchmark_levers", capsys, "--config", "tiny", "--lever", "replay", "--repeats", "1",
+                        "--warmup", "0", "--batch_size", "2", "--num_generations", "2", "--grpo_sampling_steps", "2",
+                        "--sample_n_frames", "5", "--rollout_height", "16", "--rollout_width", "16")
+    assert "batch 2, 2 SDE steps, mini-batch 1, CFG 6.0, reward target_color" in out
+    assert "lever replay: off --replay_group_size 1, on --replay_group_size 2" in out
+    for name in ("off", "on"):
+        assert value_of(rf"^{name}: step wall [0-9.]+ s \(median {NUMBER}\)", out) > 0
+    assert value_of(rf"^ratio on / off: step wall [0-9.]+, process CPU [0-9.]+, training thread CPU {NUMBER}$", out) > 0
+
+
 @pytest.fixture(scope="module")
 def real_width_root(tmp_path_factory):
     """One real-width checkpoint (1 block, the narrow VAE) shared by the e2e runs below."""

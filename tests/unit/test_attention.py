@@ -131,3 +131,79 @@ def test_backends_agree(tiny_components, tiny_encoder, backend):
             install_joint_attention(transformer, "native")
     assert all(block.attn.processor._attention_backend == "native" for block in transformer.transformer_blocks)
     torch.testing.assert_close(velocity, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_split_rows_match_the_masked_call_without_a_mask(tiny_components, tiny_encoder, monkeypatch):
+    """--mixed_length_attention split (issue 36): the CFG pair of two prompts (four rows of three valid lengths) runs
+    as mask-free calls, one per run of equal length over its own keys; the velocity and every parameter gradient
+    equal the masked call's within float order."""
+    transformer = tiny_components.transformer
+    inputs = _inputs(tiny_components, tiny_encoder, ["a red ball", 'a sign "hi" on a wall'])
+    expected, expected_grads = _velocity_and_grads(transformer, *inputs)
+    calls = []
+    original = attention.dispatch
+    monkeypatch.setattr(attention, "dispatch", lambda q, k, v, mask, backend: calls.append(
+        (q.shape[:2], k.shape[1], mask)) or original(q, k, v, mask, backend))
+    install_joint_attention(transformer, "native", split_rows=True)
+    try:
+        velocity, grads = _velocity_and_grads(transformer, *inputs)
+    finally:
+        install_joint_attention(transformer, "native")
+    embeds = inputs[2]
+    lengths = [int(m.sum() + m2.sum()) for masks in ((embeds.neg_masks, embeds.neg_masks_2),
+                                                     (embeds.masks, embeds.masks_2)) for m, m2 in zip(*masks)]
+    image_tokens = 8 // transformer.config.patch_size_t // transformer.config.patch_size ** 2  # latents (2, 2, 2)
+    runs = attention.row_runs(tuple(lengths))
+    assert len(set(lengths)) == 3 and len(runs) == 3  # the two negatives are one run
+    per_block = [((end - first, image_tokens + max(lengths)), image_tokens + length, None)
+                 for first, end, length in runs]
+    assert calls == per_block * len(transformer.transformer_blocks)  # every call mask-free, keys cut to the row's
+    torch.testing.assert_close(velocity, expected, rtol=1e-5, atol=1e-6)
+    assert set(grads) == set(expected_grads)
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_row_runs_and_the_auto_choice():
+    assert attention.row_runs((3, 3, 9, 7, 7)) == [(0, 2, 3), (2, 3, 9), (3, 5, 7)]
+    assert attention.row_runs((5,)) == [(0, 1, 5)]
+    assert attention.split_rows_of("auto", torch.device("cuda", 0)) and attention.split_rows_of("split", "cpu")
+    assert not attention.split_rows_of("auto", "cpu") and not attention.split_rows_of("mask", "cuda")
+    with pytest.raises(ValueError, match="unknown mixed-length attention 'varlen'; choose one of auto, mask, split"):
+        attention.split_rows_of("varlen", "cpu")
+
+
+def test_split_calls_match_the_masked_call_in_the_ulysses_processor():
+    """joint_attention, the call both processors make: the split rows' calls equal the key-masked call (rows of 3
+    and 5 valid text slots after 7 image tokens), and the Ulysses processor (sp 1 emulated: its own __call__) runs the
+    split forward as the joint processor does."""
+    from benchmarks.sp_emulation import OneRankUlyssesProcessor
+    from sage_grpo.models.transformer_forward import SplitRows
+
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 12, 2, 4, generator=generator) for _ in range(3))
+    masked = attention.joint_attention(query, key, value, torch.tensor([[True] * 3 + [False] * 2, [True] * 5]), 7,
+                                       "native")
+    split = attention.joint_attention(query, key, value, SplitRows((3, 5)), 7, "native")
+    torch.testing.assert_close(split, masked, rtol=1e-6, atol=1e-6)
+    short = torch.nn.functional.scaled_dot_product_attention(query[:1].transpose(1, 2), key[:1, :10].transpose(1, 2),
+                                                             value[:1, :10].transpose(1, 2)).transpose(1, 2)
+    assert torch.equal(split[:1], short)  # the short row: its 10 keys, no mask
+
+
+def test_ulysses_processor_takes_the_split_rows(tiny_components, tiny_encoder):
+    from benchmarks.sp_emulation import OneRankUlyssesProcessor
+
+    transformer = tiny_components.transformer
+    inputs = _inputs(tiny_components, tiny_encoder, ["a red ball"])
+    install_joint_attention(transformer, "native", split_rows=True)
+    try:
+        with torch.no_grad():
+            expected = cfg_velocity(transformer, *inputs, 6.0, num_image_tokens=TINY_IMAGE_TOKENS)
+            for block in transformer.transformer_blocks:
+                block.attn.set_processor(OneRankUlyssesProcessor(1, "native"))
+            velocity = cfg_velocity(transformer, *inputs, 6.0, num_image_tokens=TINY_IMAGE_TOKENS)
+    finally:
+        install_joint_attention(transformer, "native")
+    assert torch.equal(velocity, expected)
+    assert not getattr(transformer, "_split_text_rows")  # reinstalled with the default

@@ -198,6 +198,21 @@ def test_benchmark_attention(capsys):
     for backend in ("native", "_native_math"):
         assert value_of(rf"^joint attention, {backend}: [0-9.]+ s, ratio dense / ours {NUMBER}, ", out) > 0
         assert value_of(rf"^joint attention, {backend}: .*max \|velocity difference\| {NUMBER}$", out) < 1e-4
+        # the CFG rows split into mask-free calls (issue 36): the masked call's velocity within float order
+        assert value_of(rf"^joint attention, {backend}, split rows: [0-9.]+ s, ratio masked / split {NUMBER}, ", out) > 0
+        assert value_of(rf"^joint attention, {backend}, split rows: .*masked call\| {NUMBER}$", out) < 1e-5
+        assert value_of(rf"^joint attention, {backend}, process CPU .* ratio masked / split {NUMBER}$", out) > 0
+
+
+def test_benchmark_mixed_length_attention(capsys):
+    """The CFG pair's attention call four ways: every one the masked call's output within float order."""
+    out = run_benchmark("benchmark_mixed_length_attention", capsys, "--sizes", "tiny", "--repeats", "1", "--warmup",
+                        "0", "--backward")
+    assert "tiny: 2 rows, 2 heads x 8, 20 tokens, keys 11 / 20, forward + backward, medians of 1" in out
+    for call in ("masked", "split", "nested"):
+        assert value_of(rf"^  {call}: [0-9.]+ ms process CPU, ratio to masked {NUMBER}, ", out) > 0
+        assert value_of(rf"^  {call}: .*max \|difference to masked\| {NUMBER}$", out) < 1e-6
+    assert "  flex: not run (FlexAttention does not support backward on CPU." in out  # torch 2.13
 
 
 def test_benchmark_rollout(capsys):

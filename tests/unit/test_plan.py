@@ -203,11 +203,15 @@ def test_reference_launch_fits_in_80_gb():
     cfg = parse_cli(TrainConfig, REFERENCE_FLAGS)
     plan = planner.plan_launch(cfg, world_size=8, gpu_memory_gib=80.0)
     assert plan.peak_gib <= 70.0
-    # bf16 gathers and trimmed text leave room for the unsharded gradients: one reduction per update
-    # and the reference means run 32 of the rollout batch's 2 x 20 transitions per forward (the largest candidate
-    # under the train phase's peak; all 40 would raise it)
+    # bf16 gathers and trimmed text leave room for the unsharded gradients: one reduction per update; then (issue
+    # 36) the reward beside the reference pass and 2 trained steps per policy forward (3 would leave less than 10%
+    # of the GPU free: 57.3 GB with one step, +7.4 GB per step), and under that train peak the reference means run
+    # all 40 of the rollout batch's 2 x 20 transitions per forward (with one step per forward: 32)
     assert plan.placement == Placement(reduce_per_backward=False, reference_on_cpu=False, vae_tiling="auto",
-                                       reference_batch_size=32)
+                                       reference_batch_size=40, replay_group_size=2, async_reward=True)
+    one_step = planner.plan_launch(dataclasses.replace(cfg, replay_group_size=1), world_size=8, gpu_memory_gib=80.0)
+    assert (one_step.placement.reference_batch_size, round(one_step.peak_gib, 2)) == (32, 57.30)
+    assert round(plan.peak_gib, 2) == 64.71 and plan.peak.name == "train"
     train = next(p for p in plan.phases if p.name == "train")
     assert any(c.name.startswith("gradients (unsharded") for c in train.components)
     per_backward = planner.plan_memory(cfg, planner.sizes_of(cfg), 8, 80.0,
@@ -307,7 +311,8 @@ def test_launch_that_cannot_fit_is_refused_with_the_table(monkeypatch):
 def test_launch_that_fits_without_the_margin_starts_with_a_warning(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "8")
     roomy = TrainConfig(sp_size=2, validation_interval=0, gpu_memory_gb=80.0, device="cuda",  # placements fixed:
-                        gradient_reduction="per_update", reference_placement="device", reference_batch_size=1)
+                        gradient_reduction="per_update", reference_placement="device", reference_batch_size=1,
+                        replay_group_size=1)
     plan = plan_report.check_memory_plan(roomy)
     assert plan.fits(planner.MARGIN) and capsys.readouterr().err == ""
     # a GPU 5% larger than that plan's peak: it fits, with less free than the margin

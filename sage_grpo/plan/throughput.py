@@ -1,0 +1,82 @@
+"""The auto decisions that spend free GPU memory on speed, taken by :func:`sage_grpo.plan.memory.plan_launch` once the
+placements (where the reference lives, when gradients are reduced) are fixed, in this order:
+
+1. ``--async_reward auto``: the reward scored in a background worker while the reference means run
+   (``sage_grpo.trainer``). A remote reward (``--remote_reward_url``) costs this GPU nothing: on. A local one holds its
+   forward (VideoAlign on the SP leaders) beside the reference pass: on when that does not raise the step's peak or
+   the plan still fits with ``MARGIN`` of the GPU free.
+2. ``--replay_group_size 0``: the largest number of a sample's trained steps per policy forward and backward
+   (``sage_grpo.pipeline.policy_update``) whose plan fits with ``MARGIN`` free (the train phase's activations grow
+   with the rows of a forward); 1 (the reference) with ``--lora_dropout > 0``, where one forward of g rows draws other
+   dropout masks than g forwards and the numbers would change beyond float order.
+3. ``--reference_batch_size 0``: the largest reference batch (transitions per no-grad reference forward, doubling from
+   ``--mini_batch_size_per_update`` up to a rollout batch's transitions) that does not raise the step's peak (memory
+   the step holds anyway; the no-grad forward's bytes are an estimate, so the GPU is not filled beyond that).
+
+Off CUDA there is no GPU budget (``memory.resolve_placement``): the remote reward is still scored in the background,
+a local one is not (the CPU's cores are the trainer's threads), and the replay group and the reference batch keep the
+reference's arithmetic (1 step per forward; ``--mini_batch_size_per_update`` transitions), which another batch changes
+in the last bits while the CPU runs are pinned bit for bit.
+"""
+
+import dataclasses
+from typing import Callable, List
+
+from sage_grpo.config import TrainConfig
+from sage_grpo.config.validation import trained_steps_per_sample
+from sage_grpo.models.placement import Placement
+
+
+def reference_batch_candidates(cfg: TrainConfig) -> List[int]:
+    """Reference batch sizes ``--reference_batch_size 0`` tries on CUDA: ``--mini_batch_size_per_update`` doubled up
+    to a rollout batch's transitions with reference means (B x the steps trained: the window's, or all N)."""
+    transitions = cfg.batch_size * (cfg.sde_window_size or cfg.grpo_sampling_steps)
+    sizes, size = [], cfg.mini_batch_size_per_update
+    while size < transitions:
+        sizes.append(size)
+        size *= 2
+    return sizes + [transitions]
+
+
+def fixed_async_reward(cfg: TrainConfig):
+    """``--async_reward`` where no plan is needed: True or False when given, True for a remote reward, else None."""
+    if cfg.async_reward != "auto":
+        return cfg.async_reward == "true"
+    return True if cfg.remote_reward_url else None
+
+
+def fixed_replay_group(cfg: TrainConfig):
+    """``--replay_group_size`` where no plan is needed: the value given, 1 with LoRA dropout, else None."""
+    if cfg.replay_group_size:
+        return cfg.replay_group_size
+    return 1 if cfg.use_lora and cfg.lora_dropout > 0 else None
+
+
+def choose_throughput(cfg: TrainConfig, placement: Placement, plan: Callable, margin: float) -> Placement:
+    """``placement`` (its placements decided) with the three decisions of the module docstring; ``plan`` maps a
+    placement to its :class:`~sage_grpo.plan.memory.MemoryPlan`."""
+    async_reward = fixed_async_reward(cfg)
+    if async_reward is None:
+        scored_beside = plan(dataclasses.replace(placement, async_reward=True))
+        async_reward = scored_beside.fits(margin) or scored_beside.peak.bytes <= plan(placement).peak.bytes
+    placement = dataclasses.replace(placement, async_reward=async_reward)
+    group = fixed_replay_group(cfg)
+    if group is None:  # the train phase grows with the group: the first that does not fit ends the search
+        group = 1
+        while group < trained_steps_per_sample(cfg) and plan(dataclasses.replace(
+                placement, replay_group_size=group + 1)).fits(margin):
+            group += 1
+    placement = dataclasses.replace(placement, replay_group_size=group)
+    if cfg.reference_batch_size:
+        return dataclasses.replace(placement, reference_batch_size=cfg.reference_batch_size)
+    peak = plan(placement).peak.bytes
+    fitting = [size for size in reference_batch_candidates(cfg)
+               if plan(dataclasses.replace(placement, reference_batch_size=size)).peak.bytes <= peak]
+    return dataclasses.replace(placement, reference_batch_size=max(fitting, default=cfg.mini_batch_size_per_update))
+
+
+def off_cuda(cfg: TrainConfig, placement: Placement) -> Placement:
+    """``placement`` on a device without a GPU budget: the given values, else the reference's arithmetic."""
+    return dataclasses.replace(placement, reference_batch_size=cfg.reference_batch_size
+                               or cfg.mini_batch_size_per_update, replay_group_size=cfg.replay_group_size or 1,
+                               async_reward=bool(fixed_async_reward(cfg)))
