@@ -16,7 +16,18 @@ import torch  # noqa: E402
 
 from order_shuffle import SEED_ENV, shuffle_seed, shuffled  # noqa: E402
 
-torch.set_num_threads(2)
+TEST_THREADS = 2
+torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_put_back():
+    """Every test starts at the suite's thread count, whatever ran before it: the thread count decides how CPU sums
+    are split, so the exact comparisons (the golden run) depend on it, and code under test sets it (post_train's CPU
+    policy, ``apply_cpu_thread_policy``, picks 1 thread; a shuffled order once ran the golden test after it)."""
+    torch.set_num_threads(TEST_THREADS)
+    yield
+    torch.set_num_threads(TEST_THREADS)
 
 # Test tiers (docs/testing.md, "Tiers"): pick one with -m, e.g. `bash scripts/test.sh -m unit` for the fast loop.
 TIERS = {

@@ -42,3 +42,16 @@ def test_the_seed_comes_from_the_option_or_the_environment(monkeypatch):
     assert shuffle_seed(None) == 11 and shuffle_seed("7") == 7
     with pytest.raises(ValueError, match="non-negative integer"):
         shuffle_seed("-1")
+
+
+@pytest.mark.parametrize("leaves", [1, 3])
+def test_every_test_starts_at_the_suites_thread_count(leaves):
+    """conftest.py puts torch's thread count back around every test: a test (post_train's CPU policy) that leaves it
+    at 1 once moved the golden run's sums when a shuffled order ran it first. Whichever parameter runs second finds
+    the suite's count, not the one the first left."""
+    import torch
+
+    from conftest import TEST_THREADS
+
+    assert torch.get_num_threads() == TEST_THREADS
+    torch.set_num_threads(leaves)  # left for the next test; the fixture restores it
