@@ -22,12 +22,13 @@ torch.set_num_threads(TEST_THREADS)
 
 @pytest.fixture(autouse=True)
 def _torch_threads_put_back():
-    """Every test starts at the suite's thread count, whatever ran before it: the thread count decides how CPU sums
-    are split, so the exact comparisons (the golden run) depend on it, and code under test sets it (post_train's CPU
-    policy, ``apply_cpu_thread_policy``, picks 1 thread; a shuffled order once ran the golden test after it)."""
-    torch.set_num_threads(TEST_THREADS)
+    """Every test leaves torch's thread count as it found it (the suite's 2, or the 1 a module's own fixture sets for
+    all its tests): the thread count decides how CPU sums are split, so the exact comparisons (the golden run) depend
+    on it, and code under test sets it (post_train's CPU policy, ``apply_cpu_thread_policy``, picks 1 thread; a
+    shuffled order once ran the golden test after such a test)."""
+    before = torch.get_num_threads()
     yield
-    torch.set_num_threads(TEST_THREADS)
+    torch.set_num_threads(before)
 
 # Test tiers (docs/testing.md, "Tiers"): pick one with -m, e.g. `bash scripts/test.sh -m unit` for the fast loop.
 TIERS = {

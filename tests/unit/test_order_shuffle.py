@@ -46,9 +46,9 @@ def test_the_seed_comes_from_the_option_or_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("leaves", [1, 3])
 def test_every_test_starts_at_the_suites_thread_count(leaves):
-    """conftest.py puts torch's thread count back around every test: a test (post_train's CPU policy) that leaves it
-    at 1 once moved the golden run's sums when a shuffled order ran it first. Whichever parameter runs second finds
-    the suite's count, not the one the first left."""
+    """conftest.py puts torch's thread count back after every test: a test (post_train's CPU policy) that left it at
+    1 once moved the golden run's sums when a shuffled order ran it first. Whichever parameter runs second finds the
+    suite's count, not the one the first left."""
     import torch
 
     from conftest import TEST_THREADS
