@@ -1,12 +1,20 @@
 """Writing and reading mp4 videos (imageio + its bundled ffmpeg), file-name-safe prompt strings, and a background
 writer that takes media writing off the training thread."""
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
+
+# imageio-ffmpeg starts ffmpeg with ``preexec_fn=os.setpgrp`` (so a Ctrl-C reaches Python first), which runs Python in
+# the forked child: in a process with other threads (the background writer below, the reward worker, gloo's) the child
+# can block forever on a lock another thread held at the fork, and the writer with it (seen once in a dp 2 test run:
+# the fork child stuck before exec). Its own switch turns the preexec off; ffmpeg then shares the run's process group
+# and a Ctrl-C stops it with the run.
+os.environ.setdefault("IMAGEIO_FFMPEG_NO_PREVENT_SIGINT", "1")
 
 
 def video_to_uint8_frames(video: torch.Tensor) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Subprocesses for tests that can never outlive their test.
 
-Every child starts in a new session (its own process group), so on timeout the whole group is killed: torchrun's
+Every child starts in a new session (its own process group), so on timeout the whole group is killed, and with it
+every process below the child in other groups (torchrun starts each worker in a session of its own): torchrun's
 workers, a script's Python and anything they spawned. Without this, a timed-out ``torchrun`` left its workers spinning
 at full CPU after the test had failed.
 
@@ -27,13 +28,57 @@ def scaled(seconds: float) -> float:
     return seconds * factor
 
 
+def descendants(pid: int) -> list:
+    """The pids of every live process below ``pid`` (from ``/proc``; empty where there is none). torchrun starts each
+    worker in a session of its own, so killing torchrun's group leaves them (and anything they forked) running."""
+    children: dict = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])  # the field after the state
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group of ``proc`` (started with ``start_new_session=True``) and reap ``proc``."""
+    """SIGKILL the process group of ``proc`` (started with ``start_new_session=True``) and every process below it,
+    wherever its group (torchrun's workers, a worker's forks), then reap ``proc``."""
+    below = descendants(proc.pid)  # before the kill: an orphan is reparented and no longer found
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait()
+
+
+def _output_after_kill(proc: subprocess.Popen):
+    """What ``proc`` wrote, read after :func:`kill_group`; a process that escaped the kill and still holds the pipes
+    cannot make the test wait forever."""
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        return "", "(output lost: a process that escaped the kill held the pipes)"
 
 
 def run_group(cmd: Sequence[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -49,7 +94,7 @@ def run_group(cmd: Sequence[str], *, timeout: float, **kwargs) -> subprocess.Com
         stdout, stderr = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        stdout, stderr = proc.communicate()
+        stdout, stderr = _output_after_kill(proc)
         raise subprocess.TimeoutExpired(cmd, limit, output=stdout, stderr=stderr) from None
     except BaseException:  # KeyboardInterrupt, pytest's own timeout: never leave the group behind
         kill_group(proc)

@@ -59,6 +59,28 @@ def test_timeout_kills_the_whole_group_grandchild_included():
     _assert_group_gone(pgid)
 
 
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_timeout_kills_a_child_in_a_session_of_its_own_that_holds_the_pipes():
+    """torchrun starts each worker in a session of its own: killing torchrun's group left a worker's fork running,
+    holding the test's pipes, and the test waited on them forever. The processes below the child are killed too."""
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        run_group(["bash", "-c", "setsid sh -c 'echo $$; exec sleep 300' & sleep 300"], timeout=1.0)
+    assert time.monotonic() - start < 10.0
+    (escaped,) = map(int, caught.value.output.split())
+    deadline = time.monotonic() + 2.0
+    while _running(escaped) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _running(escaped)
+
+
 def test_a_leader_that_exits_leaves_no_background_child():
     result = run_group(["bash", "-c", 'sleep 300 > /dev/null 2>&1 & echo $$ $!'], timeout=10)
     assert result.returncode == 0

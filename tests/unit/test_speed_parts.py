@@ -3,6 +3,7 @@ the background media writer (video_io.BackgroundWriter)."""
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,3 +94,22 @@ def test_a_cpu_run_gets_one_thread_unless_told(monkeypatch):
         assert "3, from --cpu_threads" in line and torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_ffmpeg_starts_without_python_in_the_forked_child():
+    """The background writer starts ffmpeg from a thread while other threads run: imageio-ffmpeg's default
+    ``preexec_fn`` (Python run between fork and exec) can then deadlock the child, and the writer with it (a dp 2 test
+    run hung so). Importing video_io turns it off with imageio-ffmpeg's own switch; a user's explicit setting wins."""
+    import subprocess
+    import sys
+
+    from imageio_ffmpeg._utils import _popen_kwargs
+
+    import sage_grpo.video_io  # noqa: F401 (sets the switch on import)
+
+    assert _popen_kwargs(prevent_sigint=True)["preexec_fn"] is None
+    code = ("import os; os.environ['IMAGEIO_FFMPEG_NO_PREVENT_SIGINT'] = '0'; import sage_grpo.video_io; "
+            "from imageio_ffmpeg._utils import _popen_kwargs; print(_popen_kwargs(prevent_sigint=True)['preexec_fn'])")
+    root = Path(__file__).resolve().parents[2]
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                          timeout=60).stdout.strip() != "None"
