@@ -146,6 +146,18 @@ def dp2_sp2(root, tmp_path_factory):
     return base, flags, report
 
 
+@pytest.fixture(scope="module")
+def dp2_sp2_resumed(dp2_sp2):
+    """``dp2_sp2``'s checkpoint-2 resumed on 2 processes (sp 1) for a third step, in its run directory: (the run's
+    metrics before the resume, the resumed run's report). A fixture, so the tests that need the resume get it in any
+    order (a shuffled run once skipped the one-process test, which had come before the resume)."""
+    base, flags, _ = dp2_sp2
+    before = read_metrics(base / "run")
+    resumed = run_script(2, base / "resumed", *flags, "--sp_size", "1", "--max_steps", "3",
+                         "--resume_from_checkpoint", "latest", "--previous_report_dir", str(base / "report"))
+    return before, resumed
+
+
 # ---------------------------------------------------------------- tests
 
 def test_two_fsdp_processes_match_one(dp2_post_train, baseline):
@@ -218,13 +230,11 @@ def test_one_gradient_reduction_per_update(dp2_sp2):
     assert report["reductions_per_unit"] == [2] and report["updates_reduced"] == 2
 
 
-def test_dp2_sp2_checkpoint_resumes_on_two_processes(dp2_sp2):
-    base, flags, first = dp2_sp2
+def test_dp2_sp2_checkpoint_resumes_on_two_processes(dp2_sp2, dp2_sp2_resumed):
+    base, _, first = dp2_sp2
     run_dir = base / "run"
-    rows = read_metrics(run_dir)
+    rows, resumed = dp2_sp2_resumed
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["kl_moving"] == 0.0  # anchor = policy after the refresh
-    resumed = run_script(2, base / "resumed", *flags, "--sp_size", "1", "--max_steps", "3",
-                         "--resume_from_checkpoint", "latest", "--previous_report_dir", str(base / "report"))
     # DCP resharded 4 -> 2 ranks: the weights, the moving anchor and the EMA are exactly the checkpointed ones.
     assert (resumed["world_size"], resumed["resumed_from_step"]) == (2, 2)
     assert resumed["resume_weight_err"] == 0.0 and resumed["resume_anchor_err"] == 0.0
@@ -238,12 +248,10 @@ def test_dp2_sp2_checkpoint_resumes_on_two_processes(dp2_sp2):
     assert 0 < max((after[k] - before[k]).abs().max().item() for k in before) < 1e-2  # one more small update
 
 
-def test_sharded_checkpoint_resumes_on_one_process(dp2_sp2, tmp_path):
+def test_sharded_checkpoint_resumes_on_one_process(dp2_sp2, dp2_sp2_resumed, tmp_path):
     """checkpoint-2 of the 4-process run, resumed by one process (batch 4: the same samples) into a new directory:
     its step 3 is the one the 2-process resume computed."""
     base, flags, _ = dp2_sp2
-    if not (base / "run" / "checkpoint-3").exists():
-        pytest.skip("needs the 2-process resume of test_dp2_sp2_checkpoint_resumes_on_two_processes")
     resumed = run_script(1, tmp_path / "report", *flags, "--output_dir", str(tmp_path / "run"), "--sp_size", "1",
                          "--batch_size", "4", "--max_steps", "3", "--resume_from_checkpoint",
                          str(base / "run" / "checkpoint-2"), "--previous_report_dir", str(base / "report"))
