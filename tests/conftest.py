@@ -30,6 +30,15 @@ def _torch_threads_put_back():
     yield
     torch.set_num_threads(before)
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_threads_put_back_per_module():
+    """The same for a module's own fixtures (a module fixture that runs post_train's entry point leaves 1 thread; the
+    next module would start with it)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
 # Test tiers (docs/testing.md, "Tiers"): pick one with -m, e.g. `bash scripts/test.sh -m unit` for the fast loop.
 TIERS = {
     "unit": "fast in-process tests of one module on tiny real-class configs (tests/unit/)",
