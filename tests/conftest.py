@@ -20,24 +20,19 @@ TEST_THREADS = 2
 torch.set_num_threads(TEST_THREADS)
 
 
-@pytest.fixture(autouse=True)
-def _torch_threads_put_back():
-    """Every test leaves torch's thread count as it found it (the suite's 2, or the 1 a module's own fixture sets for
-    all its tests): the thread count decides how CPU sums are split, so the exact comparisons (the golden run) depend
-    on it, and code under test sets it (post_train's CPU policy, ``apply_cpu_thread_policy``, picks 1 thread; a
-    shuffled order once ran the golden test after such a test)."""
+def _threads_as_found():
+    """Puts torch's thread count back as it was found: the thread count decides how CPU sums are split, so the exact
+    comparisons (the golden run) depend on it, and code under test sets it (post_train's CPU policy,
+    ``apply_cpu_thread_policy``, picks 1 thread; a shuffled order once ran the golden test after such a test)."""
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _torch_threads_put_back_per_module():
-    """The same for a module's own fixtures (a module fixture that runs post_train's entry point leaves 1 thread; the
-    next module would start with it)."""
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+# After every test (the suite's 2, or the 1 a module's own fixture sets for all its tests), and after every module (a
+# module fixture that runs post_train's entry point leaves 1 thread; the next module would start with it).
+_threads_per_test = pytest.fixture(autouse=True, name="_threads_per_test")(_threads_as_found)
+_threads_per_module = pytest.fixture(autouse=True, scope="module", name="_threads_per_module")(_threads_as_found)
 
 # Test tiers (docs/testing.md, "Tiers"): pick one with -m, e.g. `bash scripts/test.sh -m unit` for the fast loop.
 TIERS = {

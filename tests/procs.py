@@ -28,23 +28,43 @@ def scaled(seconds: float) -> float:
     return seconds * factor
 
 
-def descendants(pid: int) -> list:
-    """The pids of every live process below ``pid`` (from ``/proc``; empty where there is none). torchrun starts each
-    worker in a session of its own, so killing torchrun's group leaves them (and anything they forked) running."""
-    children: dict = {}
+def process_table() -> list:
+    """``(pid, state, parent pid, process group)`` of every process in ``/proc`` (empty where there is no ``/proc``);
+    a process that exits while it is read is left out."""
     try:
         entries = os.listdir("/proc")
     except OSError:
         return []
+    table = []
     for entry in entries:
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as handle:
-                parent = int(handle.read().rsplit(")", 1)[1].split()[1])  # the field after the state
+                fields = handle.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            table.append((int(entry), fields[0], int(fields[1]), int(fields[2])))
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(parent, []).append(int(entry))
+    return table
+
+
+def running(pid: int) -> bool:
+    """``pid`` exists and is neither a zombie nor dead (a zombie's reaper may never come in a container: it holds no
+    CPU or memory)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def descendants(pid: int) -> list:
+    """The pids of every live process below ``pid`` (empty where there is none). torchrun starts each worker in a
+    session of its own, so killing torchrun's group leaves them (and anything they forked) running."""
+    children: dict = {}
+    for child, _state, parent, _group in process_table():
+        children.setdefault(parent, []).append(child)
     found, stack = [], [pid]
     while stack:
         for child in children.get(stack.pop(), []):
@@ -114,4 +134,4 @@ def start_group(cmd: Sequence[str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(list(cmd), start_new_session=True, **kwargs)
 
 
-__all__: list[str] = ["kill_group", "run_group", "scaled", "start_group"]
+__all__: list[str] = ["descendants", "kill_group", "process_table", "run_group", "running", "scaled", "start_group"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from model_fixtures import tiny_checkpoint
-from procs import kill_group, run_group, scaled, start_group
+from procs import kill_group, run_group, running, scaled, start_group
 
 from sage_grpo.faults import FAULT_ENV
 from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
@@ -104,24 +104,15 @@ def test_workers_exit_when_the_torchrun_agent_is_killed(tmp_path):
         os.kill(agent.pid, signal.SIGKILL)  # the agent only: nobody signals its workers
         killed = time.monotonic()
         deadline = killed + scaled(10.0)
-        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        while any(running(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(pid) for pid in workers), "workers outlived their agent"
+        assert not any(running(pid) for pid in workers), "workers outlived their agent"
         print(f"workers gone {time.monotonic() - killed:.2f} s after the agent's SIGKILL")
     finally:
         kill_group(agent)
         for pid in workers:  # torchrun starts each worker in a session of its own: the agent's group misses them
-            if _alive(pid):
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for a reaper that never comes in a container is not running)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_a_stopped_peer_is_named_within_the_collective_timeout():

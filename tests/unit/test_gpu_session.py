@@ -11,19 +11,10 @@ import pytest
 
 from bench_support import benchmark_module
 from gpu_session_support import REPO_ROOT, load_runner, summary
-from procs import run_group
+from procs import run_group, running
 
 runner = load_runner()
 PY = sys.executable
-
-
-def _running(pid: int) -> bool:
-    """The process exists and is no zombie (a killed grandchild waits for init to reap it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def _command(label, code, cap=30.0, gate=False):
@@ -91,7 +82,7 @@ time.sleep(300)
     assert time.monotonic() - start < 4 + 1 + 5  # the cap, the grace, the second command
     assert summary(tmp_path) == [("mfu", "stubborn", "timeout"), ("rollout", "next", "0")]
     assert (tmp_path / "sigint").exists()  # SIGINT came first
-    assert not _running(int(pids.read_text()))  # the child went with the group
+    assert not running(int(pids.read_text()))  # the child went with the group
     assert "=== mfu/stubborn: TIMED OUT after " in (tmp_path / "mfu.log").read_text()
     assert session.failed == 1 and session.running == []
 

@@ -6,10 +6,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from procs import run_group, scaled
+from procs import process_table, run_group, running, scaled
 
 # bash prints its own pid (= the process group id: run_group starts a new session) and a background grandchild's pid;
 # the grandchild ignores the signals a dying parent or terminal would send and does not wait for its parent.
@@ -24,18 +23,7 @@ def unit_scale(monkeypatch):
 def _running_in_group(pgid: int) -> list:
     """Pids of the processes of group ``pgid`` that are not zombies (an orphan's zombie lingers until init reaps it,
     which a container's init may never do; it holds no CPU or memory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited meanwhile
-            continue
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
-        if int(pgrp) == pgid and state != "Z":
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, state, _parent, group in process_table() if group == pgid and state != "Z"]
 
 
 def _assert_group_gone(pgid: int) -> None:
@@ -59,14 +47,6 @@ def test_timeout_kills_the_whole_group_grandchild_included():
     _assert_group_gone(pgid)
 
 
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
 def test_timeout_kills_a_child_in_a_session_of_its_own_that_holds_the_pipes():
     """torchrun starts each worker in a session of its own: killing torchrun's group left a worker's fork running,
     holding the test's pipes, and the test waited on them forever. The processes below the child are killed too."""
@@ -76,9 +56,9 @@ def test_timeout_kills_a_child_in_a_session_of_its_own_that_holds_the_pipes():
     assert time.monotonic() - start < 10.0
     (escaped,) = map(int, caught.value.output.split())
     deadline = time.monotonic() + 2.0
-    while _running(escaped) and time.monotonic() < deadline:
+    while running(escaped) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not _running(escaped)
+    assert not running(escaped)
 
 
 def test_a_leader_that_exits_leaves_no_background_child():

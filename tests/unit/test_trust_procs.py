@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from procs import run_group, scaled
+from procs import run_group, running, scaled
 from reward_options_support import ServerThread
 
 from sage_grpo.rewards.remote import TOKEN_ENV, RemoteReward, RemoteRewardError, RemoteSettings, encode_request
@@ -262,14 +262,6 @@ time.sleep(60)
 """
 
 
-def _running(pid: int) -> bool:
-    """Not gone and not a zombie (a zombie's reaper may never come in a container)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux")
 def test_a_worker_dies_with_its_parent():
     import signal
@@ -286,11 +278,11 @@ def test_a_worker_dies_with_its_parent():
         timer.cancel()
         os.kill(parent.pid, signal.SIGKILL)  # the parent only, as a kill -9 of the torchrun agent
         start = time.monotonic()
-        assert _eventually(lambda: not _running(child), limit=5.0), "the worker outlived its parent"
+        assert _eventually(lambda: not running(child), limit=5.0), "the worker outlived its parent"
         assert time.monotonic() - start < scaled(5.0)
     finally:
         kill_group(parent)
-        if child is not None and _running(child):
+        if child is not None and running(child):
             os.kill(child, signal.SIGKILL)
 
 
