@@ -17,6 +17,7 @@ safetensors files and YAML (``yaml.safe_load``) hold plain data by construction.
 import contextlib
 import errno
 import io
+import json
 import os
 import pickle
 import shutil
@@ -94,6 +95,49 @@ def check_finite(tensors: Any, source: str, name: str = "") -> None:
     elif isinstance(tensors, (list, tuple)):
         for index, value in enumerate(tensors):
             check_finite(value, source, f"{name}[{index}]")
+
+
+# ---------------------------------------------------------------- JSON files of a model folder
+
+MAX_JSON_BYTES = 16 << 20  # a model folder's configs and shard indices are kilobytes (an 8B model's index: ~100 KB)
+_JSON_FIX = "download or copy the model folder again (bash download_weights.sh)"
+
+
+def read_json_object(path: PathLike, what: str, fix: str = _JSON_FIX, error: type = CheckpointError) -> dict:
+    """The JSON object in ``path`` (``what`` it is, e.g. "the VAE config"), read as data: a missing, oversized,
+    undecodable, too deeply nested or non-object file is one ``error`` line naming the file and ``fix``."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise error(f"{what} {path} is {_megabytes(size)}, more than such a file holds "
+                        f"({_megabytes(MAX_JSON_BYTES)}); {fix}")
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: JSON, UTF-8, an integer of 4300+ digits
+        if isinstance(err, error):
+            raise
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        raise error(f"cannot read {what} {path}: {reason}; {fix}") from None
+    if not isinstance(data, dict):
+        raise error(f"{what} {path} holds a JSON {type(data).__name__}, not an object; {fix}")
+    return data
+
+
+def read_weight_map(index: PathLike, error: type = CheckpointError) -> dict:
+    """{tensor name: shard file name} of a safetensors index (``*.index.json``), each shard a plain file name beside
+    the index (a name with a folder in it would read weights from elsewhere)."""
+    weight_map = read_json_object(index, "the weight index", error=error).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise error(f"{index}: 'weight_map' must map tensor names to shard file names; {_JSON_FIX}")
+    for name in set(weight_map.values()):
+        if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise error(f"{index}: the shard {name[:100]!r} is not a file name beside the index; {_JSON_FIX}")
+    return weight_map
+
+
+def shard_names(index: PathLike, error: type = CheckpointError) -> list:
+    """The shard file names of a safetensors index, sorted (:func:`read_weight_map`)."""
+    return sorted(set(read_weight_map(index, error).values()))
 
 
 # ---------------------------------------------------------------- torch.distributed.checkpoint

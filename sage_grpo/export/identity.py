@@ -12,13 +12,12 @@ which is why it is taken once per checkpoint and evaluation, not per video.
 """
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple, Union
 
 from sage_grpo.checkpoint_layout import CONFIG_FILE, LORA_DIR
 from sage_grpo.models import lora
-from sage_grpo.safe_io import CheckpointError
+from sage_grpo.safe_io import CheckpointError, shard_names
 
 PathLike = Union[str, Path]
 Shapes = Dict[str, Tuple[int, ...]]
@@ -51,13 +50,7 @@ def _safetensors_shapes(file: Path) -> Shapes:
 
 
 def _index_shards(index: Path) -> List[Path]:
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
-    except (OSError, ValueError, RecursionError, AttributeError) as err:
-        raise CheckpointError(f"cannot read the weight index {index}: {err}") from None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
-    return [index.parent / name for name in sorted(set(weight_map.values()))]
+    return [index.parent / name for name in shard_names(index)]
 
 
 def stored_shapes(located: Path) -> Shapes:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 from sage_grpo.models import layout
+from sage_grpo.safe_io import read_json_object
 
 PathLike = Union[str, Path]
 LINK_MODES = ("symlink", "copy")
@@ -123,10 +124,10 @@ def write_sampling_configs(model_root: Path, version: str, output: Path) -> Dict
     guider_file, scheduler_file = layout.variant_config_files(model_root, version)
     if not scheduler_file.is_file():
         scheduler_file = model_root / layout.SCHEDULER.subdir / layout.SCHEDULER_CONFIG
-    scheduler = {**json.loads(scheduler_file.read_text()), "shift": shift}
+    scheduler = {**read_json_object(scheduler_file, "the scheduler config"), "shift": shift}
     _write_json(output / SCHEDULER_DIR / layout.SCHEDULER_CONFIG, scheduler)
     if guider_file.is_file():  # the authors' own guider, as they ship it (enabled flags, formulation)
-        _write_json(output / GUIDER_DIR / layout.GUIDER_CONFIG, json.loads(guider_file.read_text()))
+        _write_json(output / GUIDER_DIR / layout.GUIDER_CONFIG, read_json_object(guider_file, "the guider config"))
     else:
         _write_json(output / GUIDER_DIR / layout.GUIDER_CONFIG,
                     {"_class_name": "ClassifierFreeGuidance", "guidance_scale": guidance})

@@ -36,7 +36,6 @@ their stored dtype. The key tables were written from the reference's module defi
 conversion script records (the qkv split and the adaLN swap); the code is our own.
 """
 
-import json
 import re
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
@@ -46,7 +45,7 @@ import torch
 from sage_grpo.models import layout
 from sage_grpo.models.convert_keys import (GLYPH_PREFIX, LLM_DROPPED, LLM_KEYS, TRANSFORMER_KEYS, VAE_KEYS, StateDict,
                                            to_diffusers_keys)
-from sage_grpo.safe_io import CheckpointError, check_output_outside_inputs, load_plain
+from sage_grpo.safe_io import CheckpointError, check_output_outside_inputs, load_plain, read_json_object
 
 REFERENCE_TRANSFORMER_DIR = "transformer"
 REFERENCE_VAE_DIR = "vae"
@@ -86,7 +85,7 @@ def read_safetensors_folder(folder: Path, stem: str) -> StateDict:
 def read_json(path: Path) -> Dict:
     if not path.is_file():
         raise ConversionError(f"missing {path}")
-    return json.loads(path.read_text())
+    return read_json_object(path, "the config", "use the authors' released folder", error=ConversionError)
 
 
 def _listing(title: str, keys: Sequence[str], limit: int = 20) -> str:

@@ -4,7 +4,6 @@
 it the number of attention heads (Ulysses splits them) and the image tokens of one video (Ulysses splits those too).
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -12,10 +11,11 @@ from typing import Dict, Optional, Tuple
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import ConfigError, rollout_size, validation_size
 from sage_grpo.models import layout
+from sage_grpo.safe_io import read_json_object
 
 
 def _read_config(path: Path) -> Optional[dict]:
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json_object(path, "the model config") if path.is_file() else None
 
 
 def video_tokens(vae_config: dict, transformer_config: dict, num_frames: int, height: int, width: int) -> int:

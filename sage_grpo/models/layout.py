@@ -34,7 +34,6 @@ checked too, so an interrupted download is reported as missing files rather than
 ``from_pretrained``.
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -138,11 +137,12 @@ class MissingCheckpointError(FileNotFoundError):
 
 def _missing_in_alternative(folder: Path, files: Tuple[str, ...]) -> List[str]:
     """Files of one alternative that are absent; for a shard index, also the shards it names."""
+    from sage_grpo.safe_io import shard_names  # torch: not at import (the CLI's help reads this module)
+
     missing = [f for f in files if not (folder / f).is_file()]
     for f in files:
         if f.endswith(".index.json") and (folder / f).is_file():
-            weight_map = json.loads((folder / f).read_text()).get("weight_map", {})
-            missing += sorted({s for s in weight_map.values() if not (folder / s).is_file()})
+            missing += [s for s in shard_names(folder / f) if not (folder / s).is_file()]
     return missing
 
 

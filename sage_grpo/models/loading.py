@@ -12,7 +12,6 @@ transformer is returned as ``from_pretrained`` gives it (eval mode, trainable), 
 train.
 """
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional, Union
@@ -22,7 +21,7 @@ import torch
 from sage_grpo.checkpoint_layout import TRANSFORMER_FILE
 from sage_grpo.models import layout
 from sage_grpo.models.attention import install_joint_attention
-from sage_grpo.safe_io import CheckpointError
+from sage_grpo.safe_io import CheckpointError, read_json_object, shard_names
 
 PathLike = Union[str, Path]
 
@@ -95,7 +94,7 @@ def load_components(model_root: PathLike = "./ckpts", transformer_version: str =
 
     components = HunyuanComponents(
         transformer=None, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-        scheduler_config=json.loads((folder(layout.SCHEDULER) / "scheduler_config.json").read_text()),
+        scheduler_config=read_json_object(folder(layout.SCHEDULER) / "scheduler_config.json", "the scheduler config"),
         transformer_version=transformer_version, paths=paths,
     )
     if load_transformer:
@@ -176,7 +175,7 @@ def _read_safetensors(path: Path) -> Dict[str, torch.Tensor]:
                                   "file; download or copy it again)") from None
 
     if path.name.endswith(".index.json"):
-        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        shards = shard_names(path)
         state: Dict[str, torch.Tensor] = {}
         for shard in shards:
             state.update(read(path.parent / shard))

@@ -16,14 +16,13 @@ Every parameter must be found in the files with the model's shape (one error lis
 exactly what ``from_pretrained`` followed by sharding gives (tested on 2 processes).
 """
 
-import json
 from pathlib import Path
 from typing import Dict, List, Union
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from sage_grpo.safe_io import CheckpointError
+from sage_grpo.safe_io import CheckpointError, read_weight_map
 
 INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 SINGLE_FILE = "diffusion_pytorch_model.safetensors"
@@ -36,10 +35,7 @@ def weight_files(folder: Union[str, Path]) -> Dict[str, Path]:
     folder = Path(folder)
     index = folder / INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index}: no 'weight_map' object")
-        return {name: folder / file for name, file in weight_map.items()}
+        return {name: folder / file for name, file in read_weight_map(index).items()}
     single = folder / SINGLE_FILE
     if not single.is_file():
         raise CheckpointError(f"{folder}: neither {SINGLE_FILE} nor {INDEX_FILE}")

@@ -72,6 +72,7 @@ from sage_grpo.models.variants import resolve_generation_sampling
 from sage_grpo.pipeline.recorded import apply_recorded_settings, transformer_version
 from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
 from sage_grpo.video_io import sanitize_name, write_video
+from sage_grpo.safe_io import read_json_object
 
 VIDEO_FPS = 24
 GROUP_OFFLOAD_BELOW_BYTES = 60 * 1024 ** 3  # reference: group offloading on when the GPU has less than 60 GB
@@ -157,7 +158,7 @@ def _vae_ratios(model_path: str) -> Optional[Tuple[int, int]]:
     config_file = Path(model_path) / layout.VAE.subdir / "config.json"
     if not config_file.is_file():
         return None
-    vae_config = json.loads(config_file.read_text())
+    vae_config = read_json_object(config_file, "the VAE config")
     return vae_config.get("temporal_compression_ratio", 4), vae_config.get("spatial_compression_ratio", 16)
 
 

@@ -17,12 +17,12 @@ CLIP sizes are exact, counted on the ``meta`` device from the scorer folder's ``
 
 import dataclasses
 import functools
-import json
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 from sage_grpo.config import TrainConfig
 from sage_grpo.plan.sizes import ModelSizes, reward_forward_bytes
+from sage_grpo.safe_io import read_json_object
 
 FRAMES_PER_FORWARD = 64  # sage_grpo.rewards.clip_score: frames per image-encoder call
 # The released configs (openai/clip-vit-large-patch14; PickScore_v1, a fine-tuned laion CLIP-ViT-H-14).
@@ -84,7 +84,7 @@ def clip_sizes(config_file: Optional[str], name: str) -> Tuple[int, int, int, in
 
     from sage_grpo.plan.sizes import _count, _on_meta
 
-    config = json.loads(Path(config_file).read_text()) if config_file else CLIP_SCORERS[name][1]
+    config = read_json_object(config_file, f"{name}'s config") if config_file else CLIP_SCORERS[name][1]
     clip = CLIPConfig(text_config=config["text_config"], vision_config=config["vision_config"],
                       projection_dim=config.get("projection_dim", 512))
     vision = clip.vision_config

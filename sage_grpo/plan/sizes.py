@@ -14,7 +14,6 @@ peak of a VAE decode. The symbols are those of :mod:`sage_grpo.plan.memory`'s do
 """
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -22,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from sage_grpo.config import TrainConfig
+from sage_grpo.safe_io import read_json_object
 
 # diffusers' HunyuanVideo-1.5 VAE tiles: 256-pixel squares overlapping by a quarter.
 VAE_TILE_PIXELS, VAE_TILE_OVERLAP = 256, 0.25
@@ -100,7 +100,7 @@ class ModelSizes:
 
 
 def _read_json(path: Path) -> Optional[Dict]:
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json_object(path, "the model config") if path.is_file() else None
 
 
 def _on_meta(build):

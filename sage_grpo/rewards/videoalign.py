@@ -26,13 +26,13 @@ Everything else follows the reference, including VideoAlign's sequential (not M-
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 import torch
 
 from .prompt_templates import REWARD_TOKENS, build_prompt
+from ..safe_io import CheckpointError, read_json_object
 from ..video_io import read_video_frames, write_video
 from .video_preprocess import PROCESSOR_MAX_PIXELS, PROCESSOR_MIN_PIXELS
 from .videoalign_checkpoint import (
@@ -62,7 +62,10 @@ def load_chat_template(base_dir: Path, tokenizer) -> str:
     if (base_dir / "chat_template.jinja").is_file():
         return (base_dir / "chat_template.jinja").read_text()
     if (base_dir / "chat_template.json").is_file():
-        return json.loads((base_dir / "chat_template.json").read_text())["chat_template"]
+        template = read_json_object(base_dir / "chat_template.json", "the chat template").get("chat_template")
+        if not isinstance(template, str):
+            raise CheckpointError(f"{base_dir / 'chat_template.json'}: 'chat_template' must be a string")
+        return template
     if tokenizer.chat_template:
         return tokenizer.chat_template
     raise FileNotFoundError(f"no chat template in {base_dir} (chat_template.jinja/.json or tokenizer_config.json)")
@@ -149,7 +152,7 @@ def processor_pixel_budget(base_dir: Path) -> tuple[int, int]:
     for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
         path = base_dir / name
         if path.is_file():
-            raw = json.loads(path.read_text())
+            raw = read_json_object(path, "the preprocessor config")
             size = raw.get("size") or {}
             return (int(raw.get("min_pixels", size.get("shortest_edge", PROCESSOR_MIN_PIXELS))),
                     int(raw.get("max_pixels", size.get("longest_edge", PROCESSOR_MAX_PIXELS))))
@@ -161,7 +164,7 @@ def _input_spec(resolved: ResolvedCheckpoint, vision_config) -> VideoInputSpec:
     mean_std = {}
     preprocessor = resolved.base_dir / "preprocessor_config.json"
     if preprocessor.is_file():
-        raw = json.loads(preprocessor.read_text())
+        raw = read_json_object(preprocessor, "the preprocessor config")
         mean_std = {k: tuple(raw[k]) for k in ("image_mean", "image_std") if k in raw}
     processor_min, processor_max = processor_pixel_budget(resolved.base_dir)
     return VideoInputSpec(

@@ -29,14 +29,13 @@ layers,norm}.*``. Each mode names the layout the checkpoint was saved in, mapped
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from sage_grpo.safe_io import CheckpointError, load_plain
+from sage_grpo.safe_io import CheckpointError, load_plain, read_json_object
 
 CHECKPOINT_MODES = ("v1", "v2", "v3")
 PEFT_PREFIX = "base_model.model."
@@ -81,7 +80,7 @@ class VideoRewardConfig:
 
     @classmethod
     def from_file(cls, path: Path) -> VideoRewardConfig:
-        raw = json.loads(Path(path).read_text())
+        raw = read_json_object(path, "the VideoAlign config", "download the reward checkpoint again", error=ValueError)
         missing = [k for k in ("data_config", "model_config", "peft_lora_config") if k not in raw]
         if missing:
             raise ValueError(f"{path} lacks the section(s) {missing}; expected a VideoAlign model_config.json")
