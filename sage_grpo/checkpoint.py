@@ -65,8 +65,9 @@ from sage_grpo.distributed.parallelize import is_sharded
 from sage_grpo.faults import fault_point
 from sage_grpo.optim.optimizers import optimizer_parts
 from sage_grpo.rl.anchor import MovingAnchorSchedule
-from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, check_finite, dcp_load, disk_full_as_error,
-                               fsync_dir, fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
+from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, check_finite, check_finite_everywhere,
+                               dcp_load, disk_full_as_error, fsync_dir, fsync_tree, load_plain, nbytes_of,
+                               read_dcp_metadata)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 StateDict = Dict[str, torch.Tensor]
@@ -428,6 +429,9 @@ class CheckpointManager:
         # Partial load: optimizer entries of parameters that never had a gradient are absent from the checkpoint and
         # keep their freshly initialised values; every weight was checked above.
         dcp_load(state, path / DCP_DIR, allow_partial_load=True)
+        # NaN or inf weights or moments would only show as NaN rewards and updates (the one-process files are
+        # checked the same way); every rank checks its shards and all stop together
+        check_finite_everywhere(state, str(path / DCP_DIR))
         # The weights were loaded in place; the bundle's loaders also check the keys (and mark a LoRA anchor ready).
         self.models.load_trainable_state_dict(state[DCP_MODEL])
         for name, optimizer in self.optimizer_parts.items():

@@ -110,3 +110,13 @@ def broadcast_object_from_main(obj: Any) -> Any:
     holder: List[Any] = [obj]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
+
+
+def first_message_over_world(message: str) -> str:
+    """The first non-empty ``message`` of the ranks, in rank order, on every rank ("" when every rank gave ""); the
+    message itself on one process."""
+    if not _active(dist.group.WORLD if dist.is_initialized() else None):
+        return message
+    messages: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, message)
+    return next((str(text) for text in messages if text), "")

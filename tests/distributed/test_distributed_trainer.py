@@ -25,7 +25,9 @@ rewards ~0.67 spread by ~0.003 (float32 rounding amplified 1/std ~ 400x, ~1e-5),
 import json
 import math
 import os
+import shutil
 import socket
+import warnings
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +38,7 @@ from model_fixtures import tiny_checkpoint
 from procs import run_group
 from safetensors.torch import load_file
 
+from sage_grpo.checkpoint_layout import DCP_DIR
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.distributed import ParallelDims
 from sage_grpo.models.geometry import read_model_geometry
@@ -264,6 +267,43 @@ def test_sharded_checkpoint_resumes_on_one_process(dp2_sp2, dp2_sp2_resumed, tmp
         tolerance = LOSS_ATOL if name in LOSS_KEYS else METRIC_RTOL * max(abs(expected[name]), 1e-12)
         assert abs(row[name] - expected[name]) <= tolerance, (name, row[name], expected[name])
     assert (tmp_path / "run" / "checkpoint-3" / "transformer" / "model.safetensors").exists()  # one-process format
+
+
+def _with_nan(folder: Path, key: str) -> None:
+    """Rewrite the DCP checkpoint ``folder`` (every tensor and value it holds) with element 0 of ``key`` set to NaN."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from sage_grpo.safe_io import dcp_load, read_dcp_metadata
+
+    stored = read_dcp_metadata(folder).state_dict_metadata
+    state = {name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+             if isinstance(meta, TensorStorageMetadata) else None for name, meta in stored.items()}
+    with warnings.catch_warnings():  # "no process group: saving/loading in this process alone"
+        warnings.simplefilter("ignore")
+        dcp_load(state, folder)
+        state[key].view(-1)[0] = math.nan
+        shutil.rmtree(folder)
+        dcp.save(state, checkpoint_id=str(folder))
+
+
+def test_a_nan_in_one_ranks_shard_stops_every_rank_at_resume(dp2_sp2, tmp_path):
+    """checkpoint-2 with one NaN weight, in the rows rank 0 holds of two, resumed on 2 processes: both stop before a
+    step with one line naming the tensor (the resume used to go on, every reward NaN; a rank that stopped alone would
+    have left the other waiting in the next collective)."""
+    base, flags, _ = dp2_sp2
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(base / "run" / "checkpoint-2", checkpoint)
+    _with_nan(checkpoint / DCP_DIR, "model.x_embedder.proj.weight")
+    proc = torchrun(2, "post_train.py", *flags, "--output_dir", str(tmp_path / "run"), "--sp_size", "1",
+                    "--max_steps", "3", "--resume_from_checkpoint", str(checkpoint))
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    named = [line for line in output.splitlines() if line.startswith("error: ") and
+             "model.x_embedder.proj.weight holds NaN or inf values" in line]
+    assert len(named) == 2, output[-3000:]  # each rank, one line
+    assert output.count("exitcode  : 2") == 2  # both ranks stopped on the error (torchrun's report of its workers)
+    assert not (tmp_path / "run" / "checkpoint-3").exists()
 
 
 def test_lora_under_fsdp_stays_on_policy_and_resumes(root, tmp_path):
