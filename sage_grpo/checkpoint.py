@@ -59,15 +59,14 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_EMA, DCP_MODEL,
                                          DCP_OPTIMIZER, EMA_FILE, OPTIMIZER_FILE, TRAINING_STATE_FILE, TRANSFORMER_FILE)
-from sage_grpo.distributed.collectives import barrier
+from sage_grpo.distributed.collectives import barrier, first_message_over_world
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.distributed.parallelize import is_sharded
 from sage_grpo.faults import fault_point
 from sage_grpo.optim.optimizers import optimizer_parts
 from sage_grpo.rl.anchor import MovingAnchorSchedule
-from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, check_finite, check_finite_everywhere,
-                               dcp_load, disk_full_as_error, fsync_dir, fsync_tree, load_plain, nbytes_of,
-                               read_dcp_metadata)
+from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, check_finite, dcp_load, disk_full_as_error,
+                               fsync_dir, fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 StateDict = Dict[str, torch.Tensor]
@@ -77,6 +76,19 @@ def _finite(state, checkpoint: Path, name: str):
     """``state`` of the checkpoint's file ``name``, refused when it holds NaN or inf (:func:`check_finite`)."""
     check_finite(state, str(checkpoint / name))
     return state
+
+
+def _finite_on_every_rank(state, source: str) -> None:
+    """:func:`check_finite` on each rank's shards of ``state``, raised on every rank when any rank finds NaN or inf (a
+    rank that raised alone would leave the others waiting in the next collective)."""
+    try:
+        check_finite(state, source)
+        found = ""
+    except CheckpointError as err:
+        found = str(err)
+    found = first_message_over_world(found)
+    if found:
+        raise CheckpointError(found)
 
 
 def capture_rng_state() -> dict:
@@ -431,7 +443,7 @@ class CheckpointManager:
         dcp_load(state, path / DCP_DIR, allow_partial_load=True)
         # NaN or inf weights or moments would only show as NaN rewards and updates (the one-process files are
         # checked the same way); every rank checks its shards and all stop together
-        check_finite_everywhere(state, str(path / DCP_DIR))
+        _finite_on_every_rank(state, str(path / DCP_DIR))
         # The weights were loaded in place; the bundle's loaders also check the keys (and mark a LoRA anchor ready).
         self.models.load_trainable_state_dict(state[DCP_MODEL])
         for name, optimizer in self.optimizer_parts.items():

@@ -84,7 +84,7 @@ def load_plain(path: PathLike, what: str, fix: str = _PLAIN_FIX) -> Any:
 def check_finite(tensors: Any, source: str, name: str = "") -> None:
     """Refuse weights (a mapping or sequence of tensors, nested as an optimizer state is) holding NaN or inf, naming
     ``source`` and the first such tensor: sampled or trained on, they give NaN videos and NaN updates, never a clear
-    error. A DTensor is checked on this rank's shard (no collective: :func:`check_finite_everywhere` agrees)."""
+    error. A DTensor is checked on this rank's shard (no collective: ``checkpoint.py`` makes the ranks agree)."""
     if isinstance(tensors, torch.Tensor):
         from torch.distributed.tensor import DTensor
 
@@ -98,21 +98,6 @@ def check_finite(tensors: Any, source: str, name: str = "") -> None:
     elif isinstance(tensors, (list, tuple)):
         for index, value in enumerate(tensors):
             check_finite(value, source, f"{name}[{index}]")
-
-
-def check_finite_everywhere(tensors: Any, source: str) -> None:
-    """:func:`check_finite` on every rank's shards, raised on every rank when any rank finds NaN or inf (a rank that
-    raised alone would leave the others waiting in the next collective). One process: :func:`check_finite`."""
-    from sage_grpo.distributed.collectives import first_message_over_world
-
-    try:
-        check_finite(tensors, source)
-        found = ""
-    except CheckpointError as err:
-        found = str(err)
-    found = first_message_over_world(found)
-    if found:
-        raise CheckpointError(found)
 
 
 # ---------------------------------------------------------------- JSON files of a model folder

@@ -299,10 +299,9 @@ def test_a_nan_in_one_ranks_shard_stops_every_rank_at_resume(dp2_sp2, tmp_path):
                     "--max_steps", "3", "--resume_from_checkpoint", str(checkpoint))
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
-    named = [line for line in output.splitlines() if line.startswith("error: ") and
-             "model.x_embedder.proj.weight holds NaN or inf values" in line]
-    assert len(named) == 2, output[-3000:]  # each rank, one line
-    assert output.count("exitcode  : 2") == 2  # both ranks stopped on the error (torchrun's report of its workers)
+    # each rank raised, one error each (counted, not as lines: two ranks writing at once can share a line; torchrun's
+    # own report of exit codes is racy, the rank that exits first has the other sent SIGTERM)
+    assert output.count("model.x_embedder.proj.weight holds NaN or inf values") == 2, output[-3000:]
     assert not (tmp_path / "run" / "checkpoint-3").exists()
 
 
