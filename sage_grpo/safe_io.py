@@ -112,15 +112,13 @@ def read_json_object(path: PathLike, what: str, fix: str = _JSON_FIX, error: typ
     path = Path(path)
     try:
         size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise error(f"{what} {path} is {_megabytes(size)}, more than such a file holds "
-                        f"({_megabytes(MAX_JSON_BYTES)}); {fix}")
-        data = json.loads(path.read_bytes())
+        data = json.loads(path.read_bytes()) if size <= MAX_JSON_BYTES else None
     except (OSError, ValueError, RecursionError) as err:  # ValueError: JSON, UTF-8, an integer of 4300+ digits
-        if isinstance(err, error):
-            raise
         reason = " ".join(str(err).split())[:200] or type(err).__name__
         raise error(f"cannot read {what} {path}: {reason}; {fix}") from None
+    if size > MAX_JSON_BYTES:
+        raise error(f"{what} {path} is {_megabytes(size)}, more than such a file holds ({_megabytes(MAX_JSON_BYTES)})"
+                    f"; {fix}")
     if not isinstance(data, dict):
         raise error(f"{what} {path} holds a JSON {type(data).__name__}, not an object; {fix}")
     return data

@@ -71,8 +71,8 @@ from sage_grpo.models.layout import version_task
 from sage_grpo.models.variants import resolve_generation_sampling
 from sage_grpo.pipeline.recorded import apply_recorded_settings, transformer_version
 from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
-from sage_grpo.video_io import sanitize_name, write_video
 from sage_grpo.safe_io import read_json_object
+from sage_grpo.video_io import sanitize_name, write_video
 
 VIDEO_FPS = 24
 GROUP_OFFLOAD_BELOW_BYTES = 60 * 1024 ** 3  # reference: group offloading on when the GPU has less than 60 GB

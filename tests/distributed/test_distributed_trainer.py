@@ -27,9 +27,9 @@ import math
 import os
 import shutil
 import socket
-import warnings
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
