@@ -118,7 +118,11 @@ def test_the_connection_caps_refuse_the_next_request_and_connection(serve):
     status, answer = _get(server.url + "/info")
     assert status == 503 and answer["error"] == ("the reward server is serving --max_connections 3 requests; "
                                                  "retry later")
+    # The /info connection's thread gives its place back only after the client has its answer: wait for it, or the
+    # next connection can be refused in its stead and the one after it admitted (the race a CI run once hit).
+    assert _eventually(lambda: server.server._open._value == 1)
     silent = _connect(server)  # the one connection allowed besides the served ones
+    assert _eventually(lambda: server.server._open._value == 0)  # accepted: it holds the last place
     extra = _connect(server)
     extra.settimeout(scaled(5.0))
     answer = extra.recv(4096)
@@ -127,6 +131,7 @@ def test_the_connection_caps_refuse_the_next_request_and_connection(serve):
     for sock in held + [silent]:
         sock.close()
     assert _eventually(lambda: server.server._slots._value == 3)  # slots come back once the handlers end
+    assert _eventually(lambda: server.server._open._value == 4)  # and the connections' places, just after
     assert _get(server.url + "/info")[0] == 200
 
 
