@@ -107,17 +107,31 @@ def encode_request(videos: torch.Tensor, prompts: list[str], video_fps: float) -
 
 
 def decode_scores(payload: bytes, metric_names: tuple[str, ...] | None, batch: int) -> dict[str, torch.Tensor]:
-    """A ``/score`` response -> metric -> float32 ``(B,)`` (null -> NaN); checked against the expected shape."""
-    scores = json.loads(payload).get("scores")
+    """A ``/score`` response -> metric -> float32 ``(B,)`` (null -> NaN); checked against the expected shape. The
+    answer is data from another process: anything but ``{"scores": {metric: [number or null] * B}}`` is one
+    :class:`RemoteRewardError` (the batch then scores NaN), never a traceback from deep in the decoding."""
+    try:
+        answer = json.loads(payload)
+    except (ValueError, RecursionError):  # ValueError: JSON, UTF-8, an integer of 4300+ digits
+        answer = None
+    scores = answer.get("scores") if isinstance(answer, dict) else None
     if not isinstance(scores, dict) or not scores:
         raise RemoteRewardError(f"the reward server answered without scores: {payload[:200]!r}")
     if metric_names is not None and set(scores) != set(metric_names):
-        raise RemoteRewardError(f"the reward server returned metrics {sorted(scores)}, expected {list(metric_names)}")
+        raise RemoteRewardError(f"the reward server returned metrics {sorted(scores)[:20]}, expected "
+                                f"{list(metric_names)}")
     out = {}
     for metric, values in scores.items():
         if not isinstance(values, list) or len(values) != batch:
-            raise RemoteRewardError(f"the reward server returned {metric!r} for {len(values)} videos, sent {batch}")
-        out[metric] = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
+            got = f"for {len(values)} videos" if isinstance(values, list) else f"as a JSON {type(values).__name__}"
+            raise RemoteRewardError(f"the reward server returned {metric[:100]!r} {got}, sent {batch}")
+        try:
+            if not all(v is None or type(v) in (int, float) for v in values):
+                raise TypeError
+            out[metric] = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
+        except (TypeError, OverflowError):  # OverflowError: an integer past float's range
+            raise RemoteRewardError(f"the reward server returned {metric[:100]!r} with a value that is not a number "
+                                    "(nor null)") from None
     return out
 
 
@@ -166,7 +180,7 @@ class RemoteReward:
                 f"python scripts/reward_server.py --reward_model {self.reward_model} --port <port>), that host and "
                 "port are right and reachable from this machine (a server for other machines needs --host "
                 "0.0.0.0)") from None
-        except ValueError:
+        except (ValueError, RecursionError):
             raise RemoteRewardError(f"{self.url}/info did not answer with JSON: is --remote_reward_url the reward "
                                     "server's address?") from None
         if not isinstance(info, dict) or not {"max_request_bytes", "max_videos_per_request"} <= set(info):

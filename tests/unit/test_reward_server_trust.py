@@ -189,3 +189,27 @@ def test_the_servers_log_lines_mask_query_strings(serve, capsys):
     logged = capsys.readouterr().err
     assert '"GET /info?*** HTTP/1.1" 404' in logged and '"POST /score?*** HTTP/1.1" 404' in logged
     assert "hunter2" not in logged
+
+
+GARBLED_ANSWERS = {
+    "not JSON": b"<html>502 Bad Gateway</html>",
+    "a list": b"[1, 2]",
+    "nested past the recursion limit": b"[" * 200_000 + b"]" * 200_000,
+    "scores not an object": b'{"scores": [1]}',
+    "a metric not a list": b'{"scores": {"a": 3}}',
+    "a score a string": b'{"scores": {"a": ["0.5"]}}',
+    "a score a list": b'{"scores": {"a": [[0.5]]}}',
+    "a score past float's range": b'{"scores": {"a": [1' + b"0" * 400 + b"]}}",
+    "too few scores": b'{"scores": {"a": []}}',
+    "another metric": b'{"scores": {"b": [0.5]}}',
+}
+
+
+@pytest.mark.parametrize("payload", GARBLED_ANSWERS.values(), ids=GARBLED_ANSWERS.keys())
+def test_a_garbled_score_answer_is_one_remote_reward_error(payload):
+    from sage_grpo.rewards.remote import RemoteRewardError, decode_scores
+
+    with pytest.raises(RemoteRewardError, match="^the reward server (answered|returned) ") as info:
+        decode_scores(payload, ("a",), 1)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+    assert decode_scores(b'{"scores": {"a": [0.5, null, 2]}}', ("a",), 3)["a"].tolist()[::2] == [0.5, 2.0]
