@@ -106,18 +106,20 @@ MAX_JSON_BYTES = 16 << 20  # a model folder's configs and shard indices are kilo
 _JSON_FIX = "download or copy the model folder again (bash download_weights.sh)"
 
 
-def read_json_object(path: PathLike, what: str, fix: str = _JSON_FIX, error: type = CheckpointError) -> dict:
-    """The JSON object in ``path`` (``what`` it is, e.g. "the VAE config"), read as data: a missing, oversized,
-    undecodable, too deeply nested or non-object file is one ``error`` line naming the file and ``fix``."""
+def read_json_object(path: PathLike, what: str, fix: str = _JSON_FIX, error: type = CheckpointError,
+                     max_bytes: int = MAX_JSON_BYTES) -> dict:
+    """The JSON object in ``path`` (``what`` it is, e.g. "the VAE config"), read as data: a missing, oversized (over
+    ``max_bytes``), undecodable, too deeply nested or non-object file is one ``error`` line naming the file and
+    ``fix``. Every JSON file the project reads back (configs, indices, locks, records, caches) is read here."""
     path = Path(path)
     try:
         size = path.stat().st_size
-        data = json.loads(path.read_bytes()) if size <= MAX_JSON_BYTES else None
+        data = json.loads(path.read_bytes()) if size <= max_bytes else None
     except (OSError, ValueError, RecursionError) as err:  # ValueError: JSON, UTF-8, an integer of 4300+ digits
         reason = " ".join(str(err).split())[:200] or type(err).__name__
         raise error(f"cannot read {what} {path}: {reason}; {fix}") from None
-    if size > MAX_JSON_BYTES:
-        raise error(f"{what} {path} is {_megabytes(size)}, more than such a file holds ({_megabytes(MAX_JSON_BYTES)})"
+    if size > max_bytes:
+        raise error(f"{what} {path} is {_megabytes(size)}, more than such a file holds ({_megabytes(max_bytes)})"
                     f"; {fix}")
     if not isinstance(data, dict):
         raise error(f"{what} {path} holds a JSON {type(data).__name__}, not an object; {fix}")

@@ -24,6 +24,7 @@ from sage_grpo.rewards.scorers import VIDEOALIGN_NAMES, MetricPlan
 from sage_grpo.rewards.scorers import plan_metrics as plan_scorers
 
 BASE = "base"
+MAX_SETTINGS_BYTES = 1 << 20  # the cache's settings.json: a few kilobytes
 
 
 @dataclass(frozen=True)
@@ -194,13 +195,11 @@ def check_cache_settings(plan: EvaluationPlan) -> None:
     settings_file = plan.output / "cache" / "settings.json"
     if not settings_file.is_file():
         return
-    try:
-        cached = json.loads(settings_file.read_text())
-    except (OSError, ValueError, RecursionError) as err:  # ValueError: also an integer of 4300+ digits
-        cached = f"not readable JSON ({str(err)[:100]})"
-    if not isinstance(cached, dict):
-        raise ValueError(f"--output {plan.output}: {settings_file} is {shorten(cached)}, not the settings of an "
-                         f"evaluation; use a new --output, or delete {settings_file.parent} to start over")
+    from sage_grpo.safe_io import read_json_object
+
+    cached = read_json_object(settings_file, "the evaluation cache's settings",
+                              f"use a new --output, or delete {settings_file.parent} to start over", error=ValueError,
+                              max_bytes=MAX_SETTINGS_BYTES)
     now = json.loads(json.dumps(plan.settings()))
     changed = sorted(key for key in set(cached) | set(now) if cached.get(key) != now.get(key))
     if changed:

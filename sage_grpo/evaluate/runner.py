@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from sage_grpo.evaluate.plan import Checkpoint, EvaluationPlan, write_cache_settings
-from sage_grpo.safe_io import CheckpointError
+from sage_grpo.safe_io import CheckpointError, read_json_object
+
+MAX_UNIT_RECORD_BYTES = 1 << 20  # one unit's scores and timings: a few hundred bytes
 
 
 def unit_path(plan: EvaluationPlan, checkpoint: Checkpoint, prompt: str, seed: int) -> Path:
@@ -68,7 +70,8 @@ def read_unit(path: Path, expected: Dict) -> Tuple[Optional[Dict], Optional[str]
     if not path.is_file():
         return None, None
     try:
-        record = json.loads(path.read_text())
+        record = read_json_object(path, "the unit record", "it is sampled again", error=ValueError,
+                                  max_bytes=MAX_UNIT_RECORD_BYTES)
         with Image.open(path.with_suffix(".png")) as image:
             image.verify()
     except Exception as err:  # noqa: BLE001 - a garbled file fails in many ways (JSON, PNG): each means re-sample

@@ -166,13 +166,9 @@ def read_sampling_record(folder: PathLike) -> Optional[Dict[str, Any]]:
     path = Path(folder) / SAMPLING_FILE
     if not path.is_file():
         return None
-    if path.stat().st_size > MAX_RECORD_BYTES:
-        raise ValueError(f"{path}: {path.stat().st_size} bytes, not a sampling record (at most {MAX_RECORD_BYTES})")
-    try:
-        record = json.loads(path.read_text())
-    except (ValueError, RecursionError) as err:  # ValueError: JSON, UTF-8, an integer of 4300+ digits
-        raise ValueError(f"{path}: not JSON ({err})") from None
-    attributes = record.get("pipeline_attributes") if isinstance(record, dict) else None
+    record = read_json_object(path, "the sampling record", "export the pipeline again", error=ValueError,
+                              max_bytes=MAX_RECORD_BYTES)
+    attributes = record.get("pipeline_attributes")
     if not isinstance(attributes, dict):
         raise ValueError(f"{path}: expected a JSON object with 'pipeline_attributes'")
     for name, value in attributes.items():

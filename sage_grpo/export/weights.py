@@ -30,7 +30,6 @@ Export (``scripts/export_checkpoint.py``):
 Each gets a model card, ``README.md`` (:mod:`sage_grpo.export.model_card`): base, settings, the run's metrics.
 """
 
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, DCP_MODEL, LORA_DI
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.export.model_card import recorded_settings, write_model_card
 from sage_grpo.models.loading import _read_safetensors, resolve_transformer_weights
-from sage_grpo.safe_io import check_finite
+from sage_grpo.safe_io import CheckpointError, check_finite, read_json_object
 
 PathLike = Union[str, Path]
 DCP_METADATA = ".metadata"
@@ -249,7 +248,6 @@ def _base_config(model_root: PathLike, version: str) -> Optional[dict]:
     from sage_grpo.models.layout import transformer_layout
 
     try:
-        config = json.loads((Path(model_root) / transformer_layout(version).subdir / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        return read_json_object(Path(model_root) / transformer_layout(version).subdir / "config.json", "the config")
+    except CheckpointError:
         return None
-    return config if isinstance(config, dict) else None

@@ -48,7 +48,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from sage_grpo.safe_io import CheckpointError, check_finite
+from sage_grpo.safe_io import CheckpointError, check_finite, read_json_object
 
 POLICY_ADAPTER = "default"
 ANCHOR_ADAPTER = "anchor"
@@ -255,14 +255,8 @@ def check_adapter_folder(folder: Path) -> Dict:
     if not path.is_file() or not weights.is_file():
         raise FileNotFoundError(f"{folder} is not a LoRA adapter folder: expected {ADAPTER_CONFIG_FILE} and "
                                 f"{ADAPTER_WEIGHTS_FILE} (peft's save_pretrained format)")
-    if path.stat().st_size > MAX_ADAPTER_CONFIG_BYTES:
-        raise CheckpointError(f"{path}: {path.stat().st_size} bytes, not a LoRA adapter config")
-    try:
-        config = json.loads(path.read_text())
-    except (UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise CheckpointError(f"{path}: not JSON ({str(err)[:200]})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path}: expected a JSON object of LoRA settings")
+    config = read_json_object(path, "the LoRA adapter config", "save the adapter again (peft's save_pretrained)",
+                              max_bytes=MAX_ADAPTER_CONFIG_BYTES)
 
     def bad(key: str, wanted: str) -> CheckpointError:
         return CheckpointError(f"{path}: {key} must be {wanted}, got {str(config.get(key))[:100]!r}")

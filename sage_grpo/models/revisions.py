@@ -52,13 +52,11 @@ def read_lock(path) -> Dict[str, Dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         return {}
-    if path.stat().st_size > MAX_LOCK_BYTES:
-        raise ValueError(f"{path}: {path.stat().st_size} bytes, more than a weights lock file holds")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as err:  # ValueError: also an integer of 4300+ digits
-        raise ValueError(f"cannot read the lock file {path}: {err}") from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) and "commit" in v for v in data.values()):
+    from sage_grpo.safe_io import read_json_object  # lazily: this module is a command of its own
+
+    data = read_json_object(path, "the weights lock file", "delete it, or take it again from the run it came from",
+                            error=ValueError, max_bytes=MAX_LOCK_BYTES)
+    if not all(isinstance(v, dict) and "commit" in v for v in data.values()):
         raise ValueError(f"{path} is not a weights lock file: expected {{repo: {{\"revision\": ..., \"commit\": ...}}}}")
     for repo, entry in data.items():
         check_entry(repo, entry.get("revision"), entry["commit"], str(path))

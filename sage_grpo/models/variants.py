@@ -24,7 +24,6 @@ and ``use_original_formulation`` (x_c + s(x_c - x_u)) is the scale s + 1 of our 
 defaults they give a note. Another guider class is an error.
 """
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,14 +54,10 @@ class VariantSampling:
 
 
 def _read_json(path: Path) -> Dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as err:  # ValueError: JSON, UTF-8, a 4300+ digit integer
-        raise ConfigError(f"cannot read {path}: {err}. Fix: download the variant's configs again "
-                          "(bash download_weights.sh) or delete the file to use the flags' defaults") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
+    from sage_grpo.safe_io import read_json_object
+
+    return read_json_object(path, "the variant's config", "download the variant's configs again (bash "
+                            "download_weights.sh) or delete the file to use the flags' defaults", error=ConfigError)
 
 
 def _number(data: Dict[str, Any], key: str, path: Path, default: float, *, positive: bool) -> float:

@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from sage_grpo.config.validation import ConfigError
 
 RUN_IDS_FILE = "trackers.json"
+MAX_RUN_IDS_BYTES = 1 << 20  # a few run ids
 ROLLOUT_VIDEOS, VALIDATION_VIDEOS = "Video/rollout", "Video/validation"
 
 
@@ -175,12 +176,12 @@ def read_run_ids(run_dir: Path) -> Dict[str, str]:
     path = run_dir / RUN_IDS_FILE
     if not path.exists():
         return {}
-    try:
-        ids = json.loads(path.read_text())
-    except (ValueError, RecursionError):  # ValueError: JSON, UTF-8, an integer of 4300+ digits
-        ids = None
-    if not isinstance(ids, dict) or not all(isinstance(v, str) for v in ids.values()):
-        raise ConfigError(f"{path} is not a JSON object of tracker run ids; delete it to start new tracker runs")
+    from sage_grpo.safe_io import read_json_object
+
+    fix = "delete it to start new tracker runs"
+    ids = read_json_object(path, "the tracker run ids", fix, error=ConfigError, max_bytes=MAX_RUN_IDS_BYTES)
+    if not all(isinstance(v, str) for v in ids.values()):
+        raise ConfigError(f"{path} is not a JSON object of tracker run ids; {fix}")
     return ids
 
 

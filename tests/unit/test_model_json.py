@@ -1,13 +1,18 @@
-"""The JSON files of a model folder (configs, shard indices) are read as untrusted data: a garbled, oversized, deeply
-nested or non-object file is one line naming it, and a shard index cannot point outside its folder."""
+"""The JSON files of a model folder (configs, shard indices), and every JSON file a run writes and reads back, are read
+as untrusted data: a garbled, oversized, deeply nested or non-object file is one line naming it, and a shard index
+cannot point outside its folder."""
 
+import ast
 import json
 import shutil
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+import sage_grpo
 from sage_grpo import safe_io
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.models import load_components
@@ -36,12 +41,12 @@ def test_a_garbled_file_is_one_line_naming_it(tmp_path, content):
 
 
 def test_an_oversized_file_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
-    monkeypatch.setattr(safe_io, "MAX_JSON_BYTES", 64)
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"pad": "x" * 100}))
+    assert read_json_object(path, "the config", max_bytes=path.stat().st_size)["pad"] == "x" * 100  # at the cap
     monkeypatch.setattr(safe_io.json, "loads", lambda *_: pytest.fail("parsed an oversized file"))
-    with pytest.raises(CheckpointError, match="more than such a file holds"):
-        read_json_object(path, "the config")
+    with pytest.raises(CheckpointError, match=r"is 0\.0 MiB, more than such a file holds"):
+        read_json_object(path, "the config", max_bytes=64)
 
 
 def test_the_error_class_is_the_callers(tmp_path):
@@ -98,3 +103,64 @@ def test_a_garbled_vae_config_is_named(tmp_path, content):
     (tmp_path / "vae" / "config.json").write_text(content)
     with pytest.raises(CheckpointError, match="the VAE config"):
         _vae_ratios(str(tmp_path))
+
+
+# ---------------------------------------------------------------- every JSON file the project reads back
+
+PACKAGE = Path(sage_grpo.__file__).parent
+
+
+def _file_json_parses(tree: ast.AST) -> list:
+    """Lines where ``json.load(...)`` runs, or ``json.loads`` is handed a file's contents (``.read_text()``,
+    ``.read_bytes()``, ``.read()`` of a file)."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "json"):
+            continue
+        argument = node.args[0] if node.args else None
+        reads_a_file = (isinstance(argument, ast.Call) and isinstance(argument.func, ast.Attribute)
+                        and argument.func.attr in ("read_text", "read_bytes")
+                        or node.func.attr == "load")
+        if reads_a_file:
+            found.append(node.lineno)
+    return found
+
+
+def test_no_module_parses_a_files_json_but_through_read_json_object():
+    """One reader, one set of checks (size cap, one line naming the file): a new ``json.loads(path.read_text())``
+    elsewhere would read an unbounded file and crash on a garbled one."""
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+                 for line in _file_json_parses(ast.parse(path.read_text()))
+                 if path.name != "safe_io.py"]
+    assert offenders == []
+    assert _file_json_parses(ast.parse("json.loads(p.read_text())\njson.load(f)\njson.loads(line)")) == [1, 2]
+
+
+def test_the_files_a_run_writes_and_reads_back_are_capped_and_named(tmp_path, monkeypatch):
+    from sage_grpo.evaluate import plan as evaluate_plan
+    from sage_grpo.evaluate.runner import read_unit
+    from sage_grpo.tracking import trackers
+
+    big = {"pad": "x" * (2 << 20)}  # 2 MiB: more than any of these files holds
+    (tmp_path / trackers.RUN_IDS_FILE).write_text(json.dumps(big))
+    with pytest.raises(ConfigError, match=r"the tracker run ids .*trackers.json is 2\.0 MiB, more than such a file "
+                                          r"holds \(1\.0 MiB\); delete it to start new tracker runs"):
+        trackers.read_run_ids(tmp_path)
+    (tmp_path / trackers.RUN_IDS_FILE).write_text('{"wandb": 7}')
+    with pytest.raises(ConfigError, match="not a JSON object of tracker run ids"):
+        trackers.read_run_ids(tmp_path)
+
+    plan = SimpleNamespace(output=tmp_path / "eval", settings=lambda: {"steps": 4})
+    (plan.output / "cache").mkdir(parents=True)
+    (plan.output / "cache" / "settings.json").write_text(json.dumps(big))
+    with pytest.raises(ValueError, match=r"settings .*settings.json is 2\.0 MiB, .*use a new --output"):
+        evaluate_plan.check_cache_settings(plan)
+    (plan.output / "cache" / "settings.json").write_text('{"steps": 8}')
+    with pytest.raises(ValueError, match=r"other settings \(differ: steps\)"):
+        evaluate_plan.check_cache_settings(plan)
+
+    unit = tmp_path / "unit.json"
+    unit.write_text(json.dumps(big))
+    monkeypatch.setattr(json, "loads", lambda *_: pytest.fail("parsed an oversized unit record"))
+    assert read_unit(unit, {}) == (None, "unreadable (ValueError)")  # sampled again, never parsed

@@ -278,7 +278,7 @@ def test_adapter_files_that_are_not_lora_settings_or_hold_nan(tmp_path):
     assert check_adapter_folder(_adapter(tmp_path / "ok"))["r"] == 4
     folder = _adapter(tmp_path / "deep")
     (folder / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(CheckpointError, match="adapter_config.json: not JSON"):
+    with pytest.raises(CheckpointError, match="cannot read the LoRA adapter config .*adapter_config.json: .*recursion"):
         check_adapter_folder(folder)
     folder = _adapter(tmp_path / "nan")
     save_file({"base_model.model.blocks.0.to_q.lora_A.weight": torch.full((4, 8), math.nan),

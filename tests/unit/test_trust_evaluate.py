@@ -134,7 +134,8 @@ def test_the_output_folder_is_checked_before_anything_loads(setup, capsys):
              (setup["root"] / "eval", "lies inside --model_path")]
     (setup["output"] / "cache").mkdir(parents=True)
     (setup["output"] / "cache" / "settings.json").write_text('{"truncated": ')
-    cases.append((setup["output"], "cache/settings.json is 'not readable JSON"))
+    cases.append((setup["output"], "cannot read the evaluation cache's settings "
+                                   f"{setup['output'] / 'cache' / 'settings.json'}: Expecting value"))
     (setup["checkpoint"].parent / "a_file").write_text("x")
     cases.append((setup["checkpoint"].parent / "a_file", "is a file; pass a folder"))
     for output, match in cases:

@@ -46,7 +46,10 @@ def test_resolve_record_and_a_lock_file_that_wins(tmp_path, hub):
     revisions.record(again, REPO, "main", COMMIT, lock_file=str(path))  # keeps the lock's revision name
     assert json.loads((again / revisions.LOCK_FILE).read_text())[REPO]["revision"] == "main"
     (tmp_path / "bad.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match="is not a weights lock file"):
+    with pytest.raises(ValueError, match="the weights lock file .*bad.json holds a JSON list, not an object"):
+        revisions.read_lock(tmp_path / "bad.json")
+    (tmp_path / "bad.json").write_text('{"a/b": [1]}')
+    with pytest.raises(ValueError, match="bad.json is not a weights lock file"):
         revisions.read_lock(tmp_path / "bad.json")
     assert revisions.main(["resolve", REPO, "main", "--lock", str(tmp_path / "bad.json")]) == 2
 
