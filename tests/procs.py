@@ -13,7 +13,8 @@ import math
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 
 def scaled(seconds: float) -> float:
@@ -26,6 +27,15 @@ def scaled(seconds: float) -> float:
     if not (factor > 0 and math.isfinite(factor)):  # inf would crash communicate() with an OverflowError
         raise ValueError(f"SAGE_GRPO_TEST_TIMEOUT_SCALE must be a positive finite number, got {text!r}")
     return seconds * factor
+
+
+def eventually(condition: Callable[[], bool], limit: float = 5.0) -> bool:
+    """Poll ``condition`` for at most ``scaled(limit)`` seconds: what another thread or process does next (a server's
+    handler giving its slot back after the client has its answer) is not instant on a loaded machine."""
+    deadline = time.monotonic() + scaled(limit)
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
 
 
 def process_table() -> list:

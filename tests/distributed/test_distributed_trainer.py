@@ -77,12 +77,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun(nproc: int, *args: str, timeout: int = 150) -> subprocess.CompletedProcess:
+# torchrun looks at its workers every 0.1 s by default, and sends the others SIGTERM once one has exited: a test that
+# counts every rank's own error message gives them a second to print it (one rank stalled past 0.1 s on a loaded
+# machine lost its message)
+EVERY_RANK_REPORTS = ("--monitor-interval", "1.0")
+
+
+def torchrun(nproc: int, *args: str, timeout: int = 150, options: tuple = ()) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     if Path("/sys/class/net/lo").exists():
         env["GLOO_SOCKET_IFNAME"] = "lo"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(_free_port()), *args]
+           "127.0.0.1", "--master_port", str(_free_port()), *options, *args]
     return run_group(cmd, cwd=REPO_ROOT, env=env, timeout=timeout)
 
 
@@ -296,11 +302,11 @@ def test_a_nan_in_one_ranks_shard_stops_every_rank_at_resume(dp2_sp2, tmp_path):
     shutil.copytree(base / "run" / "checkpoint-2", checkpoint)
     _with_nan(checkpoint / DCP_DIR, "model.x_embedder.proj.weight")
     proc = torchrun(2, "post_train.py", *flags, "--output_dir", str(tmp_path / "run"), "--sp_size", "1",
-                    "--max_steps", "3", "--resume_from_checkpoint", str(checkpoint))
+                    "--max_steps", "3", "--resume_from_checkpoint", str(checkpoint), options=EVERY_RANK_REPORTS)
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     # each rank raised, one error each (counted, not as lines: two ranks writing at once can share a line; torchrun's
-    # own report of exit codes is racy, the rank that exits first has the other sent SIGTERM)
+    # own report of exit codes is racy, the rank that exits first has the other sent SIGTERM: EVERY_RANK_REPORTS)
     assert output.count("model.x_embedder.proj.weight holds NaN or inf values") == 2, output[-3000:]
     assert not (tmp_path / "run" / "checkpoint-3").exists()
 
@@ -351,7 +357,7 @@ def test_errors_stop_every_rank_before_models_load(root, tmp_path, extra, messag
     if "already holds a run" in message:
         run_dir.mkdir()
         (run_dir / "run_config.yaml").write_text("seed: 1\n")
-    proc = torchrun(2, "post_train.py", *tiny_flags(root, run_dir, *extra), timeout=60)
+    proc = torchrun(2, "post_train.py", *tiny_flags(root, run_dir, *extra), timeout=60, options=EVERY_RANK_REPORTS)
     assert proc.returncode != 0
     assert proc.stderr.count(message) >= 2  # raised on both ranks
     assert "Loading weights" not in proc.stderr and not (run_dir / "tb").exists()

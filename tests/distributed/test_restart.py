@@ -96,10 +96,14 @@ def test_workers_exit_when_the_torchrun_agent_is_killed(tmp_path):
     workers = []
     try:
         pid_files = [tmp_path / f"rank{rank}.pid" for rank in (0, 1)]
+
+        def written() -> bool:  # a worker's write_text creates the file empty, then fills it
+            return all(p.exists() and p.read_text().strip().isdigit() for p in pid_files)
+
         deadline = time.monotonic() + scaled(120.0)
-        while not all(p.exists() for p in pid_files) and time.monotonic() < deadline and agent.poll() is None:
+        while not written() and time.monotonic() < deadline and agent.poll() is None:
             time.sleep(0.1)
-        assert all(p.exists() for p in pid_files), agent.stderr.read().decode()[-3000:] if agent.poll() else "slow"
+        assert written(), agent.stderr.read().decode()[-3000:] if agent.poll() else "slow"
         workers = [int(p.read_text()) for p in pid_files]
         os.kill(agent.pid, signal.SIGKILL)  # the agent only: nobody signals its workers
         killed = time.monotonic()

@@ -40,8 +40,8 @@ def _assert_group_gone(pgid: int) -> None:
 def test_timeout_kills_the_whole_group_grandchild_included():
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as caught:
-        run_group(["bash", "-c", SPAWN_GRANDCHILD], timeout=0.5)
-    assert time.monotonic() - start < 3.0
+        run_group(["bash", "-c", SPAWN_GRANDCHILD], timeout=2.0)  # time for bash to print its pids, under load too
+    assert time.monotonic() - start < 5.0
     pgid, grandchild = map(int, caught.value.output.split())  # the output so far travels with the exception
     assert grandchild != pgid
     _assert_group_gone(pgid)
@@ -52,7 +52,7 @@ def test_timeout_kills_a_child_in_a_session_of_its_own_that_holds_the_pipes():
     holding the test's pipes, and the test waited on them forever. The processes below the child are killed too."""
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as caught:
-        run_group(["bash", "-c", "setsid sh -c 'echo $$; exec sleep 300' & sleep 300"], timeout=1.0)
+        run_group(["bash", "-c", "setsid sh -c 'echo $$; exec sleep 300' & sleep 300"], timeout=2.0)
     assert time.monotonic() - start < 10.0
     (escaped,) = map(int, caught.value.output.split())
     deadline = time.monotonic() + 2.0

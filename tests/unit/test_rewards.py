@@ -5,7 +5,6 @@ import hashlib
 import json
 import math
 import shutil
-import time
 import warnings
 from pathlib import Path
 
@@ -457,10 +456,8 @@ def test_builtin_metric_table_matches_the_callables():
         assert BUILTIN_REWARDS[name].metric_names == cls.metric_names
 
 
-def test_tiny_checkpoint_is_small_fast_and_deterministic(tiny_reward_root, tmp_path):
-    start = time.perf_counter()
+def test_tiny_checkpoint_is_small_and_deterministic(tiny_reward_root, tmp_path):
     reward_dir = write_tiny_video_reward(tmp_path, seed=0, key_layout="legacy")
-    elapsed = time.perf_counter() - start
 
     def digests(root):
         return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -468,7 +465,7 @@ def test_tiny_checkpoint_is_small_fast_and_deterministic(tiny_reward_root, tmp_p
 
     files = digests(reward_dir)
     assert files == digests(tiny_reward_root / "VideoReward")
-    assert sum(p.stat().st_size for p in reward_dir.rglob("*") if p.is_file()) < 5e6 and elapsed < 10
+    assert sum(p.stat().st_size for p in reward_dir.rglob("*") if p.is_file()) < 5e6
     assert {"model_config.json", "checkpoint-1/adapter_model.safetensors", "checkpoint-1/adapter_config.json",
             "checkpoint-1/non_lora_state_dict.pth", "checkpoint-2/model.pth",
             "tiny-qwen2-vl-base/config.json", "tiny-qwen2-vl-base/tokenizer.json"} <= set(files)
