@@ -24,9 +24,10 @@ import shutil
 from pathlib import Path
 from typing import Any, Union
 
-import torch
-
 from sage_grpo.faults import fault_point
+
+# torch is imported inside the functions that use it: the JSON readers, atomic writes and path checks serve
+# download_weights.sh's lock-file and layout tools, which never need torch (its import is over a second per call).
 
 PathLike = Union[str, Path]
 
@@ -67,6 +68,8 @@ _PLAIN_FIX = "Use a file written by sage-grpo, or start a new run from the weigh
 def load_plain(path: PathLike, what: str, fix: str = _PLAIN_FIX) -> Any:
     """``torch.load(path, weights_only=True)`` on the CPU; a file that needs more is refused, naming ``path`` (and
     ``fix``, what to use instead)."""
+    import torch
+
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{what} {path} is missing")
@@ -85,6 +88,8 @@ def check_finite(tensors: Any, source: str, name: str = "") -> None:
     """Refuse weights (a mapping or sequence of tensors, nested as an optimizer state is) holding NaN or inf, naming
     ``source`` and the first such tensor: sampled or trained on, they give NaN videos and NaN updates, never a clear
     error. A DTensor is checked on this rank's shard (no collective: ``checkpoint.py`` makes the ranks agree)."""
+    import torch
+
     if isinstance(tensors, torch.Tensor):
         from torch.distributed.tensor import DTensor
 
@@ -165,6 +170,8 @@ class _DCPMetadataUnpickler(pickle.Unpickler):
         self.source = source
 
     def find_class(self, module: str, name: str):
+        import torch
+
         if name in _DCP_METADATA_CLASSES.get(module, ()):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
@@ -215,6 +222,7 @@ def safe_dcp_reader(folder: PathLike):
 
 def safe_load_planner(allow_partial_load: bool = True):
     """A ``DefaultLoadPlanner`` that loads byte items (non-tensor values) with ``weights_only=True``."""
+    import torch
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     class SafeLoadPlanner(DefaultLoadPlanner):
@@ -366,6 +374,8 @@ def disk_full_as_error(path: PathLike, needed_bytes: int):
 
 def nbytes_of(obj: Any) -> int:
     """The tensor bytes in a (nested) state dict: what writing it needs, about."""
+    import torch
+
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):

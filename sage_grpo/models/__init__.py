@@ -1,29 +1,40 @@
 """HunyuanVideo-1.5 components: the checkpoint layout and geometry, loading, prompt encoding and the tiny test
 checkpoint.
 
-Heavy libraries (diffusers, transformers) are imported inside the functions that need them.
+The names below are imported when first used (PEP 562), and heavy libraries (torch, diffusers, transformers) inside
+the functions that need them: ``python -m sage_grpo.cli.verify`` and ``python -m sage_grpo.models.revisions``, which
+``download_weights.sh`` runs for every repository, import neither torch nor diffusers.
 """
 
-from sage_grpo.models.layout import (DEFAULT_TRANSFORMER_VERSION, TRANSFORMER_VERSIONS, MissingCheckpointError,
-                                     check_layout, required_layouts)
-from sage_grpo.models.loading import (HunyuanComponents, load_components, load_transformer,
-                                      load_transformer_weights, resolve_transformer_weights)
-from sage_grpo.models.text_encoding import PromptEmbeds, PromptEncoder, TextEncoderSettings
-from sage_grpo.models.tiny import write_tiny_hunyuan
+import importlib
 
-__all__ = [
-    "DEFAULT_TRANSFORMER_VERSION",
-    "TRANSFORMER_VERSIONS",
-    "HunyuanComponents",
-    "MissingCheckpointError",
-    "PromptEmbeds",
-    "PromptEncoder",
-    "TextEncoderSettings",
-    "check_layout",
-    "load_components",
-    "load_transformer",
-    "load_transformer_weights",
-    "required_layouts",
-    "resolve_transformer_weights",
-    "write_tiny_hunyuan",
-]
+_EXPORTS = {
+    "DEFAULT_TRANSFORMER_VERSION": "layout",
+    "TRANSFORMER_VERSIONS": "layout",
+    "MissingCheckpointError": "layout",
+    "check_layout": "layout",
+    "required_layouts": "layout",
+    "HunyuanComponents": "loading",
+    "load_components": "loading",
+    "load_transformer": "loading",
+    "load_transformer_weights": "loading",
+    "resolve_transformer_weights": "loading",
+    "PromptEmbeds": "text_encoding",
+    "PromptEncoder": "text_encoding",
+    "TextEncoderSettings": "text_encoding",
+    "write_tiny_hunyuan": "tiny",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -3,6 +3,9 @@ weights (run_config.yaml comments that --config still reads, a copy in the run d
 
 import hashlib
 import json
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -106,3 +109,20 @@ def test_the_model_card_names_the_released_model_only_for_its_architecture(tmp_p
     assert "base_model" not in header and ("from the checkpoint root `ckpts/tiny` (transformer `480p_t2v`), whose "
                                            "configuration the export did not find: whether it is the released "
                                            "`tencent/HunyuanVideo-1.5` is not known.") in body
+
+
+def test_the_download_scripts_python_steps_import_neither_torch_nor_diffusers(tmp_path):
+    """download_weights.sh runs the lock tool twice per repository and the layout check twice: each paid torch's
+    import (over a second) for nothing before (``sage_grpo.models`` imported its loaders eagerly)."""
+    lock = tmp_path / revisions.LOCK_FILE
+    lock.write_text(json.dumps({REPO: {"revision": "main", "commit": COMMIT}}))
+    code = ("import sys, runpy\n"
+            f"sys.argv = ['revisions', 'resolve', {REPO!r}, 'main', '--lock', {str(lock)!r}]\n"
+            "try:\n    runpy.run_module('sage_grpo.models.revisions', run_name='__main__')\n"
+            "except SystemExit as end:\n    assert end.code in (0, None), end.code\n"
+            "import sage_grpo.cli.verify\n"
+            "print(sorted({'torch', 'diffusers', 'transformers'} & set(sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [COMMIT, "[]"]
