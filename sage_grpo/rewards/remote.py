@@ -109,7 +109,8 @@ def encode_request(videos: torch.Tensor, prompts: list[str], video_fps: float) -
 def decode_scores(payload: bytes, metric_names: tuple[str, ...] | None, batch: int) -> dict[str, torch.Tensor]:
     """A ``/score`` response -> metric -> float32 ``(B,)`` (null -> NaN); checked against the expected shape. The
     answer is data from another process: anything but ``{"scores": {metric: [number or null] * B}}`` is one
-    :class:`RemoteRewardError` (the batch then scores NaN), never a traceback from deep in the decoding."""
+    :class:`RemoteRewardError` naming what was wrong (those videos then fail as any failed reward does), never a
+    traceback from deep in the decoding."""
     try:
         answer = json.loads(payload)
     except (ValueError, RecursionError):  # ValueError: JSON, UTF-8, an integer of 4300+ digits
