@@ -3,13 +3,13 @@ weights (run_config.yaml comments that --config still reads, a copy in the run d
 
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
+from procs import run_group
 
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.schema import parse_cli, save_yaml
@@ -122,7 +122,6 @@ def test_the_download_scripts_python_steps_import_neither_torch_nor_diffusers(tm
             "except SystemExit as end:\n    assert end.code in (0, None), end.code\n"
             "import sage_grpo.cli.verify\n"
             "print(sorted({'torch', 'diffusers', 'transformers'} & set(sys.modules)))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            cwd=Path(__file__).resolve().parents[2])
+    result = run_group([sys.executable, "-c", code], timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines() == [COMMIT, "[]"]
