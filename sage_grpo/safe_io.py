@@ -89,20 +89,22 @@ def check_finite(tensors: Any, source: str, name: str = "") -> None:
     ``source`` and the first such tensor: sampled or trained on, they give NaN videos and NaN updates, never a clear
     error. A DTensor is checked on this rank's shard (no collective: ``checkpoint.py`` makes the ranks agree)."""
     import torch
+    from torch.distributed.tensor import DTensor
 
-    if isinstance(tensors, torch.Tensor):
-        from torch.distributed.tensor import DTensor
+    def check(tensors: Any, name: str) -> None:
+        if isinstance(tensors, torch.Tensor):
+            local = tensors.to_local() if isinstance(tensors, DTensor) else tensors
+            if local.is_floating_point() and not bool(torch.isfinite(local).all()):
+                raise CheckpointError(f"{source}: {name or 'a tensor'} holds NaN or inf values (corrupt or diverged "
+                                      "weights); use another checkpoint or weights file")
+        elif isinstance(tensors, dict):
+            for key, value in tensors.items():
+                check(value, f"{name}.{key}" if name else str(key))
+        elif isinstance(tensors, (list, tuple)):
+            for index, value in enumerate(tensors):
+                check(value, f"{name}[{index}]")
 
-        local = tensors.to_local() if isinstance(tensors, DTensor) else tensors
-        if local.is_floating_point() and not bool(torch.isfinite(local).all()):
-            raise CheckpointError(f"{source}: {name or 'a tensor'} holds NaN or inf values (corrupt or diverged "
-                                  "weights); use another checkpoint or weights file")
-    elif isinstance(tensors, dict):
-        for key, value in tensors.items():
-            check_finite(value, source, f"{name}.{key}" if name else str(key))
-    elif isinstance(tensors, (list, tuple)):
-        for index, value in enumerate(tensors):
-            check_finite(value, source, f"{name}[{index}]")
+    check(tensors, name)
 
 
 # ---------------------------------------------------------------- JSON files of a model folder
@@ -376,10 +378,13 @@ def nbytes_of(obj: Any) -> int:
     """The tensor bytes in a (nested) state dict: what writing it needs, about."""
     import torch
 
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(nbytes_of(value) for value in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(nbytes_of(value) for value in obj)
-    return 0
+    def count(obj: Any) -> int:
+        if isinstance(obj, torch.Tensor):
+            return obj.numel() * obj.element_size()
+        if isinstance(obj, dict):
+            return sum(count(value) for value in obj.values())
+        if isinstance(obj, (list, tuple)):
+            return sum(count(value) for value in obj)
+        return 0
+
+    return count(obj)

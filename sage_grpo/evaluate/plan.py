@@ -22,6 +22,7 @@ from sage_grpo.models import layout
 from sage_grpo.pipeline.generation import GenerationPlan, plan_generation
 from sage_grpo.rewards.scorers import VIDEOALIGN_NAMES, MetricPlan
 from sage_grpo.rewards.scorers import plan_metrics as plan_scorers
+from sage_grpo.safe_io import read_json_object
 
 BASE = "base"
 MAX_SETTINGS_BYTES = 1 << 20  # the cache's settings.json: a few kilobytes
@@ -195,8 +196,6 @@ def check_cache_settings(plan: EvaluationPlan) -> None:
     settings_file = plan.output / "cache" / "settings.json"
     if not settings_file.is_file():
         return
-    from sage_grpo.safe_io import read_json_object
-
     cached = read_json_object(settings_file, "the evaluation cache's settings",
                               f"use a new --output, or delete {settings_file.parent} to start over", error=ValueError,
                               max_bytes=MAX_SETTINGS_BYTES)

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from sage_grpo.safe_io import read_json_object
+
 LOCK_FILE = "weights.lock.json"
 
 
@@ -52,8 +54,6 @@ def read_lock(path) -> Dict[str, Dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         return {}
-    from sage_grpo.safe_io import read_json_object  # lazily: this module is a command of its own
-
     data = read_json_object(path, "the weights lock file", "delete it, or take it again from the run it came from",
                             error=ValueError, max_bytes=MAX_LOCK_BYTES)
     if not all(isinstance(v, dict) and "commit" in v for v in data.values()):

@@ -33,6 +33,7 @@ from sage_grpo.config.schema import is_explicit
 from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import ConfigError, default_flow_shift
 from sage_grpo.models import layout
+from sage_grpo.safe_io import read_json_object
 
 GUIDER_CLASS = "ClassifierFreeGuidance"
 CFG_DEFAULT_SCALE = 7.5  # ClassifierFreeGuidance's guidance_scale when its config leaves it out
@@ -54,8 +55,6 @@ class VariantSampling:
 
 
 def _read_json(path: Path) -> Dict[str, Any]:
-    from sage_grpo.safe_io import read_json_object
-
     return read_json_object(path, "the variant's config", "download the variant's configs again (bash "
                             "download_weights.sh) or delete the file to use the flags' defaults", error=ConfigError)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sage_grpo.config.validation import ConfigError
+from sage_grpo.safe_io import read_json_object
 
 RUN_IDS_FILE = "trackers.json"
 MAX_RUN_IDS_BYTES = 1 << 20  # a few run ids
@@ -176,8 +177,6 @@ def read_run_ids(run_dir: Path) -> Dict[str, str]:
     path = run_dir / RUN_IDS_FILE
     if not path.exists():
         return {}
-    from sage_grpo.safe_io import read_json_object
-
     fix = "delete it to start new tracker runs"
     ids = read_json_object(path, "the tracker run ids", fix, error=ConfigError, max_bytes=MAX_RUN_IDS_BYTES)
     if not all(isinstance(v, str) for v in ids.values()):
