@@ -23,37 +23,15 @@ from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, D
 from sage_grpo.config import TrainConfig, to_dict
 from sage_grpo.config.recorded import read_run_config, recorded_values
 from sage_grpo.config.schema import shorten
+from sage_grpo.config.train import RUN_DEFINING
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.rl import KLMode
 from sage_grpo.safe_io import CheckpointError, atomic_write, load_plain, read_dcp_metadata
 
-# Settings whose change makes the continued run a different experiment (the optimizer state, the anchor schedule, the
-# KL controller, the advantages or the sampled trajectories would no longer mean what they meant). Everything else
-# (max_steps, intervals, logging, validation, offloading, the parallel layout within the rules) may change freely.
-RUN_DEFINING: Tuple[str, ...] = (
-    # model and precision
-    "pretrained_transformer_version", "dtype", "master_weight_type",
-    # optimizer and schedule
-    "use_muon", "learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "lr_num_cycles", "lr_power",
-    "gradient_accumulation_steps",
-    "max_grad_norm", "max_grad_norm_units", "ema_decay",
-    # data and groups (the videos per step, batch_size x dp, are compared through the checkpoint's layout record)
-    "num_generations", "seed", "use_same_noise",
-    # sampler
-    "sde_type", "eta", "grpo_sampling_steps", "infer_flow_shift_video", "cfg_scale", "neg_prompt", "sample_n_frames",
-    "video_bucket_hw_base_size", "rollout_height", "rollout_width",
-    # GRPO objective
-    "timestep_fraction", "clip_range", "adv_clip_max", "use_grad_balancing", "enable_timestep_permutation",
-    "mini_batch_size_per_update", "num_inner_epochs", "sde_window_size", "sde_window_stride", "sde_window_equalizer",
-    # trust region
-    "kl_weight", "kl_coef", "kl_min_coef", "use_moving_KL", "update_ref_model_step", "use_dual_kl",
-    "dual_kl_moving_weight", "dual_kl_step_weight", "stepwise_kl_reference",
-    # reward
-    "reward_model", "reward_weights", "reward_kwargs", "extra_rewards", "reward_checkpoint_mode", "reward_aggregation",
-    "videoalign_fps", "videoalign_num_frames", "videoalign_max_pixels",
-    # LoRA
-    "use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
-)
+# RUN_DEFINING: the settings whose change makes the continued run a different experiment (the optimizer state, the
+# anchor schedule, the KL controller, the advantages or the sampled trajectories would no longer mean what they
+# meant), each declared with defines_run=True. Everything else (max_steps, intervals, logging, validation,
+# offloading, the parallel layout within the rules) may change freely.
 CONFIG_CHANGES_FILE = "config_changes.yaml"
 
 

@@ -15,6 +15,7 @@ cfg-distilled variant) use it to tell a user's choice from a default.
 """
 
 import argparse
+import copy
 import dataclasses
 import datetime
 import difflib
@@ -28,11 +29,11 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, 
 
 import yaml
 
-from sage_grpo.config.help_groups import grouped_fields
+from sage_grpo.config import sections
+from sage_grpo.config.sections import EXPLICIT_ATTR as _EXPLICIT_ATTR
+from sage_grpo.config.sections import default_of as _default_of
 
 T = TypeVar("T")
-
-_EXPLICIT_ATTR = "_explicit_fields"  # set on instances by from_dict; not a dataclass field (asdict, == ignore it)
 MAX_ECHO_CHARS = 200  # longest user value an error message repeats
 _SCALARS = (str, int, float, bool, datetime.date)  # YAML reads 2026-11-25 as a date (run_name: 2026-11-25)
 _TRUE = {"true", "1", "yes", "on", "y", "t"}
@@ -82,13 +83,20 @@ def config_field(
     nargs: Optional[str] = None,
     aliases: Sequence[str] = (),
     no_effect: Optional[str] = None,
+    defines_run: bool = False,
+    on_card: bool = False,
+    group: Optional[str] = None,
 ) -> Any:
-    """Declare a config field.
+    """Declare a config field, with what it is besides its value (read by :mod:`sage_grpo.config.sections`).
 
     ``no_effect``: for flags the reference accepts but ignores, the reason; setting such a flag emits a warning.
     ``aliases``: extra command-line spellings (``--video_length`` for ``--validate_video_length``).
+    ``defines_run``: a resume refuses to change it (the continued run would be another experiment).
+    ``on_card``: an exported model's card records it. ``group``: the ``--help`` group of an option of a flat
+    configuration (a sectioned one's group is its section).
     """
-    metadata = {"help": help, "choices": choices, "nargs": nargs, "aliases": tuple(aliases), "no_effect": no_effect}
+    metadata = {"help": help, "choices": choices, "nargs": nargs, "aliases": tuple(aliases), "no_effect": no_effect,
+                "defines_run": defines_run, "on_card": on_card, "group": group}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -258,7 +266,7 @@ def load_yaml(path: str, what: Optional[str] = None) -> Dict[str, Any]:
 
 def from_dict(cls: Type[T], values: Dict[str, Any], *, source: str = "config") -> T:
     """Build ``cls`` from a dict, rejecting unknown keys with a suggestion."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = sections.fields_by_name(cls)
     aliases = {a: f.name for f in fields.values() for a in f.metadata.get("aliases", ())}
     kwargs = {}
     for key, value in values.items():
@@ -268,9 +276,7 @@ def from_dict(cls: Type[T], values: Dict[str, Any], *, source: str = "config") -
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise ValueError(f"{source}: unknown option {shorten(key)}.{hint} Run with --help for the full list.")
         kwargs[name] = coerce_value(fields[name], value)
-    config = cls(**kwargs)
-    object.__setattr__(config, _EXPLICIT_ATTR, frozenset(kwargs))
-    return config
+    return sections.build(cls, kwargs, explicit=frozenset(kwargs))
 
 
 def explicit_fields(config: Any) -> Optional[FrozenSet[str]]:
@@ -282,9 +288,9 @@ def replace_chosen(config: Any, **values: Any) -> Any:
     """``dataclasses.replace`` whose ``values`` count as chosen (:func:`is_explicit`), like the fields already chosen:
     settings filled in from a record (a checkpoint's run config) are then treated as if given on the command line."""
     recorded = explicit_fields(config)
-    updated = dataclasses.replace(config, **values)
+    updated = sections.with_values(config, **values)
     if recorded is not None:
-        object.__setattr__(updated, _EXPLICIT_ATTR, recorded | frozenset(values))
+        sections.mark_explicit(updated, recorded | frozenset(values))
     return updated
 
 
@@ -294,20 +300,16 @@ def is_explicit(config: Any, name: str) -> bool:
     recorded = explicit_fields(config)
     if recorded is not None:
         return name in recorded
-    field = next(f for f in dataclasses.fields(config) if f.name == name)
-    return getattr(config, name) != _default_of(field)
-
-
-def _default_of(field: dataclasses.Field) -> Any:
-    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    return dict(sections.flat_items(config))[name] != _default_of(sections.fields_by_name(type(config))[name])
 
 
 def warn_no_effect(config: Any) -> List[str]:
     """Warn about each option the reference accepts but which does nothing, when set away from its default."""
     messages = []
-    for field in dataclasses.fields(config):
+    values = dict(sections.flat_items(config))
+    for _, field in sections.option_fields(type(config)):
         reason = field.metadata.get("no_effect")
-        if reason and getattr(config, field.name) != _default_of(field):
+        if reason and values[field.name] != _default_of(field):
             messages.append(f"--{field.name} is accepted for compatibility with the reference but has no effect: {reason}")
             warnings.warn(messages[-1], stacklevel=3)
     return messages
@@ -325,7 +327,7 @@ def build_parser(cls: Type[Any], description: Optional[str] = None) -> argparse.
     parser = _OneLineErrorParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                  usage="%(prog)s [-h] [--config FILE] [--option VALUE ...]")
     parser.add_argument("--config", default=None, help="YAML file of option values; command-line flags override it")
-    for title, description, fields in grouped_fields(cls):  # --help's topic groups (config/help_groups.py)
+    for title, description, fields in sections.help_groups(cls):  # --help's topic groups: sections
         group = parser if title is None else parser.add_argument_group(title, description)
         for field in fields:
             _add_flag(group, field)
@@ -348,7 +350,8 @@ def parse_cli(cls: Type[T], argv: Optional[Sequence[str]] = None, description: O
 
 
 def to_dict(config: Any) -> Dict[str, Any]:
-    return dataclasses.asdict(config)
+    """``{option: value}`` of every option, flat (a sectioned configuration's sections merged), values copied."""
+    return {name: copy.deepcopy(value) for name, value in sections.flat_items(config)}
 
 
 def config_to_yaml(config: Any) -> str:

@@ -11,6 +11,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from sage_grpo.config.reward_weights import parse_reward_weights
+from sage_grpo.config.sections import flat_items, option_fields
 from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
 
 
@@ -115,8 +116,9 @@ def check_sequence_parallel_tokens(num_tokens: int, sp_size: int) -> None:
 def check_finite_options(config) -> None:
     """Every float option of a config (post_train.py, generate.py) is a finite number: nan passes every range
     comparison (``nan <= 0`` is False), so it would reach the sampler; inf is no valid setting either."""
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
+    current = dict(flat_items(config))
+    for _, field in option_fields(type(config)):
+        value = current[field.name]
         values = value if isinstance(value, list) else [value]  # a list of floats: each (--drift_proxy_sigmas)
         bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
         if bad:
@@ -138,12 +140,11 @@ SEED_LIMIT = 1 << 63  # torch generators take seeds below 2**64; a group's membe
 def check_seeds(config) -> None:
     """Every seed option (``seed``, ``*_seed``, ``seeds``) is an integer in [0, 2**63): a larger one stopped a run
     or a generation after the models had loaded ("Overflow when unpacking long long")."""
-    for field in dataclasses.fields(config):
-        if field.name == "seeds" or field.name == "seed" or field.name.endswith("_seed"):
-            value = getattr(config, field.name)
+    for name, value in flat_items(config):
+        if name == "seeds" or name == "seed" or name.endswith("_seed"):
             for seed in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(seed, int) and not 0 <= seed < SEED_LIMIT:
-                    _fail(f"{field.name}-range", f"--{field.name} {seed} must be in [0, 2**63)",
+                    _fail(f"{name}-range", f"--{name} {seed} must be in [0, 2**63)",
                           "see --help for the default")
 
 

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import shorten
+from sage_grpo.config.sections import fields_by_name, flat_items
 from sage_grpo.config.validation import check_seeds
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.evaluate.config import EvaluateConfig
@@ -106,12 +107,15 @@ def plan_metrics(config: EvaluateConfig) -> MetricPlan:
                         reward_weights=config.reward_weights)
 
 
+# Options evaluate shares with generate.py by name pass unchanged, but these two: an unset guidance is the version's
+# own (generate.py's default is not None), and the device falls back to this rank's.
+_NOT_SHARED = ("guidance_scale", "device")
+
+
 def generation_config(config: EvaluateConfig, prompt: str, seed: int, device: Optional[str]) -> GenerateConfig:
     """``generate.py``'s config for these sampling settings (one video per call, nothing written by it)."""
-    shared = {name: getattr(config, name) for name in (
-        "model_path", "resolution", "model_version", "num_inference_steps", "video_length", "aspect_ratio",
-        "fixed_size", "flow_shift", "negative_prompt", "text_max_length", "byt5_max_length",
-        "vision_num_semantic_tokens", "dtype", "attention_backend", "offloading")}
+    shared = {name: value for name, value in flat_items(config)
+              if name in fields_by_name(GenerateConfig) and name not in _NOT_SHARED}
     guidance = {} if config.guidance_scale is None else {"guidance_scale": config.guidance_scale}
     return GenerateConfig(prompt=prompt, seed=seed, device=config.device or device, save_generation_config=False,
                           **shared, **guidance)

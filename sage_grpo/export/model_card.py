@@ -14,16 +14,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from sage_grpo.checkpoint_layout import CONFIG_FILE, EMA_FILE
+from sage_grpo.config.train import CARD_OPTIONS
 from sage_grpo.tracking.run_dir import metric_value, read_metrics, training_rows
 
 CARD_FILE = "README.md"
 BASE_REPO = "tencent/HunyuanVideo-1.5"
 ARCHITECTURE_KEYS = ("num_layers", "num_attention_heads", "attention_head_dim", "num_refiner_layers", "mlp_ratio")
-# The settings a reader of the card needs to know what was trained (the full config is in the run's config.yaml).
-CARD_SETTINGS = ("pretrained_transformer_version", "reward_model", "reward_weights", "sde_type", "eta",
-                 "grpo_sampling_steps", "infer_flow_shift_video", "cfg_scale", "kl_weight", "use_moving_KL",
-                 "update_ref_model_step", "use_dual_kl", "use_grad_balancing", "use_muon", "learning_rate",
-                 "lr_scheduler", "batch_size", "num_generations", "use_lora", "lora_r", "lora_alpha", "seed")
+# The settings a reader of the card needs to know what was trained are declared with on_card=True (CARD_OPTIONS);
+# the full config is in the run's config.yaml.
 
 
 def code_span(value: Any) -> str:
@@ -139,7 +137,7 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
               "pipeline_tag": "text-to-video", "tags": tags}
     if base_model is None:
         del header["base_model"]
-    shown = [key for key in CARD_SETTINGS if key in config and (config.get("use_lora") or not key.startswith("lora_"))]
+    shown = [key for key in CARD_OPTIONS if key in config and (config.get("use_lora") or not key.startswith("lora_"))]
     settings = [f"| `--{key}` | {code_span(config[key])} |" for key in shown]
     if pipeline_record is not None:
         from sage_grpo.export.pipeline import attribute_overrides, loading_code

@@ -25,7 +25,7 @@ defaults they give a note. Another guider class is an error.
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -137,7 +137,7 @@ def resolve_train_sampling(cfg: TrainConfig) -> Tuple[TrainConfig, List[str], Li
                                          "guidance_scale", same_guidance)
     shift, shift_warning = choose("--validation_timestep_shift", cfg.validation_timestep_shift,
                                   cfg.validation_timestep_shift is not None, variant, "flow_shift")
-    resolved = replace(cfg, cfg_scale=cfg_scale, validation_timestep_shift=shift)
+    resolved = cfg.replace(cfg_scale=cfg_scale, validation_timestep_shift=shift)
     return resolved, [w for w in (guidance_warning, shift_warning) if w], list(variant.notes)
 
 

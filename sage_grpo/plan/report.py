@@ -34,7 +34,7 @@ def plan_table(plan: MemoryPlan, phase: Optional[Phase] = None) -> str:
 # ====================================================================== what fits
 
 def _fits(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: ModelSizes, **changes) -> bool:
-    changed = dataclasses.replace(cfg, **changes)
+    changed = cfg.replace(**changes)
     try:
         validate_train_config(changed, world_size=world_size)
         tokens = video_token_count(sizes, changed.sample_n_frames, *rollout_size(changed))
@@ -112,7 +112,7 @@ def memory_fixes(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> Li
     for flag, value in MEMORY_FIXES:
         if getattr(cfg, flag) == value:
             continue
-        plan = plan_launch(dataclasses.replace(cfg, **{flag: value}), world_size, gpu_memory_gib, sizes)
+        plan = plan_launch(cfg.replace(**{flag: value}), world_size, gpu_memory_gib, sizes)
         if plan.fits():
             fixes.append(f"--{flag} {str(value).lower()} (peak {plan.peak_gib:.1f} GB)")
     return fixes

@@ -117,7 +117,7 @@ def _memory(cfg: TrainConfig, sizes: ModelSizes, name: str, dtype_bytes: int, va
         return _clip_memory(cfg, name)
     if name != "videoalign_local":
         return None
-    scored = dataclasses.replace(cfg, sample_n_frames=cfg.validate_video_length, reward_batch_size=1) \
+    scored = cfg.replace(sample_n_frames=cfg.validate_video_length, reward_batch_size=1) \
         if validation else cfg
     tokens, forward = reward_forward_bytes(scored, sizes.reward_shape)
     return ScorerMemory(name, sizes.reward_params * dtype_bytes, forward,

@@ -125,7 +125,7 @@ def test_invalid_choice_is_an_error():
 
 
 def _cfg(**overrides):
-    cfg = TrainConfig(sp_size=1)
+    cfg = TrainConfig.of(sp_size=1)
     for k, v in overrides.items():
         setattr(cfg, k, v)
     return cfg

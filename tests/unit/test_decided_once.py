@@ -4,11 +4,12 @@ import torch
 
 from sage_grpo import sde
 from sage_grpo.config import TrainConfig
+from sage_grpo.config.sections import fields_by_name
 from sage_grpo.pipeline.sampler import Sampler
 
 
 def test_the_sde_names_are_listed_once():
-    choices = TrainConfig.__dataclass_fields__["sde_type"].metadata["choices"]
+    choices = fields_by_name(TrainConfig)["sde_type"].metadata["choices"]
     assert choices is sde.SDE_TYPES and sde.SDE_TYPES == tuple(sde.SDE_KERNELS)
 
 
@@ -49,7 +50,7 @@ def test_the_parallel_layout_has_one_rule_used_by_the_validator_and_parallel_dim
     assert parallel_dims.check_parallel_layout is validation.check_parallel_layout  # imported, not a second copy
     expected = r"\[heads-divisible-by-sp\] the transformer has 3 attention heads, not divisible by --sp_size 2"
     with pytest.raises(validation.ConfigError, match=expected):
-        validation.validate_train_config(TrainConfig(sp_size=2), world_size=2, num_attention_heads=3)
+        validation.validate_train_config(TrainConfig.of(sp_size=2), world_size=2, num_attention_heads=3)
     with pytest.raises(validation.ConfigError, match=expected):
         parallel_dims.ParallelDims(world_size=2, sp_size=2, num_attention_heads=3)
 
@@ -75,7 +76,7 @@ def test_the_memory_plan_asks_the_runs_kl_mode_not_the_flags(monkeypatch):
     from sage_grpo.plan import memory as planner
     from sage_grpo import rl
 
-    cfg = TrainConfig(kl_weight=1e-5, use_lora=False)  # by the flags: a KL anchor held beside the policy
+    cfg = TrainConfig.of(kl_weight=1e-5, use_lora=False)  # by the flags: a KL anchor held beside the policy
     placement = Placement(True, False, "auto")
 
     def component_names():

@@ -40,7 +40,7 @@ NUM_STEPS = 2
 
 def tiny_train_config(root, device: torch.device, precision: str, **changes) -> TrainConfig:
     """A run's configuration on the tiny checkpoint at ``precision`` (fp32, or bf16 autocast on fp32 masters)."""
-    return TrainConfig(pretrained_model_root=str(root), dtype=precision, master_weight_type="fp32",
+    return TrainConfig.of(pretrained_model_root=str(root), dtype=precision, master_weight_type="fp32",
                        device=str(device), grpo_sampling_steps=NUM_STEPS, enable_gradient_checkpointing=False,
                        vision_num_semantic_tokens=TINY_IMAGE_TOKENS, text_max_length=TINY_TEXT.max_length,
                        byt5_max_length=TINY_TEXT.max_length_2, **changes)

@@ -193,7 +193,7 @@ def sentinel(action: str, **flags):
     from sage_grpo.pipeline.drift import DriftSentinel
     from sage_grpo.rl import NO_KL
 
-    cfg = TrainConfig(drift_guard=action, drift_guard_proxy_ratio=2.0, **flags)
+    cfg = TrainConfig.of(drift_guard=action, drift_guard_proxy_ratio=2.0, **flags)
     log = []
     return DriftSentinel(drift_watch_of(cfg, NO_KL), Validator(), log.append), log
 
@@ -276,7 +276,7 @@ def test_the_sentinel_registers_the_proxy_and_resumes_its_guard():
     from sage_grpo.rl import NO_KL
 
     validator = Validator()
-    watch = drift_watch_of(TrainConfig(drift_proxy=True, drift_proxy_sigmas=[0.5]), NO_KL)
+    watch = drift_watch_of(TrainConfig.of(drift_proxy=True, drift_proxy_sigmas=[0.5]), NO_KL)
     first = DriftSentinel(watch, validator, [].append)
     assert [type(m) for m in validator.metrics] == [DriftProxyMetric] and validator.metrics[0].sigmas == (0.5,)
     first.observe(0, {"Validation/drift_proxy": 0.2})
@@ -320,9 +320,9 @@ def test_the_drift_flags_are_checked_and_decided_once():
     from sage_grpo.rl import kl_mode_of
 
     def check(**flags):
-        validate_train_config(TrainConfig(sp_size=1, num_generations=2, **flags))
+        validate_train_config(TrainConfig.of(sp_size=1, num_generations=2, **flags))
 
-    assert validate_train_config(TrainConfig(sp_size=1, num_generations=2, drift_guard="warn",
+    assert validate_train_config(TrainConfig.of(sp_size=1, num_generations=2, drift_guard="warn",
                                              validation_interval=0)) == [
         "--drift_guard warn is measured at the validation points and --validation_interval is 0: the drift proxy and "
         "guard are off"]
@@ -333,7 +333,7 @@ def test_the_drift_flags_are_checked_and_decided_once():
     check(drift_proxy_sigmas=[2.0], validation_interval=0)  # nothing watched: the drift flags are not read
 
     def watch(**flags):
-        cfg = TrainConfig(**flags)
+        cfg = TrainConfig.of(**flags)
         return drift_watch_of(cfg, kl_mode_of(cfg))
 
     assert watch().sigmas == () and not watch().guarded and not watch().base_copy  # off by default

@@ -19,7 +19,7 @@ LATENT = (1, 4, 2, 2, 2)  # (B, C, T, h, w) of 5 frames of 16 x 16 with the tiny
 
 
 def bundle_of(root, **flags):
-    cfg = TrainConfig(pretrained_model_root=str(root), dtype="fp32", device="cpu", enable_gradient_checkpointing=False,
+    cfg = TrainConfig.of(pretrained_model_root=str(root), dtype="fp32", device="cpu", enable_gradient_checkpointing=False,
                       vision_num_semantic_tokens=TINY_IMAGE_TOKENS, text_max_length=TINY_TEXT.max_length,
                       byt5_max_length=TINY_TEXT.max_length_2, cfg_scale=1.0, drift_proxy=True, **flags)
     kl_mode = kl_mode_of(cfg)

@@ -1,124 +1,140 @@
-"""``--help`` shows every command's flags in topic groups (sage_grpo/config/help_groups.py), each flag in exactly one:
-a flag added without a group fails here with a message naming where to declare it."""
+"""``--help`` shows every command's flags in topic groups, read from the options' own declarations: a section of a
+sectioned configuration (``TrainConfig``), or the ``group`` a flat configuration's option names. An option without a
+group, or declared by two sections, fails with a message naming where to declare it."""
 
 import dataclasses
 import importlib
 import re
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Optional
 
 import pytest
 
-from sage_grpo.config import help_groups
-from sage_grpo.config.help_groups import FLAG_GROUPS, TRAIN_GROUPS, UNGROUPED, class_key
+from sage_grpo.config import sections
+from sage_grpo.config.generate import GenerateConfig
+from sage_grpo.config.reward_server import RewardServerConfig
 from sage_grpo.config.schema import build_parser, config_field
-from sage_grpo.config.train import TrainConfig
+from sage_grpo.config.sections import help_groups, names_where, section
+from sage_grpo.config.train import RUN_DEFINING, TrainConfig
+from sage_grpo.evaluate.config import EvaluateConfig
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sage_grpo"
-GROUPS_FILE = "sage_grpo/config/help_groups.py"
-
-
-def config_class(key: str) -> type:
-    module, _, name = key.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
-def table_name(table) -> str:
-    return next((name for name, value in vars(help_groups).items() if value is table), "its table")
-
-
-def group_problems(cls: type) -> List[str]:
-    """What is wrong with ``cls``'s groups: a field in no group or in two, a group naming no field, an empty group."""
-    table = FLAG_GROUPS[class_key(cls)]
-    where = f"{table_name(table)} in {GROUPS_FILE}"
-    fields = [field.name for field in dataclasses.fields(cls)]
-    placed: Dict[str, List[str]] = {}
-    problems = []
-    for title, _, names in table:
-        if not names:
-            problems.append(f"group {title!r} of {where} is empty")
-        for name in names:
-            placed.setdefault(name, []).append(title)
-    for name in fields:
-        if name not in placed:
-            problems.append(f"{cls.__name__}.{name} (--{name}) has no --help group: add {name!r} to one of the groups "
-                            f"of {where}")
-        elif len(placed[name]) > 1:
-            problems.append(f"--{name} is in several groups of {where}: {placed[name]}; keep one")
-    problems += [f"{where} names {name!r}, which is not a field of {cls.__name__}: remove or rename it"
-                 for name in placed if name not in fields]
-    return problems
+COMMAND_CONFIGS = (TrainConfig, GenerateConfig, EvaluateConfig, RewardServerConfig)
 
 
 def help_sections(help_text: str) -> Dict[str, str]:
     """``--flag`` -> the title of the ``--help`` section it is listed under."""
-    sections, title = {}, None
+    found, title = {}, None
     for line in help_text.splitlines():
         heading = re.fullmatch(r"(\S.*):", line)
         if heading:
             title = heading.group(1)
         option = re.match(r"  (--\w+)", line)
         if option and title is not None:
-            sections[option.group(1)] = title
-    return sections
+            found[option.group(1)] = title
+    return found
 
 
-@pytest.mark.parametrize("key", sorted(FLAG_GROUPS))
-def test_every_flag_has_exactly_one_group_and_help_shows_it_there(key):
-    cls = config_class(key)
-    assert group_problems(cls) == []
+@pytest.mark.parametrize("cls", COMMAND_CONFIGS, ids=lambda cls: cls.__name__)
+def test_every_flag_is_shown_under_its_own_group(cls):
+    groups = help_groups(cls)
+    assert all(title and fields for title, _, fields in groups)  # titled, none empty
+    expected = {f"--{field.name}": title for title, _, fields in groups for field in fields}
+    assert len(expected) == len(sections.option_fields(cls))  # every option in exactly one group
     shown = help_sections(build_parser(cls).format_help())
-    expected = {f"--{name}": title for title, _, names in FLAG_GROUPS[key] for name in names}
     assert {flag: shown[flag] for flag in expected} == expected
-    assert UNGROUPED not in shown.values()
 
 
-def test_every_config_class_has_a_group_table():
-    """Every dataclass of config_field options in sage_grpo/ (a command's flags) has its table."""
-    found = set()
+def test_every_config_class_groups_its_flags():
+    """Every dataclass of config_field options in sage_grpo/ (a command's flags, or a section of them) is a section,
+    a sectioned configuration or a flat one with HELP_GROUPS."""
+    ungrouped = []
     for path in PACKAGE.rglob("*.py"):
-        if "config_field(" in path.read_text() and path.name != "schema.py":
-            module = importlib.import_module(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
-            found.update(class_key(value) for value in vars(module).values()
-                         if dataclasses.is_dataclass(value) and isinstance(value, type)
-                         and value.__module__ == module.__name__
-                         and any("help" in field.metadata for field in dataclasses.fields(value)))
-    missing = sorted(found - set(FLAG_GROUPS))
-    assert not missing, f"config classes without --help groups: {missing}; add a table to {GROUPS_FILE}"
-    assert set(FLAG_GROUPS) <= found
+        if "config_field(" not in path.read_text() or path.name == "schema.py":
+            continue
+        module = importlib.import_module(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        for value in vars(module).values():
+            if (isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == module.__name__
+                    and not sections.is_section(value) and not sections.section_fields(value)
+                    and not hasattr(value, sections.HELP_GROUPS_ATTR)):
+                ungrouped.append(value.__name__)
+    assert ungrouped == []
 
 
-def test_post_train_and_plan_help_list_their_flags_by_topic(capsys):
+def test_post_train_and_plan_help_list_their_flags_by_section(capsys):
     from sage_grpo.cli.train import main as train_main
     from sage_grpo.plan.report import main as plan_main
 
+    titles = [title for title, _, _ in help_groups(TrainConfig)]
+    assert titles[:3] == ["model", "data", "rollout and SDE"] and len(titles) == 14
     for main in (train_main, plan_main):
         with pytest.raises(SystemExit) as done:
             main(["--help"])
         assert done.value.code == 0
         text = capsys.readouterr().out
         assert text.startswith("usage: ") and len(text.split("\n", 1)[0]) < 80  # no 120-line usage block
-        titles = [title for title, _, _ in TRAIN_GROUPS]
-        assert [t for t in re.findall(r"^(\S[^\n]*):$", text, re.M) if t in titles] == titles  # in table order
+        assert [t for t in re.findall(r"^(\S[^\n]*):$", text, re.M) if t in titles] == titles  # in section order
         shown = help_sections(text)
         assert shown["--sde_type"] == "rollout and SDE" and shown["--kl_weight"] == "KL and trust region"
         assert shown["--use_moving_KL"] == "KL and trust region" and shown["--sp_size"] == "parallelism and memory"
 
 
-def test_a_new_flag_without_a_group_fails_naming_where_to_declare_it(monkeypatch):
-    """The rule on a deliberately broken config: a branch adds --example_new_flag and forgets its group."""
+def test_a_flat_option_without_a_group_fails_naming_the_table():
+    @dataclasses.dataclass
+    class Flat:
+        HELP_GROUPS = (("speed", "how fast"),)
+        steps: int = config_field(4, "steps", group="speed")
+        new_flag: float = config_field(0.0, "a flag some branch adds")
+
+    with pytest.raises(TypeError, match=r"Flat: options \['new_flag'\] name no group of its HELP_GROUPS \['speed'\]"):
+        build_parser(Flat)
+
+
+def test_an_option_two_sections_declare_is_refused():
+    @section("a", "first")
+    @dataclasses.dataclass
+    class First:
+        rate: float = config_field(1.0, "a rate")
+
+    @section("b", "second")
+    @dataclasses.dataclass
+    class Second:
+        rate: float = config_field(2.0, "another rate")
 
     @dataclasses.dataclass
-    class WithNewFlag(TrainConfig):
-        example_new_flag: float = config_field(0.0, "a flag some branch adds")
+    class Both:
+        first: First = dataclasses.field(default_factory=First)
+        second: Second = dataclasses.field(default_factory=Second)
 
-    monkeypatch.setitem(FLAG_GROUPS, class_key(WithNewFlag), TRAIN_GROUPS)
-    assert group_problems(WithNewFlag) == [
-        "WithNewFlag.example_new_flag (--example_new_flag) has no --help group: add 'example_new_flag' to one of the "
-        "groups of TRAIN_GROUPS in sage_grpo/config/help_groups.py"]
-    shown = help_sections(build_parser(WithNewFlag).format_help())
-    assert shown["--example_new_flag"] == UNGROUPED and shown["--kl_weight"] == "KL and trust region"  # it still works
-    stale = (("KL and trust region", "", ("kl_weight", "kl_weight_typo")),)
-    monkeypatch.setitem(FLAG_GROUPS, class_key(WithNewFlag), stale)
-    assert f"its table in {GROUPS_FILE} names 'kl_weight_typo', which is not a field of WithNewFlag: remove or " \
-        "rename it" in group_problems(WithNewFlag)
+    with pytest.raises(TypeError, match="option 'rate' is declared by both the first and the second section"):
+        sections.option_fields(Both)
+
+
+def test_what_an_option_is_comes_from_its_declaration():
+    """The run-defining options (resume refuses their change) and the card's are the options declared so."""
+
+    @section("s", "a section")
+    @dataclasses.dataclass
+    class Part:
+        kept: int = config_field(1, "defines the run", defines_run=True, on_card=True)
+        free: int = config_field(2, "may change on resume")
+
+    @dataclasses.dataclass
+    class Whole:
+        part: Part = dataclasses.field(default_factory=Part)
+
+    assert names_where(Whole, "defines_run") == ("kept",) and names_where(Whole, "on_card") == ("kept",)
+    assert "sde_type" in RUN_DEFINING and "max_steps" not in RUN_DEFINING and "output_dir" not in RUN_DEFINING
+
+
+def owner(name: str) -> Optional[str]:
+    return sections.owners(TrainConfig).get(name)
+
+
+def test_flat_names_route_to_sections():
+    cfg = TrainConfig.of(sde_type="cps", kl_weight=0.0)
+    assert cfg.rollout.sde_type == "cps" and cfg.trust_region.kl_weight == 0.0
+    assert owner("sde_type") == "rollout" and owner("output_dir") == "output"
+    moved = cfg.replace(eta=0.3, learning_rate=2e-5)
+    assert (moved.rollout.eta, moved.optim.learning_rate, moved.rollout.sde_type) == (0.3, 2e-5, "cps")
+    assert cfg.rollout.eta == 0.5  # the original is unchanged

@@ -181,7 +181,7 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
     from sage_grpo.plan.memory import placement_of
     from sage_grpo.rl import kl_mode_of
 
-    cfg = TrainConfig(pretrained_model_root=str(tiny_root), dtype=precision, master_weight_type=precision,
+    cfg = TrainConfig.of(pretrained_model_root=str(tiny_root), dtype=precision, master_weight_type=precision,
                       device="cpu", kl_weight=1e-5, enable_gradient_checkpointing=False,
                       vision_num_semantic_tokens=TINY_IMAGE_TOKENS,
                       text_max_length=TINY_TEXT.max_length, byt5_max_length=TINY_TEXT.max_length_2)
@@ -302,7 +302,7 @@ def test_sizes_and_resolution_table(tiny_components):
 def test_the_sampler_is_decided_once():
     from sage_grpo.pipeline.sampler import Sampler, sampler_of
 
-    cfg = TrainConfig(sde_type="cps", eta=0.7, grpo_sampling_steps=6, infer_flow_shift_video=3.0, cfg_scale=4.0,
+    cfg = TrainConfig.of(sde_type="cps", eta=0.7, grpo_sampling_steps=6, infer_flow_shift_video=3.0, cfg_scale=4.0,
                       dtype="bf16", vision_num_semantic_tokens=4, mini_batch_size_per_update=1)
     sampler = sampler_of(cfg)
     assert (sampler.sde_type, sampler.eta, sampler.num_steps, sampler.guidance_scale) == ("cps", 0.7, 6, 4.0)

@@ -18,7 +18,7 @@ from sage_grpo.plan.memory import resolve_placement
 
 def _placement(sharded=True, **flags) -> Placement:
     """The placement without a GPU budget (a CPU device); on CUDA the memory plan decides ``auto`` (test_plan.py)."""
-    return resolve_placement(TrainConfig(**flags), sharded=sharded, device_type="cpu")
+    return resolve_placement(TrainConfig.of(**flags), sharded=sharded, device_type="cpu")
 
 
 def test_auto_reduces_per_backward_only_for_a_sharded_full_fine_tune():
@@ -130,12 +130,12 @@ def test_the_device_is_decided_once_and_a_cuda_device_has_its_index(monkeypatch,
 
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine: no set_device(3) below
-    assert resolve_device(TrainConfig(device="cuda")) == torch.device("cuda", 3)
-    assert resolve_device(TrainConfig(device="cuda:1")) == torch.device("cuda", 1)
-    assert resolve_device(TrainConfig(device="cpu")) == torch.device("cpu")
-    assert resolve_device(TrainConfig()) == torch.device("cpu")
-    dims, _, _ = start_processes(TrainConfig(device="cuda", pretrained_model_root=str(tiny_root), sp_size=1,
+    assert resolve_device(TrainConfig.of(device="cuda")) == torch.device("cuda", 3)
+    assert resolve_device(TrainConfig.of(device="cuda:1")) == torch.device("cuda", 1)
+    assert resolve_device(TrainConfig.of(device="cpu")) == torch.device("cpu")
+    assert resolve_device(TrainConfig.of()) == torch.device("cpu")
+    dims, _, _ = start_processes(TrainConfig.of(device="cuda", pretrained_model_root=str(tiny_root), sp_size=1,
                                           num_generations=2))
     assert dims.device == torch.device("cuda", 3)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_device(TrainConfig()) == torch.device("cuda", 3)
+    assert resolve_device(TrainConfig.of()) == torch.device("cuda", 3)

@@ -48,7 +48,7 @@ def tiny_cfg(root, **changes) -> TrainConfig:
                   sample_n_frames=9, rollout_height=64, rollout_width=64, reward_model="target_color",
                   cfg_scale=1.0, validation_interval=0)
     values.update(changes)
-    return TrainConfig(**values)
+    return TrainConfig.of(**values)
 
 
 def tiny_inputs(cfg: TrainConfig, sizes, batch: int = 1):
@@ -209,7 +209,7 @@ def test_reference_launch_fits_in_80_gb():
     # all 40 of the rollout batch's 2 x 20 transitions per forward (with one step per forward: 32)
     assert plan.placement == Placement(reduce_per_backward=False, reference_on_cpu=False, vae_tiling="auto",
                                        reference_batch_size=40, replay_group_size=2, async_reward=True)
-    one_step = planner.plan_launch(dataclasses.replace(cfg, replay_group_size=1), world_size=8, gpu_memory_gib=80.0)
+    one_step = planner.plan_launch(cfg.replace(replay_group_size=1), world_size=8, gpu_memory_gib=80.0)
     assert (one_step.placement.reference_batch_size, round(one_step.peak_gib, 2)) == (32, 57.30)
     assert round(plan.peak_gib, 2) == 64.71 and plan.peak.name == "train"
     train = next(p for p in plan.phases if p.name == "train")
@@ -222,7 +222,7 @@ def test_reference_launch_fits_in_80_gb():
 def test_auto_decisions_follow_the_budget():
     """Held gradients when they fit; the reference offloaded only when it must and --reference_mode_offload allows;
     explicit flags win."""
-    cfg = TrainConfig(sp_size=2, validation_interval=0)
+    cfg = TrainConfig.of(sp_size=2, validation_interval=0)
     roomy = planner.plan_launch(cfg, 8, 200.0).placement
     assert (roomy.reduce_per_backward, roomy.reference_on_cpu) == (False, False)
     # a budget between the peaks with the reference offloaded and on the device (both reducing per backward)
@@ -230,12 +230,12 @@ def test_auto_decisions_follow_the_budget():
     on_device, _ = _plan(cfg, world_size=8, per_backward=True, on_cpu=False)
     assert offloaded.peak_gib < on_device.peak_gib
     budget = (offloaded.peak_gib + on_device.peak_gib) / 2 / (1 - planner.MARGIN)
-    tight = planner.plan_launch(dataclasses.replace(cfg, reference_mode_offload=True), 8, budget)
+    tight = planner.plan_launch(cfg.replace(reference_mode_offload=True), 8, budget)
     assert (tight.placement.reduce_per_backward, tight.placement.reference_on_cpu) == (True, True)
     assert tight.fits()
     no_offload = planner.plan_launch(cfg, 8, budget).placement
     assert no_offload.reference_on_cpu is False
-    forced = planner.plan_launch(dataclasses.replace(cfg, gradient_reduction="per_update",
+    forced = planner.plan_launch(cfg.replace(gradient_reduction="per_update",
                                                      reference_placement="cpu"), 8, 200.0).placement
     assert (forced.reduce_per_backward, forced.reference_on_cpu) == (False, True)
     # without a GPU budget (CPU device): the rules that need no plan
@@ -244,7 +244,7 @@ def test_auto_decisions_follow_the_budget():
 
 
 def test_held_gradients_cost_four_bytes_per_parameter():
-    cfg = TrainConfig(sp_size=2, validation_interval=0)
+    cfg = TrainConfig.of(sp_size=2, validation_interval=0)
     per_update, sizes = _plan(cfg, world_size=8, per_backward=False)
     per_backward, _ = _plan(cfg, world_size=8, per_backward=True)
     t = sizes.transformer
@@ -254,18 +254,18 @@ def test_held_gradients_cost_four_bytes_per_parameter():
     assert _component(per_backward, "train", "gradients (sharded)") == 4 * p / 8
     assert _component(per_update, "rollout", "gradients") == 0  # freed by the update before the next rollout
     # an update over 2 rollout batches keeps its gradients through the second rollout
-    accumulating, _ = _plan(dataclasses.replace(cfg, gradient_accumulation_steps=2), world_size=8)
+    accumulating, _ = _plan(cfg.replace(gradient_accumulation_steps=2), world_size=8)
     assert _component(accumulating, "rollout", "gradients") == _component(accumulating, "train", "gradients") \
         == _component(per_update, "train", "gradients")
 
 
 def test_tiling_and_offloading_lower_their_phases():
-    cfg = TrainConfig(sp_size=2, validation_interval=0)
-    tiled, _ = _plan(dataclasses.replace(cfg, vae_tiling="true"), world_size=8)
-    untiled, _ = _plan(dataclasses.replace(cfg, vae_tiling="false"), world_size=8)
+    cfg = TrainConfig.of(sp_size=2, validation_interval=0)
+    tiled, _ = _plan(cfg.replace(vae_tiling="true"), world_size=8)
+    untiled, _ = _plan(cfg.replace(vae_tiling="false"), world_size=8)
     assert _component(tiled, "decode + reward", "VAE decode") < _component(untiled, "decode + reward", "VAE decode") / 2
     offloaded = planner.plan_memory(cfg, planner.sizes_of(cfg), 8, 80.0, Placement(True, False))
-    resident = planner.plan_memory(dataclasses.replace(cfg, offload_text_encoders=False), planner.sizes_of(cfg), 8,
+    resident = planner.plan_memory(cfg.replace(offload_text_encoders=False), planner.sizes_of(cfg), 8,
                                    80.0, Placement(True, False))
     assert _component(offloaded, "train", "text encoders") == 0
     assert _component(resident, "train", "text encoders") == (7_070_619_136 + planner.sizes_of(cfg).byt5_params) * 2
@@ -274,15 +274,15 @@ def test_tiling_and_offloading_lower_their_phases():
 def test_the_drift_proxys_base_copy_is_planned_where_the_run_holds_one():
     """A copy of the base transformer in --dtype, sharded and placed like the reference, where no model of the run is
     the base already; its forwards in a phase of their own."""
-    cfg = TrainConfig(sp_size=2, drift_proxy=True)  # the reference's full fine-tune with the moving anchor
+    cfg = TrainConfig.of(sp_size=2, drift_proxy=True)  # the reference's full fine-tune with the moving anchor
     plan, sizes = _plan(cfg, world_size=8)
     shards = sizes.transformer.num_params * 2 / 8  # P·c/Z in bf16
     assert _component(plan, "train", "frozen base (drift proxy) shards") == shards
     assert _component(plan, "drift proxy", "frozen base gathered units") > 0
-    without, _ = _plan(dataclasses.replace(cfg, drift_proxy=False), world_size=8)
+    without, _ = _plan(cfg.replace(drift_proxy=False), world_size=8)
     assert plan.phase("train").bytes - without.phase("train").bytes == shards
     for free in (dict(use_moving_KL=False), dict(use_lora=True)):  # the reference is the base; LoRA disables adapters
-        other, _ = _plan(dataclasses.replace(cfg, **free), world_size=8)
+        other, _ = _plan(cfg.replace(**free), world_size=8)
         assert _component(other, "train", "frozen base") == 0 and other.phase("drift proxy") is None
     offloaded, _ = _plan(cfg, world_size=8, on_cpu=True)  # with the reference: only its units visit the GPU
     assert _component(offloaded, "train", "frozen base") == 0
@@ -291,7 +291,7 @@ def test_the_drift_proxys_base_copy_is_planned_where_the_run_holds_one():
 
 def test_launch_that_cannot_fit_is_refused_with_the_table(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "8")
-    cfg = TrainConfig(sp_size=2, validation_interval=0, gpu_memory_gb=24.0, device="cuda")
+    cfg = TrainConfig.of(sp_size=2, validation_interval=0, gpu_memory_gb=24.0, device="cuda")
     with pytest.raises(ConfigError, match=r"\[memory-plan\].*24\.0 GB.*--ignore_memory_plan true") as err:
         plan_report.check_memory_plan(cfg)
     assert "| component" in str(err.value) and "| encode (peak) |" in str(err.value)
@@ -300,23 +300,23 @@ def test_launch_that_cannot_fit_is_refused_with_the_table(monkeypatch):
     offloaded, _ = _plan(cfg, world_size=8, per_backward=True, on_cpu=True)
     on_device, _ = _plan(cfg, world_size=8, per_backward=True, on_cpu=False)
     budget = (offloaded.peak_gib + on_device.peak_gib) / 2
-    roomier = dataclasses.replace(cfg, gpu_memory_gb=budget)
+    roomier = cfg.replace(gpu_memory_gb=budget)
     assert planner.plan_launch(roomier, 8, budget).placement.reference_on_cpu is False  # no --reference_mode_offload
     with pytest.raises(ConfigError, match=r"Fix: use --reference_placement cpu \(peak \d+\.\d GB\)"):
         plan_report.check_memory_plan(roomier)
-    assert plan_report.check_memory_plan(dataclasses.replace(cfg, ignore_memory_plan=True)) is None
-    assert plan_report.check_memory_plan(dataclasses.replace(cfg, device="cpu")) is None  # no GPU budget on the CPU
+    assert plan_report.check_memory_plan(cfg.replace(ignore_memory_plan=True)) is None
+    assert plan_report.check_memory_plan(cfg.replace(device="cpu")) is None  # no GPU budget on the CPU
 
 
 def test_launch_that_fits_without_the_margin_starts_with_a_warning(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "8")
-    roomy = TrainConfig(sp_size=2, validation_interval=0, gpu_memory_gb=80.0, device="cuda",  # placements fixed:
+    roomy = TrainConfig.of(sp_size=2, validation_interval=0, gpu_memory_gb=80.0, device="cuda",  # placements fixed:
                         gradient_reduction="per_update", reference_placement="device", reference_batch_size=1,
                         replay_group_size=1)
     plan = plan_report.check_memory_plan(roomy)
     assert plan.fits(planner.MARGIN) and capsys.readouterr().err == ""
     # a GPU 5% larger than that plan's peak: it fits, with less free than the margin
-    tight = dataclasses.replace(roomy, gpu_memory_gb=plan.peak_gib * 1.05)
+    tight = roomy.replace(gpu_memory_gb=plan.peak_gib * 1.05)
     tight_plan = plan_report.check_memory_plan(tight)
     assert tight_plan.fits() and not tight_plan.fits(planner.MARGIN)
     assert re.search(r"warning: \[memory-plan\] the launch fits with \d+\.\d GB \(\d+%\) of the GPU free, less than the "
@@ -416,8 +416,8 @@ def test_device_memory_is_read_from_this_process_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert planner.device_memory_gib(TrainConfig(device="cuda")) == 43.0
-    assert planner.device_memory_gib(TrainConfig()) == 43.0
-    assert planner.device_memory_gib(TrainConfig(device="cuda:1")) == 41.0
+    assert planner.device_memory_gib(TrainConfig.of(device="cuda")) == 43.0
+    assert planner.device_memory_gib(TrainConfig.of()) == 43.0
+    assert planner.device_memory_gib(TrainConfig.of(device="cuda:1")) == 41.0
     assert asked == [3, 3, 1]
-    assert planner.device_memory_gib(TrainConfig(device="cuda", gpu_memory_gb=70.0)) == 70.0
+    assert planner.device_memory_gib(TrainConfig.of(device="cuda", gpu_memory_gb=70.0)) == 70.0

@@ -9,7 +9,7 @@ from sage_grpo.models.placement import Placement
 from sage_grpo.plan import memory as planner, report as plan_report
 
 # the reference launch's model and video on 8 GPUs, sp 2 (the default flags)
-CFG = TrainConfig(sp_size=2, validation_interval=0)
+CFG = TrainConfig.of(sp_size=2, validation_interval=0)
 
 
 def _component(plan, phase: str, prefix: str) -> float:
@@ -29,7 +29,7 @@ def test_the_background_reward_is_planned_beside_the_reference_pass():
     assert beside.phase("reference").bytes == in_line.phase("reference").bytes + forward
     for phase in ("rollout", "train", "optimizer step", "decode + reward"):
         assert beside.phase(phase).bytes == in_line.phase(phase).bytes
-    remote = dataclasses.replace(CFG, remote_reward_url="http://127.0.0.1:8765")
+    remote = CFG.replace(remote_reward_url="http://127.0.0.1:8765")
     assert _component(_plan(remote, async_reward=True), "reference", "reward forward") == 0  # on its own GPU
 
 
@@ -51,11 +51,11 @@ def test_auto_takes_the_largest_group_that_fits_and_the_faithful_one_where_it_mu
     one_more = planner.plan_memory(CFG, sizes, 8, 80.0, dataclasses.replace(auto.placement,
                                                                             replay_group_size=group + 1))
     assert not one_more.fits(planner.MARGIN)
-    window = dataclasses.replace(CFG, sde_window_size=4, timestep_fraction=0.5)  # 2 trained steps per sample
+    window = CFG.replace(sde_window_size=4, timestep_fraction=0.5)  # 2 trained steps per sample
     assert planner.plan_launch(window, 8, 200.0, sizes).placement.replay_group_size == 2
-    dropout = dataclasses.replace(CFG, use_lora=True, lora_dropout=0.1)  # other dropout draws: not float order
+    dropout = CFG.replace(use_lora=True, lora_dropout=0.1)  # other dropout draws: not float order
     assert planner.plan_launch(dropout, 8, 200.0).placement.replay_group_size == 1
-    given = dataclasses.replace(CFG, replay_group_size=3, async_reward="false")
+    given = CFG.replace(replay_group_size=3, async_reward="false")
     assert (planner.plan_launch(given, 8, 200.0, sizes).placement.replay_group_size,
             planner.plan_launch(given, 8, 200.0, sizes).placement.async_reward) == (3, False)
     tight = planner.plan_launch(CFG, 8, auto.peak_gib, sizes)  # the g = 1 plan no longer leaves the margin free
@@ -68,7 +68,7 @@ def test_auto_takes_the_largest_group_that_fits_and_the_faithful_one_where_it_mu
     ({"replay_group_size": 4, "async_reward": "true"}, (4, True)),
 ])
 def test_off_cuda_the_levers_keep_the_reference_unless_asked(changes, expected):
-    cfg = dataclasses.replace(CFG, **changes)
+    cfg = CFG.replace(**changes)
     placement = planner.resolve_placement(cfg, sharded=False, device_type="cpu")
     assert (placement.replay_group_size, placement.async_reward) == expected
     from_plan = planner.resolve_placement(cfg, sharded=True, device_type="cpu",

@@ -16,9 +16,9 @@ from sage_grpo.plan import memory as planner
 
 
 def test_cpu_keeps_the_update_batch_unless_told():
-    cfg = TrainConfig(sp_size=1, validation_interval=0, batch_size=4, mini_batch_size_per_update=2)
+    cfg = TrainConfig.of(sp_size=1, validation_interval=0, batch_size=4, mini_batch_size_per_update=2)
     assert planner.resolve_placement(cfg, sharded=False, device_type="cpu").reference_batch_size == 2
-    told = dataclasses.replace(cfg, reference_batch_size=8)
+    told = cfg.replace(reference_batch_size=8)
     assert planner.resolve_placement(told, sharded=False, device_type="cpu").reference_batch_size == 8
     # a plan made for a GPU does not carry its batch onto a CPU device
     plan = planner.plan_launch(cfg, 1, 80.0)
@@ -26,20 +26,20 @@ def test_cpu_keeps_the_update_batch_unless_told():
 
 
 def test_cuda_auto_takes_the_largest_batch_under_the_peak():
-    cfg = TrainConfig(sp_size=2, validation_interval=0, batch_size=2, grpo_sampling_steps=16)
+    cfg = TrainConfig.of(sp_size=2, validation_interval=0, batch_size=2, grpo_sampling_steps=16)
     assert planner.reference_batch_candidates(cfg) == [1, 2, 4, 8, 16, 32]
-    assert planner.reference_batch_candidates(dataclasses.replace(cfg, sde_window_size=3)) == [1, 2, 4, 6]
+    assert planner.reference_batch_candidates(cfg.replace(sde_window_size=3)) == [1, 2, 4, 6]
     # this launch's whole rollout batch (2 x 16 transitions) fits under its training peak; at 4 prompts (4 x 16)
     # the largest candidate would not
     assert planner.plan_launch(cfg, 8, 80.0).placement.reference_batch_size == 32
-    cfg = dataclasses.replace(cfg, batch_size=4)
-    faithful = planner.plan_launch(dataclasses.replace(cfg, reference_batch_size=1), 8, 80.0)
+    cfg = cfg.replace(batch_size=4)
+    faithful = planner.plan_launch(cfg.replace(reference_batch_size=1), 8, 80.0)
     auto = planner.plan_launch(cfg, 8, 80.0)
     chosen = auto.placement.reference_batch_size
     assert 1 < chosen < 64 and auto.peak.bytes == faithful.peak.bytes  # batched, and the peak did not move
     reference = auto.phase("reference").bytes
     assert reference > faithful.phase("reference").bytes
-    larger = planner.plan_launch(dataclasses.replace(cfg, reference_batch_size=2 * chosen), 8, 80.0)
+    larger = planner.plan_launch(cfg.replace(reference_batch_size=2 * chosen), 8, 80.0)
     assert larger.peak.bytes > faithful.peak.bytes  # the next candidate would have raised the peak
     assert larger.placement.reference_batch_size == 2 * chosen  # an explicit value is taken as given
 

@@ -77,11 +77,11 @@ def test_grouped_replay_gives_the_same_update_and_beta_sequence(tiny_root, tmp_p
 
 
 def test_the_replay_group_is_checked_against_the_trained_steps():
-    cfg = TrainConfig(sp_size=1, num_generations=2, grpo_sampling_steps=4, timestep_fraction=0.5, replay_group_size=3)
+    cfg = TrainConfig.of(sp_size=1, num_generations=2, grpo_sampling_steps=4, timestep_fraction=0.5, replay_group_size=3)
     with pytest.raises(ConfigError, match=r"\[replay-group\] --replay_group_size 3 must be in \[0, the trained steps "
                                           r"per sample, 2\].*use 0 \(auto\) or 1"):
         validate_train_config(cfg)
-    validate_train_config(dataclasses.replace(cfg, replay_group_size=2))
+    validate_train_config(cfg.replace(replay_group_size=2))
 
 
 def _dims():

@@ -43,7 +43,7 @@ def test_csv_reader_rules_shared_with_generate(tmp_path):
 
 
 def test_validation_rows_without_a_seed_get_the_validation_seed(tmp_path):
-    cfg = TrainConfig(valid_video_csv=[_csv(tmp_path, "prompt,seed\nfirst,5\nsecond,\n")], validation_global_seed=930)
+    cfg = TrainConfig.of(valid_video_csv=[_csv(tmp_path, "prompt,seed\nfirst,5\nsecond,\n")], validation_global_seed=930)
     items = validation_items(cfg)
     assert [(i.prompt, i.seed) for i in items] == [("first", 5), ("second", 930)]
 

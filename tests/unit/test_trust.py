@@ -235,7 +235,7 @@ def test_resume_refusals(tiny_root, tmp_path, no_models):
         GRPOTrainer(parse_cli(TrainConfig, args + resume))
 
     path = _resume_checkpoint(tmp_path, args, anchor=True, anchor_moved=True)
-    with pytest.raises(ConfigError, match=r"--learning_rate 0.001 -> 0.002; --sde_type 'sage_grpo' -> 'flow_grpo'"):
+    with pytest.raises(ConfigError, match=r"--sde_type 'sage_grpo' -> 'flow_grpo'; --learning_rate 0.001 -> 0.002"):
         GRPOTrainer(parse_cli(TrainConfig, args + resume + ["--sde_type", "flow_grpo", "--learning_rate", "2e-3"]))
     with pytest.raises(pytest.fail.Exception, match="models loaded"):  # allowed: the preflight passes
         GRPOTrainer(parse_cli(TrainConfig, args + resume + ["--sde_type", "flow_grpo", "--allow_config_change"]))
@@ -258,6 +258,6 @@ def test_max_steps_defines_the_run_only_under_a_decaying_lr_schedule():
     from sage_grpo.resume import config_differences
 
     for schedule, defines in (("constant", False), ("constant_with_warmup", False), ("cosine", True)):
-        saved = to_dict(TrainConfig(lr_scheduler=schedule, max_steps=100))
-        differences = config_differences(saved, TrainConfig(lr_scheduler=schedule, max_steps=200))
+        saved = to_dict(TrainConfig.of(lr_scheduler=schedule, max_steps=100))
+        differences = config_differences(saved, TrainConfig.of(lr_scheduler=schedule, max_steps=200))
         assert differences == ({"max_steps": (100, 200)} if defines else {}), schedule

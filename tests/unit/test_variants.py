@@ -61,8 +61,8 @@ def test_the_config_records_what_the_yaml_and_the_command_line_set(tmp_path):
     assert explicit_fields(parse_cli(TrainConfig, [])) == frozenset()
     assert explicit_fields(from_dict(TrainConfig, {"seed": 1})) == {"seed"}
     # built in code there is no record: a value away from its default counts as chosen
-    assert explicit_fields(TrainConfig(cfg_scale=4.0)) is None
-    assert is_explicit(TrainConfig(cfg_scale=4.0), "cfg_scale") and not is_explicit(TrainConfig(), "cfg_scale")
+    assert explicit_fields(TrainConfig.of(cfg_scale=4.0)) is None
+    assert is_explicit(TrainConfig.of(cfg_scale=4.0), "cfg_scale") and not is_explicit(TrainConfig.of(), "cfg_scale")
 
 
 # ------------------------------------------------------------------ training
