@@ -248,10 +248,25 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
     notes += _check_drift_options(cfg)
     if cfg.pretrained_lora_path and not cfg.use_lora:
         _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
-    if cfg.kl_weight > 0 and cfg.kl_min_coef > cfg.kl_weight:
-        notes.append(f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
-                     f"{cfg.kl_weight} (as the reference does)")
-    return notes
+    return notes + _kl_notes(cfg)
+
+
+def _kl_notes(cfg: TrainConfig) -> List[str]:
+    """What the adaptive β makes of --kl_coef and --kl_min_coef, as the reference does (sage_grpo/rl/kl_controller.py):
+    a clamped floor, a floor of 0 read as --kl_coef, and a β that stays 0 (no KL, no reference model)."""
+    if cfg.kl_weight <= 0:
+        return []
+    if cfg.kl_coef == 0 and cfg.kl_min_coef == 0:
+        return [f"--kl_coef 0 with --kl_min_coef 0: the KL weight beta stays 0 for the whole run (the reference "
+                f"computes the KL only while beta > 0), so --kl_weight {cfg.kl_weight} adds no KL term and no "
+                "reference model is loaded; for a KL term set --kl_coef > 0"]
+    if cfg.kl_min_coef == 0:
+        return [f"--kl_min_coef 0 means --kl_coef {cfg.kl_coef} (the reference's 'kl_min_coef or kl_coef'): beta's "
+                "floor and the start of its warm-up"]
+    if cfg.kl_min_coef > cfg.kl_weight:
+        return [f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
+                f"{cfg.kl_weight} (as the reference does)"]
+    return []
 
 
 def _check_drift_options(cfg: TrainConfig) -> List[str]:
