@@ -26,9 +26,11 @@ A server on a shared cluster meets stalled and hostile clients, so every resourc
   request within ``request_timeout_s`` (a client trickling its body one byte a second cannot hold a slot forever);
 * request bodies held in memory at once (read, queued for the model, being scored) total at most
   ``max_buffered_bytes``; a request that would pass it gets 503 before its body is read. Each body is held once: it
-  is read into one buffer of its ``Content-Length`` and the frames handed to the model are a view of it; the one
-  request being scored adds its current chunk of ``--reward_batch_size`` videos in float32 (4 bytes per value) and
-  what the model itself needs, so memory is bounded by ``max_buffered_bytes`` plus one chunk;
+  is read into one buffer of its ``Content-Length`` and the frames are a view of it. A reward that declares
+  ``accepts_uint8`` (VideoAlign does) is handed that view; for any other the one request being scored adds its
+  current chunk of ``--reward_batch_size`` videos in float32 (4 bytes per value: 4x the body when the request is one
+  chunk, as a trainer's are). With what the model itself needs, memory is bounded by ``max_buffered_bytes`` plus one
+  float chunk (none for a uint8 reward);
 * with ``--auth_token_file`` every request must carry ``Authorization: Bearer <token>`` (compared in constant
   time); anything else gets 401 before its body is read;
 * the JSON header may nest at most ``MAX_JSON_DEPTH`` levels (the expected one has 2), checked before parsing, so a
@@ -56,7 +58,7 @@ from pathlib import Path
 
 import torch
 
-from .base import metric_names_of, score_with_fallback
+from .base import accepts_uint8, metric_names_of, score_with_fallback
 from .serving_http import RewardHTTPServer, RewardRequestHandler
 from .serving_request import MAX_JSON_DEPTH, RequestError, ServerLimits, check_json_depth, decode_request
 
@@ -79,6 +81,7 @@ class RewardService:
         self.batch_size = batch_size
         self.limits = limits
         self.metric_names = metric_names_of(reward_fn)
+        self.takes_uint8 = accepts_uint8(reward_fn)
         self._expected_authorization = None if auth_token is None else f"Bearer {auth_token}".encode()
         self.requires_token = auth_token is not None
         self._lock = threading.Lock()
@@ -110,6 +113,8 @@ class RewardService:
             self.buffered_bytes -= num_bytes
 
     def _reward_of_uint8(self, videos: torch.Tensor, prompts: list[str]):
+        if self.takes_uint8:  # the body's frames as they are: no copy
+            return self.reward_fn(videos, prompts)
         # per chunk, one float copy laid out (B, 3, F, H, W) and scaled in place: the same values as float() / 255
         frames = torch.empty(videos.shape, dtype=torch.float32).copy_(videos).div_(255.0)
         return self.reward_fn(frames, prompts)

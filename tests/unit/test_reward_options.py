@@ -63,6 +63,25 @@ def test_picking_frames_first_gives_the_old_paths_frames_bit_for_bit(videoalign,
         assert torch.equal(videoalign.inputs.patchify(old)[0], videoalign.inputs.patchify(new)[0])
 
 
+def test_videoalign_scores_uint8_videos_as_the_same_videos_over_255(videoalign):
+    """``accepts_uint8``: the reward server hands VideoAlign the request's uint8 frames (no float32 copy of the
+    request); the frames the model sees and the scores are those of the same videos / 255, from tensors and after the
+    mp4 round trip."""
+    levels = torch.randint(0, 256, (2, 3, 9, 64, 96), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    as_float = levels.float() / 255.0
+    assert VideoAlignReward.accepts_uint8 is True
+    for video, reference in zip(levels, as_float):
+        assert torch.equal(videoalign.inputs.frames_from_tensor(video, 24.0),
+                           videoalign.inputs.frames_from_tensor(reference, 24.0))
+    try:
+        for from_mp4 in (False, True):
+            videoalign.from_mp4 = from_mp4
+            scores, expected = videoalign(levels, PROMPTS), videoalign(as_float, PROMPTS)
+            assert all(torch.equal(scores[k], expected[k]) for k in expected), from_mp4
+    finally:
+        videoalign.from_mp4 = False
+
+
 def test_default_sampling_is_the_checkpoints(videoalign, tiny_reward_root):
     data = json.loads((tiny_reward_root / "VideoReward" / "model_config.json").read_text())["data_config"]
     spec = videoalign.inputs.spec
