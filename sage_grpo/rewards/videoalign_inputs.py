@@ -128,9 +128,12 @@ class FrameSampler:
         return frames if second == size else processor_resize(frames, second)
 
     def frames_from_tensor(self, video: torch.Tensor, video_fps: float) -> torch.Tensor:
-        """A decoded rollout ``(3, F, H, W)`` in [0, 1] -> prepared frames (no uint8 quantisation)."""
+        """A decoded rollout ``(3, F, H, W)`` in [0, 1] (or uint8 in [0, 255]: the same frames, since float32's
+        ``k / 255 * 255`` is ``k`` for every level) -> prepared frames (no uint8 quantisation)."""
         picked = video.detach()[:, self.frame_indices(video.shape[1], video_fps)]  # (3, T, H, W)
-        frames = picked.permute(1, 0, 2, 3).float().contiguous().clamp_(0.0, 1.0).mul_(255.0)
+        frames = picked.permute(1, 0, 2, 3).float().contiguous()
+        if video.is_floating_point():
+            frames.clamp_(0.0, 1.0).mul_(255.0)
         return self.resize(frames, quantize=False)
 
     def frames_from_uint8(self, frames: torch.Tensor, video_fps: float) -> torch.Tensor:
