@@ -5,6 +5,7 @@ pipeline on a tiny mean-flow transformer; the drift proxy's denoiser passes r = 
 
 import pytest
 import torch
+from i2v_support import render_beside_diffusers_i2v
 from model_fixtures import TINY_SEED, TINY_TEXT, write_image
 
 from sage_grpo.config.generate import GenerateConfig
@@ -14,7 +15,6 @@ from sage_grpo.models.loading import load_components
 from sage_grpo.models.variants import read_variant_sampling
 from sage_grpo.pipeline import VideoSize, cfg_velocity, replay_step, rollout
 from sage_grpo.pipeline.drift import conditional_velocity
-from sage_grpo.pipeline.generation import VideoGenerator, plan_generation
 from sage_grpo.pipeline.sampler import Sampler
 
 VERSION = "480p_i2v_step_distilled"
@@ -90,34 +90,11 @@ def test_rollout_and_replay_pass_the_next_timestep_and_agree(components, embeds)
 
 
 def test_generate_samples_the_meanflow_model_as_diffusers_i2v_pipeline(meanflow_root, tmp_path, monkeypatch):
-    import importlib
-
-    from diffusers import ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler, HunyuanVideo15ImageToVideoPipeline
-    from PIL import Image
-
-    vae_module = importlib.import_module("sage_grpo.models.vae")
     image_file = write_image(tmp_path / "wide.png", 30, 50, seed=3)
     config = GenerateConfig(model_path=str(meanflow_root), prompt="A red ball rolls", seed=5, dtype="fp32",
                             device="cpu", offloading=False, video_length=5, num_inference_steps=NUM_STEPS,
                             text_max_length=TINY_TEXT.max_length, byt5_max_length=TINY_TEXT.max_length_2,
                             image_path=str(image_file), fixed_size="48x80", model_version=VERSION)
-    plan = plan_generation(config)
+    _, ours, latents, plan = render_beside_diffusers_i2v(config, monkeypatch)
     assert (plan.guidance_scale, plan.flow_shift) == (1.0, 7.0)  # the variant's own configs
-    generator = VideoGenerator(config, plan)
-    decoded = []
-    decode = vae_module.decode_latents
-    monkeypatch.setattr(vae_module, "decode_latents", lambda vae, x, **kw: decoded.append(x) or decode(vae, x))
-    generator.render(plan.items[0])
-
-    c = generator.components
-    pipe = HunyuanVideo15ImageToVideoPipeline(
-        c.text_encoder, c.tokenizer, c.transformer, c.vae, FlowMatchEulerDiscreteScheduler(shift=plan.flow_shift),
-        c.text_encoder_2, c.tokenizer_2, ClassifierFreeGuidance(guidance_scale=plan.guidance_scale),
-        c.image_encoder, c.feature_extractor)
-    pipe.set_progress_bar_config(disable=True)
-    pipe.tokenizer_max_length, pipe.tokenizer_2_max_length = TINY_TEXT.max_length, TINY_TEXT.max_length_2
-    pipe.prompt_template_encode_start_idx = generator.encoder.crop_start
-    noise = torch.randn((4, 2, 6, 10), generator=torch.Generator().manual_seed(5))[None]  # generate.py's seeded x_0
-    latents = pipe(image=Image.open(image_file).convert("RGB"), prompt=config.prompt, negative_prompt=None,
-                   num_frames=5, num_inference_steps=NUM_STEPS, latents=noise, output_type="latent").frames
-    torch.testing.assert_close(latents, decoded[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(latents, ours, rtol=0, atol=1e-5)
