@@ -35,6 +35,7 @@ from .video_preprocess import (
     num_sampled_frames,
     patchify_video,
     processor_resize,
+    processor_smart_resize,
     resize_frames,
     sample_frame_indices,
     smart_resize,
@@ -122,9 +123,12 @@ class FrameSampler:
         _, _, height, width = frames.shape
         size = smart_resize(height, width, factor=factor, min_pixels=self.spec.min_pixels,
                             max_pixels=self.spec.max_pixels)
+        if min(size) == 0:  # qwen-vl-utils' shrink floors the short side of an extreme aspect ratio to 0
+            raise ValueError(f"a {height}x{width} video shrinks to {size[0]}x{size[1]} under the pixel budget "
+                             f"{self.spec.max_pixels}; give a less extreme aspect ratio or a larger videoalign_max_pixels")
         frames = resize_frames(frames, size, quantize=quantize)
-        second = smart_resize(*size, factor=factor, min_pixels=self.spec.processor_min_pixels,
-                              max_pixels=self.spec.processor_max_pixels)
+        second = processor_smart_resize(*size, factor=factor, min_pixels=self.spec.processor_min_pixels,
+                                        max_pixels=self.spec.processor_max_pixels)
         return frames if second == size else processor_resize(frames, second)
 
     def frames_from_tensor(self, video: torch.Tensor, video_fps: float) -> torch.Tensor:
