@@ -88,7 +88,8 @@ def read_quotes(path: Path, text: Optional[str] = None, root: Path = REPO_ROOT) 
         if not shell:
             problems.append(f"{where}: a figures comment without the command ('$ ' lines)")
         elif quoted and not all(FIGURE.search(item) for item in quoted):
-            problems.append(f"{where}: every quoted line marks its figures in braces, e.g. 'peak per GPU: {{64.71}} GB'")
+            problems.append(f"{where}: every quoted line marks its figures in braces, e.g. "
+                            "'peak per GPU: {64.71} GB'")
         elif not quoted and not fenced:
             problems.append(f"{where}: a figures comment without quoted lines must precede the fenced block of the "
                             "output (with its check marker)")
@@ -98,12 +99,9 @@ def read_quotes(path: Path, text: Optional[str] = None, root: Path = REPO_ROOT) 
 
 
 def all_quotes() -> Tuple[List[Quote], List[str]]:
-    quotes, problems = [], []
-    for path in doc_files():
-        found, wrong = read_quotes(path)
-        quotes += found
-        problems += wrong
-    return quotes, problems
+    """The figures comments of README.md, ckpts/README.md and docs/*.md, and what is wrong with them."""
+    pages = [read_quotes(path) for path in doc_files()]
+    return [quote for found, _ in pages for quote in found], [problem for _, wrong in pages for problem in wrong]
 
 
 _OUTPUTS: Dict[Tuple[str, str], str] = {}  # (shell, cwd) -> output: pages quoting the same command run it once

@@ -36,8 +36,9 @@ def test_a_figure_the_command_no_longer_prints_fails():
 
 
 def test_a_paragraph_edited_without_its_comment_fails():
-    quote = page("<!-- figures", PLAN, "peak per GPU: {69.98} GB", "-->", "<!-- figures", PLAN, "| drift proxy | {23.34} |",
-                 "-->", "", "The launch peaks at 70.0 GB (169.98 is another figure).")  # past the second comment
+    quote = page("<!-- figures", PLAN, "peak per GPU: {69.98} GB", "-->",
+                 "<!-- figures", PLAN, "| drift proxy | {23.34} |", "-->",
+                 "", "The launch peaks at 70.0 GB (169.98 is another figure).")  # past the second comment
     assert "launch peaks at 70.0 GB" in quote.text
     assert check_quote(quote, OUTPUT) == [
         "docs/fake.md:1: the figure 69.98 ('peak per GPU: {69.98} GB') is not in the paragraph after the comment"]
