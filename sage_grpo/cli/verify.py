@@ -84,4 +84,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sage_grpo.config.command import run_module
+
+    run_module("sage_grpo.cli.verify", main)

@@ -208,16 +208,18 @@ def _add_flag(parser: Any, field: dataclasses.Field) -> None:
     if meta.get("no_effect"):
         help_text += f" [accepted for compatibility; no effect: {meta['no_effect']}]"
     kwargs: Dict[str, Any] = dict(dest=field.name, default=argparse.SUPPRESS, help=help_text)
+    choices = None if meta.get("choices") is None else [str(c) for c in meta["choices"]]
+    listed = "{" + ",".join(choices) + "}" if choices else None  # --help shows the valid values: --sde_type {a,b}
     if is_list:
-        kwargs.update(nargs=meta.get("nargs") or "+", type=str, metavar="VALUE")
+        kwargs.update(nargs=meta.get("nargs") or "+", type=str, metavar=listed or "VALUE")
     elif convert is _mapping:
         kwargs.update(nargs="+", type=str, metavar="KEY=VALUE")
     elif convert is str_to_bool:
         kwargs.update(nargs="?", const=True, type=str_to_bool, metavar="BOOL")
     else:
-        kwargs.update(type=str, metavar=field.name.upper())
-        if meta.get("choices") is not None:
-            kwargs["choices"] = [str(c) for c in meta["choices"]]
+        kwargs.update(type=str, metavar=listed or field.name.upper())
+        if choices:
+            kwargs["choices"] = choices
     parser.add_argument(*names, **kwargs)
 
 
