@@ -121,6 +121,10 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
             reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
             reader.fieldnames = columns = [name.strip() for name in reader.fieldnames or []]
             done = reader.line_num
+            twice = next((name for index, name in enumerate(columns) if name in columns[:index]), None)
+            if twice is not None:  # DictReader would keep the last such column and drop the others silently
+                raise ConfigError(f"prompt CSV {path!r}, line {done}: the header names column {twice!r} twice "
+                                  f"(columns: {columns}). Keep one, or rename the other")
             if "prompt" not in columns:
                 raise ConfigError(f"prompt CSV {path!r} has no 'prompt' column (columns: {columns}). The first line "
                                   "must be a header such as: prompt,seed")
