@@ -75,9 +75,9 @@ def setup(tiny_root, tmp_path, monkeypatch):
     (tmp_path / "eval.csv").write_text("prompt\n" + "\n".join(PROMPTS + PROMPTS[1:2]) + "\n")  # one row repeated
     args = ["--checkpoints", "base", str(checkpoint), "--prompts", str(tmp_path / "eval.csv"), "--seeds", "0",
             "--metrics", f"target_color,{PLUGIN},{NEVER[:-6]},{ZERO[:-6]}", "--model_path", str(tiny_root),
-            "--num_inference_steps", "1", "--video_length", "5", "--fixed_size", "16x16", "--text_max_length", "16", "--byt5_max_length", "8",
-            "--vision_num_semantic_tokens", "4", "--dtype", "fp32", "--device", "cpu", "--picture_height", "16",
-            "--output", str(tmp_path / "eval")]
+            "--num_inference_steps", "1", "--video_length", "5", "--fixed_size", "16x16", "--text_max_length", "16",
+            "--byt5_max_length", "8", "--vision_num_semantic_tokens", "4", "--dtype", "fp32", "--device", "cpu",
+            "--picture_height", "16", "--output", str(tmp_path / "eval")]
     yield {"root": tiny_root, "checkpoint": checkpoint, "args": args, "output": tmp_path / "eval"}
     sys.modules.pop("eval_trust_plugin", None)
 
