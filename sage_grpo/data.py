@@ -24,7 +24,9 @@ order repeats every epoch). The sampler is stateless in the global step, so resu
 """
 
 import csv
+import hashlib
 import io
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +168,17 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
         if len(items) == first:
             raise ConfigError(f"prompt CSV {path!r} holds no prompts. Add rows under the 'prompt' header.")
     return items
+
+
+def prompts_record(items: Sequence[PromptItem]) -> dict:
+    """What a checkpoint records of the prompts it was trained on: their number and a SHA-256 of every row in order
+    (index, prompt, seed and the reference image's bytes), which decide each step's prompts and noise. Files moved
+    elsewhere give the same record; an edited, reordered or other CSV another."""
+    digest = hashlib.sha256()
+    for item in items:
+        image = hashlib.sha256(Path(item.ref_image_path).read_bytes()).hexdigest() if item.ref_image_path else ""
+        digest.update(json.dumps([item.index, item.prompt, item.seed, image]).encode() + b"\n")
+    return {"count": len(items), "sha256": digest.hexdigest()}
 
 
 class GroupedPromptSampler:
