@@ -298,8 +298,8 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
                               f"{training['anchor_schedule']['last_refreshed_at']}: resuming would take the base "
                               "model as the KL reference. Resume from an intact checkpoint")
     if has_anchor and not wants_reference:
-        check.notes.append(f"{path} holds a moving anchor, but --kl_weight {cfg.kl_weight} runs without a KL "
-                           "reference: the anchor is not used")
+        check.notes.append(f"{path} holds a moving anchor, but this run has no KL term (--kl_weight 0, or --kl_coef "
+                           "0 with --kl_min_coef 0): the anchor is not used")
 
     saved = _read_saved_config(path)
     if saved is None:

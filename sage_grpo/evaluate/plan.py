@@ -21,6 +21,7 @@ from sage_grpo.data import read_prompt_csvs
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.models import layout
 from sage_grpo.pipeline.generation import GenerationPlan, plan_generation
+from sage_grpo.rewards.clip_score import ClipScore
 from sage_grpo.rewards.scorers import VIDEOALIGN_NAMES, MetricPlan
 from sage_grpo.rewards.scorers import plan_metrics as plan_scorers
 from sage_grpo.safe_io import read_json_object
@@ -75,6 +76,8 @@ class EvaluationPlan:
             "model_path": g.model_path, "metrics": list(self.metrics.names),
             "videoalign_weights": self.metrics.videoalign_weights,
             "clip_model": str(self.metrics.clip_model) if self.metrics.clip_model else None,
+            # what a CLIP model scores: a cache scored with fewer CLIP columns is not mixed in
+            "clip_metrics": list(ClipScore.metric_names) if self.metrics.clip_model else None,
             "pickscore_model": [str(p) for p in self.metrics.pickscore_model] if self.metrics.pickscore_model else None,
             "model_files": self.model_files,
         }

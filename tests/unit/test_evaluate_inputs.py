@@ -6,7 +6,7 @@ import math
 import pytest
 
 from sage_grpo.evaluate import main
-from sage_grpo.evaluate.report import markdown_table, mean_and_stderr, with_paper_scale
+from sage_grpo.evaluate.report import METRIC_DEFINITIONS, markdown_table, mean_and_stderr, with_paper_scale
 
 
 @pytest.fixture
@@ -79,14 +79,14 @@ def test_markdown_is_table2_first():
                "checkpoints": {"base": entry(toy_red=1.0, pickscore=21.0, VQ=-0.75, MQ=-0.59, TA=1.41,
                                              Overall=0.07, clipscore=0.8)}}
     lines = markdown_table(results).splitlines()
-    assert lines[2] == "| Model | VQ | MQ | TA | Overall | CLIPScore (2.5·cos) | PickScore logit (raw) | toy_red |"
+    assert lines[2] == "| Model | VQ | MQ | TA | Overall | CLIPScore (2.5·max(cos,0)) | PickScore logit (raw) | toy_red |"
     assert lines[4].startswith("| base | -0.7500 ± 0.5000 | -0.5900 ± 0.5000 | 1.4100 ± 0.5000 | 0.0700 ± 0.5000 |")
     assert "40 steps" in lines[0]
 
 
 def test_paper_scale_pickscore_is_flow_grpos_logit_over_26():
     # Table 2's PickScore 0.74 is a logit of 19.24 (PickScore_v1: 100 cos, cos 0.19) on Flow-GRPO's scale
-    scores = with_paper_scale({"pickscore": 19.24, "clipscore": 0.54, "clip_cosine": 0.216})
+    scores = with_paper_scale({"pickscore": 19.24, "clipscore": 0.54, "clip_flowgrpo": 0.72, "clip_cosine": 0.216})
     assert scores["pickscore_paper"] == pytest.approx(0.74) and scores["clipscore"] == 0.54
     assert with_paper_scale({"VQ": 1.0}) == {"VQ": 1.0}  # nothing to derive without PickScore
     assert with_paper_scale({"pickscore": None})["pickscore_paper"] is None  # a failed score stays failed
@@ -95,9 +95,13 @@ def test_paper_scale_pickscore_is_flow_grpos_logit_over_26():
                "prompts": ["a"], "seeds": [0],
                "checkpoints": {"base": {"summary": {k: {"mean": v, "stderr": None, "n": 1} for k, v in scores.items()}}}}
     lines = markdown_table(results).splitlines()
-    assert lines[2] == ("| Model | CLIPScore (2.5·cos) | PickScore (logit/26) | PickScore logit (raw) | "
-                        "CLIP cos (raw) |")
-    assert "hold those against Table 2" in lines[0] and lines[4] == "| base | 0.5400 | 0.7400 | 19.2400 | 0.2160 |"
+    assert lines[2] == ("| Model | CLIPScore (2.5·max(cos,0)) | CLIP score (logit/30) | PickScore (logit/26) | "
+                        "PickScore logit (raw) | CLIP cos (raw) |")
+    assert "two candidate scalings of Table 2's CLIPScore" in lines[0] and "hold those against Table 2" in lines[0]
+    assert lines[4] == "| base | 0.5400 | 0.7200 | 0.7400 | 19.2400 | 0.2160 |"
+    # results.json's metric_definitions name each CLIP column's formula
+    assert "mean over frames of 2.5 * max(cos, 0)" in METRIC_DEFINITIONS["clipscore"]
+    assert "logit / 30 = exp(logit_scale) * cos / 30" in METRIC_DEFINITIONS["clip_flowgrpo"]
 
 
 def test_bar_chart_draws_each_bar_in_its_colour(tmp_path):
