@@ -5,8 +5,11 @@
   plus mean sampling and scoring seconds per (prompt, seed);
 * ``results.md``: the summary in the layout of the paper's Table 2 (VQ, MQ, TA, Overall = VQ + MQ + TA, CLIPScore in
   both candidate scalings, Hessel's and Flow-GRPO's, and PickScore on the paper's scale, then the raw PickScore logit
-  and any further metric), ``mean ± s.e.``, every column headed with how it is computed; ``results.json`` holds the same definitions (``metric_definitions``);
-* ``bars.png``: one bar panel per metric, a bar per checkpoint with its standard error;
+  and any further metric), ``mean ± s.e.``, every column headed with how it is computed (``NaN (k of k failed)``
+  where a metric failed on every sample: null in ``results.json``); ``results.json`` holds the same definitions
+  (``metric_definitions``);
+* ``bars.png``: one bar panel per metric, a bar per checkpoint with its standard error ("NaN" written where a
+  checkpoint's metric failed on every sample; a metric that is 0.0 for every checkpoint gets a 0 to 1 axis);
 * ``side_by_side/<i>_<prompt>.png``: per prompt (first seed), one row of evenly spaced frames per checkpoint.
 """
 
@@ -100,8 +103,8 @@ def columns_of(results: Dict) -> List[tuple]:
 
 def _cell(stat: Dict) -> str:
     failed = f" ({stat['failed']} failed)" if stat.get("failed") else ""
-    if stat["mean"] is None:
-        return f"failed{failed}"
+    if stat["mean"] is None:  # null in results.json: the scorer failed on every sample
+        return f"NaN ({stat.get('failed', 0)} of {stat.get('failed', 0) + stat.get('n', 0)} failed)"
     value = f"{stat['mean']:.4f}" if stat["stderr"] is None else f"{stat['mean']:.4f} ± {stat['stderr']:.4f}"
     return value + failed
 

@@ -130,3 +130,38 @@ def test_bar_chart_legend_shows_long_checkpoint_labels_whole(tmp_path):
     inked = [x for x in range(28, image.width) for y in row if image.getpixel((x, y)) < 128]
     assert max(inked) >= 28 + text_width - 4  # the label is drawn to its last character ...
     assert max(inked) <= image.width - 8  # ... inside the picture, with its margin
+
+
+def test_bar_chart_of_an_all_nan_and_an_all_zero_metric(tmp_path):
+    """Before: a ZeroDivisionError traceback after results.json (a 0-high axis), and no picture."""
+    from PIL import Image
+
+    from sage_grpo.tracking.plots import COLOURS, BarPanel, plot_bars
+
+    path = plot_bars([BarPanel("failed everywhere", ["base", "run"], [math.nan, math.nan], [0.0, 0.0]),
+                      BarPanel("zero everywhere", ["base", "run"], [0.0, 0.0], [0.0, 0.0])], tmp_path / "bars.png",
+                     columns=2)
+    image = Image.open(path).convert("RGB")
+    assert image.width == 600
+    left = {image.getpixel((x, y)) for x in range(300) for y in range(image.height - 260, image.height)}  # panel 1
+    assert not {COLOURS[0], COLOURS[1]} & left  # no bar where there is no value ...
+    assert any(r > 150 and g < 60 and b < 60 for r, g, b in left)  # ... but "NaN", in red, in each bar's place
+
+
+def test_a_metric_that_failed_on_every_sample_is_named_nan_in_the_table():
+    results = {"settings": {"sampler": "Euler", "num_inference_steps": 40, "height": 480, "width": 848,
+                            "video_length": 121, "guidance_scale": 6.0, "flow_shift": 5.0, "dtype": "bf16"},
+               "prompts": ["a", "b"], "seeds": [0],
+               "checkpoints": {"base": {"summary": {"toy_red": mean_and_stderr([None, None]),
+                                                    "brightness": mean_and_stderr([0.0, 0.0])}}}}
+    assert markdown_table(results).splitlines()[4] == "| base | NaN (2 of 2 failed) | 0.0000 ± 0.0000 |"
+
+
+def test_repeated_prompts_are_evaluated_once_and_named():
+    from sage_grpo.evaluate.plan import unique_prompts
+
+    assert unique_prompts(["a", "b"]) == (["a", "b"], None)
+    prompts, line = unique_prompts(["a cat", "a dog", "a cat", "a cow", "a dog", "a cat"])
+    assert prompts == ["a cat", "a dog", "a cow"]
+    assert line == ("2 prompt(s) repeated, each evaluated once (3 distinct prompts of 6 rows): 'a cat' (3 rows); "
+                    "'a dog' (2 rows)")
