@@ -26,6 +26,7 @@ from sage_grpo.config import ConfigError, TrainConfig, parse_cli, to_dict
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.resume import CONFIG_CHANGES_FILE, check_resume, layout_record
 from sage_grpo.rl.kl import kl_mode_of
+from sage_grpo.tracking.run_claim import RunDirPlan
 
 pytestmark = pytest.mark.unit
 LORA = ["--use_lora", "true", "--lora_r", "4", "--lora_alpha", "8"]
@@ -102,7 +103,8 @@ def test_run_config_holds_what_the_resumed_run_uses(tiny_root, tmp_path):
         cfg = parse_cli(TrainConfig, args + resume + extra)
         items = read_prompt_csvs(cfg.train_video_csv, notes=[])
         check = check_resume(cfg, kl_mode_of(cfg), distributed=False, prompts=items)
-        trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[])
+        trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[],
+                                  run_claim=RunDirPlan.of(cfg, check))
         run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)
         written = yaml.safe_load((run_dir / "run_config.yaml").read_text())
         assert {key: written[key] for key in ("max_steps", "log_interval", "train_video_csv")} == \
