@@ -189,13 +189,18 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
     return notes
 
 
+def check_numbers(config, table: Dict[str, Entry]) -> None:
+    """Every number of ``config`` alone: finite, seeds in range, inside its bound of ``table``."""
+    check_finite_options(config)
+    check_seeds(config)
+    check_bounds(config, table)
+
+
 def check_option_values(cfg: TrainConfig) -> List[str]:
     """The rules of :func:`validate_train_config` that do not depend on the launch (world size, heads): what a
     checkpoint's recorded ``config.yaml`` is checked against too. Returns notes."""
     notes: List[str] = []
-    check_finite_options(cfg)
-    check_seeds(cfg)
-    check_bounds(cfg, TRAIN_BOUNDS)
+    check_numbers(cfg, TRAIN_BOUNDS)
     if cfg.post_train_type != "grpo":
         _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
               "'standard' path crashes)", "use --post_train_type grpo")

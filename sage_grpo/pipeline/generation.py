@@ -68,11 +68,11 @@ from sage_grpo.data import check_image, read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
 from sage_grpo.models.attention import check_attention_backend
+from sage_grpo.models.config_fields import read_model_config
 from sage_grpo.models.layout import version_task
 from sage_grpo.models.variants import resolve_generation_sampling
 from sage_grpo.pipeline.recorded import apply_recorded_settings, transformer_version
 from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
-from sage_grpo.safe_io import read_json_object
 from sage_grpo.video_io import sanitize_name, write_video
 
 VIDEO_FPS = 24
@@ -159,7 +159,7 @@ def _vae_ratios(model_path: str) -> Optional[Tuple[int, int]]:
     config_file = Path(model_path) / layout.VAE.subdir / "config.json"
     if not config_file.is_file():
         return None
-    vae_config = read_json_object(config_file, "the VAE config")
+    vae_config = read_model_config(config_file, "vae")
     return vae_config.get("temporal_compression_ratio", 4), vae_config.get("spatial_compression_ratio", 16)
 
 
