@@ -4,18 +4,20 @@ weights, the group size and the accumulation against the run's length. In-proces
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
+from launch_flags import RUN_POST_TRAIN_FLAGS
 from model_fixtures import tiny_args
 
 import sage_grpo.trainer as trainer_module
 from sage_grpo.cli import generate as generate_cli
 from sage_grpo.cli import train as train_cli
-from sage_grpo.config import ConfigError, TrainConfig
+from sage_grpo.config import ConfigError, TrainConfig, parse_cli
 from sage_grpo.config.bounds import EVALUATE_BOUNDS, GENERATE_BOUNDS, TRAIN_BOUNDS, Bound
 from sage_grpo.config.generate import GenerateConfig
-from sage_grpo.config.schema import from_dict
-from sage_grpo.config.validation import check_bounds, check_option_values
+from sage_grpo.config.schema import from_dict, load_yaml
+from sage_grpo.config.validation import check_bounds, check_option_values, validate_train_config
 from sage_grpo.evaluate import main as evaluate_main
 from sage_grpo.evaluate.config import EvaluateConfig
 
@@ -151,6 +153,15 @@ def test_a_value_outside_its_bound_is_one_line_naming_it(cls, table, name, value
 @pytest.mark.parametrize("cls,table", TABLES, ids=lambda x: getattr(x, "__name__", ""))
 def test_the_defaults_are_inside_every_bound(cls, table):
     check_bounds(cls(), table)
+
+
+def test_the_reference_launch_and_the_shipped_configs_pass():
+    """The reference's run_post_train.sh flags on its 8 GPUs, and every YAML file of configs/."""
+    validate_train_config(parse_cli(TrainConfig, RUN_POST_TRAIN_FLAGS), world_size=8, num_attention_heads=16)
+    configs = sorted((Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml"))
+    assert len(configs) >= 20
+    for path in configs:
+        check_option_values(from_dict(TrainConfig, load_yaml(str(path)), source=str(path)))
 
 
 @pytest.mark.parametrize("extra,match", [
