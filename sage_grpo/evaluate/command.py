@@ -63,10 +63,13 @@ def main(argv=None) -> int:
     config = parse_cli(EvaluateConfig, argv, description=__doc__.splitlines()[0])
     from sage_grpo.distributed.liveness import PeerLost
     from sage_grpo.distributed.parallel_dims import destroy_distributed, init_distributed
+    from sage_grpo.plan.fit import check_generate_weights_fit
 
     try:  # torchrun's variables are checked first: the device choice reads LOCAL_RANK
         world_size = read_launch_env().world_size
         plan = plan_evaluation(config, device=_default_device())  # every bad input fails here, before any model
+        check_generate_weights_fit(config.model_path, plan.sampling.transformer_version, config.dtype,
+                                   plan.sampling.device.type)  # the video models' weights against the RAM
         rank = init_distributed().rank if world_size > 1 else 0  # the address checked, the peers awaited
     except (ValueError, FileNotFoundError, PeerLost) as err:
         print(f"error: {err}", file=sys.stderr)

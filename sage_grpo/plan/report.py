@@ -159,8 +159,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     "simulation and its plan at N blocks)")
     gpu = cfg.gpu_memory_gb if cfg.gpu_memory_gb is not None else DEFAULT_GPU_MEMORY_GIB
     try:
-        if known.world_size is not None and known.world_size < 1:
-            raise ConfigError(f"--world_size {known.world_size} must be >= 1 (the GPUs of the launch)")
+        for flag, value in (("--world_size", known.world_size), ("--simulate_layers", known.simulate_layers)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} {value} must be >= 1 (GPUs of the launch, or transformer blocks)")
         known.world_size = known.world_size or launch_world_size()  # default: $WORLD_SIZE (checked), else 1
         check_layout(cfg, known.world_size)
         print(report(cfg, known.world_size, gpu))

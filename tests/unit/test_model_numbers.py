@@ -197,3 +197,18 @@ def test_generate_refuses_weights_larger_than_the_ram(tiny_root, tmp_path, capsy
     assert generate_cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: [weights-fit] {path}: num_layers 200") and " GB in bf16, more than" in err
+
+
+def test_the_evaluation_refuses_weights_larger_than_the_ram(tiny_root, tmp_path, capsys, monkeypatch):
+    from sage_grpo.evaluate import main as evaluate_main
+
+    monkeypatch.setattr(fit, "host_memory_bytes", lambda: 64 << 30)
+    root, path = root_with(tiny_root, tmp_path, "transformer", **BIG)
+    prompts = tmp_path / "eval.csv"
+    prompts.write_text("prompt\nA cat walks\n")
+    assert evaluate_main(["--checkpoints", "base", "--prompts", str(prompts), "--model_path", str(root), "--metrics",
+                          "target_color", "--fixed_size", "16x16", "--video_length", "5", "--device", "cpu",
+                          "--output", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: [weights-fit] {path}: num_layers 200") and "\n" not in err
+    assert not (tmp_path / "eval").exists()

@@ -203,3 +203,13 @@ def test_the_evaluation_refuses_numbers_out_of_range(tmp_path, capsys):
     assert "[picture_frames-positive] --picture_frames 0 must be >= 1" in one_error_line(capsys)
     assert evaluate_main([*common, "--guidance_scale", "nan"]) == 2
     assert "--guidance_scale nan is not a finite number" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("flag", ["--world_size", "--simulate_layers"])
+def test_the_memory_plan_refuses_a_count_below_one(capsys, flag):
+    from sage_grpo.plan.report import main as plan_main
+
+    with pytest.raises(SystemExit) as ended:
+        plan_main([flag, "0", "--sp_size", "1", "--batch_size", "4", "--num_generations", "4"])
+    assert ended.value.code == 2
+    assert one_error_line(capsys) == f"error: {flag} 0 must be >= 1 (GPUs of the launch, or transformer blocks)"
