@@ -11,7 +11,7 @@ goes through this module:
 * The non-tensor values a DCP checkpoint stores as bytes (optimizer hyper-parameters): :class:`SafeLoadPlanner` loads
   them with ``weights_only=True`` (torch's default planner uses ``weights_only=False``).
 
-safetensors files and YAML (``yaml.safe_load``) hold plain data by construction.
+safetensors files and YAML (``yaml.SafeLoader``) hold plain data by construction.
 """
 
 import contextlib

@@ -155,7 +155,8 @@ class GRPOTrainer:
         # the backend runs on this device in the compute dtype (bf16 autocast, or --dtype), masked and not
         check_attention_runs(cfg.attention_backend, resolve_device(cfg),
                              torch.bfloat16 if cfg.dtype == "bf16" else DTYPES[cfg.dtype])
-        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed, dp_size=self.dp_size)
+        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed, dp_size=self.dp_size,
+                                          prompts=self.items)
                              if resumes(cfg.resume_from_checkpoint, Path(cfg.output_dir)) else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
@@ -227,7 +228,7 @@ class GRPOTrainer:
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
             keep_checkpoints=cfg.keep_checkpoints,
-            layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
+            layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size, self.items),
             config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, ema=self.ema)
         self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device)
                                + [f"note: {note}" for note in self.notes])
@@ -237,7 +238,7 @@ class GRPOTrainer:
 
     def _prepare_run_dir(self) -> Path:
         """The run directory, after the earlier run is cleared (``--overwrite_output_dir``); it always ends up with
-        the run's current ``run_config.yaml``, and a resume with allowed setting changes records them."""
+        the values the run now uses in ``run_config.yaml`` (on resume too) and allowed run-defining changes recorded."""
         cfg, check = self.cfg, self.resume_check
         run_dir = prepare_run_dir(cfg.output_dir, resuming=check is not None or self.restart,
                                   overwrite=cfg.overwrite_output_dir)
@@ -249,9 +250,8 @@ class GRPOTrainer:
                                 check.differences.items())
             self.notes.append(f"--allow_config_change: continuing {check.path} with changed settings: {changes} "
                               f"(recorded in {run_dir / CONFIG_CHANGES_FILE})")
-        if check is None or check.differences or not (run_dir / RUN_MARKER).exists():
-            save_yaml(cfg, run_dir / RUN_MARKER)
-            record_run_weights(cfg.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
+        save_yaml(cfg, run_dir / RUN_MARKER)
+        record_run_weights(cfg.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
         return run_dir
 
     # ------------------------------------------------------------------ outer loop

@@ -15,16 +15,23 @@ from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
 
 
-# HunyuanVideo-1.5's sampling flow shift per text-to-video transformer version (its pipeline configs, and the
-# scheduler/ of the diffusers pipeline repos): the reference's validation and generate.py sample 480p_t2v with shift
-# 5.0 and 720p_t2v with 9.0; the cfg-distilled versions keep their resolution's shift. Its keys are the known version
-# names. A model root's own variants/<version>/scheduler/ config, when present, comes first
-# (sage_grpo/models/variants.py).
+# HunyuanVideo-1.5's sampling flow shift per transformer version (its pipeline configs, and the scheduler/ of the
+# diffusers pipeline repos): the reference's validation and generate.py sample 480p_t2v with shift 5.0 and 720p_t2v
+# with 9.0; the cfg-distilled versions keep their resolution's shift, the step-distilled 480p_i2v uses 7.0. Its keys
+# are the known version names: the versions published in diffusers format (hunyuanvideo-community/
+# HunyuanVideo-1.5-Diffusers-<version>). A model root's own variants/<version>/scheduler/ config, when present, comes
+# first (sage_grpo/models/variants.py).
 FLOW_SHIFT_BY_VERSION: Dict[str, float] = {"480p_t2v": 5.0, "720p_t2v": 9.0, "480p_t2v_distilled": 5.0,
-                                           "720p_t2v_distilled": 9.0,
                                            # image-to-video (the reference's PIPELINE_CONFIGS)
                                            "480p_i2v": 5.0, "720p_i2v": 7.0, "480p_i2v_distilled": 5.0,
-                                           "720p_i2v_distilled": 7.0}
+                                           "720p_i2v_distilled": 7.0, "480p_i2v_step_distilled": 7.0}
+# Versions named upstream with no weights in diffusers format (the authors list them as coming soon), and why.
+UNPUBLISHED_VERSIONS: Dict[str, str] = {
+    "720p_t2v_distilled": "HunyuanVideo-1.5's authors list it as coming soon, and no diffusers-format repository "
+                          "holds it",
+}
+# Versions whose transformer predicts mean flows (use_meanflow: a second timestep at every step).
+MEANFLOW_VERSIONS = ("480p_i2v_step_distilled",)
 
 
 class ConfigError(ValueError):
@@ -233,10 +240,25 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
     notes += _check_drift_options(cfg)
     if cfg.pretrained_lora_path and not cfg.use_lora:
         _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
-    if cfg.kl_weight > 0 and cfg.kl_min_coef > cfg.kl_weight:
-        notes.append(f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
-                     f"{cfg.kl_weight} (as the reference does)")
-    return notes
+    return notes + _kl_notes(cfg)
+
+
+def _kl_notes(cfg: TrainConfig) -> List[str]:
+    """What the adaptive β makes of --kl_coef and --kl_min_coef, as the reference does (sage_grpo/rl/kl_controller.py):
+    a clamped floor, a floor of 0 read as --kl_coef, and a β that stays 0 (no KL, no reference model)."""
+    if cfg.kl_weight <= 0:
+        return []
+    if cfg.kl_coef == 0 and cfg.kl_min_coef == 0:
+        return [f"--kl_coef 0 with --kl_min_coef 0: the KL weight beta stays 0 for the whole run (the reference "
+                f"computes the KL only while beta > 0), so --kl_weight {cfg.kl_weight} adds no KL term and no "
+                "reference model is loaded; for a KL term set --kl_coef > 0"]
+    if cfg.kl_min_coef == 0:
+        return [f"--kl_min_coef 0 means --kl_coef {cfg.kl_coef} (the reference's 'kl_min_coef or kl_coef'): beta's "
+                "floor and the start of its warm-up"]
+    if cfg.kl_min_coef > cfg.kl_weight:
+        return [f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
+                f"{cfg.kl_weight} (as the reference does)"]
+    return []
 
 
 def _check_drift_options(cfg: TrainConfig) -> List[str]:

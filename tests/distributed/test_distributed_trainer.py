@@ -212,8 +212,8 @@ def test_export_loads_into_the_transformer(dp2_post_train, root):
 
 def test_sequence_parallel_processes_match_one(root, baseline, tmp_path):
     """sp 2 (one replica holding the baseline's batch of 4) without FSDP: Ulysses plus the explicit gradient mean.
-    The reference's gradient at sp 2 is half the full one, so its --max_grad_norm m clips the full gradient at 2m:
-    this run, at half the baseline's flag, clips the same gradients at the same point."""
+    The reference's gradient norm at sp 2 is half the full one's, so its --max_grad_norm m clips the full gradient at
+    2m: this run, at half the baseline's flag, clips the same gradients at the same point."""
     report = run_script(2, tmp_path / "report", *tiny_flags(root, tmp_path / "run", "--batch_size", "4",
                                                             "--sp_size", "2", "--enable_fsdp", "false",
                                                             "--max_grad_norm", str(MAX_GRAD_NORM / 2)))

@@ -1,6 +1,7 @@
 """``--help`` shows every command's flags in topic groups (sage_grpo/config/help_groups.py), each flag in exactly one:
 a flag added without a group fails here with a message naming where to declare it."""
 
+import argparse
 import dataclasses
 import importlib
 import re
@@ -9,6 +10,8 @@ from typing import Dict, List
 
 import pytest
 
+from sage_grpo.cli.main import VERBS
+from sage_grpo.cli.main import main as sage_grpo_main
 from sage_grpo.config import help_groups
 from sage_grpo.config.help_groups import FLAG_GROUPS, TRAIN_GROUPS, UNGROUPED, class_key
 from sage_grpo.config.schema import build_parser, config_field
@@ -122,3 +125,33 @@ def test_a_new_flag_without_a_group_fails_naming_where_to_declare_it(monkeypatch
     monkeypatch.setitem(FLAG_GROUPS, class_key(WithNewFlag), stale)
     assert f"its table in {GROUPS_FILE} names 'kl_weight_typo', which is not a field of WithNewFlag: remove or " \
         "rename it" in group_problems(WithNewFlag)
+
+
+@pytest.mark.parametrize("key", sorted(FLAG_GROUPS))
+def test_every_flag_with_choices_lists_them_in_help(key):
+    """``--sde_type {sage_grpo,dance_grpo,flow_grpo,cps}``, not ``--sde_type SDE_TYPE``: the valid values of every
+    option declared with choices are in --help."""
+    cls = config_class(key)
+    text = " ".join(build_parser(cls).format_help().split())
+    with_choices = [field for field in dataclasses.fields(cls) if field.metadata.get("choices")]
+    for field in with_choices:
+        assert f"--{field.name} {{{','.join(map(str, field.metadata['choices']))}}}" in text, field.name
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_command_lists_the_choices_of_its_flags(verb, monkeypatch, capsys):
+    """Every command's parser, the plain argparse ones included (export, convert, make-tiny): each option with
+    choices shows them in --help."""
+    shown = []
+    print_help = argparse.ArgumentParser.print_help
+    monkeypatch.setattr(argparse.ArgumentParser, "print_help",
+                        lambda self, file=None: shown.append(self) or print_help(self, file))
+    with pytest.raises(SystemExit):
+        sage_grpo_main([verb, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    (parser,) = shown
+    for action in [action for action in parser._actions if action.choices and action.option_strings]:
+        assert f"{action.option_strings[0]} {{{','.join(map(str, action.choices))}}}" in text, action.dest
+    if verb == "train":
+        assert "--sde_type {sage_grpo,dance_grpo,flow_grpo,cps}" in text
+        assert len([action for action in parser._actions if action.choices]) >= 20

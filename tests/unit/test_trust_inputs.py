@@ -431,11 +431,15 @@ def _checkpoint_of(tiny_root, tmp_path) -> Path:
     from sage_grpo.config import to_dict
     from sage_grpo.resume import layout_record
 
+    from sage_grpo.export.identity import transformer_shapes
+
     cfg = parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run"))
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
              "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg, 1, 1, 1)}
     path = tmp_path / "run" / "checkpoint-2"
-    write_checkpoint_files(path, model_state={"w": torch.ones(2)}, optimizer_state={"state": {}},
+    weights = {name: torch.zeros(shape) for name, shape in  # a full fine-tune's: every parameter, in its shape
+               transformer_shapes(tiny_root, cfg.pretrained_transformer_version, parameters_only=True).items()}
+    write_checkpoint_files(path, model_state=weights, optimizer_state={"state": {}},
                            training_state=state, config_yaml=yaml.safe_dump(to_dict(cfg)))
     (tmp_path / "run" / "run_config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     return path

@@ -110,15 +110,17 @@ def test_recorded_settings_still_fill_generate_options(tiny_root, tmp_path):
 
 
 def test_every_yaml_file_is_read_by_the_one_loader():
-    """yaml.safe_load (or load) is called in exactly one place: schema.load_yaml, whose callers check shapes."""
-    calls = []
+    """PyYAML's readers (yaml.safe_load, load, ..., a yaml.*Loader class) are named in exactly one place:
+    schema.load_yaml's safe loader, which refuses duplicate keys and whose callers check shapes."""
+    uses = []
     for path in sorted((REPO_ROOT / "sage_grpo").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in
-                    ("safe_load", "load", "full_load", "unsafe_load") and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id == "yaml"):
-                calls.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
-    assert len(calls) == 1 and calls[0].startswith("sage_grpo/config/schema.py:"), calls
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "yaml"
+                    and (node.attr in ("safe_load", "load", "full_load", "unsafe_load", "load_all", "compose")
+                         or node.attr.endswith("Loader"))):
+                uses.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}:{node.attr}")
+    assert len(uses) == 1 and uses[0].startswith("sage_grpo/config/schema.py:") and uses[0].endswith(":SafeLoader"), \
+        uses
 
 
 def test_config_changes_are_appended_without_reading_the_history_back(tmp_path):
