@@ -33,6 +33,7 @@ from sage_grpo.config.help_groups import grouped_fields
 T = TypeVar("T")
 
 _EXPLICIT_ATTR = "_explicit_fields"  # set on instances by from_dict; not a dataclass field (asdict, == ignore it)
+_CONFIG_FILE_ATTR = "_config_file"  # likewise, by parse_cli: the --config file the values came from
 MAX_ECHO_CHARS = 200  # longest user value an error message repeats
 _SCALARS = (str, int, float, bool, datetime.date)  # YAML reads 2026-11-25 as a date (run_name: 2026-11-25)
 _TRUE = {"true", "1", "yes", "on", "y", "t"}
@@ -313,10 +314,23 @@ def replace_chosen(config: Any, **values: Any) -> Any:
     """``dataclasses.replace`` whose ``values`` count as chosen (:func:`is_explicit`), like the fields already chosen:
     settings filled in from a record (a checkpoint's run config) are then treated as if given on the command line."""
     recorded = explicit_fields(config)
-    updated = dataclasses.replace(config, **values)
+    updated = replace_config(config, **values)
     if recorded is not None:
         object.__setattr__(updated, _EXPLICIT_ATTR, recorded | frozenset(values))
     return updated
+
+
+def replace_config(config: Any, **values: Any) -> Any:
+    """``dataclasses.replace`` that keeps the ``--config`` file the values came from (:func:`config_file`)."""
+    updated = dataclasses.replace(config, **values)
+    if config_file(config) is not None:
+        object.__setattr__(updated, _CONFIG_FILE_ATTR, config_file(config))
+    return updated
+
+
+def config_file(config: Any) -> Optional[str]:
+    """The ``--config`` file a command line's values were read from (a file the run reads), None without one."""
+    return getattr(config, _CONFIG_FILE_ATTR, None)
 
 
 def is_explicit(config: Any, name: str) -> bool:
@@ -374,6 +388,8 @@ def parse_cli(cls: Type[T], argv: Optional[Sequence[str]] = None, description: O
         config = from_dict(cls, values, source=f"--config {config_path}" if config_path else "command line")
     except (ValueError, FileNotFoundError) as err:
         parser.error(str(err))
+    if config_path:
+        object.__setattr__(config, _CONFIG_FILE_ATTR, config_path)
     warn_no_effect(config)
     return config
 

@@ -25,11 +25,11 @@ defaults they give a note. Another guider class is an error.
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from sage_grpo.config.schema import is_explicit
+from sage_grpo.config.schema import is_explicit, replace_config
 from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import ConfigError, default_flow_shift
 from sage_grpo.models import layout
@@ -137,7 +137,7 @@ def resolve_train_sampling(cfg: TrainConfig) -> Tuple[TrainConfig, List[str], Li
                                          "guidance_scale", same_guidance)
     shift, shift_warning = choose("--validation_timestep_shift", cfg.validation_timestep_shift,
                                   cfg.validation_timestep_shift is not None, variant, "flow_shift")
-    resolved = replace(cfg, cfg_scale=cfg_scale, validation_timestep_shift=shift)
+    resolved = replace_config(cfg, cfg_scale=cfg_scale, validation_timestep_shift=shift)
     return resolved, [w for w in (guidance_warning, shift_warning) if w], list(variant.notes)
 
 

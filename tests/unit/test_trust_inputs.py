@@ -7,7 +7,6 @@ rename (the crash point of :mod:`sage_grpo.faults`). The whole-run cases are in 
 
 import errno
 import re
-import hashlib
 import os
 import signal
 import sys
@@ -20,6 +19,8 @@ import torch
 from model_fixtures import tiny_args
 from procs import run_group
 from trust_support import alias_bomb
+from trust_support import one_error_line as _one_error_line
+from trust_support import snapshot as _snapshot
 
 import sage_grpo.checkpoint as checkpoint_module
 import sage_grpo.safe_io as safe_io
@@ -39,17 +40,6 @@ from sage_grpo.tracking.run_dir import truncate_metrics
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # generate.py at the tiny model's size: were a check missing, the render would take a second, not hours
 TINY_VIDEO = ["--fixed_size", "16x16", "--video_length", "5", "--num_inference_steps", "1", "--dtype", "fp32"]
-
-
-def _snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _one_error_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in text, text[-2000:]
-    return lines[0]
 
 
 @pytest.fixture
@@ -453,6 +443,7 @@ def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_ro
 
     from sage_grpo.resume import CONFIG_CHANGES_FILE, check_resume
     from sage_grpo.rl.kl import kl_mode_of
+    from sage_grpo.tracking.run_claim import RunDirPlan
 
     path = _checkpoint_of(tiny_root, tmp_path)
     resume = ["--resume_from_checkpoint", str(path)]
@@ -470,7 +461,8 @@ def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_ro
     with pytest.raises(pytest.fail.Exception, match="models loaded"):  # allowed: the preflight passes
         trainer_module.GRPOTrainer(cfg)
     check = check_resume(cfg, kl_mode_of(cfg), distributed=False)
-    trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[])
+    trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[],
+                              run_claim=RunDirPlan.of(cfg, check))
     run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)
     assert yaml.safe_load((run_dir / "run_config.yaml").read_text())["pretrained_model_root"] == str(other_root)
     (recorded,) = yaml.safe_load((run_dir / CONFIG_CHANGES_FILE).read_text())

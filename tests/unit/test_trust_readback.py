@@ -29,6 +29,7 @@ from sage_grpo.config.schema import MAX_ECHO_CHARS, save_yaml
 from sage_grpo.models import revisions
 from sage_grpo.pipeline.generation import plan_generation
 from sage_grpo.safe_io import CheckpointError
+from sage_grpo.tracking.run_claim import RunDirPlan
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -329,7 +330,9 @@ def test_a_requeue_before_the_first_checkpoint_starts_the_run_again(tiny_root, t
     alias_bomb(run / "run_config.yaml", 7)
     with pytest.raises(ConfigError, match=r"run_config.yaml \(the run's recorded settings\): reward_kwargs: expected"):
         trainer_module.GRPOTrainer(parse_cli(TrainConfig, args))
-    trainer = SimpleNamespace(cfg=parse_cli(TrainConfig, args), resume_check=None, restart=True, notes=[])
+    cfg = parse_cli(TrainConfig, args)
+    trainer = SimpleNamespace(cfg=cfg, resume_check=None, restart=True, notes=[],
+                              run_claim=RunDirPlan.of(cfg, None, restart=True))
     save_yaml(trainer.cfg, run / "run_config.yaml")
     trainer_module.GRPOTrainer._prepare_run_dir(trainer)
     assert (run / "metrics.jsonl").read_text() == ""  # the steps the restart takes again are logged once
