@@ -95,10 +95,10 @@ def test_post_train_refuses_before_any_connection(tiny_root, tmp_path, capsys, l
 
 
 @pytest.mark.parametrize("rank,expected", [
-    (0, "rank 0 waited 0.05 min (--collective_timeout_minutes) at MASTER_ADDR:MASTER_PORT 127.0.0.1:{port} for the 2 "
+    (0, "rank 0 waited 0.02 min (--collective_timeout_minutes) at MASTER_ADDR:MASTER_PORT 127.0.0.1:{port} for the 2 "
         "ranks of WORLD_SIZE=2: rank 1 never joined. Fix: start every rank (torchrun --nproc_per_node 2 post_train.py "
         "... on each node starts them together), or unset WORLD_SIZE to run one process"),
-    (1, "rank 1 waited 0.05 min (--collective_timeout_minutes) for the job's store at MASTER_ADDR:MASTER_PORT "
+    (1, "rank 1 waited 0.02 min (--collective_timeout_minutes) for the job's store at MASTER_ADDR:MASTER_PORT "
         "127.0.0.1:{port}, which rank 0 holds, and it never answered: rank 0 is missing or that address is not rank "
         "0's. Fix: start rank 0 (torchrun --nproc_per_node 2 post_train.py ... starts every rank), or set MASTER_ADDR "
         "and MASTER_PORT to rank 0's on every rank"),
@@ -109,11 +109,11 @@ def test_a_missing_peer_is_named_after_the_collective_timeout(tiny_root, tmp_pat
     launch(RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     start = time.perf_counter()
     with pytest.raises(SystemExit) as ended:
-        train_cli.main(tiny_args(tiny_root, tmp_path / "run", "--collective_timeout_minutes", "0.05"))
+        train_cli.main(tiny_args(tiny_root, tmp_path / "run", "--collective_timeout_minutes", "0.02"))
     waited = time.perf_counter() - start
     err = capsys.readouterr().err.strip()
     assert ended.value.code == 2 and err == "error: " + expected.format(port=port), err
-    assert 3 <= waited < 60 and not dist.is_initialized() and not (tmp_path / "run").exists()
+    assert 1.2 <= waited < 60 and not dist.is_initialized() and not (tmp_path / "run").exists()
 
 
 def test_two_ranks_that_meet_pass_the_roll_call(launch):
@@ -165,13 +165,13 @@ def test_a_rank_whose_rank_0_never_comes_ends_in_one_line(tmp_path):
            "CUDA_VISIBLE_DEVICES": ""}
     code = ("import sys\nfrom datetime import timedelta\nfrom sage_grpo.distributed.liveness import PeerLost\n"
             "from sage_grpo.distributed.parallel_dims import init_distributed\ntry:\n"
-            "    init_distributed(timeout=timedelta(seconds=3))\nexcept PeerLost as err:\n"
+            "    init_distributed(timeout=timedelta(seconds=1.2))\nexcept PeerLost as err:\n"
             "    print(f'error: {err}', file=sys.stderr)\n    sys.exit(2)\n")
     start = time.perf_counter()
     done = run_group([sys.executable, "-W", "ignore", "-c", code], cwd=REPO_ROOT, env=env, timeout=120)
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [
-        f"error: rank 1 waited 0.05 min (--collective_timeout_minutes) for the job's store at MASTER_ADDR:MASTER_PORT "
+        f"error: rank 1 waited 0.02 min (--collective_timeout_minutes) for the job's store at MASTER_ADDR:MASTER_PORT "
         f"127.0.0.1:{env['MASTER_PORT']}, which rank 0 holds, and it never answered: rank 0 is missing or that "
         "address is not rank 0's. Fix: start rank 0 (torchrun --nproc_per_node 1 post_train.py ... starts every "
         "rank), or set MASTER_ADDR and MASTER_PORT to rank 0's on every rank"]
