@@ -138,7 +138,7 @@ class TrainConfig:
     # ---------------------------------------------------------------- validation
     validation_global_seed: int = config_field(930, "Seed of validation videos without a CSV seed")
     i2v_prob: float = config_field(0.3, "SFT leftover", no_effect="unused by GRPO in the reference too")
-    validation_interval: int = config_field(100, "Validate every N steps (<= 0 disables)")
+    validation_interval: int = config_field(100, "Validate every N steps (0 disables)")
     validate_at_step0: bool = config_field(False, "Validate before the first step")
     validation_prompts: Optional[List[str]] = config_field(
         None, "Validation prompts, used when --valid_video_csv gives none", nargs="+")

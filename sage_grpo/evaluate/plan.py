@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Tuple
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import shorten
-from sage_grpo.config.validation import check_seeds
+from sage_grpo.config.bounds import EVALUATE_BOUNDS
+from sage_grpo.config.validation import check_bounds, check_finite_options, check_seeds
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.models import layout
@@ -123,15 +124,15 @@ def generation_config(config: EvaluateConfig, prompt: str, seed: int, device: Op
 
 def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> EvaluationPlan:
     """Validate everything; raises ValueError / FileNotFoundError with a one-line message. Loads no model."""
+    check_finite_options(config)
+    check_seeds(config)  # every seed, not only the first one the generation plan below is made with
+    check_bounds(config, EVALUATE_BOUNDS)  # every number in its range, before any file is read
     checkpoints = parse_checkpoints(config.checkpoints)
     if not config.prompts:
         raise ValueError("--prompts is required: a CSV with a 'prompt' column")
     prompts, repeated = unique_prompts([item.prompt for item in read_prompt_csvs([config.prompts], notes=[])])
-    check_seeds(config)  # every seed, not only the first one the generation plan below is made with
     if not config.seeds or len(set(config.seeds)) != len(config.seeds):
         raise ValueError(f"--seeds must name distinct seeds, got {config.seeds}")
-    if config.picture_frames < 1 or config.picture_height < 8:
-        raise ValueError("--picture_frames must be >= 1 and --picture_height >= 8")
     metrics = plan_metrics(config)
     generation = generation_config(config, prompts[0], config.seeds[0], device)
     sampling = plan_generation(generation)

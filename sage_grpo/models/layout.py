@@ -247,12 +247,16 @@ def unreadable_weight_files(root: Path, layouts: Sequence[ComponentLayout]) -> L
 
 def check_model_root(root: Path, transformer_version: str, *, text_encoders: bool = True) -> None:
     """Before any model loads: the transformer version exists, no file of the layout is missing (one
-    :class:`MissingCheckpointError` lists them all) and every weight file's header is readable."""
+    :class:`MissingCheckpointError` lists them all), every config's structural fields are sound
+    (:mod:`sage_grpo.models.config_fields`) and every weight file's header is readable."""
     from sage_grpo.safe_io import CheckpointError
+
+    from sage_grpo.models.config_fields import check_component_configs
 
     check_transformer_version(root, transformer_version)
     layouts = required_layouts((transformer_version,), text_encoders=text_encoders)
     check_layout(root, layouts)
+    check_component_configs(root, layouts)  # the structural fields of every config.json, before anything is built
     bad = unreadable_weight_files(root, layouts)
     if bad:
         raise CheckpointError("unreadable weight file(s), truncated or not safetensors (download or copy them "
