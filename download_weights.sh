@@ -6,10 +6,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 
 MODEL_ROOT=./ckpts
 VARIANTS=()
-REPO_PREFIX=hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-
-# VideoReward's hub id: the current name first (KwaiVGI's VideoAlign moved to the KlingAIResearch organisation), then
-# the former one, which the reference, the paper's code and the model card use.
-REWARD_REPOS=(KlingAIResearch/VideoReward KwaiVGI/VideoReward)
+DEFAULT_REPO_PREFIX=hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-
+REPO_PREFIX=$DEFAULT_REPO_PREFIX
+# VideoReward's hub id: the current name first (the KwaiVGI organisation on the hub is now KlingTeam), then the former
+# one, which the reference and VideoAlign's README use (the hub redirects it to the current one).
+REWARD_REPOS=(KlingTeam/VideoReward KwaiVGI/VideoReward)
 # Revisions (a branch, tag or commit of the hub repo) of every download; pin commits for a reproducible root.
 HUNYUAN_REVISION=${HUNYUAN_REVISION:-main}
 VIDEOALIGN_REVISION=${VIDEOALIGN_REVISION:-main}
@@ -42,9 +43,11 @@ are skipped without touching the network, and interrupted downloads resume.
 Options:
   --model_root DIR     checkpoint root to fill (default ./ckpts)
   --variant NAME       transformer version to fetch; repeat for several (default 480p_t2v). The hub repo is
-                       <repo_prefix><NAME>, e.g. 720p_t2v, 480p_t2v_distilled, 480p_i2v, 480p_i2v_step_distilled
+                       <repo_prefix><NAME>; the published ones: 480p_t2v, 720p_t2v, 480p_t2v_distilled, 480p_i2v,
+                       720p_i2v, 480p_i2v_distilled, 720p_i2v_distilled, 480p_i2v_step_distilled (720p_t2v_distilled
+                       is not published in diffusers format; another name needs --repo_prefix)
   --repo_prefix TEXT   hub repo prefix (default hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-)
-  --reward_repo ID     VideoReward repo (default: KlingAIResearch/VideoReward, falling back to its former name
+  --reward_repo ID     VideoReward repo (default: KlingTeam/VideoReward, falling back to its former name
                        KwaiVGI/VideoReward when the hub has no repo by the current one)
   --no_reward          skip VideoReward and its base model
   --eval_scorers       also fetch the evaluation's CLIPScore and PickScore models (safetensors and processor files
@@ -133,6 +136,10 @@ if [ "$VERIFY_ONLY" = 1 ]; then
   exit $?
 fi
 
+# a variant no diffusers-format repo publishes is refused in one line before anything is fetched
+if [ "$REPO_PREFIX" = "$DEFAULT_REPO_PREFIX" ]; then
+  "$PY" -m sage_grpo.cli.verify --published --transformer_versions "${VARIANTS[@]}" || exit 2
+fi
 mapfile -t MISSING < <("$PY" -m sage_grpo.cli.verify --model_root "$MODEL_ROOT" \
   --transformer_versions "${VARIANTS[@]}" "${REWARD_FLAG[@]}" --missing_components)
 # scorer repos (REPO REVISION FILE-THAT-MARKS-IT-COMPLETE PATTERN...) still to fetch, with --eval_scorers

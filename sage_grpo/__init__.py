@@ -8,4 +8,4 @@ Layout, low layers first (the order tests/unit/test_architecture.py enforces): `
 ``resume``, ``trainer``, ``cli``; ``toy`` is the toy world and its study.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

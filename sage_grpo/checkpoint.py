@@ -46,7 +46,6 @@ looks like a finished checkpoint (rename is atomic on POSIX file systems). On se
 """
 
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
@@ -58,7 +57,8 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.stateful import Stateful
 
 from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_EMA, DCP_MODEL,
-                                         DCP_OPTIMIZER, EMA_FILE, OPTIMIZER_FILE, TRAINING_STATE_FILE, TRANSFORMER_FILE)
+                                         DCP_OPTIMIZER, EMA_FILE, OPTIMIZER_FILE, TRAINING_STATE_FILE, TRANSFORMER_FILE,
+                                         LORA_DIR, list_checkpoints)
 from sage_grpo.distributed.collectives import barrier, first_message_over_world
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.distributed.parallelize import is_sharded
@@ -66,9 +66,8 @@ from sage_grpo.faults import fault_point
 from sage_grpo.optim.optimizers import optimizer_parts
 from sage_grpo.rl.anchor import MovingAnchorSchedule
 from sage_grpo.safe_io import (CheckpointError, DiskFullError, atomic_write, check_finite, dcp_load, disk_full_as_error,
-                               fsync_dir, fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
+                               disk_full_error, fsync_dir, fsync_tree, load_plain, nbytes_of, read_dcp_metadata)
 
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 StateDict = Dict[str, torch.Tensor]
 
 
@@ -215,14 +214,6 @@ def is_sharded_checkpoint(path: Path) -> bool:
     return (Path(path) / DCP_DIR).is_dir()
 
 
-def list_checkpoints(run_dir: Path) -> Dict[int, Path]:
-    root = Path(run_dir)
-    if not root.exists():
-        return {}
-    found = {int(m.group(1)): p for p in root.iterdir() if p.is_dir() and (m := CHECKPOINT_PATTERN.match(p.name))}
-    return dict(sorted(found.items()))
-
-
 def resumes(value: Optional[str], run_dir: Path) -> bool:
     """Whether ``--resume_from_checkpoint value`` resumes: ``auto`` only when ``run_dir`` holds a checkpoint (a
     published ``checkpoint-N``: complete by construction, its temporary directory was renamed last)."""
@@ -251,11 +242,14 @@ def resolve_resume_path(value: str, run_dir: Path) -> Path:
     return path
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints (``keep <= 0`` keeps all)."""
+def prune_checkpoints(run_dir: Path, keep: int, current: Optional[int] = None) -> None:
+    """Delete all but the newest ``keep`` checkpoints (``keep <= 0`` keeps all) up to the step ``current`` just
+    saved: the branch being trained is never pruned for a newer checkpoint of another one (a resume from an older
+    checkpoint moves those aside first, ``sage_grpo/tracking/branches.py``)."""
     if keep <= 0:
         return
-    for path in list(list_checkpoints(run_dir).values())[:-keep]:
+    ours = [path for step, path in list_checkpoints(run_dir).items() if current is None or step <= current]
+    for path in ours[:-keep]:
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -323,8 +317,11 @@ class CheckpointManager:
         if is_main:
             try:
                 self._write_main_files(tmp, model_state, training_state, with_anchor, ema_state)
-            except DiskFullError:
-                shutil.rmtree(tmp, ignore_errors=True)  # give the space of the partial checkpoint back
+            except Exception as err:  # a full disk above all: nothing half-written stays, and its space is freed
+                shutil.rmtree(tmp, ignore_errors=True)
+                if isinstance(err, DiskFullError):
+                    raise disk_full_error(err.path, err.needed, f"{final.name} was not written and its partial "
+                                          "files were removed; the earlier checkpoints are intact") from None
                 raise
         del model_state, ema_state
         if is_main:
@@ -338,7 +335,7 @@ class CheckpointManager:
             fsync_dir(self.run_dir)  # the rename itself survives a power loss
         barrier(device)
         if is_main:
-            prune_checkpoints(self.run_dir, self.keep_checkpoints)
+            prune_checkpoints(self.run_dir, self.keep_checkpoints, current=step)
         return final
 
     def training_state(self) -> dict:
@@ -365,7 +362,8 @@ class CheckpointManager:
         if not is_sharded(self.models.policy):
             # LoRA: the peft adapter folder lora/. It reads the adapter tensors whole, so FSDP-sharded runs skip it
             # (export_checkpoint then takes the adapter config from config.yaml).
-            self.models.save_extras(directory)
+            with disk_full_as_error(directory / LORA_DIR, nbytes_of(model_state) + (1 << 20)):
+                self.models.save_extras(directory)
 
     def _dcp_state(self, with_anchor: bool, with_ema: bool) -> dict:
         """The nested state DCP saves or loads into (a collective: it initialises empty optimizer states)."""

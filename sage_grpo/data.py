@@ -24,7 +24,9 @@ order repeats every epoch). The sampler is stateless in the global step, so resu
 """
 
 import csv
+import hashlib
 import io
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +123,10 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
             reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
             reader.fieldnames = columns = [name.strip() for name in reader.fieldnames or []]
             done = reader.line_num
+            twice = next((name for index, name in enumerate(columns) if name in columns[:index]), None)
+            if twice is not None:  # DictReader would keep the last such column and drop the others silently
+                raise ConfigError(f"prompt CSV {path!r}, line {done}: the header names column {twice!r} twice "
+                                  f"(columns: {columns}). Keep one, or rename the other")
             if "prompt" not in columns:
                 raise ConfigError(f"prompt CSV {path!r} has no 'prompt' column (columns: {columns}). The first line "
                                   "must be a header such as: prompt,seed")
@@ -162,6 +168,17 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
         if len(items) == first:
             raise ConfigError(f"prompt CSV {path!r} holds no prompts. Add rows under the 'prompt' header.")
     return items
+
+
+def prompts_record(items: Sequence[PromptItem]) -> dict:
+    """What a checkpoint records of the prompts it was trained on: their number and a SHA-256 of every row in order
+    (index, prompt, seed and the reference image's bytes), which decide each step's prompts and noise. Files moved
+    elsewhere give the same record; an edited, reordered or other CSV another."""
+    digest = hashlib.sha256()
+    for item in items:
+        image = hashlib.sha256(Path(item.ref_image_path).read_bytes()).hexdigest() if item.ref_image_path else ""
+        digest.update(json.dumps([item.index, item.prompt, item.seed, image]).encode() + b"\n")
+    return {"count": len(items), "sha256": digest.hexdigest()}
 
 
 class GroupedPromptSampler:

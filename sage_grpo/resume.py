@@ -13,7 +13,7 @@ change the KL reference, the VAE and the encoders). A change of any of them is r
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -25,6 +25,8 @@ from sage_grpo.config.recorded import read_run_config, recorded_values
 from sage_grpo.config.schema import shorten
 from sage_grpo.config.train import RUN_DEFINING
 from sage_grpo.config.validation import ConfigError
+from sage_grpo.data import PromptItem, prompts_record
+from sage_grpo.export.identity import check_resume_shapes
 from sage_grpo.rl import KLMode
 from sage_grpo.safe_io import CheckpointError, atomic_write, load_plain, read_dcp_metadata
 
@@ -99,6 +101,9 @@ def check_training_state(training: Any, file: Path) -> None:
                               f"{shorten(layout.get('videos_per_step'))}")
     if not isinstance(layout.get("model_root") or {}, dict):
         raise CheckpointError(f"{file}: layout.model_root must be a mapping, got {shorten(layout['model_root'])}")
+    prompts = layout.get("prompts", {"count": 0, "sha256": ""})
+    if not isinstance(prompts, dict) or type(prompts.get("count")) is not int or type(prompts.get("sha256")) is not str:
+        raise CheckpointError(f"{file}: layout.prompts must be a mapping of count and sha256, got {shorten(prompts)}")
     _check_small_states(training, file)
 
 
@@ -197,13 +202,16 @@ def folder_digest(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def layout_record(cfg: TrainConfig, world_size: int, dp_size: int, sp_size: int) -> dict:
-    """What a checkpoint records of the run's make-up: the parallel layout and the model root's fingerprint
-    (:func:`model_fingerprint`). Of the layout only the videos per step matter to the run (DCP reshards the weights
-    to any layout, and every sample's randomness depends on its index in the step's global batch)."""
+def layout_record(cfg: TrainConfig, world_size: int, dp_size: int, sp_size: int,
+                  prompts: Optional[Sequence[PromptItem]] = None) -> dict:
+    """What a checkpoint records of the run's make-up: the parallel layout, the model root's fingerprint
+    (:func:`model_fingerprint`) and the training prompts (:func:`~sage_grpo.data.prompts_record`). Of the layout only
+    the videos per step matter to the run (DCP reshards the weights to any layout, and every sample's randomness
+    depends on its index in the step's global batch)."""
     return {"world_size": world_size, "dp_size": dp_size, "sp_size": sp_size,
             "videos_per_step": cfg.batch_size * dp_size,
-            "model_root": model_fingerprint(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)}
+            "model_root": model_fingerprint(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version),
+            **({"prompts": prompts_record(prompts)} if prompts is not None else {})}
 
 
 def model_root_difference(saved_root: Any, layout: Optional[dict], cfg: TrainConfig) -> Dict[str, Tuple[Any, Any]]:
@@ -220,13 +228,32 @@ def model_root_difference(saved_root: Any, layout: Optional[dict], cfg: TrainCon
     return {key: (saved_root, cfg.pretrained_model_root)}
 
 
+def prompts_difference(saved: Optional[Dict[str, Any]], layout: Optional[dict], cfg: TrainConfig,
+                       prompts: Optional[Sequence[PromptItem]]) -> Dict[str, Tuple[Any, Any]]:
+    """The training prompts as a difference to refuse (or record): their content, when the checkpoint recorded it
+    (the same rows in moved files are the same run), else the ``--train_video_csv`` paths. Other prompts make the
+    sampler, stateless in the step, draw another order, so the data position would no longer mean the same."""
+    record = (layout or {}).get("prompts")
+    if record is not None and prompts is not None:
+        now = prompts_record(prompts)
+        if now == record:
+            return {}
+        return {f"prompt data --train_video_csv (other rows: {record['count']} -> {now['count']} prompts)":
+                (saved.get("train_video_csv") if saved else None, cfg.train_video_csv)}
+    if saved is not None and "train_video_csv" in saved and saved["train_video_csv"] != cfg.train_video_csv:
+        return {"train_video_csv": (saved["train_video_csv"], cfg.train_video_csv)}
+    return {}
+
+
 def describe_setting(key: str) -> str:
     return key if " " in key else f"--{key}"
 
 
-def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_size: int = 1) -> ResumeCheck:
+def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_size: int = 1,
+                 prompts: Optional[Sequence[PromptItem]] = None) -> ResumeCheck:
     """Everything about ``--resume_from_checkpoint`` that can be checked without a model (see module docstring);
-    ``kl_mode`` says whether this run has a KL reference for a saved moving anchor."""
+    ``kl_mode`` says whether this run has a KL reference for a saved moving anchor; ``prompts``: the run's training
+    prompts, compared with those the checkpoint recorded."""
     path = resolve_resume_path(cfg.resume_from_checkpoint, Path(cfg.output_dir))
     sharded = is_sharded_checkpoint(path)
     if distributed and not sharded:
@@ -247,8 +274,8 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
                               f"{training['anchor_schedule']['last_refreshed_at']}: resuming would take the base "
                               "model as the KL reference. Resume from an intact checkpoint")
     if has_anchor and not wants_reference:
-        check.notes.append(f"{path} holds a moving anchor, but --kl_weight {cfg.kl_weight} runs without a KL "
-                           "reference: the anchor is not used")
+        check.notes.append(f"{path} holds a moving anchor, but this run has no KL term (--kl_weight 0, or --kl_coef "
+                           "0 with --kl_min_coef 0): the anchor is not used")
 
     saved = _read_saved_config(path)
     if saved is None:
@@ -261,6 +288,13 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
         check.differences["videos per step (batch_size x dp)"] = (layout["videos_per_step"], cfg.batch_size * dp_size)
     # the KL reference, the VAE and the encoders come from the model root: other weights make another run
     check.differences.update(model_root_difference((saved or {}).get("pretrained_model_root"), layout, cfg))
+    check.differences.update(prompts_difference(saved, layout, cfg, prompts))
+    check_resume_shapes(path, sharded, saved or {}, cfg, check.differences)  # what no allowed change can load
+    if any(key.startswith("prompt data") or key == "train_video_csv" for key in check.differences):
+        step = training["global_step"]
+        check.notes.append(f"--train_video_csv: other prompts from step {step} on. The sampler keeps no state but "
+                           f"the step: step {step + 1} takes its prompts where that step number falls in the new "
+                           "prompts' shuffled order (epoch and position), not where the old order had got to")
     if (layout or {}).get("model_root"):
         check.notes.append(SAMPLED_IDENTITY.format(what=f"the model root {cfg.pretrained_model_root}",
                                                    compared=f"compared with {path}'s record"))

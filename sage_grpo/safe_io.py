@@ -11,7 +11,7 @@ goes through this module:
 * The non-tensor values a DCP checkpoint stores as bytes (optimizer hyper-parameters): :class:`SafeLoadPlanner` loads
   them with ``weights_only=True`` (torch's default planner uses ``weights_only=False``).
 
-safetensors files and YAML (``yaml.safe_load``) hold plain data by construction.
+safetensors files and YAML (``yaml.SafeLoader``) hold plain data by construction.
 """
 
 import contextlib
@@ -289,27 +289,42 @@ def check_output_outside_inputs(output: PathLike, option: str, inputs: dict) -> 
 
 
 class DiskFullError(OSError):
-    """A write that ran out of space (ENOSPC): names the file and the space it needed."""
+    """A write that ran out of space (ENOSPC): names the file and the space it needed (``path``, ``needed``)."""
+
+    path: Path = Path(".")
+    needed: int = 0
 
 
 def _megabytes(count: int) -> str:
     return f"{count / 2**20:.1f} MiB"
 
 
-def disk_full_error(path: PathLike, needed_bytes: int) -> DiskFullError:
-    """The one-line error of a write to ``path`` that needed about ``needed_bytes`` and found the disk full."""
+def disk_full_error(path: PathLike, needed_bytes: int, outcome: str = "the file was not replaced") -> DiskFullError:
+    """The one-line error of a write to ``path`` that needed about ``needed_bytes`` and found the disk full;
+    ``outcome`` says what was left as it was."""
     path = Path(path)
     folder = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     free = shutil.disk_usage(folder).free
-    return DiskFullError(errno.ENOSPC, f"disk full while writing {path}: it needs about {_megabytes(needed_bytes)} "
-                         f"and {_megabytes(free)} is free there. Free space on that file system, or point "
-                         "--output_dir at another one (the file was not replaced)")
+    error = DiskFullError(errno.ENOSPC, f"disk full while writing {path}: it needs about {_megabytes(needed_bytes)} "
+                          f"and {_megabytes(free)} is free there. Free space on that file system, or point "
+                          f"--output_dir at another one ({outcome})")
+    error.path, error.needed = path, needed_bytes
+    return error
+
+
+# How writers without a Python errno say ENOSPC / EDQUOT: safetensors' Rust writer raises SafetensorError("Error
+# while serializing: I/O error: No space left on device (os error 28)"), not an OSError.
+_DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", f"(os error {errno.ENOSPC})",
+                    f"(os error {errno.EDQUOT})")
 
 
 def is_disk_full(err: BaseException, path: PathLike, needed_bytes: int) -> bool:
-    """Whether ``err`` from writing ``path`` means the disk is full: ENOSPC, or (torch's C++ writer reports
-    "basic_ios::clear: iostream error" or "file write failed" without an errno) less free space than was needed."""
+    """Whether ``err`` from writing ``path`` means the disk is full: ENOSPC (an OSError, or another writer's error
+    that says so, as safetensors' does), or (torch's C++ writer reports "basic_ios::clear: iostream error" or "file
+    write failed" without an errno) less free space than was needed."""
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if any(text in str(err) for text in _DISK_FULL_TEXTS):
         return True
     if isinstance(err, RuntimeError):
         folder = next((p for p in (Path(path), *Path(path).parents) if p.exists()), Path("."))
@@ -368,7 +383,7 @@ def disk_full_as_error(path: PathLike, needed_bytes: int):
         yield
     except DiskFullError:
         raise
-    except (OSError, RuntimeError) as err:
+    except Exception as err:  # OSError, torch's RuntimeError, safetensors' SafetensorError, peft's re-raises
         if is_disk_full(err, path, needed_bytes):
             raise disk_full_error(path, needed_bytes) from None
         raise

@@ -97,8 +97,8 @@ from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_settin
                               record_config_changes, restarts, run_inputs)
 from sage_grpo.safe_io import CheckpointError, DiskFullError
 from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, check_report_to, start_trackers
-from sage_grpo.tracking.run_dir import (RUN_MARKER, MetricsLogger, check_run_dir, prepare_run_dir, show_progress_bars,
-                                        startup_summary, truncate_metrics)
+from sage_grpo.tracking.run_dir import RUN_MARKER, MetricsLogger, show_progress_bars, startup_summary, truncate_metrics
+from sage_grpo.tracking.run_claim import plan_run_dir, release_run_locks
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models.attention import check_attention_runs
 from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
@@ -155,13 +155,14 @@ class GRPOTrainer:
         # the backend runs on this device in the compute dtype (bf16 autocast, or --dtype), masked and not
         check_attention_runs(cfg.attention_backend, resolve_device(cfg),
                              torch.bfloat16 if cfg.dtype == "bf16" else DTYPES[cfg.dtype])
-        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed, dp_size=self.dp_size)
+        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed, dp_size=self.dp_size,
+                                          prompts=self.items)
                              if resumes(cfg.resume_from_checkpoint, Path(cfg.output_dir)) else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
         self.restart = self.resume_check is None and restarts(cfg)  # auto, before the first checkpoint: from step 0
-        check_run_dir(cfg.output_dir, resuming=self.resume_check is not None or self.restart,
-                      overwrite=cfg.overwrite_output_dir, inputs=run_inputs(cfg, self.resume_check))
+        self.run_claim = plan_run_dir(cfg, self.dims, self.resume_check, self.restart,
+                                      run_inputs(cfg, self.resume_check), self.items + self.validation_items)
         try:  # rollout, replay, reference means and validation all sample through these two
             self.sampler = sampler_of(cfg)
         except ValueError as err:
@@ -227,7 +228,7 @@ class GRPOTrainer:
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
             keep_checkpoints=cfg.keep_checkpoints,
-            layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size),
+            layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size, self.items),
             config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, ema=self.ema)
         self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device)
                                + [f"note: {note}" for note in self.notes])
@@ -237,21 +238,17 @@ class GRPOTrainer:
 
     def _prepare_run_dir(self) -> Path:
         """The run directory, after the earlier run is cleared (``--overwrite_output_dir``); it always ends up with
-        the run's current ``run_config.yaml``, and a resume with allowed setting changes records them."""
+        the values the run now uses in ``run_config.yaml`` (on resume too) and allowed run-defining changes recorded."""
         cfg, check = self.cfg, self.resume_check
-        run_dir = prepare_run_dir(cfg.output_dir, resuming=check is not None or self.restart,
-                                  overwrite=cfg.overwrite_output_dir)
-        if self.restart:  # the attempt that stopped before its first checkpoint logged steps this run takes again
-            truncate_metrics(run_dir, 0)
+        run_dir = self.run_claim.take(self.notes)  # locked, an earlier run or a later branch cleared (run_claim.py)
         if check is not None and check.differences:
             record_config_changes(run_dir, check)
             changes = ", ".join(f"{describe_setting(k)} {old!r} -> {new!r}" for k, (old, new) in
                                 check.differences.items())
             self.notes.append(f"--allow_config_change: continuing {check.path} with changed settings: {changes} "
                               f"(recorded in {run_dir / CONFIG_CHANGES_FILE})")
-        if check is None or check.differences or not (run_dir / RUN_MARKER).exists():
-            save_yaml(cfg, run_dir / RUN_MARKER)
-            record_run_weights(cfg.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
+        save_yaml(cfg, run_dir / RUN_MARKER)
+        record_run_weights(cfg.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
         return run_dir
 
     # ------------------------------------------------------------------ outer loop
@@ -492,9 +489,12 @@ class GRPOTrainer:
 
 
 def run_training(cfg: TrainConfig) -> GRPOTrainer:
-    trainer = GRPOTrainer(cfg)
-    with trainer.peers.guard("training"):  # a stopped or lost rank is named, within the collective timeout
-        trainer.train()
-        barrier(trainer.dims.device)  # every rank is done with every collective before the process group goes
+    try:
+        trainer = GRPOTrainer(cfg)
+        with trainer.peers.guard("training"):  # a stopped or lost rank is named, within the collective timeout
+            trainer.train()
+            barrier(trainer.dims.device)  # every rank is done with every collective before the process group goes
+    finally:
+        release_run_locks()  # the run directory is free again, however the run ended
     destroy_distributed()
     return trainer

@@ -1,5 +1,19 @@
-"""Helpers shared by the trust tests (unit/test_trust*.py and e2e/test_trust_runs.py)."""
+"""Helpers shared by the trust tests (unit/test_trust*.py, unit/test_run_dir_claims.py and e2e/test_trust_runs.py)."""
+import hashlib
 from pathlib import Path
+
+
+def snapshot(root: Path) -> dict:
+    """{relative path: sha256} of every file under ``root``: what a refused start must leave byte for byte."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def one_error_line(text: str) -> str:
+    """The one line of ``text`` (a command's stderr), which must hold one line and no traceback."""
+    lines = text.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in text, text[-2000:]
+    return lines[0]
 
 
 def write_module(root: Path, name: str, source: str) -> None:

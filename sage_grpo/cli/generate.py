@@ -22,8 +22,11 @@ from sage_grpo.safe_io import CheckpointError, check_output_outside_inputs
 
 def main(argv=None) -> int:
     config = parse_cli(GenerateConfig, argv, description=__doc__.splitlines()[0])
+    from sage_grpo.plan.fit import check_generate_weights_fit
+
     try:
         plan = plan_generation(config)  # bad prompts, sizes or CSVs fail here, before any model loads
+        check_generate_weights_fit(config.model_path, plan.transformer_version, config.dtype, plan.device.type)
         inputs = {"--model_path": config.model_path, "--checkpoint_path": config.checkpoint_path,
                   "--lora_path": config.lora_path}
         # the folder and every file written (resolved: an existing output that links into an input is refused too)

@@ -35,14 +35,18 @@ def apply_cpu_thread_policy(cfg: TrainConfig) -> str:
 
 def main(argv=None) -> int:
     cfg = parse_cli(TrainConfig, argv, description=__doc__.strip().splitlines()[0])
+    from sage_grpo.config.bounds import TRAIN_BOUNDS
+    from sage_grpo.config.launch_env import read_launch_env
+    from sage_grpo.config.validation import check_numbers
+    from sage_grpo.plan.fit import check_train_weights_fit
     from sage_grpo.plan.report import check_memory_plan
     from sage_grpo.trainer import USER_ERRORS, run_training  # heavy imports only once the command line is valid
 
-    if cfg.cpu_threads < 0:
-        print(f"error: --cpu_threads {cfg.cpu_threads} must be >= 0 (0: OMP_NUM_THREADS, else 1)", file=sys.stderr)
-        sys.exit(2)
-    print(apply_cpu_thread_policy(cfg), flush=True)
     try:
+        check_numbers(cfg, TRAIN_BOUNDS)  # every number in its range before anything uses one (--cpu_threads -1)
+        read_launch_env()  # torchrun's variables, before the device is chosen from LOCAL_RANK
+        print(apply_cpu_thread_policy(cfg), flush=True)
+        check_train_weights_fit(cfg)  # weights that cannot fit the machine, from the configs, before anything is built
         check_memory_plan(cfg)  # on GPUs: a launch the memory plan says cannot fit stops here, before any model loads
         run_training(cfg)
     except USER_ERRORS as err:  # a bad input or file: its message says what to fix; bugs keep their traceback

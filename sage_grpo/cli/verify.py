@@ -2,12 +2,15 @@
 
     python -m sage_grpo.cli.verify --model_root ckpts [--transformer_versions 480p_t2v 720p_t2v] [--reward]
     python -m sage_grpo.cli.verify --model_root ckpts --missing_components [--reward]
+    python -m sage_grpo.cli.verify --published --transformer_versions 480p_t2v 720p_t2v
 
 Prints ``complete`` (exit 0) or every missing file (exit 1). ``--reward`` also checks ``VideoReward/`` the way the
 reward loader does (model_config.json, a checkpoint-N/ with its weights, and the base model it names).
 ``--missing_components`` prints, one per line, the component folders that are incomplete (``transformer/<version>``,
 ``vae``, ..., ``VideoReward``, and the optional per-version sampling configs ``variants/<version>/guider`` and
-``variants/<version>/scheduler``) and exits 0: the download script fetches exactly those. The table is
+``variants/<version>/scheduler``) and exits 0: the download script fetches exactly those.
+``--published`` only checks that every version is one published in diffusers format (exit 2 with one line naming
+those that are, before the download script fetches anything). The table is
 :mod:`sage_grpo.models.layout`.
 """
 
@@ -17,7 +20,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from sage_grpo.models.layout import (DEFAULT_TRANSFORMER_VERSION, REWARD_DIR, MissingCheckpointError, check_layout,
-                                     missing_files, required_layouts, variant_config_layouts)
+                                     check_published_versions, missing_files, required_layouts,
+                                     variant_config_layouts)
 
 
 def reward_problems(root: Path) -> List[str]:
@@ -48,7 +52,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--reward", action="store_true", help="also require a loadable VideoReward/")
     parser.add_argument("--missing_components", action="store_true",
                         help="print the incomplete component folders, one per line, and exit 0")
+    parser.add_argument("--published", action="store_true",
+                        help="only check that every version is published in diffusers format (exit 2 if not)")
     args = parser.parse_args(argv)
+    if args.published:
+        try:
+            check_published_versions(args.transformer_versions)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        return 0
     root = Path(args.model_root)
     if args.missing_components:
         for component in missing_components(root, args.transformer_versions, args.reward):
@@ -71,4 +84,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sage_grpo.config.command import run_module
+
+    run_module("sage_grpo.cli.verify", main)

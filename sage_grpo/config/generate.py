@@ -102,8 +102,11 @@ class GenerateConfig:
         group="model")
     # ---------------------------------------------------------------- output
     output_path: Optional[str] = config_field(
-        None, "One video: this .mp4 path; several: the path without extension becomes a directory of "
-        "sample_{i:03d}_seed_{seed}_{prompt}.mp4 files. Default ./outputs/output_<version>_<time>.mp4", group="output")
+        None, "A .mp4 path: one video is written there, several to the folder of that path without .mp4; an "
+        "existing folder, a path ending in /, or a path without extension: a folder, for any number of videos. A "
+        "folder holds sample_{i:03d}_seed_{seed}_{prompt}.mp4 files; another extension is refused (videos are mp4); "
+        "files of the same names are replaced (named first). Default ./outputs/output_<version>_<time>.mp4",
+        group="output")
     save_generation_config: bool = config_field(
         True, "Also write <name>_config.json next to each video", group="output")
     # ---------------------------------------------------------------- inference speed and memory (CUDA)

@@ -11,6 +11,11 @@ from typing import Optional
 
 from sage_grpo.config.schema import config_field
 
+# the largest values a server may announce in GET /info (its clients refuse larger ones as absurd)
+MAX_VIDEO_FPS = 1000
+MAX_REQUEST_MB = 1 << 20  # 1 TiB
+MAX_VIDEOS_PER_REQUEST = 1 << 16
+
 
 @dataclass
 class RewardServerConfig:
@@ -66,6 +71,10 @@ class RewardServerConfig:
                      "reward_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        for name, limit in (("video_fps", MAX_VIDEO_FPS), ("max_request_mb", MAX_REQUEST_MB),
+                            ("max_videos_per_request", MAX_VIDEOS_PER_REQUEST)):
+            if not 0 < getattr(self, name) <= limit:
+                raise ValueError(f"--{name} must be in [1, {limit}], got {getattr(self, name)}")
         for name in ("header_timeout_s", "idle_timeout_s", "request_timeout_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ValueError(f"--{name} must be a positive number of seconds, got {getattr(self, name)}")

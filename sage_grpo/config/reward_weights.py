@@ -3,9 +3,12 @@ flag with the same parser the reward registry (:mod:`sage_grpo.rewards.registry`
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 
 from sage_grpo.config.schema import shorten
+
+EXAMPLE = '{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}'
 
 
 def json_dict(value: Mapping | str, label: str, example: str) -> Mapping:
@@ -30,13 +33,21 @@ def parse_reward_weights(value: Mapping | str | None) -> dict[str, float] | None
     """
     if value is None:
         return None
-    return number_dict(json_dict(value, "reward_weights", '{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}'), "reward_weights")
+    weights = number_dict(json_dict(value, "reward_weights", EXAMPLE), "reward_weights")
+    if weights and not any(weights.values()):
+        raise ValueError(f"reward_weights {shorten(value)}: every weight is 0, so the reward is 0 for every video "
+                         f"and nothing is learnt; give at least one metric a weight, e.g. '{EXAMPLE}'")
+    return weights
 
 
 def number_dict(value: Mapping, label: str) -> dict[str, float]:
+    """``{key: float}`` of a mapping of finite numbers (JSON's ``NaN`` and ``Infinity`` refused: a NaN weight made
+    every reward NaN, and the run stopped three steps later blaming the reward)."""
     out = {}
     for key, weight in value.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ValueError(f"{label}[{key!r}] must be a number, got {shorten(weight)}")
+        if not math.isfinite(weight):
+            raise ValueError(f"{label}[{key!r}] must be a finite number, got {weight} (e.g. 1.0)")
         out[str(key)] = float(weight)
     return out

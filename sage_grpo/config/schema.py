@@ -30,6 +30,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, 
 import yaml
 
 from sage_grpo.config import sections
+from sage_grpo.config.sections import CONFIG_FILE_ATTR as _CONFIG_FILE_ATTR
 from sage_grpo.config.sections import EXPLICIT_ATTR as _EXPLICIT_ATTR
 from sage_grpo.config.sections import default_of as _default_of
 
@@ -216,27 +217,58 @@ def _add_flag(parser: Any, field: dataclasses.Field) -> None:
     if meta.get("no_effect"):
         help_text += f" [accepted for compatibility; no effect: {meta['no_effect']}]"
     kwargs: Dict[str, Any] = dict(dest=field.name, default=argparse.SUPPRESS, help=help_text)
+    choices = None if meta.get("choices") is None else [str(c) for c in meta["choices"]]
+    listed = "{" + ",".join(choices) + "}" if choices else None  # --help shows the valid values: --sde_type {a,b}
     if is_list:
-        kwargs.update(nargs=meta.get("nargs") or "+", type=str, metavar="VALUE")
+        kwargs.update(nargs=meta.get("nargs") or "+", type=str, metavar=listed or "VALUE")
     elif convert is _mapping:
         kwargs.update(nargs="+", type=str, metavar="KEY=VALUE")
     elif convert is str_to_bool:
         kwargs.update(nargs="?", const=True, type=str_to_bool, metavar="BOOL")
     else:
-        kwargs.update(type=str, metavar=field.name.upper())
-        if meta.get("choices") is not None:
-            kwargs["choices"] = [str(c) for c in meta["choices"]]
+        kwargs.update(type=str, metavar=listed or field.name.upper())
+        if choices:
+            kwargs["choices"] = choices
     parser.add_argument(*names, **kwargs)
 
 
 MAX_YAML_BYTES = 4 << 20  # a configuration is a few KiB; a file far larger is not one (and is not read whole)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class DuplicateKeyError(ValueError):
+    """A mapping of a YAML file names one key twice (YAML itself would keep the last value silently)."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (plain data only: no tag builds an object) that refuses a key given twice in a mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        first: Dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:  # `<<:` merges may override
+                key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+                if key in first:
+                    raise DuplicateKeyError(f"line {line}: key {shorten(key)} is given twice (first on line "
+                                            f"{first[key]}); YAML would keep only the last value. Keep one")
+                first[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _parse_yaml(text: str) -> Any:
+    loader = _ConfigLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def load_yaml(path: str, what: Optional[str] = None) -> Dict[str, Any]:
     """Read a YAML config file into a flat ``{field: value}`` dict: the one reader of every YAML file the project
     reads (``--config``, a checkpoint's ``config.yaml``, a run's ``run_config.yaml``). ``what`` names the file in
-    errors (default ``--config PATH``). The values are built by ``yaml.safe_load`` and never expanded here: a value
-    that is not the option's shape (a YAML alias bomb's shared lists) is refused by :func:`from_dict` unexpanded."""
+    errors (default ``--config PATH``). The values are built by ``yaml.SafeLoader`` and never expanded here: a value
+    that is not the option's shape (a YAML alias bomb's shared lists) is refused by :func:`from_dict` unexpanded. A
+    key given twice in one mapping is refused naming its line (YAML would keep the last one without a word)."""
     file = Path(path)
     what = what or f"--config {path}"
     if not file.is_file():
@@ -245,8 +277,8 @@ def load_yaml(path: str, what: Optional[str] = None) -> Dict[str, Any]:
     if size > MAX_YAML_BYTES:
         raise ValueError(f"{what}: {size} bytes, more than the {MAX_YAML_BYTES} a configuration file may hold")
     try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:  # e.g. a !!python/object tag, which safe_load refuses to build
+        data = _parse_yaml(file.read_text()) or {}
+    except yaml.YAMLError as err:  # e.g. a !!python/object tag, which the safe loader refuses to build
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
@@ -292,6 +324,11 @@ def replace_chosen(config: Any, **values: Any) -> Any:
     if recorded is not None:
         sections.mark_explicit(updated, recorded | frozenset(values))
     return updated
+
+
+def config_file(config: Any) -> Optional[str]:
+    """The ``--config`` file a command line's values were read from (a file the run reads), None without one."""
+    return getattr(config, _CONFIG_FILE_ATTR, None)
 
 
 def is_explicit(config: Any, name: str) -> bool:
@@ -345,6 +382,8 @@ def parse_cli(cls: Type[T], argv: Optional[Sequence[str]] = None, description: O
         config = from_dict(cls, values, source=f"--config {config_path}" if config_path else "command line")
     except (ValueError, FileNotFoundError) as err:
         parser.error(str(err))
+    if config_path:
+        object.__setattr__(config, _CONFIG_FILE_ATTR, config_path)
     warn_no_effect(config)
     return config
 

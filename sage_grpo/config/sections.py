@@ -21,6 +21,7 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
 SECTION_ATTR = "__section__"  # (title, description) of a section class's --help group
 HELP_GROUPS_ATTR = "HELP_GROUPS"  # a flat configuration's ((title, description), ...) in --help order
 EXPLICIT_ATTR = "_explicit_fields"  # set on instances by from_dict; not a dataclass field (asdict, == ignore it)
+CONFIG_FILE_ATTR = "_config_file"  # likewise, by parse_cli: the --config file the values came from
 
 
 def section(title: str, about: str):
@@ -144,7 +145,8 @@ def flat_items(config: Any) -> Iterator[Tuple[str, Any]]:
 
 def with_values(config: Any, **values: Any) -> Any:
     """A copy of ``config`` with ``values`` (flat option names) replaced in their sections; the record of chosen
-    options is kept as it was (see :func:`~sage_grpo.config.schema.replace_chosen` to count them as chosen)."""
+    options and the ``--config`` file the values came from are kept as they were (see
+    :func:`~sage_grpo.config.schema.replace_chosen` to count the new values as chosen)."""
     cls = type(config)
     owner = owners(cls)
     unknown = sorted(set(values) - set(owner))
@@ -161,4 +163,6 @@ def with_values(config: Any, **values: Any) -> Any:
     recorded = getattr(config, EXPLICIT_ATTR, None)
     if recorded is not None:
         mark_explicit(updated, recorded)
+    if getattr(config, CONFIG_FILE_ATTR, None) is not None:
+        object.__setattr__(updated, CONFIG_FILE_ATTR, getattr(config, CONFIG_FILE_ATTR))
     return updated

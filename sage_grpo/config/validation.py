@@ -10,21 +10,29 @@ import math
 import re
 from typing import Dict, List, Optional, Tuple
 
+from sage_grpo.config.bounds import MAX_TOKENS, TRAIN_BOUNDS, Bound, Entry
 from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.config.sections import flat_items, option_fields
 from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
 
 
-# HunyuanVideo-1.5's sampling flow shift per text-to-video transformer version (its pipeline configs, and the
-# scheduler/ of the diffusers pipeline repos): the reference's validation and generate.py sample 480p_t2v with shift
-# 5.0 and 720p_t2v with 9.0; the cfg-distilled versions keep their resolution's shift. Its keys are the known version
-# names. A model root's own variants/<version>/scheduler/ config, when present, comes first
-# (sage_grpo/models/variants.py).
+# HunyuanVideo-1.5's sampling flow shift per transformer version (its pipeline configs, and the scheduler/ of the
+# diffusers pipeline repos): the reference's validation and generate.py sample 480p_t2v with shift 5.0 and 720p_t2v
+# with 9.0; the cfg-distilled versions keep their resolution's shift, the step-distilled 480p_i2v uses 7.0. Its keys
+# are the known version names: the versions published in diffusers format (hunyuanvideo-community/
+# HunyuanVideo-1.5-Diffusers-<version>). A model root's own variants/<version>/scheduler/ config, when present, comes
+# first (sage_grpo/models/variants.py).
 FLOW_SHIFT_BY_VERSION: Dict[str, float] = {"480p_t2v": 5.0, "720p_t2v": 9.0, "480p_t2v_distilled": 5.0,
-                                           "720p_t2v_distilled": 9.0,
                                            # image-to-video (the reference's PIPELINE_CONFIGS)
                                            "480p_i2v": 5.0, "720p_i2v": 7.0, "480p_i2v_distilled": 5.0,
-                                           "720p_i2v_distilled": 7.0}
+                                           "720p_i2v_distilled": 7.0, "480p_i2v_step_distilled": 7.0}
+# Versions named upstream with no weights in diffusers format (the authors list them as coming soon), and why.
+UNPUBLISHED_VERSIONS: Dict[str, str] = {
+    "720p_t2v_distilled": "HunyuanVideo-1.5's authors list it as coming soon, and no diffusers-format repository "
+                          "holds it",
+}
+# Versions whose transformer predicts mean flows (use_meanflow: a second timestep at every step).
+MEANFLOW_VERSIONS = ("480p_i2v_step_distilled",)
 
 
 class ConfigError(ValueError):
@@ -148,16 +156,34 @@ def check_seeds(config) -> None:
                           "see --help for the default")
 
 
-MAX_TOKENS = 1 << 16  # no stream of HunyuanVideo-1.5 is near it (1000, 256, 729); a larger one is a typo or a bomb
+def check_bounds(config, table: Dict[str, Entry]) -> None:
+    """Every option of ``config`` that ``table`` bounds (:mod:`sage_grpo.config.bounds`) is inside its bound; a list
+    option item by item, an unset (None) one not at all."""
+    for field in dataclasses.fields(config):
+        bound = table.get(field.name)
+        value = getattr(config, field.name)
+        if not isinstance(bound, Bound) or value is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, (int, float)) and not isinstance(item, bool) and not bound.holds(item):
+                default = field.default if field.default is not dataclasses.MISSING else None
+                _fail(bound.rule_for(field.name), f"--{field.name} {item} must be {bound.text()}{bound.why}",
+                      bound.fix or (f"use {default} (the default)" if default is not None
+                                    else "leave it unset for its default"))
 
 
-def check_token_lengths(config) -> None:
-    """The prompt streams' token lengths (post_train.py and generate.py name them alike): 1 to :data:`MAX_TOKENS`,
-    ``--text_max_length`` may be unset (the pipeline's 1000)."""
-    for name in ("text_max_length", "byt5_max_length", "vision_num_semantic_tokens"):
-        value = getattr(config, name)
-        if value is not None and not 1 <= value <= MAX_TOKENS:
-            _fail(f"{name}-range", f"--{name} {value} must be in [1, {MAX_TOKENS}]", "see --help for the default")
+def check_optimizer_updates(cfg: TrainConfig) -> None:
+    """One optimizer update is made every ``--gradient_accumulation_steps`` rollout batches, and a run trains
+    ``--max_steps`` x ``--num_inner_epochs`` of them (one per inner epoch of each step, whatever ``--batch_size``): a
+    run with fewer makes no update and learns nothing."""
+    batches = cfg.max_steps * cfg.num_inner_epochs
+    if batches < cfg.gradient_accumulation_steps:
+        epochs = f" x --num_inner_epochs {cfg.num_inner_epochs}" if cfg.num_inner_epochs > 1 else ""
+        _fail("no-optimizer-update", f"--gradient_accumulation_steps {cfg.gradient_accumulation_steps} with "
+              f"--max_steps {cfg.max_steps}{epochs} makes no optimizer update: one is made every "
+              f"{cfg.gradient_accumulation_steps} rollout batches and the run trains {batches}",
+              f"use --gradient_accumulation_steps {batches} (or less), or --max_steps "
+              f"{-(-cfg.gradient_accumulation_steps // cfg.num_inner_epochs)} (or more)")
 
 
 def validate_train_config(cfg: TrainConfig, world_size: int = 1,
@@ -171,69 +197,35 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
     return notes
 
 
+def check_numbers(config, table: Dict[str, Entry]) -> None:
+    """Every number of ``config`` alone: finite, seeds in range, inside its bound of ``table``."""
+    check_finite_options(config)
+    check_seeds(config)
+    check_bounds(config, table)
+
+
 def check_option_values(cfg: TrainConfig) -> List[str]:
     """The rules of :func:`validate_train_config` that do not depend on the launch (world size, heads): what a
     checkpoint's recorded ``config.yaml`` is checked against too. Returns notes."""
     notes: List[str] = []
-    check_finite_options(cfg)
-    check_seeds(cfg)
+    check_numbers(cfg, TRAIN_BOUNDS)
     if cfg.post_train_type != "grpo":
         _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
               "'standard' path crashes)", "use --post_train_type grpo")
-    if min(cfg.batch_size, cfg.num_generations, cfg.sp_size, cfg.mini_batch_size_per_update) < 1:
-        _fail("positive-sizes", f"--batch_size {cfg.batch_size}, --num_generations {cfg.num_generations}, "
-              f"--sp_size {cfg.sp_size} and --mini_batch_size_per_update {cfg.mini_batch_size_per_update} must be "
-              ">= 1", "use for example --batch_size 2 --num_generations 4")
-    check_token_lengths(cfg)
     if cfg.batch_size % cfg.mini_batch_size_per_update:
         _fail("mini-batch-divides-batch", f"--mini_batch_size_per_update {cfg.mini_batch_size_per_update} does not "
               f"divide --batch_size {cfg.batch_size}", "use 1 (the reference's value)")
-    if not 0.0 < cfg.timestep_fraction <= 1.0:
-        _fail("timestep-fraction", f"--timestep_fraction {cfg.timestep_fraction} must be in (0, 1]", "use 1.0")
-    if cfg.reference_batch_size < 0:
-        _fail("reference-batch", f"--reference_batch_size {cfg.reference_batch_size} must be >= 0", "use 0 (auto)")
-    if cfg.num_inner_epochs < 1:
-        _fail("inner-epochs", f"--num_inner_epochs {cfg.num_inner_epochs} must be >= 1", "use 1 (the reference)")
-    if not 0 <= cfg.sde_window_size <= cfg.grpo_sampling_steps or cfg.sde_window_stride < 0:
+    if not cfg.sde_window_size <= cfg.grpo_sampling_steps or min(cfg.sde_window_size, cfg.sde_window_stride) < 0:
         _fail("sde-window", f"--sde_window_size {cfg.sde_window_size} must be in [0, --grpo_sampling_steps "
               f"{cfg.grpo_sampling_steps}] and --sde_window_stride {cfg.sde_window_stride} >= 0",
               "use --sde_window_size 0 (off)")
-    if cfg.grpo_sampling_steps < 1:
-        _fail("sampling-steps", f"--grpo_sampling_steps {cfg.grpo_sampling_steps} must be >= 1", "use 20")
     if not 0 <= cfg.replay_group_size <= trained_steps_per_sample(cfg):
         _fail("replay-group", f"--replay_group_size {cfg.replay_group_size} must be in [0, the trained steps per "
               f"sample, {trained_steps_per_sample(cfg)}]", "use 0 (auto) or 1 (one step per forward, the reference)")
-    if cfg.eta <= 0:
-        _fail("eta-positive", f"--eta {cfg.eta} gives a zero-noise SDE with no log-probability",
-              "use --eta 0.5 (the reference's value)")
-    if cfg.kl_weight < 0 or cfg.kl_coef < 0 or cfg.kl_min_coef < 0:
-        _fail("kl-nonnegative", "--kl_weight, --kl_coef and --kl_min_coef must be >= 0",
-              "use --kl_weight 0 to disable the KL terms")
-    for name in ("learning_rate", "max_grad_norm", "cfg_scale", "clip_range", "adv_clip_max"):
-        if getattr(cfg, name) <= 0:
-            _fail(f"{name}-positive", f"--{name} {getattr(cfg, name)} must be > 0", "see --help for the default")
-    for name in ("max_steps", "gradient_accumulation_steps", "save_interval", "log_interval", "sample_n_frames",
-                 "reward_batch_size", "validation_num_inference_steps"):
-        if getattr(cfg, name) < 1:
-            _fail(f"{name}-positive", f"--{name} {getattr(cfg, name)} must be >= 1", "see --help for the default")
-    for name in ("weight_decay", "warmup_steps", "dual_kl_moving_weight", "dual_kl_step_weight",
-                 "max_failed_reward_steps", "validation_interval", "image_cache_gb"):
-        if getattr(cfg, name) < 0:
-            _fail(f"{name}-nonnegative", f"--{name} {getattr(cfg, name)} must be >= 0", "see --help for the default")
-    if cfg.lr_num_cycles < 1 or cfg.lr_power <= 0:
-        _fail("lr-schedule-shape", f"--lr_num_cycles {cfg.lr_num_cycles} must be >= 1 and --lr_power {cfg.lr_power} "
-              "> 0", "use --lr_num_cycles 1 --lr_power 1.0")
-    if cfg.lr_scheduler not in ("constant", "constant_with_warmup") and cfg.max_steps < cfg.gradient_accumulation_steps:
-        _fail("lr-schedule-length", f"--lr_scheduler {cfg.lr_scheduler} decays over the run's optimizer updates, but "
-              f"--max_steps {cfg.max_steps} < --gradient_accumulation_steps {cfg.gradient_accumulation_steps} "
-              "makes none", "raise --max_steps")
-    if not 0.0 <= cfg.ema_decay < 1.0:
-        _fail("ema-decay", f"--ema_decay {cfg.ema_decay} must be in [0, 1)", "use 0.999, or 0 for no EMA")
+    check_optimizer_updates(cfg)
     if cfg.validate_ema and cfg.ema_decay == 0.0:
         _fail("validate-ema-needs-ema", "--validate_ema true but --ema_decay is 0: there is no EMA to validate",
               "add --ema_decay 0.999, or drop --validate_ema")
-    if not 0.0 <= cfg.lora_dropout < 1.0:
-        _fail("lora-dropout", f"--lora_dropout {cfg.lora_dropout} must be in [0, 1)", "use 0.0")
     if cfg.use_moving_KL and cfg.update_ref_model_step < 1:
         _fail("anchor-interval", f"--update_ref_model_step {cfg.update_ref_model_step} must be >= 1 with the moving "
               "anchor", "use 10 (the reference's value), or --use_moving_KL false")
@@ -249,10 +241,25 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
     notes += _check_drift_options(cfg)
     if cfg.pretrained_lora_path and not cfg.use_lora:
         _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
-    if cfg.kl_weight > 0 and cfg.kl_min_coef > cfg.kl_weight:
-        notes.append(f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
-                     f"{cfg.kl_weight} (as the reference does)")
-    return notes
+    return notes + _kl_notes(cfg)
+
+
+def _kl_notes(cfg: TrainConfig) -> List[str]:
+    """What the adaptive β makes of --kl_coef and --kl_min_coef, as the reference does (sage_grpo/rl/kl_controller.py):
+    a clamped floor, a floor of 0 read as --kl_coef, and a β that stays 0 (no KL, no reference model)."""
+    if cfg.kl_weight <= 0:
+        return []
+    if cfg.kl_coef == 0 and cfg.kl_min_coef == 0:
+        return [f"--kl_coef 0 with --kl_min_coef 0: the KL weight beta stays 0 for the whole run (the reference "
+                f"computes the KL only while beta > 0), so --kl_weight {cfg.kl_weight} adds no KL term and no "
+                "reference model is loaded; for a KL term set --kl_coef > 0"]
+    if cfg.kl_min_coef == 0:
+        return [f"--kl_min_coef 0 means --kl_coef {cfg.kl_coef} (the reference's 'kl_min_coef or kl_coef'): beta's "
+                "floor and the start of its warm-up"]
+    if cfg.kl_min_coef > cfg.kl_weight:
+        return [f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
+                f"{cfg.kl_weight} (as the reference does)"]
+    return []
 
 
 def _check_drift_options(cfg: TrainConfig) -> List[str]:

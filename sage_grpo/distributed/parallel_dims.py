@@ -22,7 +22,6 @@ a cached decision the SP hooks meet again as a lookup); failures raise ``ConfigE
 Constructing a ``ParallelDims`` needs no process group, so layouts can be checked (and tested) without launching.
 """
 
-import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import List, Optional
@@ -33,6 +32,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from sage_grpo.config.validation import (ConfigError, check_parallel_layout, check_sequence_parallel_tokens,
                                          group_layout)
+from sage_grpo.config.launch_env import read_launch_env
+from sage_grpo.distributed.join import join_store
 from sage_grpo.distributed.liveness import install_parent_death_signal
 
 # The reference fork raises the NCCL timeout to two hours (reward scoring on SP leaders and checkpoint writes on rank 0
@@ -52,16 +53,21 @@ class DistributedEnv:
 
 
 def init_distributed(backend: Optional[str] = None, timeout: timedelta = DEFAULT_PG_TIMEOUT) -> DistributedEnv:
-    """Read torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and start the default process group.
+    """Read torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (checked before any connection,
+    :func:`~sage_grpo.config.launch_env.read_launch_env`) and start the default process group once every rank has
+    joined the job's store, waiting at most ``timeout`` for them (:func:`~sage_grpo.distributed.join.join_store`).
 
     Without torchrun's variables (``python post_train.py``) this is one process and no process group is created;
     with ``WORLD_SIZE=1`` neither. The backend defaults to NCCL on CUDA and gloo on CPU; on CUDA the current device is
     set to ``cuda:LOCAL_RANK`` first, so every later ``.cuda()`` lands on this process's GPU.
     """
-    rank = int(os.environ.get("RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    launch = read_launch_env(connecting=True)
+    rank, world_size, local_rank = launch.rank, launch.world_size, launch.local_rank
     if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"[launch-env] LOCAL_RANK={local_rank} but this node has {torch.cuda.device_count()} "
+                              f"visible GPU(s). Fix: torchrun --nproc_per_node {torch.cuda.device_count()} (one "
+                              "process per GPU), or make more GPUs visible (CUDA_VISIBLE_DEVICES).")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
@@ -69,20 +75,9 @@ def init_distributed(backend: Optional[str] = None, timeout: timedelta = DEFAULT
     if world_size > 1 and not dist.is_initialized():
         install_parent_death_signal()  # a worker dies with its torchrun agent, never trains on as an orphan
         backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend=backend, timeout=timeout, store=_attempt_store(rank, world_size, timeout),
+        dist.init_process_group(backend=backend, timeout=timeout, store=join_store(launch, timeout),
                                 rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None)
     return DistributedEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
-
-
-def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
-    """The job's key-value store (``MASTER_ADDR:MASTER_PORT``: torchrun's agent holds it, else rank 0), with the keys of
-    this attempt under a prefix of their own. torchrun keeps one store across ``--max-restarts``, and the process
-    group's keys (each rank's gloo address) are the same every attempt: a restarted rank read a dead rank's address
-    before the new one was written ("Gloo connectFullMesh failed ... Connection refused") and the restart failed."""
-    agent_holds_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=rank == 0 and not agent_holds_store, timeout=timeout, multi_tenant=True)
-    return dist.PrefixStore(f"sage_grpo/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
 def destroy_distributed() -> None:

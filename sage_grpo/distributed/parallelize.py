@@ -29,9 +29,10 @@ correction (see ``sequence_parallel.py``). Without FSDP on several processes, :f
 does that mean explicitly (one all-reduce per parameter, once per optimizer update). :func:`clip_gradients` clips by
 the global norm, gathering the norm of DTensor gradients (the only communication is one scalar).
 
-Clip threshold (:func:`clip_threshold`): the gradient here is the full gradient at every SP degree, the reference's is
-1/sp of it (its backward gives each SP rank its own tokens' share and FSDP then averages over the SP ranks too; spec
-§10.20), so its ``--max_grad_norm m`` clips where the full gradient's norm is m·sp. With ``--max_grad_norm_units
+Clip threshold (:func:`clip_threshold`): the gradient here is the full gradient at every SP degree, the reference's
+norm is 1/sp of its norm (its all-gathers' backward gives each SP rank only its own slice and FSDP then averages over
+the SP ranks too; its direction differs for the text queries, docs/differences.md), so its ``--max_grad_norm m``
+clips where the full gradient's norm is m·sp. With ``--max_grad_norm_units
 reference`` (default) ``--max_grad_norm`` means the reference's number and the full gradient is clipped at m·sp, so
 ``run_post_train.sh``'s flags and the paper configs clip where the reference does at every SP degree; ``full`` clips
 the full gradient at m (one process then reproduces an SP run with the same flags).

@@ -21,7 +21,9 @@ Gradients. The collectives are torch's differentiable functional collectives, wh
 the same full output, the backward computes the gradient of ``sp * L`` summed over the group's replicas of the
 parameters: each rank's raw parameter gradient is partial, and their **mean** over the SP group is exactly ``dL/dθ``.
 FSDP2's mean reduction over the flattened ``dp x sp`` mesh performs that mean (see ``parallel_dims.py``); without
-FSDP, average the gradients over ``ParallelDims.sp_group`` yourself.
+FSDP, average the gradients over ``ParallelDims.sp_group`` yourself. The reference's all-gathers (the same two) hand
+each rank only its own slice of the gradient instead: its mean is 1/sp of ``dL/dθ`` in norm but differs in direction
+for the text queries of every block but the last (docs/differences.md, ``benchmarks/sp_reference_gradient.py``).
 
 Requirements: ``num_attention_heads % sp == 0`` (decided at setup by ``ParallelDims``; only asserted here) and a latent
 token count ``F * H * W`` (after patching) divisible by ``sp`` (checked once per token count, ``ConfigError``

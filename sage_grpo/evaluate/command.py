@@ -9,12 +9,12 @@ Outputs (sage_grpo/evaluate/report.py): results.json, results.md (Table 2's layo
 cache/ holds each finished (checkpoint, prompt, seed), so rerunning the same command resumes.
 """
 
-import os
 import sys
 from typing import Dict, Optional
 
 import torch
 
+from sage_grpo.config.launch_env import read_launch_env
 from sage_grpo.config.schema import parse_cli
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.evaluate.plan import EvaluationPlan, plan_evaluation
@@ -25,7 +25,7 @@ from sage_grpo.safe_io import CheckpointError
 def _default_device() -> Optional[str]:
     """This rank's GPU under torchrun (LOCAL_RANK), as the process group will use; None lets generate.py choose."""
     if torch.cuda.is_available():
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        return f"cuda:{read_launch_env().local_rank}"
     return None
 
 
@@ -61,17 +61,19 @@ def run_evaluation(config: EvaluateConfig, plan: EvaluationPlan, rank: int = 0, 
 
 def main(argv=None) -> int:
     config = parse_cli(EvaluateConfig, argv, description=__doc__.splitlines()[0])
-    try:
+    from sage_grpo.distributed.liveness import PeerLost
+    from sage_grpo.distributed.parallel_dims import destroy_distributed, init_distributed
+    from sage_grpo.plan.fit import check_generate_weights_fit
+
+    try:  # torchrun's variables are checked first: the device choice reads LOCAL_RANK
+        world_size = read_launch_env().world_size
         plan = plan_evaluation(config, device=_default_device())  # every bad input fails here, before any model
-    except (ValueError, FileNotFoundError) as err:
+        check_generate_weights_fit(config.model_path, plan.sampling.transformer_version, config.dtype,
+                                   plan.sampling.device.type)  # the video models' weights against the RAM
+        rank = init_distributed().rank if world_size > 1 else 0  # the address checked, the peers awaited
+    except (ValueError, FileNotFoundError, PeerLost) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    rank = 0
-    if world_size > 1:
-        from sage_grpo.distributed.parallel_dims import destroy_distributed, init_distributed
-
-        rank = init_distributed().rank
     try:
         run_evaluation(config, plan, rank, world_size)
     except (CheckpointError, MissingCheckpointError) as err:  # an unreadable, unsafe or missing weight file

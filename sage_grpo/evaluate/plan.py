@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import shorten
+from sage_grpo.config.bounds import EVALUATE_BOUNDS
 from sage_grpo.config.sections import fields_by_name, flat_items
-from sage_grpo.config.validation import check_seeds
+from sage_grpo.config.validation import check_bounds, check_finite_options, check_seeds
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.models import layout
 from sage_grpo.pipeline.generation import GenerationPlan, plan_generation
+from sage_grpo.rewards.clip_score import ClipScore
 from sage_grpo.rewards.scorers import VIDEOALIGN_NAMES, MetricPlan
 from sage_grpo.rewards.scorers import plan_metrics as plan_scorers
 from sage_grpo.safe_io import read_json_object
@@ -75,6 +78,8 @@ class EvaluationPlan:
             "model_path": g.model_path, "metrics": list(self.metrics.names),
             "videoalign_weights": self.metrics.videoalign_weights,
             "clip_model": str(self.metrics.clip_model) if self.metrics.clip_model else None,
+            # what a CLIP model scores: a cache scored with fewer CLIP columns is not mixed in
+            "clip_metrics": list(ClipScore.metric_names) if self.metrics.clip_model else None,
             "pickscore_model": [str(p) for p in self.metrics.pickscore_model] if self.metrics.pickscore_model else None,
             "model_files": self.model_files,
         }
@@ -123,15 +128,15 @@ def generation_config(config: EvaluateConfig, prompt: str, seed: int, device: Op
 
 def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> EvaluationPlan:
     """Validate everything; raises ValueError / FileNotFoundError with a one-line message. Loads no model."""
+    check_finite_options(config)
+    check_seeds(config)  # every seed, not only the first one the generation plan below is made with
+    check_bounds(config, EVALUATE_BOUNDS)  # every number in its range, before any file is read
     checkpoints = parse_checkpoints(config.checkpoints)
     if not config.prompts:
         raise ValueError("--prompts is required: a CSV with a 'prompt' column")
-    prompts = [item.prompt for item in read_prompt_csvs([config.prompts], notes=[])]
-    check_seeds(config)  # every seed, not only the first one the generation plan below is made with
+    prompts, repeated = unique_prompts([item.prompt for item in read_prompt_csvs([config.prompts], notes=[])])
     if not config.seeds or len(set(config.seeds)) != len(config.seeds):
         raise ValueError(f"--seeds must name distinct seeds, got {config.seeds}")
-    if config.picture_frames < 1 or config.picture_height < 8:
-        raise ValueError("--picture_frames must be >= 1 and --picture_height >= 8")
     metrics = plan_metrics(config)
     generation = generation_config(config, prompts[0], config.seeds[0], device)
     sampling = plan_generation(generation)
@@ -144,11 +149,28 @@ def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> Eva
     plan = EvaluationPlan(checkpoints, prompts, list(config.seeds), metrics, generation, sampling,
                           Path(config.output), model_files(config.model_path, sampling.transformer_version, metrics))
     check_cache_settings(plan)
+    if repeated:
+        plan.sampling.notes.append(f"--prompts {config.prompts}: {repeated}")
     from sage_grpo.resume import SAMPLED_IDENTITY
 
     plan.sampling.notes.append(SAMPLED_IDENTITY.format(what="the base model (--model_path) and each scorer",
                                                        compared="identified in the cache"))
     return plan
+
+
+def unique_prompts(prompts: List[str]) -> Tuple[List[str], Optional[str]]:
+    """The prompts in order with each repeat left out, and a line naming the repeated ones (None: no repeat).
+
+    Every prompt is sampled with the same ``--seeds``, so a repeated row would only sample the same videos again and
+    count them as further samples in the means and their standard errors: each prompt is evaluated once."""
+    counts = Counter(prompts)
+    repeated = [prompt for prompt in counts if counts[prompt] > 1]
+    if not repeated:
+        return prompts, None
+    shown = "; ".join(f"{shorten(prompt, 60)} ({counts[prompt]} rows)" for prompt in repeated[:5])
+    more = f" and {len(repeated) - 5} more" if len(repeated) > 5 else ""
+    return list(counts), (f"{len(repeated)} prompt(s) repeated, each evaluated once ({len(counts)} distinct prompts "
+                          f"of {len(prompts)} rows): {shown}{more}")
 
 
 def check_output(config: EvaluateConfig, checkpoints: List[Checkpoint], metrics: MetricPlan) -> None:

@@ -3,10 +3,13 @@
 * ``results.json``: the sampler settings (once), then per checkpoint a ``summary`` (per metric: mean, standard error
   of the mean over its prompt x seed samples, n) and ``prompts`` (per prompt: its per-seed scores and their mean),
   plus mean sampling and scoring seconds per (prompt, seed);
-* ``results.md``: the summary in the layout of the paper's Table 2 (VQ, MQ, TA, Overall = VQ + MQ + TA, CLIPScore and
-  PickScore on the paper's scale, then the raw PickScore logit and any further metric), ``mean ± s.e.``, every
-  column headed with how it is computed; ``results.json`` holds the same definitions (``metric_definitions``);
-* ``bars.png``: one bar panel per metric, a bar per checkpoint with its standard error;
+* ``results.md``: the summary in the layout of the paper's Table 2 (VQ, MQ, TA, Overall = VQ + MQ + TA, CLIPScore in
+  both candidate scalings, Hessel's and Flow-GRPO's, and PickScore on the paper's scale, then the raw PickScore logit
+  and any further metric), ``mean ± s.e.``, every column headed with how it is computed (``NaN (k of k failed)``
+  where a metric failed on every sample: null in ``results.json``); ``results.json`` holds the same definitions
+  (``metric_definitions``);
+* ``bars.png``: one bar panel per metric, a bar per checkpoint with its standard error ("NaN" written where a
+  checkpoint's metric failed on every sample; a metric that is 0.0 for every checkpoint gets a 0 to 1 axis);
 * ``side_by_side/<i>_<prompt>.png``: per prompt (first seed), one row of evenly spaced frames per checkpoint.
 """
 
@@ -24,15 +27,19 @@ from sage_grpo.evaluate.plan import EvaluationPlan
 # Table 2's columns first (key, header), in the paper's order, then the raw scores beside them; then every other
 # metric in the order produced.
 TABLE2_COLUMNS = (("VQ", "VQ"), ("MQ", "MQ"), ("TA", "TA"), ("Overall", "Overall"),
-                  ("clipscore", "CLIPScore (2.5·cos)"), ("pickscore_paper", "PickScore (logit/26)"),
+                  ("clipscore", "CLIPScore (2.5·max(cos,0))"), ("clip_flowgrpo", "CLIP score (logit/30)"),
+                  ("pickscore_paper", "PickScore (logit/26)"),
                   ("pickscore", "PickScore logit (raw)"), ("Weighted", "Weighted (--reward_weights)"),
                   ("clip_cosine", "CLIP cos (raw)"), ("pickscore_cosine", "PickScore cos (raw)"))
 # Table 2's scale of a raw score, derived per sample (the paper names neither scorer: inferred, docs/evaluation.md):
 # PickScore as Flow-GRPO's PickScore scorer reports it, the logit divided by 26.
 PAPER_SCALE = {"pickscore_paper": ("pickscore", 1 / 26)}
+PAPER_SCALE_KEYS = ("clipscore", "clip_flowgrpo", "pickscore_paper")  # the columns to hold against Table 2
 METRIC_DEFINITIONS = {
-    "clipscore": "paper scale (Table 2's CLIPScore, inferred): mean over frames of 2.5 * max(cos, 0), CLIP ViT-L/14 "
-                 "(Hessel et al.'s CLIPScore)",
+    "clipscore": "paper scale (one of two candidates for Table 2's CLIPScore): mean over frames of 2.5 * max(cos, 0), "
+                 "CLIP ViT-L/14 (Hessel et al.'s CLIPScore)",
+    "clip_flowgrpo": "paper scale (one of two candidates for Table 2's CLIPScore): mean over frames of CLIP ViT-L/14's "
+                     "logit / 30 = exp(logit_scale) * cos / 30, ~3.33 * cos (Flow-GRPO's CLIP scorer)",
     "pickscore_paper": "paper scale (Table 2's PickScore, inferred): mean over frames of PickScore_v1's logit / 26 "
                        "(Flow-GRPO's PickScore scorer)",
     "pickscore": "raw: mean over frames of PickScore_v1's logit exp(logit_scale) * cos (its model card), ~100 * cos",
@@ -96,8 +103,8 @@ def columns_of(results: Dict) -> List[tuple]:
 
 def _cell(stat: Dict) -> str:
     failed = f" ({stat['failed']} failed)" if stat.get("failed") else ""
-    if stat["mean"] is None:
-        return f"failed{failed}"
+    if stat["mean"] is None:  # null in results.json: the scorer failed on every sample
+        return f"NaN ({stat.get('failed', 0)} of {stat.get('failed', 0) + stat.get('n', 0)} failed)"
     value = f"{stat['mean']:.4f}" if stat["stderr"] is None else f"{stat['mean']:.4f} ± {stat['stderr']:.4f}"
     return value + failed
 
@@ -111,9 +118,10 @@ def markdown_table(results: Dict) -> str:
              f"{len(results['prompts'])} prompts x {len(results['seeds'])} seeds {results['seeds']}; "
              "mean ± standard error over the (prompt, seed) samples."
              + (" Overall = VQ + MQ + TA." if any(key == "Overall" for key, _ in columns) else "")
-             + (" CLIPScore (2.5·cos) and PickScore (logit/26) are on Table 2's scale (the paper names neither "
-                "scorer: these are inferred, see docs/evaluation.md); hold those against Table 2, not the raw columns."
-                if any(key in ("clipscore", "pickscore_paper") for key, _ in columns) else ""), "",
+             + (" CLIPScore (2.5·max(cos,0)) and CLIP score (logit/30) are the two candidate scalings of Table 2's "
+                "CLIPScore, PickScore (logit/26) is on Table 2's scale (the paper names no scorer: inferred, see "
+                "docs/evaluation.md); hold those against Table 2, not the raw columns."
+                if any(key in PAPER_SCALE_KEYS for key, _ in columns) else ""), "",
              "| Model | " + " | ".join(header for _, header in columns) + " |",
              "|---|" + "---:|" * len(columns)]
     for label, entry in results["checkpoints"].items():

@@ -55,8 +55,9 @@ def _is_number(value, *, allow_none: bool = False) -> bool:
 
 
 def expected_unit(plan: EvaluationPlan, checkpoint: Checkpoint, index: int, seed: int) -> Dict:
-    """What a cached record of this unit must say of itself (a record that says otherwise is foreign or stale)."""
-    return {"checkpoint": checkpoint.label, "prompt": plan.prompts[index], "prompt_index": index, "seed": seed,
+    """What a cached record of this unit must say of itself (a record that says otherwise is foreign or stale): what
+    determines its numbers (the prompt's text, the seed, the settings and the weights), not the prompt's row."""
+    return {"checkpoint": checkpoint.label, "prompt": plan.prompts[index], "seed": seed,
             "fingerprint": plan.fingerprint(), "weights": checkpoint.digest}
 
 
@@ -158,7 +159,7 @@ def run_units(plan: EvaluationPlan, scorers, config, rank: int = 0, world_size: 
     if lost:  # another writer replaced or removed units while this one ran
         raise CheckpointError(f"{len(lost)} cached unit(s) changed while this evaluation ran, e.g. {lost[0]}: "
                               "was another evaluation writing into the same --output? Rerun to sample them again")
-    return [record for record, _ in records]
+    return [{**record, "prompt_index": index} for (_, index, _), (record, _) in zip(units, records)]
 
 
 def pending_units(plan: EvaluationPlan, units: List[Tuple]) -> List[Tuple]:

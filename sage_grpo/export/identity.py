@@ -13,9 +13,9 @@ which is why it is taken once per checkpoint and evaluation, not per video.
 
 import hashlib
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
-from sage_grpo.checkpoint_layout import CONFIG_FILE, LORA_DIR
+from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, LORA_DIR, TRANSFORMER_FILE
 from sage_grpo.models import lora
 from sage_grpo.safe_io import CheckpointError, shard_names
 
@@ -24,8 +24,9 @@ Shapes = Dict[str, Tuple[int, ...]]
 _CHUNK = 8 << 20
 
 
-def transformer_shapes(model_root: PathLike, version: str) -> Shapes:
-    """{parameter or buffer name: shape} of the base transformer ``version`` of ``model_root`` (no memory used)."""
+def transformer_shapes(model_root: PathLike, version: str, parameters_only: bool = False) -> Shapes:
+    """{parameter or buffer name: shape} of the base transformer ``version`` of ``model_root`` (no memory used);
+    ``parameters_only``: its parameters, what a full fine-tune trains and checkpoints."""
     import torch
     from diffusers import HunyuanVideo15Transformer3DModel
 
@@ -35,7 +36,8 @@ def transformer_shapes(model_root: PathLike, version: str) -> Shapes:
     config = HunyuanVideo15Transformer3DModel.load_config(str(folder), local_files_only=True)
     with torch.device("meta"):
         model = HunyuanVideo15Transformer3DModel.from_config(config)
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    tensors = dict(model.named_parameters()) if parameters_only else model.state_dict()
+    return {name: tuple(tensor.shape) for name, tensor in tensors.items()}
 
 
 def _safetensors_shapes(file: Path) -> Shapes:
@@ -76,7 +78,7 @@ def stored_shapes(located: Path) -> Shapes:
     return _safetensors_shapes(located)
 
 
-def _mismatches(stored: Shapes, expected: Shapes) -> List[str]:
+def mismatches(stored: Shapes, expected: Shapes) -> List[str]:
     """What keeps ``stored`` from loading into a transformer of ``expected`` (full weights or a LoRA adapter)."""
     adapter = {key: shape for key, shape in stored.items() if lora.is_adapter_key(key)}
     if adapter:  # LoRA: every adapted module exists, and its A / B fit the module's input / output width
@@ -95,6 +97,71 @@ def _mismatches(stored: Shapes, expected: Shapes) -> List[str]:
             (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shaped)) if keys]
 
 
+def training_shapes(checkpoint: Path, sharded: bool) -> Shapes:
+    """{name: shape} of the trainable weights a training ``checkpoint-N`` holds (all of them, or the LoRA adapter's),
+    read from its safetensors header or its DCP metadata: no tensor is read."""
+    return stored_shapes(checkpoint / (DCP_DIR if sharded else TRANSFORMER_FILE))
+
+
+def adapter_rank(shapes: Shapes) -> Optional[int]:
+    """The LoRA rank of an adapter's tensors (its A matrices' rows); None: no adapter tensor."""
+    return next((shape[0] for key, shape in shapes.items() if ".lora_A." in key and len(shape) == 2), None)
+
+
+_NO_RESHAPE = "tensors of other shapes cannot load, not even with --allow_config_change"
+
+
+def _run_rank(cfg) -> int:
+    """The LoRA rank a run builds: its --pretrained_lora_path adapter's, else --lora_r."""
+    return lora.check_adapter_folder(Path(cfg.pretrained_lora_path))["r"] if cfg.pretrained_lora_path else cfg.lora_r
+
+
+def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, cfg) -> None:
+    """The LoRA side of :func:`check_resume_shapes`: LoRA or not, the rank, the target modules."""
+    from sage_grpo.config.validation import ConfigError
+
+    adapter = checkpoint / LORA_DIR
+    if (rank is not None) != cfg.use_lora:
+        raise ConfigError(f"resuming {checkpoint} with --use_lora {cfg.use_lora}: it holds "
+                          f"{'a LoRA adapter' if rank is not None else 'full transformer weights'} ({_NO_RESHAPE}). "
+                          f"Resume with --use_lora {rank is not None}, or start a new run in a new --output_dir")
+    if rank is None:
+        return
+    if rank != _run_rank(cfg):
+        given = "its --pretrained_lora_path adapter's" if cfg.pretrained_lora_path else f"--lora_r {cfg.lora_r}"
+        raise ConfigError(f"resuming {checkpoint} with LoRA rank {_run_rank(cfg)} ({given}): its adapter has rank "
+                          f"{rank}, and an adapter's shapes cannot change ({_NO_RESHAPE}). Resume with --lora_r "
+                          f"{rank}, or start a new run from this adapter: --pretrained_lora_path {adapter}")
+    targets = saved.get("lora_target_modules", cfg.lora_target_modules)
+    if not cfg.pretrained_lora_path and targets != cfg.lora_target_modules:
+        raise ConfigError(f"resuming {checkpoint} with --lora_target_modules {cfg.lora_target_modules}: its adapter "
+                          f"adapts the layers of {targets}, and its tensors cannot move to other layers "
+                          f"({_NO_RESHAPE}). Resume with its targets, or start a new run from this adapter: "
+                          f"--pretrained_lora_path {adapter}")
+
+
+def check_resume_shapes(checkpoint: Path, sharded: bool, saved: Dict, cfg, differences: Dict) -> None:
+    """Refuse (one ConfigError line, before any model loads) a resume of ``checkpoint`` whose trainable tensors
+    cannot load into the run ``cfg`` builds, whatever ``--allow_config_change`` says: full weights into a LoRA run
+    or the reverse, an adapter of another rank or other target modules, weights of another transformer's shapes
+    (checked when the transformer version or the model root is among ``differences``). ``saved``: the checkpoint's
+    recorded settings. LoRA alpha and dropout shape no tensor: they may change like any allowed setting."""
+    from sage_grpo.config.validation import ConfigError
+
+    stored = training_shapes(checkpoint, sharded)
+    _check_adapter(checkpoint, adapter_rank(stored), saved, cfg)
+    changed = [key for key in differences if key == "pretrained_transformer_version" or key.startswith("model root")]
+    if not changed:
+        return
+    problems = mismatches(stored, transformer_shapes(cfg.pretrained_model_root, cfg.pretrained_transformer_version,
+                                                     parameters_only=True))
+    if problems:
+        raise ConfigError(f"resuming {checkpoint} with another {' and '.join(changed)}: its trainable weights do not "
+                          f"fit the transformer {cfg.pretrained_transformer_version} of {cfg.pretrained_model_root} "
+                          f"({'; '.join(problems[:2])}; {_NO_RESHAPE}). Resume with the checkpoint's model root and "
+                          "transformer version, or start a new run in a new --output_dir")
+
+
 def check_loadable(path: PathLike, expected: Shapes, option: str) -> Path:
     """Raise :class:`CheckpointError` (one line, naming ``option`` and the file) unless the trained weights at
     ``path`` can be read as plain data and fit a transformer of ``expected`` shapes; returns the located weights."""
@@ -105,7 +172,7 @@ def check_loadable(path: PathLike, expected: Shapes, option: str) -> Path:
         stored = stored_shapes(located)
     except (FileNotFoundError, ValueError) as err:  # CheckpointError is a ValueError
         raise CheckpointError(f"{option} {path}: {err}") from None
-    problems = _mismatches(stored, expected)
+    problems = mismatches(stored, expected)
     if problems:
         raise CheckpointError(f"{option} {path}: the weights in {located} do not fit the transformer: "
                               + "; ".join(problems[:3]))

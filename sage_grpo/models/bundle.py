@@ -34,7 +34,6 @@ row names a reference image (SigLIP encoder offloaded with the text encoders; th
 """
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -45,6 +44,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from sage_grpo.checkpoint_layout import LORA_DIR
 from sage_grpo.config import TrainConfig
+from sage_grpo.config.launch_env import read_launch_env
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models.lora import LoraTraining, check_lora_settings, reference_pass
 from sage_grpo.models.image_condition import ImageConditionEncoder
@@ -62,7 +62,7 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     """This process's device, decided once: ``--device``, else CUDA when available, else the CPU. A CUDA device
     always carries its index, this process's ``cuda:LOCAL_RANK`` when ``--device cuda`` names none: the NCCL barrier
     needs the index, and tensors report ``cuda:N``, which never equals a bare ``cuda``."""
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = read_launch_env().local_rank  # checked: LOCAL_RANK=abc is one line, not a traceback
     if cfg.device:
         device = torch.device(cfg.device)
         return torch.device("cuda", local_rank) if device.type == "cuda" and device.index is None else device

@@ -41,6 +41,9 @@ TRANSFORMER_KEYS: Tuple[KeyRule, ...] = (
     _rule("img_in.proj.", "x_embedder.proj."),
     _rule("time_in.mlp.0.", "time_embed.timestep_embedder.linear_1."),
     _rule("time_in.mlp.2.", "time_embed.timestep_embedder.linear_2."),
+    # the mean-flow (step-distilled) versions' embedder of the second timestep r
+    _rule("time_r_in.mlp.0.", "time_embed.timestep_embedder_r.linear_1."),
+    _rule("time_r_in.mlp.2.", "time_embed.timestep_embedder_r.linear_2."),
     _rule("txt_in.t_embedder.mlp.0.", "context_embedder.time_text_embed.timestep_embedder.linear_1."),
     _rule("txt_in.t_embedder.mlp.2.", "context_embedder.time_text_embed.timestep_embedder.linear_2."),
     _rule("txt_in.c_embedder.", "context_embedder.time_text_embed.text_embedder."),

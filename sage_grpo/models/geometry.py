@@ -11,17 +11,18 @@ from typing import Dict, Optional, Tuple
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.validation import ConfigError, rollout_size, validation_size
 from sage_grpo.models import layout
-from sage_grpo.safe_io import read_json_object
+from sage_grpo.models.config_fields import read_model_config
 
 
-def _read_config(path: Path) -> Optional[dict]:
-    return read_json_object(path, "the model config") if path.is_file() else None
+def _read_config(path: Path, component: str) -> Optional[dict]:
+    return read_model_config(path, component) if path.is_file() else None
 
 
 def video_tokens(vae_config: dict, transformer_config: dict, num_frames: int, height: int, width: int) -> int:
-    """Image tokens of one video in the transformer: the VAE's latent (T, h, w) divided by the patch sizes."""
-    latent_frames = (num_frames - 1) // vae_config["temporal_compression_ratio"] + 1
-    spatial = vae_config["spatial_compression_ratio"]
+    """Image tokens of one video in the transformer: the VAE's latent (T, h, w) divided by the patch sizes (a field
+    a config leaves out is the class's default)."""
+    latent_frames = (num_frames - 1) // vae_config.get("temporal_compression_ratio", 4) + 1
+    spatial = vae_config.get("spatial_compression_ratio", 16)
     patch, patch_t = transformer_config.get("patch_size", 1), transformer_config.get("patch_size_t", 1)
     return (latent_frames // patch_t) * (height // spatial // patch) * (width // spatial // patch)
 
@@ -38,8 +39,8 @@ def _configs(cfg: TrainConfig) -> Optional[Tuple[Dict, Dict]]:
     """(transformer, VAE) configs of the configured checkpoint; None when either file is missing."""
     root = Path(cfg.pretrained_model_root)
     transformer = _read_config(root / layout.transformer_layout(cfg.pretrained_transformer_version).subdir
-                               / "config.json")
-    vae = _read_config(root / layout.VAE.subdir / "config.json")
+                               / "config.json", "transformer")
+    vae = _read_config(root / layout.VAE.subdir / "config.json", "vae")
     return None if transformer is None or vae is None else (transformer, vae)
 
 
@@ -64,7 +65,7 @@ def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
     tokens = {"rollout": video_tokens(vae, transformer, cfg.sample_n_frames, height, width)}
     if cfg.validation_interval > 0 or cfg.validate_at_step0:
         tokens["validation"] = video_tokens(vae, transformer, cfg.validate_video_length, *validation_size(cfg))
-    return ModelGeometry(transformer["num_attention_heads"], tokens)
+    return ModelGeometry(transformer.get("num_attention_heads", 16), tokens)
 
 
 def check_video_sizes(cfg: TrainConfig) -> None:

@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from sage_grpo.config.validation import FLOW_SHIFT_BY_VERSION
+from sage_grpo.config.validation import FLOW_SHIFT_BY_VERSION, UNPUBLISHED_VERSIONS
 
 DEFAULT_TRANSFORMER_VERSION = "480p_t2v"
-TRANSFORMER_VERSIONS = tuple(FLOW_SHIFT_BY_VERSION)  # the known names: HunyuanVideo-1.5's t2v and i2v versions
+# the known names: HunyuanVideo-1.5's t2v and i2v versions published in diffusers format
+TRANSFORMER_VERSIONS = tuple(FLOW_SHIFT_BY_VERSION)
 TRANSFORMER_DIR = "transformer"
 VARIANTS_DIR = "variants"
 REWARD_DIR = "VideoReward"
@@ -170,6 +171,20 @@ def available_transformer_versions(root: Path) -> List[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
+def unpublished_note(version: str) -> str:
+    """`` (it has no published weights: <why>)`` for a version named upstream but not published, else ``""``."""
+    return f" (it has no published weights: {UNPUBLISHED_VERSIONS[version]})" if version in UNPUBLISHED_VERSIONS else ""
+
+
+def check_published_versions(versions: Sequence[str], option: str = "--variant") -> None:
+    """ValueError naming the first of ``versions`` that no diffusers-format repository publishes, and the ones that
+    exist (what ``download_weights.sh`` can fetch)."""
+    for version in versions:
+        if version not in TRANSFORMER_VERSIONS:
+            raise ValueError(f"{option} {version!r} is no published HunyuanVideo-1.5 variant{unpublished_note(version)}"
+                             f"; published variants: {', '.join(TRANSFORMER_VERSIONS)}")
+
+
 class UnknownTransformerVersion(MissingCheckpointError):
     """A transformer version that is neither a known name nor a folder of the root (a typo, most often)."""
 
@@ -177,8 +192,8 @@ class UnknownTransformerVersion(MissingCheckpointError):
         present = available_transformer_versions(root)
         self.root, self.missing = Path(root), [f"{TRANSFORMER_DIR}/{version}/"]
         FileNotFoundError.__init__(
-            self, f"{option} {version!r} is no transformer version of {str(root)!r}: present under "
-                  f"{TRANSFORMER_DIR}/: {', '.join(present) or 'none'}; known names: "
+            self, f"{option} {version!r} is no transformer version of {str(root)!r}{unpublished_note(version)}: "
+                  f"present under {TRANSFORMER_DIR}/: {', '.join(present) or 'none'}; known names: "
                   f"{', '.join(TRANSFORMER_VERSIONS)}. Use one of those, or fetch a known one with "
                   "`bash download_weights.sh --variant NAME`.")
 
@@ -232,12 +247,16 @@ def unreadable_weight_files(root: Path, layouts: Sequence[ComponentLayout]) -> L
 
 def check_model_root(root: Path, transformer_version: str, *, text_encoders: bool = True) -> None:
     """Before any model loads: the transformer version exists, no file of the layout is missing (one
-    :class:`MissingCheckpointError` lists them all) and every weight file's header is readable."""
+    :class:`MissingCheckpointError` lists them all), every config's structural fields are sound
+    (:mod:`sage_grpo.models.config_fields`) and every weight file's header is readable."""
     from sage_grpo.safe_io import CheckpointError
+
+    from sage_grpo.models.config_fields import check_component_configs
 
     check_transformer_version(root, transformer_version)
     layouts = required_layouts((transformer_version,), text_encoders=text_encoders)
     check_layout(root, layouts)
+    check_component_configs(root, layouts)  # the structural fields of every config.json, before anything is built
     bad = unreadable_weight_files(root, layouts)
     if bad:
         raise CheckpointError("unreadable weight file(s), truncated or not safetensors (download or copy them "

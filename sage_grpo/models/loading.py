@@ -21,6 +21,7 @@ import torch
 from sage_grpo.checkpoint_layout import TRANSFORMER_FILE
 from sage_grpo.models import layout
 from sage_grpo.models.attention import install_joint_attention
+from sage_grpo.models.config_fields import check_component_configs
 from sage_grpo.safe_io import CheckpointError, read_json_object, shard_names
 
 PathLike = Union[str, Path]
@@ -55,6 +56,7 @@ def load_transformer(model_root: PathLike = "./ckpts", version: str = layout.DEF
     root = Path(model_root)
     layout.check_transformer_version(root, version)
     layout.check_layout(root, [layout.transformer_layout(version)])
+    check_component_configs(root, [layout.transformer_layout(version)])
     return _read_transformer(root, version, dtype, device)
 
 
@@ -87,6 +89,7 @@ def load_components(model_root: PathLike = "./ckpts", transformer_version: str =
     layouts = layout.required_layouts(versions, text_encoders=load_text_encoders, vae=load_vae,
                                       image_encoder=load_image_encoder)
     layout.check_layout(root, layouts)
+    check_component_configs(root, layouts)  # every config's structural fields, before any class is built from it
     paths = {spec.name: root / spec.subdir for spec in layouts}
 
     def folder(spec: layout.ComponentLayout) -> Path:

@@ -139,4 +139,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sage_grpo.config.command import run_module  # only here: the download's other steps import no config
+
+    run_module("sage_grpo.models.revisions", main)

@@ -17,6 +17,8 @@ Image-to-video versions (``480p_i2v``, ...) get the transformer config with ``ta
 also holds a tiny SigLIP image encoder (``SiglipVisionModel``: 1 layer, hidden size = the transformer's
 ``image_embed_dim``, 16x16 pixels in 8x8 patches -> 4 image tokens) with its ``SiglipImageProcessor`` config
 (16x16, SigLIP's 0.5/0.5 normalisation), the components diffusers' ``HunyuanVideo15ImageToVideoPipeline`` takes.
+The step-distilled ``480p_i2v_step_distilled`` gets ``use_meanflow=True`` (a second time embedder for
+``timestep_r``), as diffusers' conversion script configures it.
 
 Weights are drawn under a forked RNG seeded by ``seed`` (so a seed gives byte-identical files and the caller's global
 RNG is untouched) and saved in bf16, like the released checkpoint. Each transformer version gets its own seed offset
@@ -29,7 +31,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from sage_grpo.config.validation import FLOW_SHIFT_BY_VERSION
+from sage_grpo.config.validation import FLOW_SHIFT_BY_VERSION, MEANFLOW_VERSIONS
 from sage_grpo.models import layout
 from sage_grpo.models.tiny_tokenizer import build_tiny_qwen_tokenizer
 
@@ -154,8 +156,9 @@ def write_tiny_hunyuan(root, *, seed: int = 0, versions: Sequence[str] = (layout
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     for offset, version in enumerate(versions):
-        i2v = layout.version_task(version) == "i2v"
-        config = dict(transformer_config, task_type="i2v") if i2v else transformer_config
+        config = dict(transformer_config, use_meanflow=version in MEANFLOW_VERSIONS)
+        if layout.version_task(version) == "i2v":
+            config["task_type"] = "i2v"
         transformer = _seeded(lambda: HunyuanVideo15Transformer3DModel(**config), seed + 100 + offset)
         _save(transformer, root / layout.transformer_layout(version).subdir, dtype)
         write_variant_configs(root, version, *published_sampling(version))

@@ -24,12 +24,14 @@ from sage_grpo.sde.schedule import NUM_TRAIN_TIMESTEPS
 
 def conditional_velocity(transformer, embeds: PromptEmbeds, sampler) -> VelocityFn:
     """v(x_σ, σ) of ``transformer`` on ``embeds`` (one row per sample of x), unguided, at timestep 1000·σ, in the
-    ``sampler``'s autocast dtype and image tokens."""
+    ``sampler``'s autocast dtype and image tokens. A mean-flow transformer gets its second timestep equal to the
+    first: its average velocity over an empty interval, the instantaneous velocity the denoiser x̂0 = x − σ·v
+    needs."""
 
     def velocity(latents: Tensor, sigma: float) -> Tensor:
         timesteps = torch.full((latents.shape[0],), NUM_TRAIN_TIMESTEPS * sigma, dtype=torch.float32)
         return cfg_velocity(transformer, latents, timesteps, embeds, 1.0, autocast_dtype=sampler.autocast_dtype,
-                            num_image_tokens=sampler.num_image_tokens)
+                            num_image_tokens=sampler.num_image_tokens, timesteps_r=timesteps)
 
     return velocity
 

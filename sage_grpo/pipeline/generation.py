@@ -39,8 +39,9 @@ Inference-speed flags (reference §1.4) mapped onto diffusers:
 Offloading, group offloading and SageAttention need CUDA; on another device the plan says so and they are skipped
 (SageAttention is an error, as its package is missing on such machines anyway).
 
-Output naming (reference §5.8): one item -> ``--output_path``; several -> the path without its extension becomes a
-directory holding ``sample_{i:03d}_seed_{seed}_{sanitized prompt}.mp4``; default
+Output naming (reference §5.8, sage_grpo/pipeline/output_paths.py): a ``.mp4`` path takes one item; several go to
+that path without its extension, a folder of ``sample_{i:03d}_seed_{seed}_{sanitized prompt}.mp4``; an existing
+folder or a path without extension is such a folder for any number of items; default
 ``./outputs/output_{version}_{YYYY-mm-dd_HH-MM-SS}.mp4``.
 
 Departures: the initial noise comes from a CPU generator seeded with the item's seed (the reference draws it with a
@@ -62,17 +63,19 @@ import torch
 
 from sage_grpo.config.generate import DEFAULT_GUIDANCE_SCALE, GenerateConfig
 from sage_grpo.config.schema import is_explicit, shorten
-from sage_grpo.config.validation import check_finite_options, check_seeds, check_token_lengths, parse_size
+from sage_grpo.config.bounds import GENERATE_BOUNDS
+from sage_grpo.config.validation import check_bounds, check_finite_options, check_seeds, parse_size
 from sage_grpo.data import check_image, read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models import layout
 from sage_grpo.models.attention import check_attention_backend
+from sage_grpo.models.config_fields import read_model_config
 from sage_grpo.models.layout import version_task
 from sage_grpo.models.variants import resolve_generation_sampling
+from sage_grpo.pipeline.output_paths import output_paths, replaced_files
 from sage_grpo.pipeline.recorded import apply_recorded_settings, transformer_version
 from sage_grpo.models.resolution import RESOLUTION_BUCKET_BASE, resolution_hw
-from sage_grpo.safe_io import read_json_object
-from sage_grpo.video_io import sanitize_name, write_video
+from sage_grpo.video_io import write_video
 
 VIDEO_FPS = 24
 GROUP_OFFLOAD_BELOW_BYTES = 60 * 1024 ** 3  # reference: group offloading on when the GPU has less than 60 GB
@@ -143,22 +146,12 @@ def read_items(config: GenerateConfig, notes: List[str]) -> List[GenerationItem]
     return items
 
 
-def output_paths(config: GenerateConfig, items: List[GenerationItem], version: str) -> List[Path]:
-    target = Path(config.output_path) if config.output_path else \
-        Path("outputs") / f"output_{version}_{time.strftime('%Y-%m-%d_%H-%M-%S')}.mp4"
-    if len(items) == 1:
-        return [target]
-    folder = target.with_suffix("")
-    return [folder / f"sample_{i:03d}_seed_{item.seed}_{sanitize_name(item.prompt)}.mp4"
-            for i, item in enumerate(items)]
-
-
 def _vae_ratios(model_path: str) -> Optional[Tuple[int, int]]:
     """(temporal, spatial) compression of the checkpoint's VAE, read from its config (None if absent)."""
     config_file = Path(model_path) / layout.VAE.subdir / "config.json"
     if not config_file.is_file():
         return None
-    vae_config = read_json_object(config_file, "the VAE config")
+    vae_config = read_model_config(config_file, "vae")
     return vae_config.get("temporal_compression_ratio", 4), vae_config.get("spatial_compression_ratio", 16)
 
 
@@ -237,13 +230,11 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
     check_finite_options(config)  # --flow_shift nan rendered black frames; --guidance_scale nan turned CFG off
     check_seeds(config)
     config, recorded_notes = apply_recorded_settings(config)  # the checkpoint's file, checked like the flags
-    check_token_lengths(config)
+    check_bounds(config, GENERATE_BOUNDS)  # every number in its range: the flags' and the recorded ones
     if config.resolution not in ("480p", "720p"):
         raise ValueError(f"--resolution must be 480p or 720p, got {config.resolution!r}")
     if config.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
-    if config.num_inference_steps < 1:
-        raise ValueError(f"--num_inference_steps must be >= 1, got {config.num_inference_steps}")
     ratios = _vae_ratios(config.model_path)
     temporal, spatial = ratios if ratios is not None else (4, 16)
     height, width = parse_size(config.fixed_size) or resolution_hw(config.resolution, config.aspect_ratio, spatial)
@@ -268,14 +259,15 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
         raise ValueError(f"--attention_backend: {err}") from None
     acceleration, notes = plan_acceleration(config, device)
     version = transformer_version(config, "i2v" if items[0].image_path else "t2v")
-    if config.flow_shift is not None and config.flow_shift <= 0:
-        raise ValueError(f"--flow_shift must be > 0, got {config.flow_shift}")
     guidance = DEFAULT_GUIDANCE_SCALE if config.guidance_scale is None else config.guidance_scale
     guidance, shift, variant_warnings, variant_notes = resolve_generation_sampling(
         config.model_path, version, guidance, is_explicit(config, "guidance_scale"), config.flow_shift)
-    return GenerationPlan(items, output_paths(config, items, version), height, width, version, guidance, shift,
-                          device, acceleration, recorded_notes + csv_notes + notes + variant_notes, variant_warnings,
-                          config)
+    paths = output_paths(config.output_path, items, version)
+    replaced = replaced_files(paths + ([settings_path(p) for p in paths] if config.save_generation_config else []))
+    notes += [f"--output_path: {len(replaced)} existing file(s) replaced: {shorten(', '.join(map(str, replaced)))}"
+              ] if replaced else []
+    return GenerationPlan(items, paths, height, width, version, guidance, shift, device, acceleration,
+                          recorded_notes + csv_notes + notes + variant_notes, variant_warnings, config)
 
 
 def _write_settings(video_path: Path, config: GenerateConfig, plan: GenerationPlan, item: GenerationItem) -> None:

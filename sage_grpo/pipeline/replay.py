@@ -17,7 +17,7 @@ from torch import Tensor
 
 from sage_grpo import sde
 from sage_grpo.models.text_encoding import PromptEmbeds
-from sage_grpo.pipeline.velocity import cfg_velocity, step_timesteps
+from sage_grpo.pipeline.velocity import cfg_velocity, next_step_timesteps, step_timesteps
 
 
 def replay_step(sampler, transformer, latents: Tensor, next_latents: Tensor, index: Union[int, Tensor],
@@ -36,6 +36,7 @@ def replay_step(sampler, transformer, latents: Tensor, next_latents: Tensor, ind
         index = index.to(latents.device)
     timesteps = step_timesteps(sampler.sigmas, index, latents.shape[0])
     velocity = cfg_velocity(transformer, latents, timesteps, embeds, sampler.guidance_scale,
-                            autocast_dtype=sampler.autocast_dtype, num_image_tokens=sampler.num_image_tokens)
+                            autocast_dtype=sampler.autocast_dtype, num_image_tokens=sampler.num_image_tokens,
+                            timesteps_r=next_step_timesteps(sampler.sigmas, index, latents.shape[0]))
     return sde.step(sampler.kernel, velocity, latents.float(), sampler.sigmas, index, sampler.eta,
                     prev_sample=next_latents, sde_solver=sampler.sde_solver)

@@ -2,7 +2,8 @@
 
 For each sample i (seed s_i) and step k = 0..N-1 on the shifted schedule σ (spec §2.5):
 
-    v_k     = v_u + g·(v_c − v_u)                       (CFG velocity, ``velocity.cfg_velocity``)
+    v_k     = v_u + g·(v_c − v_u)                       (CFG velocity, ``velocity.cfg_velocity``; a mean-flow
+                                                         transformer also gets r = 1000·σ_{k+1})
     x_{k+1} = μ_k + noise_std_k·ε_k                     (or x_k + dt·v_k on a deterministic step)
     log p_k = mean over elements of log N(x_{k+1}; μ_k, noise_std_k²)
 
@@ -42,7 +43,7 @@ from sage_grpo import sde
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.models.vae import decode_latents, latent_shape
 from sage_grpo.models.resolution import bucket_hw
-from sage_grpo.pipeline.velocity import cfg_velocity, step_timesteps
+from sage_grpo.pipeline.velocity import cfg_velocity, next_step_timesteps, step_timesteps
 
 DEFAULT_HEIGHT, DEFAULT_WIDTH = bucket_hw(480)  # 352 x 624
 DEFAULT_NUM_FRAMES = 81
@@ -173,7 +174,8 @@ def rollout(
         for k in range(num_steps):
             timesteps = step_timesteps(sigmas, k, latents.shape[0])
             velocity = cfg_velocity(transformer, latents, timesteps, batch_embeds, sampler.guidance_scale,
-                                    autocast_dtype=sampler.autocast_dtype, num_image_tokens=sampler.num_image_tokens)
+                                    autocast_dtype=sampler.autocast_dtype, num_image_tokens=sampler.num_image_tokens,
+                                    timesteps_r=next_step_timesteps(sigmas, k, latents.shape[0]))
             eps = None if flags[k] else sde_noise[rows, slots[k]]
             out = sde.step(kernel, velocity, latents, sigmas, k, eta, noise=eps, deterministic=flags[k],
                            sde_solver=sampler.sde_solver)

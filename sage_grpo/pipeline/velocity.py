@@ -12,6 +12,14 @@ Image-to-video (``embeds.image`` set, as diffusers' ``HunyuanVideo15ImageToVideo
     hidden_states = cat([x_t, [z_ref, 0, ..., 0] (C ch), [1, 0, ..., 0] (1 ch: the i2v task mask)], dim=1)
     image_embeds  = the SigLIP states of the reference image, the same in both CFG branches (as in the reference)
 
+Mean-flow transformers (``use_meanflow`` in the transformer's config: the step-distilled ``480p_i2v_step_distilled``)
+take a second timestep ``timestep_r``, the end of the interval whose *average* velocity they predict; diffusers'
+``HunyuanVideo15ImageToVideoPipeline`` passes the next point of the schedule, 1000·σ_{k+1} (0 at the last step), at
+every step k. Rollouts, replay and generation pass the same (:func:`next_step_timesteps`), so a replayed
+transition sees the velocity its rollout used; an SDE step treats that average velocity over [σ_{k+1}, σ_k] as its
+velocity (docs/differences.md). A mean-flow call without ``timesteps_r`` is an error, never a silent
+single-timestep call; other transformers ignore it.
+
 Text layout. The valid tokens of every row (counted once by the prompt encoder) and the image condition's presence
 give the call's :class:`~sage_grpo.models.transformer_forward.TextLayout`, passed in ``attention_kwargs``, so the
 transformer forward reads nothing back from the device.
@@ -43,6 +51,7 @@ from sage_grpo.models.image_condition import ImageCondition
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.models.transformer_forward import TEXT_LAYOUT_KEY, TextLayout
 from sage_grpo.sde import timesteps_from_sigmas
+from sage_grpo.sde.schedule import NUM_TRAIN_TIMESTEPS
 
 T2V_IMAGE_TOKENS = 729  # SigLIP tokens the pipeline feeds (as zeros) for text-to-video
 
@@ -53,6 +62,20 @@ def step_timesteps(sigmas: Tensor, index: Union[int, Tensor], batch_size: int) -
     if isinstance(index, Tensor):
         return timesteps.to(index.device)[index]
     return timesteps[index].expand(batch_size)
+
+
+def next_step_timesteps(sigmas: Tensor, index: Union[int, Tensor], batch_size: int) -> Tensor:
+    """(B,) fp32 second timesteps 1000·σ_{k+1} of a mean-flow transformer at step k (shared int or per-sample (B,)
+    index): the next point of the schedule, 0 at the last step (σ_N = 0), as diffusers' image-to-video pipeline."""
+    timesteps = (sigmas[1:] * NUM_TRAIN_TIMESTEPS).to(torch.float32)
+    if isinstance(index, Tensor):
+        return timesteps.to(index.device)[index]
+    return timesteps[index].expand(batch_size)
+
+
+def uses_meanflow(transformer) -> bool:
+    """Whether ``transformer`` predicts average velocities and takes a second timestep (``use_meanflow``)."""
+    return bool(getattr(transformer.config, "use_meanflow", False))
 
 
 def _autocast(device: torch.device, dtype: Optional[torch.dtype]):
@@ -109,17 +132,25 @@ def text_layout(embeds: PromptEmbeds, use_cfg: bool, num_image_tokens: int) -> O
 
 
 def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: PromptEmbeds, guidance_scale: float = 6.0,
-                 *, autocast_dtype: Optional[torch.dtype] = None,
-                 num_image_tokens: int = T2V_IMAGE_TOKENS) -> Tensor:
-    """Guided velocity, fp32 (B, C, T, h, w), for latents (B, C, T, h, w) at (B,) timesteps."""
+                 *, autocast_dtype: Optional[torch.dtype] = None, num_image_tokens: int = T2V_IMAGE_TOKENS,
+                 timesteps_r: Optional[Tensor] = None) -> Tensor:
+    """Guided velocity, fp32 (B, C, T, h, w), for latents (B, C, T, h, w) at (B,) timesteps; ``timesteps_r``: the
+    (B,) second timesteps a mean-flow transformer needs (module docstring), ignored by the others."""
     dtype = compute_dtype(transformer)  # the gathered weights' dtype under FSDP mixed precision
     hidden = model_input(latents, embeds.image, dtype)
     timestep = timesteps.to(device=latents.device, dtype=torch.float32)  # never rounded to the weights' dtype
+    extra = {}
+    if uses_meanflow(transformer):
+        if timesteps_r is None:
+            raise ValueError("a mean-flow transformer (use_meanflow, e.g. 480p_i2v_step_distilled) was called without "
+                             "its second timestep timesteps_r; pass next_step_timesteps(sigmas, k, batch)")
+        extra["timestep_r"] = timesteps_r.to(device=latents.device, dtype=torch.float32)
     streams = embeds.positive()
     use_cfg = guidance_scale > 1.0
     if use_cfg:
         hidden = torch.cat([hidden, hidden])
         timestep = torch.cat([timestep, timestep])
+        extra = {key: torch.cat([value, value]) for key, value in extra.items()}
         streams = tuple(torch.cat([neg, pos]) for neg, pos in zip(embeds.negative(), embeds.positive()))
     text, text_mask, glyph, glyph_mask = streams
     image_embeds = image_embeds_for(embeds, hidden.shape[0], num_image_tokens, transformer.config.image_embed_dim,
@@ -131,7 +162,7 @@ def cfg_velocity(transformer, latents: Tensor, timesteps: Tensor, embeds: Prompt
             encoder_hidden_states=text.to(dtype), encoder_attention_mask=text_mask,
             encoder_hidden_states_2=glyph.to(dtype), encoder_attention_mask_2=glyph_mask,
             image_embeds=image_embeds, return_dict=False,
-            attention_kwargs=None if layout is None else {TEXT_LAYOUT_KEY: layout},
+            attention_kwargs=None if layout is None else {TEXT_LAYOUT_KEY: layout}, **extra,
         )[0]
     prediction = prediction.float()
     if not use_cfg:

@@ -60,13 +60,13 @@ replay group 1, the reward in the background only from a reward server.
 """
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
 
 from sage_grpo.config import TrainConfig
+from sage_grpo.config.launch_env import read_launch_env
 from sage_grpo.config.validation import rollout_size, validation_size
 from sage_grpo.models.placement import Placement
 from sage_grpo.plan.scorers import needs_videoalign, resident_rows, reward_forward_row, validation_scoring_row
@@ -477,7 +477,7 @@ def launch_world_size() -> int:
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return read_launch_env().world_size
 
 
 def device_memory_gib(cfg: TrainConfig) -> float:
@@ -487,6 +487,6 @@ def device_memory_gib(cfg: TrainConfig) -> float:
     if torch.cuda.is_available():
         index = torch.device(cfg.device).index if cfg.device else None
         if index is None:  # no --device, or a bare "cuda": this process's GPU, as resolve_device picks it
-            index = int(os.environ.get("LOCAL_RANK", "0"))
+            index = read_launch_env().local_rank
         return torch.cuda.get_device_properties(index).total_memory / GIB
     return DEFAULT_GPU_MEMORY_GIB

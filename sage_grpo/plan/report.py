@@ -6,7 +6,6 @@ The bytes come from :mod:`sage_grpo.plan.memory`; this module only asks it quest
 """
 import argparse
 import dataclasses
-import os
 import sys
 from typing import List, Optional, Sequence
 
@@ -150,7 +149,7 @@ def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
+    parser.add_argument("--world_size", type=int, default=None)
     parser.add_argument("--simulate", action="store_true")
     parser.add_argument("--simulate_layers", type=int, default=None)
     known, rest = parser.parse_known_args(argv)
@@ -160,6 +159,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     "simulation and its plan at N blocks)")
     gpu = cfg.gpu_memory_gb if cfg.gpu_memory_gb is not None else DEFAULT_GPU_MEMORY_GIB
     try:
+        for flag, value in (("--world_size", known.world_size), ("--simulate_layers", known.simulate_layers)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} {value} must be >= 1 (GPUs of the launch, or transformer blocks)")
+        known.world_size = known.world_size or launch_world_size()  # default: $WORLD_SIZE (checked), else 1
         check_layout(cfg, known.world_size)
         print(report(cfg, known.world_size, gpu))
         simulated_fit = True

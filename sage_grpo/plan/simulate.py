@@ -284,8 +284,8 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
             def velocity(model, rows: int = batch):  # one call of ``rows`` transitions (CFG doubles them)
                 return cfg_velocity(model, latents.new_zeros(rows, *latents.shape[1:]), timesteps.new_full((rows,), 500.0),
                                     step_embeds.select([i % cfg.batch_size for i in range(rows)]), cfg.cfg_scale,
-                                    autocast_dtype=autocast,
-                                    num_image_tokens=cfg.vision_num_semantic_tokens)
+                                    autocast_dtype=autocast, num_image_tokens=cfg.vision_num_semantic_tokens,
+                                    timesteps_r=timesteps.new_full((rows,), 400.0))  # used by mean-flow models
 
             with Phase("rollout", models, optimizer, inputs, "policy, no grad, CFG batch") as phase, torch.no_grad():
                 velocity(policy)

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from sage_grpo.config import TrainConfig
-from sage_grpo.safe_io import read_json_object
+from sage_grpo.models.config_fields import read_model_config
 
 # diffusers' HunyuanVideo-1.5 VAE tiles: 256-pixel squares overlapping by a quarter.
 VAE_TILE_PIXELS, VAE_TILE_OVERLAP = 256, 0.25
@@ -99,8 +99,8 @@ class ModelSizes:
     sources: Dict[str, str]  # component -> where its config came from
 
 
-def _read_json(path: Path) -> Optional[Dict]:
-    return read_json_object(path, "the model config") if path.is_file() else None
+def _read_json(path: Path, component: str) -> Optional[Dict]:  # checked before anything is built from it
+    return read_model_config(path, component) if path.is_file() else None
 
 
 def _on_meta(build):
@@ -147,7 +147,7 @@ def read_model_sizes(root: str, transformer_version: str, with_reward: bool) -> 
     root_path, sources = Path(root), {}
 
     def config_of(name: str, subdir: str, default: Dict) -> Dict:
-        found = _read_json(root_path / subdir / "config.json")
+        found = _read_json(root_path / subdir / "config.json", name)
         sources[name] = f"{root_path / subdir}/config.json" if found is not None else "released config"
         return found if found is not None else default
 
@@ -184,9 +184,9 @@ def _reward_base_config(root: Path, sources: Dict[str, str]) -> Dict:
         from sage_grpo.rewards.videoalign_checkpoint import resolve_checkpoint
 
         base = resolve_checkpoint(root).base_dir / "config.json"
-        found = _read_json(base)
-    except (OSError, ValueError):  # no VideoReward folder or base model here: plan for the released one
-        found, base = None, None
+    except FileNotFoundError:  # none here: plan for the released one (a garbled one is named: its ValueError goes up)
+        base = None
+    found = _read_json(base, "reward_base") if base is not None else None
     sources["reward"] = str(base) if found is not None else "released config (Qwen2-VL-2B)"
     return found if found is not None else REAL_REWARD_CONFIG
 

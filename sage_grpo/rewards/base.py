@@ -2,7 +2,10 @@
 
 A reward callable maps ``videos`` ``(B, 3, F, H, W)`` in [0, 1] and ``prompts`` (B strings) to a dict of
 metric name -> tensor ``(B,)``. It may declare ``metric_names`` (a tuple) so that callers know its metrics
-before the first call (needed to validate ``sub_reward`` weights and to fill NaNs when every call fails).
+before the first call (needed to validate ``sub_reward`` weights and to fill NaNs when every call fails). A reward
+that sets ``accepts_uint8 = True`` also takes uint8 videos in [0, 255] and scores them exactly as the same videos
+divided by 255 in float; the reward server then hands it the request's frames as they arrived (a view of the body)
+instead of a float32 copy 4x their size (:mod:`sage_grpo.rewards.serving`).
 
 ``score_with_fallback`` applies the policy of the reference (``rewards.py``: a failed sample scores NaN,
 the others keep their scores) to batched calls:
@@ -34,6 +37,11 @@ class RewardFn(Protocol):
     """``fn(videos (B, 3, F, H, W) in [0, 1], prompts) -> {metric: tensor (B,)}``."""
 
     def __call__(self, videos: torch.Tensor, prompts: list[str]) -> Mapping[str, torch.Tensor]: ...
+
+
+def accepts_uint8(fn: Callable) -> bool:
+    """Whether a reward callable declares that it takes uint8 videos in [0, 255] (``accepts_uint8 = True``)."""
+    return getattr(fn, "accepts_uint8", False) is True
 
 
 def metric_names_of(fn: Callable) -> tuple[str, ...] | None:

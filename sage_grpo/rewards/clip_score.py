@@ -3,9 +3,13 @@
 For a video with frames ``x_1..x_F`` and prompt ``c``, with ``E_I`` / ``E_T`` CLIP's projected image / text
 embeddings::
 
-    cos_f      = <E_I(x_f), E_T(c)> / (|E_I(x_f)| |E_T(c)|)
-    clip_cosine = mean_f cos_f
-    clipscore   = mean_f 2.5 * max(cos_f, 0)        (Hessel et al. 2021, "CLIPScore", w = 2.5, per frame)
+    cos_f         = <E_I(x_f), E_T(c)> / (|E_I(x_f)| |E_T(c)|)
+    clip_cosine   = mean_f cos_f
+    clipscore     = mean_f 2.5 * max(cos_f, 0)                 (Hessel et al. 2021, "CLIPScore", w = 2.5, per frame)
+    clip_flowgrpo = mean_f exp(logit_scale) * cos_f / 30       (Flow-GRPO's CLIP scorer: CLIPModel's logit / 30)
+
+``logit_scale`` is the model's learnt temperature (ln 100 for ViT-L/14, so ``clip_flowgrpo`` = 3.33 cos there); the
+logit is not clamped at 0. Flow-GRPO scores images; a video here is scored per frame and averaged, as CLIPScore is.
 
 The paper (Table 2) reports a CLIPScore without naming its CLIP; the default here is the public ViT-L/14
 (``openai/clip-vit-large-patch14``), any CLIP checkpoint folder works (``--clip_model``). Frames are handed to the
@@ -24,6 +28,7 @@ from pathlib import Path
 import torch
 
 CLIPSCORE_WEIGHT = 2.5  # w of CLIPScore = w * max(cos, 0)
+FLOW_GRPO_CLIP_DIVISOR = 30.0  # Flow-GRPO's CLIP scorer: exp(logit_scale) * cos / 30
 FRAMES_PER_FORWARD = 64  # frames per image-encoder call: a 121-frame 480p video in two calls
 
 
@@ -92,14 +97,17 @@ class ClipFrameScorer:
 
 
 class ClipScore:
-    """Reward callable: ``{"clipscore": mean_f 2.5 max(cos_f, 0), "clip_cosine": mean_f cos_f}``, each ``(B,)``."""
+    """Reward callable: ``{"clipscore": mean_f 2.5 max(cos_f, 0), "clip_flowgrpo": mean_f exp(logit_scale) cos_f / 30,
+    "clip_cosine": mean_f cos_f}``, each ``(B,)`` (module docstring)."""
 
-    metric_names = ("clipscore", "clip_cosine")
+    metric_names = ("clipscore", "clip_flowgrpo", "clip_cosine")
 
     def __init__(self, model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
         self.scorer = ClipFrameScorer(model_dir, device=device, dtype=dtype)
+        self.scale = float(self.scorer.model.logit_scale.detach().float().exp())
 
     def __call__(self, videos: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
         cosines = self.scorer.frame_cosines(videos, prompts)  # (B, F)
         return {"clipscore": (CLIPSCORE_WEIGHT * cosines.clamp(min=0)).mean(dim=1),
+                "clip_flowgrpo": (self.scale * cosines / FLOW_GRPO_CLIP_DIVISOR).mean(dim=1),
                 "clip_cosine": cosines.mean(dim=1)}

@@ -435,6 +435,9 @@ def plan_reward_models(
             f"a single reward model must have weight 1.0, got {models[name]['weight']} for {name!r}; "
             "use 1.0 or add another model through extra_models"
         )
+    if not any(cfg["weight"] for cfg in models.values()):
+        raise ValueError(f"every reward model's weight is 0 ({', '.join(models)}), so the reward is 0 for every video "
+                         "and nothing is learnt; give one a weight, e.g. 1.0")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 or None (whole batch), got {batch_size}")
     for model, cfg in models.items():  # catch metric-name typos and bad plug-ins before loading any model

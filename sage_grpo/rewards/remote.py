@@ -8,7 +8,8 @@ so the composite's weights, ``avg``, logging and failure policy do not change.
 Wire format (HTTP, no pickle anywhere; the server treats every request as untrusted):
 
 * ``GET /info`` -> JSON ``{"reward_model", "metric_names", "video_fps", "max_request_bytes",
-  "max_videos_per_request"}``; the client checks the model and frame rate against its own at construction.
+  "max_videos_per_request"}``; the client checks every field's type and range (:mod:`.remote_info`), then the model
+  and frame rate against its own, at construction.
 * ``POST /score``, ``Content-Type: application/octet-stream``, body = 4-byte big-endian header length, a UTF-8 JSON
   header ``{"prompts": [B strings], "shape": [B, F, H, W, 3], "dtype": "uint8", "video_fps": fps}``, then the
   frames as raw uint8 bytes in that shape (C order). Response: JSON ``{"scores": {metric: [B floats or null]}}``
@@ -25,7 +26,8 @@ trainer counts the step as failed (``--max_failed_reward_steps``). A 4xx respons
 is not retried.
 
 Start-up: the client probes ``GET /info`` once with ``probe_timeout_s`` (a few seconds, not the scoring timeout), so
-a wrong URL or a silent server ends the run at once with one line naming the URL and what to check. A server
+a wrong URL or a silent server ends the run at once with one line naming the URL and what to check; so does an
+answer with a field out of its type or range (:mod:`.remote_info`), another reward model or frame rate. A server
 started with ``--auth_token_file`` wants ``Authorization: Bearer <token>`` on every request; the client reads the
 token from the environment variable ``SAGE_GRPO_REWARD_TOKEN`` (never a flag: command lines are visible to every
 user of a machine through ``ps``). A URL carrying credentials (``user:password@``, a query string such as
@@ -49,6 +51,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .remote_info import InfoFieldError, ServerInfo, check_server_info
+
 HEADER_LENGTH_BYTES = 4
 MAX_HEADER_BYTES = 1 << 20
 TOKEN_ENV = "SAGE_GRPO_REWARD_TOKEN"
@@ -66,6 +70,11 @@ def redact_secrets(text: str) -> str:
 
 class RemoteRewardError(RuntimeError):
     """The reward server could not be reached, or refused or failed a request."""
+
+
+class ServerInfoError(RemoteRewardError, ValueError):
+    """The server's ``GET /info`` answer is absurd (:mod:`.remote_info`) or serves another reward model or frame rate
+    than the trainer's: refused at start."""
 
 
 @dataclass(frozen=True)
@@ -147,18 +156,18 @@ class RemoteReward:
         token = os.environ.get(TOKEN_ENV, "").strip()
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         info = self._probe()
-        if info.get("reward_model") != reward_model:
-            raise ValueError(f"the reward server at {self.url} serves {info.get('reward_model')!r}, not "
-                             f"--reward_model {reward_model!r}; start it with --reward_model {reward_model}")
-        if info.get("video_fps") != self.video_fps:
-            raise ValueError(f"the reward server at {self.url} samples frames at --video_fps {info.get('video_fps')}, "
-                             f"the trainer's videos have {self.video_fps}; start it with --video_fps {self.video_fps}")
-        names = info.get("metric_names")
-        self.metric_names = tuple(names) if names else None
-        self.max_request_bytes = int(info["max_request_bytes"])
-        self.max_videos = int(info["max_videos_per_request"])
+        if info.reward_model != reward_model:
+            raise ServerInfoError(f"the reward server at {self.url} serves {info.reward_model!r}, not --reward_model "
+                                  f"{reward_model!r}; start it with --reward_model {reward_model}")
+        if info.video_fps != self.video_fps:
+            raise ServerInfoError(f"the reward server at {self.url} samples frames at --video_fps {info.video_fps}, "
+                                  f"the trainer's videos have {self.video_fps}; start it with --video_fps "
+                                  f"{self.video_fps}")
+        self.metric_names = info.metric_names
+        self.max_request_bytes = info.max_request_bytes
+        self.max_videos = info.max_videos_per_request
 
-    def _probe(self) -> dict:
+    def _probe(self) -> ServerInfo:
         """One ``GET /info`` with the short probe timeout; every failure is one line naming the URL and the fix."""
         timeout = min(self.settings.probe_timeout_s, self.settings.timeout_s)
         request = urllib.request.Request(self.url + "/info", headers=self._headers)
@@ -184,10 +193,11 @@ class RemoteReward:
         except (ValueError, RecursionError):
             raise RemoteRewardError(f"{self.url}/info did not answer with JSON: is --remote_reward_url the reward "
                                     "server's address?") from None
-        if not isinstance(info, dict) or not {"max_request_bytes", "max_videos_per_request"} <= set(info):
-            raise RemoteRewardError(f"{self.url}/info did not answer like a reward server: is --remote_reward_url "
-                                    "the reward server's address?")
-        return info
+        try:
+            return check_server_info(info)
+        except InfoFieldError as err:
+            raise ServerInfoError(f"the reward server at {self.url} answered GET /info, but {err}; is "
+                                  "--remote_reward_url the address of scripts/reward_server.py?") from None
 
     def __call__(self, videos: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
         if len(prompts) != videos.shape[0]:

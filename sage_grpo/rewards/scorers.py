@@ -2,9 +2,9 @@
 --metrics``) and the trainer's scored validation (``post_train.py --validation_metrics``).
 
 Names: ``videoalign`` (VQ, MQ, TA, ``Overall`` = VQ + MQ + TA, the paper's Table 2, and ``Weighted`` =
-sum_m w_m * metric_m), ``clipscore`` (``clipscore``, ``clip_cosine``), ``pickscore`` (``pickscore``,
-``pickscore_cosine``), or any reward the registry resolves (a built-in, a registered name, a ``@reward_plugin``
-path) under the trainer's keys (``<model>_<metric>``, a metric named like its model under the bare name:
+sum_m w_m * metric_m), ``clipscore`` (``clipscore``, ``clip_flowgrpo``, ``clip_cosine``), ``pickscore``
+(``pickscore``, ``pickscore_cosine``), or any reward the registry resolves (a built-in, a registered name, a
+``@reward_plugin`` path) under the trainer's keys (``<model>_<metric>``, a metric named like its model under the bare name:
 ``toy_red``, ``toy_red_manifold_error``). Every scorer is the registry's own reward (:func:`make_reward`), so a metric
 scores the same whether it is trained on, held out during training or evaluated.
 

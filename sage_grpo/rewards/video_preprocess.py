@@ -12,8 +12,8 @@ re-implements the same arithmetic with plain torch:
    ``[min_pixels, max_pixels]``, aspect ratio kept; bicubic with antialias, clamped to [0, 255]. Files are
    decoded to uint8 and torchvision resizes uint8 frames by rounding the float result back to uint8, so the mp4
    path rounds (``quantize=True``); decoded rollout tensors are not quantised.
-   Then the processor's own resize (``processor_resize``): the Qwen2-VL video processor applies ``smart_resize``
-   again with *its* pixel budget (``min_pixels`` / ``max_pixels`` of the base model's processor config) to the
+   Then the processor's own resize (``processor_resize``): the Qwen2-VL video processor applies its own
+   ``smart_resize`` (``processor_smart_resize``: each side kept at least 28 when it shrinks) with *its* pixel budget (``min_pixels`` / ``max_pixels`` of the base model's processor config) to the
    float frames qwen-vl-utils handed it; a frame already inside that budget is left as it is (the released
    budget, 448x448 against Qwen2-VL's 56x56 .. 12845056), a smaller one is enlarged (bicubic, antialias, float:
    no clamp, no rounding).
@@ -70,6 +70,24 @@ def smart_resize(height: int, width: int, *, factor: int, min_pixels: int, max_p
         beta = math.sqrt(min_pixels / (height * width))
         h_bar = _ceil_by(height * beta, factor)
         w_bar = _ceil_by(width * beta, factor)
+    return h_bar, w_bar
+
+
+def processor_smart_resize(
+    height: int, width: int, *, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """The Qwen2-VL video processor's ``smart_resize`` (transformers), applied second: unlike qwen-vl-utils' copy
+    above it does not floor the first rounding at ``factor`` but keeps each side at least ``factor`` when it
+    shrinks, so an extreme aspect ratio never shrinks a side to zero."""
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(f"aspect ratio of a {height}x{width} video exceeds {MAX_ASPECT_RATIO}")
+    h_bar, w_bar = _round_by(height, factor), _round_by(width, factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        return max(factor, _floor_by(height / beta, factor)), max(factor, _floor_by(width / beta, factor))
+    if h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        return _ceil_by(height * beta, factor), _ceil_by(width * beta, factor)
     return h_bar, w_bar
 
 

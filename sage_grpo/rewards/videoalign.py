@@ -184,6 +184,7 @@ class VideoAlignReward:
     """VideoReward as a reward callable: ``(videos (B,3,F,H,W) in [0,1], prompts) -> {VQ, MQ, TA, Overall}``."""
 
     metric_names = ("VQ", "MQ", "TA", "Overall")
+    accepts_uint8 = True  # uint8 videos in [0, 255] score as the same videos / 255 (only the sampled frames convert)
 
     def __init__(
         self,
@@ -242,7 +243,8 @@ class VideoAlignReward:
             raise ValueError(f"{videos.shape[0]} videos but {len(prompts)} prompts")
         if self.from_mp4:
             with tempfile.TemporaryDirectory(prefix="videoalign_") as tmp:
-                paths = [write_video(Path(tmp) / f"{i}.mp4", v, fps=self.video_fps) for i, v in enumerate(videos)]
+                paths = [write_video(Path(tmp) / f"{i}.mp4", v if v.is_floating_point() else v.float().div_(255.0),
+                                     fps=self.video_fps) for i, v in enumerate(videos)]
                 return self.score_files(paths, prompts)
         frames = [self.inputs.frames_from_tensor(video, self.video_fps) for video in videos]
         return self.score_frames(frames, prompts)

@@ -35,6 +35,7 @@ from typing import Literal
 
 import torch
 
+from sage_grpo.models.config_fields import check_config, read_model_config
 from sage_grpo.safe_io import CheckpointError, load_plain, read_json_object
 
 CHECKPOINT_MODES = ("v1", "v2", "v3")
@@ -84,6 +85,7 @@ class VideoRewardConfig:
         missing = [k for k in ("data_config", "model_config", "peft_lora_config") if k not in raw]
         if missing:
             raise ValueError(f"{path} lacks the section(s) {missing}; expected a VideoAlign model_config.json")
+        check_config(raw, "videoalign", path, error=ValueError)  # its numbers: frame budget, LoRA, norm statistics
         data, model, peft = raw["data_config"], raw["model_config"], raw["peft_lora_config"]
         if not model.get("model_name_or_path"):
             raise ValueError(f"{path}: model_config.model_name_or_path is empty; it must name the base model")
@@ -226,6 +228,7 @@ def resolve_checkpoint(model_root: str | Path, step: int | None = None) -> Resol
     if missing:
         listing = "\n".join(f"  - {m}" for m in missing)
         raise FileNotFoundError(f"VideoReward files are missing:\n{listing}\n{DOWNLOAD_HINT}")
+    read_model_config(base_dir / "config.json", "reward_base")  # the base model's shapes, before it is built
     return ResolvedCheckpoint(reward_dir, checkpoint_dir, chosen, form, base_dir, config)
 
 

@@ -35,6 +35,7 @@ from .video_preprocess import (
     num_sampled_frames,
     patchify_video,
     processor_resize,
+    processor_smart_resize,
     resize_frames,
     sample_frame_indices,
     smart_resize,
@@ -122,15 +123,21 @@ class FrameSampler:
         _, _, height, width = frames.shape
         size = smart_resize(height, width, factor=factor, min_pixels=self.spec.min_pixels,
                             max_pixels=self.spec.max_pixels)
+        if min(size) == 0:  # qwen-vl-utils' shrink floors the short side of an extreme aspect ratio to 0
+            raise ValueError(f"a {height}x{width} video shrinks to {size[0]}x{size[1]} under the pixel budget "
+                             f"{self.spec.max_pixels}; give a less extreme aspect ratio or a larger videoalign_max_pixels")
         frames = resize_frames(frames, size, quantize=quantize)
-        second = smart_resize(*size, factor=factor, min_pixels=self.spec.processor_min_pixels,
-                              max_pixels=self.spec.processor_max_pixels)
+        second = processor_smart_resize(*size, factor=factor, min_pixels=self.spec.processor_min_pixels,
+                                        max_pixels=self.spec.processor_max_pixels)
         return frames if second == size else processor_resize(frames, second)
 
     def frames_from_tensor(self, video: torch.Tensor, video_fps: float) -> torch.Tensor:
-        """A decoded rollout ``(3, F, H, W)`` in [0, 1] -> prepared frames (no uint8 quantisation)."""
+        """A decoded rollout ``(3, F, H, W)`` in [0, 1] (or uint8 in [0, 255]: the same frames, since float32's
+        ``k / 255 * 255`` is ``k`` for every level) -> prepared frames (no uint8 quantisation)."""
         picked = video.detach()[:, self.frame_indices(video.shape[1], video_fps)]  # (3, T, H, W)
-        frames = picked.permute(1, 0, 2, 3).float().contiguous().clamp_(0.0, 1.0).mul_(255.0)
+        frames = picked.permute(1, 0, 2, 3).float().contiguous()
+        if video.is_floating_point():
+            frames.clamp_(0.0, 1.0).mul_(255.0)
         return self.resize(frames, quantize=False)
 
     def frames_from_uint8(self, frames: torch.Tensor, video_fps: float) -> torch.Tensor:

@@ -22,13 +22,16 @@ instead (the drift since the rollout, which the adaptive β then sees); ``KLMode
 for cps it is 0 at the last step (denominator 2e-6); see spec §10.14.
 
 KL modes (the README's KL ablation), chosen by (kl_weight, use_moving_KL, use_dual_kl): kl_weight = 0 is "none"
-(no reference model is loaded), otherwise the table ``KL_MODES`` below. "Step-wise only" has no flag in the
-reference; the closest is a dual mode with moving weight 0, which still needs the reference model.
+(no reference model is loaded), and so is a β that stays 0 (``kl_mode_of``), otherwise the table ``KL_MODES``
+below. "Step-wise only" has no flag in the reference; the closest is a dual mode with moving weight 0, which still
+needs the reference model.
 """
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Union
 
 from torch import Tensor
+
+from sage_grpo.rl.kl_controller import beta_stays_zero
 
 if TYPE_CHECKING:  # only read, never built here
     from sage_grpo.config import TrainConfig
@@ -67,7 +70,11 @@ def resolve_kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) ->
 
 def kl_mode_of(cfg: "TrainConfig") -> KLMode:
     """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: decided once (the trainer,
-    the memory plan) and handed to everything that depends on it (model building, resume checks, the update)."""
+    the memory plan) and handed to everything that depends on it (model building, resume checks, the update).
+    ``--kl_coef 0 --kl_min_coef 0`` is "none" too: β stays 0 for the whole run, and the reference computes the KL only
+    while β > 0 (``kl_controller.beta_stays_zero``); it still loads its reference model, which goes unused."""
+    if beta_stays_zero(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef):
+        return NO_KL
     mode = resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
     return replace(mode, stepwise_to_rollout=cfg.stepwise_kl_reference == "rollout") if mode.dual else mode
 

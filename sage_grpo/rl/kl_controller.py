@@ -1,8 +1,9 @@
 """Adaptive KL coefficient β (paper App. A.6; spec §2.13), as ``AdaptiveKLController`` of the reference lineage.
 
-Built from the reference's flags: target = kl_weight, β_min = clamp(kl_min_coef, 0, kl_weight),
-β_0 = clamp(kl_coef, β_min, kl_weight), β_max = kl_weight. ``kl_coef`` is the β to use now (read before the
-update); ``update(kl)`` is then called once per inner iteration with that iteration's effective KL:
+Built from the reference's flags (:func:`reference_coefs`): target = kl_weight, β_min = clamp(kl_min_coef or
+kl_coef, 0, kl_weight) (the reference's ``or``: ``--kl_min_coef 0`` means ``--kl_coef``), β_0 = clamp(kl_coef, β_min,
+kl_weight), β_max = kl_weight. ``kl_coef`` is the β to use now (read before the update); ``update(kl)`` is then
+called once per inner iteration with that iteration's effective KL:
 
     n = number of updates so far (after counting this one)
     n < horizon:  β = β_min + (target − β_min)·n / horizon                  linear warm-up
@@ -12,6 +13,12 @@ update); ``update(kl)`` is then called once per inner iteration with that iterat
         β ← clamp(β, β_min, β_max)
 
 The history keeps the last ``horizon`` values. This is a proportional bang-bang rule, not a PID controller.
+
+β = 0: the reference computes the KL, and updates the controller, only while β > 0. β_min > 0 unless kl_coef = 0
+and kl_min_coef = 0 (the ``or``), and then β_0 = 0 too, so β is either > 0 for the whole run or 0 for the whole run
+(:func:`beta_stays_zero`): ``--kl_coef 0 --kl_min_coef 0`` is a run without KL, whatever ``--kl_weight`` says. Such a
+controller never moves (``update`` records nothing), and the trainer runs without the KL term and without loading
+the reference model (``rl.kl_mode_of``), as for ``--kl_weight 0``.
 
 ``update`` takes a Python float or a 0-d tensor. Given tensors (the trainer passes the world-mean KL as an fp64 device
 tensor) β becomes a device tensor after the warm-up and nothing is copied to the host: the training loop keeps running
@@ -26,7 +33,7 @@ Departures from the reference (TVRL ``grpo_commons.py``; the SAGE copy is not pu
 """
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
@@ -47,6 +54,11 @@ class AdaptiveKLController:
     _num_updates: int = field(init=False, default=0)
     _history: list = field(init=False, default_factory=list, repr=False)  # floats or 0-d fp64 tensors
 
+    @property
+    def stays_zero(self) -> bool:
+        """β_0 = 0 (then β_min = 0 too from the flags): the reference never computes the KL nor updates β."""
+        return self.init_coef == 0
+
     def __post_init__(self) -> None:
         if not 1 <= self.window <= self.horizon:
             raise ValueError(f"need 1 <= window <= horizon, got window={self.window}, horizon={self.horizon}")
@@ -61,11 +73,10 @@ class AdaptiveKLController:
         cls, kl_weight: float, kl_coef: float, kl_min_coef: float, horizon: int = 100, window: int = 10,
         device: Optional[torch.device] = None,
     ) -> "AdaptiveKLController":
-        """target = max = kl_weight; min = clamp(kl_min_coef, 0, kl_weight); init = clamp(kl_coef, min, kl_weight)."""
+        """target = max = kl_weight; (min, init) from :func:`reference_coefs`."""
         if kl_weight <= 0:
             raise ValueError(f"the KL controller needs kl_weight > 0, got {kl_weight}")
-        min_coef = min(max(kl_min_coef, 0.0), kl_weight)
-        init_coef = min(max(kl_coef, min_coef), kl_weight)
+        min_coef, init_coef = reference_coefs(kl_weight, kl_coef, kl_min_coef)
         return cls(kl_weight, min_coef, kl_weight, init_coef, horizon, window, device)
 
     @property
@@ -75,7 +86,10 @@ class AdaptiveKLController:
         return self._coef
 
     def update(self, kl: Union[float, torch.Tensor]) -> Union[float, torch.Tensor]:
-        """Record this iteration's KL and move β (warm-up ramp, then ×0.9 / ×1.1); returns the new β."""
+        """Record this iteration's KL and move β (warm-up ramp, then ×0.9 / ×1.1); returns the new β. A controller
+        that :attr:`stays_zero` records nothing and returns 0 (the reference skips the update at β = 0)."""
+        if self.stays_zero:
+            return self._coef
         self._num_updates += 1
         self._history.append(kl.detach().to(torch.float64) if isinstance(kl, torch.Tensor) else float(kl))
         del self._history[: -self.horizon]
@@ -120,3 +134,17 @@ class AdaptiveKLController:
         self._coef = self._held(float(state["kl_coef"]))
         self._num_updates = int(state["num_updates"])
         self._history = [float(value) for value in state["history"]]
+
+
+def reference_coefs(kl_weight: float, kl_coef: float, kl_min_coef: float) -> Tuple[float, float]:
+    """(β_min, β_0) as the reference builds them: β_min = clamp(kl_min_coef or kl_coef, 0, kl_weight) (a
+    ``kl_min_coef`` of 0 falls back to ``kl_coef``), β_0 = clamp(kl_coef, β_min, kl_weight)."""
+    floor = kl_min_coef if kl_min_coef else kl_coef
+    min_coef = min(max(floor, 0.0), kl_weight)
+    return min_coef, min(max(kl_coef, min_coef), kl_weight)
+
+
+def beta_stays_zero(kl_weight: float, kl_coef: float, kl_min_coef: float) -> bool:
+    """A KL weight whose β is 0 for the whole run (``kl_coef`` 0 and ``kl_min_coef`` 0): the reference then never
+    computes the KL (it does only while β > 0), so the run has no KL term."""
+    return kl_weight > 0 and reference_coefs(kl_weight, kl_coef, kl_min_coef)[1] == 0

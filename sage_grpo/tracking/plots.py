@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+NAN_COLOUR = (200, 0, 0)  # the "NaN" a bar chart writes where a value is missing
 COLOURS = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189), (140, 86, 75),
            (227, 119, 194), (127, 127, 127)]
 
@@ -132,7 +133,9 @@ class BarPanel:
 def plot_bars(panels: Sequence[BarPanel], path, *, title: str = "", columns: int = 3, panel_width: int = 300,
               panel_height: int = 260) -> Path:
     """Bar charts, one panel per metric laid out in ``columns``, bars coloured by name (legend on top); one PNG. The
-    picture is widened (and the panels) until the title, every legend name and every panel title fit whole."""
+    picture is widened (and the panels) until the title, every legend name and every panel title fit whole. A value
+    that is not finite is written as "NaN" in its bar's place; a panel whose values are all 0.0 (or NaN) gets a 0 to
+    1 axis."""
     from PIL import Image, ImageDraw
 
     names = list(dict.fromkeys(name for panel in panels for name in panel.names))
@@ -162,6 +165,7 @@ def plot_bars(panels: Sequence[BarPanel], path, *, title: str = "", columns: int
         high = max([0.0] + [v + e for v, e in finite])
         pad = 0.05 * (high - low or 1.0)
         low, high = low - (pad if low < 0 else 0), high + (pad if high > 0 else 0)
+        high = high if high > low else low + 1.0  # every value 0.0, or none finite: a 0 to 1 axis
 
         def to_py(y):
             return box[3] - (y - low) / (high - low) * (box[3] - box[1])
@@ -174,10 +178,13 @@ def plot_bars(panels: Sequence[BarPanel], path, *, title: str = "", columns: int
         draw.line((box[0], to_py(0.0), box[2], to_py(0.0)), fill=(90, 90, 90))
         slot = (box[2] - box[0]) / max(len(panel.values), 1)
         for number, (name, value, error) in enumerate(zip(panel.names, panel.values, errors)):
-            if not math.isfinite(value):
-                continue
             left = box[0] + number * slot + 0.15 * slot
             right = box[0] + (number + 1) * slot - 0.15 * slot
+            if not math.isfinite(value):  # no value to draw (e.g. a metric that failed on every sample): named
+                zero = to_py(0.0)
+                draw.text(((left + right) / 2 - 9, zero - 14 if zero - 14 > box[1] else zero + 2), "NaN",
+                          fill=NAN_COLOUR)
+                continue
             draw.rectangle((left, min(to_py(value), to_py(0.0)), right, max(to_py(value), to_py(0.0))),
                            fill=COLOURS[names.index(name) % len(COLOURS)])
             if math.isfinite(error) and error > 0:

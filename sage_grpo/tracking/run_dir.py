@@ -12,6 +12,8 @@ Run directory (``--output_dir``)::
     rl_samples/{step:07d}/group_{g}/   rollout mp4s and index_{i}_group_{g}_rewards.json (newest N steps kept)
     samples/step_{step:06d}/   validation videos
     checkpoint-{step}/         see sage_grpo/checkpoint.py
+    run.lock                   while a run writes here: its holder (tracking/run_lock.py)
+    abandoned/                 later branches a resume from an older checkpoint moved aside (tracking/branches.py)
 """
 
 import json
@@ -61,14 +63,24 @@ def prepare_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> Path
     return run_dir
 
 
+def overwrite_targets(run_dir: Path) -> List[Path]:
+    """What ``--overwrite_output_dir`` deletes of an earlier run in ``run_dir`` (what a run writes; anything else
+    there stays): its files and folders that exist."""
+    files = [run_dir / name for name in (RUN_MARKER, "train.log", "metrics.jsonl", "config_changes.yaml", RUN_IDS_FILE)
+             if (run_dir / name).is_file()]
+    folders = [path for path in sorted(run_dir.iterdir()) if path.is_dir() and not path.is_symlink()
+               and (path.name in ("tb", "wandb", "swanlog", "logs", "rl_samples", "samples", "abandoned")
+                    or path.name.startswith(("checkpoint-", ".checkpoint-")))] if run_dir.is_dir() else []
+    return files + folders
+
+
 def _remove_previous_run(run_dir: Path) -> None:
     """--overwrite_output_dir: delete what an earlier run wrote, so logs and checkpoints never mix two runs."""
-    for name in (RUN_MARKER, "train.log", "metrics.jsonl", "config_changes.yaml", RUN_IDS_FILE):
-        (run_dir / name).unlink(missing_ok=True)
-    for path in run_dir.iterdir():
-        if path.is_dir() and (path.name in ("tb", "wandb", "swanlog", "logs", "rl_samples", "samples")
-                              or path.name.startswith(("checkpoint-", ".checkpoint-"))):
+    for path in overwrite_targets(run_dir):
+        if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def tensorboard_tag(name: str) -> str:

@@ -212,8 +212,8 @@ def test_export_loads_into_the_transformer(dp2_post_train, root):
 
 def test_sequence_parallel_processes_match_one(root, baseline, tmp_path):
     """sp 2 (one replica holding the baseline's batch of 4) without FSDP: Ulysses plus the explicit gradient mean.
-    The reference's gradient at sp 2 is half the full one, so its --max_grad_norm m clips the full gradient at 2m:
-    this run, at half the baseline's flag, clips the same gradients at the same point."""
+    The reference's gradient norm at sp 2 is half the full one's, so its --max_grad_norm m clips the full gradient at
+    2m: this run, at half the baseline's flag, clips the same gradients at the same point."""
     report = run_script(2, tmp_path / "report", *tiny_flags(root, tmp_path / "run", "--batch_size", "4",
                                                             "--sp_size", "2", "--enable_fsdp", "false",
                                                             "--max_grad_norm", str(MAX_GRAD_NORM / 2)))
@@ -361,6 +361,28 @@ def test_errors_stop_every_rank_before_models_load(root, tmp_path, extra, messag
     assert proc.returncode != 0
     assert proc.stderr.count(message) >= 2  # raised on both ranks
     assert "Loading weights" not in proc.stderr and not (run_dir / "tb").exists()
+
+
+def test_a_held_run_directory_stops_every_rank_before_models_load(root, tmp_path):
+    """The writing rank (0) probes the run directory's lock; its refusal reaches every rank instead of leaving the
+    others waiting in a collective."""
+    from procs import kill_group, start_group
+
+    from sage_grpo.tracking.run_lock import LOCK_FILE, _proc_stat, this_process
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = start_group([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (run_dir / LOCK_FILE).write_text(json.dumps({**this_process(), "pid": holder.pid,
+                                                     "process_start": _proc_stat(holder.pid)[1]}))
+        proc = torchrun(2, "post_train.py", *tiny_flags(root, run_dir, "--batch_size", "2"), timeout=60,
+                        options=EVERY_RANK_REPORTS)
+    finally:
+        kill_group(holder)
+    assert proc.returncode != 0
+    assert proc.stderr.count(f"--output_dir {run_dir} is in use by another run (host ") >= 2  # raised on both ranks
+    assert "Loading weights" not in proc.stderr and not (run_dir / "run_config.yaml").exists()
 
 
 def test_model_geometry_is_read_without_loading(root):

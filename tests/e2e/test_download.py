@@ -1,8 +1,9 @@
 """download_weights.sh: the documented layout, a fast clear failure without hub access, layout verification, and the
 whole download-and-arrange flow against a fake ``hf`` CLI and a local HTTP endpoint (no network needed): each
 variant's guider and scheduler configs, the revisions resolved to commits, downloaded and recorded in the root's
-weights.lock.json (and reproduced from a lock file), and VideoReward under its current hub name with a fall-back to
-its former one."""
+weights.lock.json (and reproduced from a lock file), VideoReward under its current hub name (KlingTeam/VideoReward)
+with a fall-back to its former one (KwaiVGI/VideoReward), and a variant no diffusers-format repo publishes refused
+in one line."""
 
 import json
 import os
@@ -37,9 +38,25 @@ def test_help_documents_the_layout():
     for line in ("transformer/<variant>/", "vae/", "text_encoder/", "tokenizer/", "text_encoder_2/", "tokenizer_2/",
                  "scheduler/", "VideoReward/", "Qwen2-VL-2B-Instruct/", "--verify_only", "--variant", "HF_ENDPOINT",
                  "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-", "KwaiVGI/VideoReward",
-                 "KlingAIResearch/VideoReward", "variants/<variant>/", "guider_config.json", "HUNYUAN_REVISION",
+                 "default: KlingTeam/VideoReward", "variants/<variant>/", "guider_config.json", "HUNYUAN_REVISION",
                  "VIDEOALIGN_REVISION", "REWARD_BASE_REVISION"):
         assert line in result.stdout, line
+    from sage_grpo.models.layout import TRANSFORMER_VERSIONS
+
+    published = " ".join(result.stdout.split("the published ones: ")[1].split("(")[0].split())
+    assert published == ", ".join(TRANSFORMER_VERSIONS)
+    assert "KlingAIResearch" not in result.stdout  # a GitHub organisation, no hub name of VideoReward
+
+
+def test_an_unpublished_variant_is_refused_in_one_line_before_anything_is_fetched(tmp_path):
+    result = run_script("--model_root", str(tmp_path / "ckpts"), "--variant", "480p_t2v", "--variant",
+                        "720p_t2v_distilled", env={"HF_ENDPOINT": _closed_port()})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: --variant '720p_t2v_distilled' is no published HunyuanVideo-1.5 variant "
+                                    "(it has no published weights: ")
+    assert result.stderr.endswith("published variants: 480p_t2v, 720p_t2v, 480p_t2v_distilled, 480p_i2v, 720p_i2v, "
+                                  "480p_i2v_distilled, 720p_i2v_distilled, 480p_i2v_step_distilled\n")
+    assert not (tmp_path / "ckpts").exists()
 
 
 class _SilentServer:
@@ -110,7 +127,7 @@ def fake_hub(tiny_root, tmp_path, monkeypatch):
         (repo / "variants" / variant).rmdir()
         (repo / "variants").rmdir()
     write_tiny_video_reward(hub / "reward")
-    (hub / "reward" / "VideoReward").rename(hub / "KwaiVGI__VideoReward")
+    (hub / "reward" / "VideoReward").rename(hub / "KlingTeam__VideoReward")  # the name the hub resolves today
     with fake_hub_env(hub, tmp_path / "bin") as env:
         yield hub, env
 
@@ -136,12 +153,12 @@ def test_download_arranges_the_layout_links_and_is_idempotent(fake_hub, tmp_path
         assert f" --revision {fake_commit(call.split()[1], 'main')} " in call, call
     lock = json.loads((root / "weights.lock.json").read_text())
     assert lock == {repo: {"revision": "main", "commit": fake_commit(repo, "main")} for repo in (
-        "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v", "KwaiVGI/VideoReward")}
-    # VideoReward: the current name first (the hub has no commit for it: nothing downloaded), then the former one
+        "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v", "KlingTeam/VideoReward")}
+    # VideoReward: the current name, first and only (no other name tried)
     reward_calls = [call.split()[1] for call in calls if "VideoReward" in call]
-    assert reward_calls == ["KwaiVGI/VideoReward"]
-    assert "KlingAIResearch/VideoReward could not be downloaded at revision main" in first.stdout
-    assert "VideoReward: KwaiVGI/VideoReward at revision main" in first.stdout
+    assert reward_calls == ["KlingTeam/VideoReward"]
+    assert "could not be downloaded" not in first.stdout
+    assert "VideoReward: KlingTeam/VideoReward at revision main" in first.stdout
     second = run_script("--model_root", str(root), env=env)
     assert second.returncode == 0 and "nothing to download" in second.stdout
     assert (hub / "calls.log").read_text().splitlines() == calls  # no download at all
@@ -160,7 +177,7 @@ def test_download_arranges_the_layout_links_and_is_idempotent(fake_hub, tmp_path
 
 def test_the_distilled_variant_comes_with_its_guidance_at_pinned_revisions(fake_hub, tmp_path):
     hub, env = fake_hub
-    shutil.copytree(hub / "KwaiVGI__VideoReward", hub / "KlingAIResearch__VideoReward")  # the current name exists
+    (hub / "KlingTeam__VideoReward").rename(hub / "KwaiVGI__VideoReward")  # a hub that knows only the former name
     env = {**env, "HUNYUAN_REVISION": "0123abc", "VIDEOALIGN_REVISION": "v1.0", "REWARD_BASE_REVISION": "r2"}
     root = tmp_path / "ckpts"
     result = run_script("--model_root", str(root), "--variant", "480p_t2v_distilled", env=env)
@@ -171,10 +188,10 @@ def test_the_distilled_variant_comes_with_its_guidance_at_pinned_revisions(fake_
     revisions = {call.split()[1]: call.split("--revision ")[1].split()[0] for call in calls}
     pipeline = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v_distilled"
     assert revisions == {pipeline: fake_commit(pipeline, "0123abc"),  # the tiny reward's base model is a local folder
-                         "KlingAIResearch/VideoReward": fake_commit("KlingAIResearch/VideoReward", "v1.0")}
+                         "KwaiVGI/VideoReward": fake_commit("KwaiVGI/VideoReward", "v1.0")}
     lock = json.loads((root / "weights.lock.json").read_text())
     assert {repo: entry["revision"] for repo, entry in lock.items()} == {pipeline: "0123abc",
-                                                                         "KlingAIResearch/VideoReward": "v1.0"}
+                                                                         "KwaiVGI/VideoReward": "v1.0"}
     # the lock file reproduces the root: another root downloads its commits whatever the revision variables say
     again = run_script("--model_root", str(tmp_path / "again"), "--variant", "480p_t2v_distilled", "--lock",
                        str(root / "weights.lock.json"), env={**env, "HUNYUAN_REVISION": "main"})
@@ -182,7 +199,8 @@ def test_the_distilled_variant_comes_with_its_guidance_at_pinned_revisions(fake_
     assert json.loads((tmp_path / "again" / "weights.lock.json").read_text()) == lock
     assert (hub / "calls.log").read_text().splitlines()[len(calls):][0].split("--revision ")[1].split()[0] == \
         lock[pipeline]["commit"]
-    assert "VideoReward: KlingAIResearch/VideoReward at revision v1.0" in result.stdout
+    assert "KlingTeam/VideoReward could not be downloaded at revision v1.0" in result.stdout  # then the former name
+    assert "VideoReward: KwaiVGI/VideoReward at revision v1.0" in result.stdout
 
 
 def test_a_root_made_before_variant_configs_fetches_just_them(fake_hub, tmp_path):

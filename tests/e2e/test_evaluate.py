@@ -3,11 +3,13 @@ checkpoint-N, a bare weights file) x 4 prompts x 2 seeds at 2 sampling steps; th
 an interrupted then resumed evaluation equals an uninterrupted one without sampling a cached unit again."""
 
 import json
+import math
 
 import pytest
 import torch
 from eval_support import PROMPTS, make_eval_setup, scores_only
 from PIL import Image
+from transformers import CLIPConfig
 
 from sage_grpo.config.schema import parse_cli
 from sage_grpo.evaluate import main
@@ -15,6 +17,7 @@ from sage_grpo.evaluate.command import run_evaluation
 from sage_grpo.evaluate.config import EvaluateConfig
 from sage_grpo.evaluate.plan import plan_evaluation
 
+CLIP_SCALE = math.exp(CLIPConfig().logit_scale_init_value)  # the tiny CLIP's exp(logit_scale), 14.3
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,6 +54,7 @@ def test_outputs(setup, uninterrupted):
             assert scores["Overall"] == pytest.approx(scores["VQ"] + scores["MQ"] + scores["TA"], abs=1e-5)
             assert scores["Weighted"] == pytest.approx(0.5 * scores["VQ"] + 0.5 * scores["MQ"] + scores["TA"])
             assert 0 <= scores["clipscore"] <= 2.5 and scores["clipscore"] >= 2.5 * scores["clip_cosine"]
+            assert scores["clip_flowgrpo"] == pytest.approx(CLIP_SCALE * scores["clip_cosine"] / 30, abs=1e-6)
             assert {"toy_red", "toy_red_manifold_error", "toy_red_prompt_adherence", "target_color"} <= set(scores)
         first = entry["prompts"][PROMPTS[0]]
         assert first["mean"]["pickscore"] == pytest.approx(sum(s["pickscore"] for s in first["seeds"].values()) / 2)
@@ -61,10 +65,10 @@ def test_outputs(setup, uninterrupted):
         summary = entry["summary"]
         assert summary["pickscore_paper"]["mean"] == pytest.approx(summary["pickscore"]["mean"] / 26)
         assert summary["pickscore_paper"]["stderr"] == pytest.approx(summary["pickscore"]["stderr"] / 26)
-    assert {"clipscore", "pickscore_paper", "pickscore"} <= set(results["metric_definitions"])
+    assert {"clipscore", "clip_flowgrpo", "pickscore_paper", "pickscore"} <= set(results["metric_definitions"])
     table = (output / "results.md").read_text().splitlines()
-    assert table[2].startswith("| Model | VQ | MQ | TA | Overall | CLIPScore (2.5·cos) | PickScore (logit/26) | "
-                               "PickScore logit (raw) |")
+    assert table[2].startswith("| Model | VQ | MQ | TA | Overall | CLIPScore (2.5·max(cos,0)) | CLIP score (logit/30) | "
+                               "PickScore (logit/26) | PickScore logit (raw) |")
     assert len(table) == 4 + 3
     pictures = sorted((output / "side_by_side").glob("*.png"))
     assert len(pictures) == 4 and Image.open(pictures[0]).height == 20 + 3 * (16 + 4)  # a row per checkpoint

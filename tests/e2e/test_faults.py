@@ -9,6 +9,7 @@ subprocess in its own process group (``procs.run_group``).
 """
 
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -70,11 +71,17 @@ def comparable(rows):
 
 
 @pytest.fixture(scope="module")
-def straight(tiny_root, tmp_path_factory):
+def straight_dir(tiny_root, tmp_path_factory):
+    """The uninterrupted run's directory (a checkpoint after each of its 3 steps); tests copy it, never change it."""
     run_dir = tmp_path_factory.mktemp("straight") / "run"
     proc = post_train(tiny_root, run_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_metrics(run_dir), final_state(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def straight(straight_dir):
+    return read_metrics(straight_dir), final_state(straight_dir)
 
 
 # The kills in the order one run reaches them: each process is killed at its point and the next one resumes from the
@@ -98,6 +105,9 @@ def chain(tiny_root, tmp_path_factory):
         resume = ("--resume_from_checkpoint", "latest")
     resumed = post_train(tiny_root, run_dir, *resume)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # each killed run left its lock (a dead pid on this host): the next start took it over and said so
+    assert f"took over the lock of --output_dir {run_dir}" in (run_dir / "train.log").read_text()
+    assert not (run_dir / "run.lock").exists()  # given back at the end
     return kills, read_metrics(run_dir), final_state(run_dir)
 
 
@@ -123,3 +133,53 @@ def test_a_user_error_prints_one_line_without_a_traceback(tiny_root, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --resume_from_checkpoint")
     assert "Traceback" not in proc.stderr
+
+
+def test_an_older_checkpoint_starts_a_new_branch_and_a_full_disk_loses_nothing(straight, straight_dir, tiny_root,
+                                                                               tmp_path, monkeypatch, capsys):
+    """A researcher backs up to checkpoint-1 of a 3-step run (with --keep_checkpoints 1), the next resume meets a
+    full disk in the checkpoint write, the one after ends the run: the new branch is what `latest` and the pruning
+    see, the abandoned one is kept aside whole, and the end is bit-identical to the uninterrupted run. In-process
+    (``post_train``'s entry point), one step per start."""
+    from safetensors import SafetensorError
+
+    import sage_grpo.checkpoint as checkpoint_module
+    from sage_grpo.checkpoint import list_checkpoints
+    from sage_grpo.cli.train import main
+
+    run = tmp_path / "run"
+    shutil.copytree(straight_dir, run)
+
+    def start(*extra):
+        return main(tiny_args(tiny_root, run, "--save_interval", "1", "--cpu_threads", "1", *extra))
+
+    assert start("--max_steps", "2", "--keep_checkpoints", "1", "--resume_from_checkpoint",
+                 str(run / "checkpoint-1")) == 0
+    assert list(list_checkpoints(run)) == [2]  # the new branch's checkpoint, not the abandoned checkpoint-3
+    (aside,) = (run / "abandoned").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoint-2", "checkpoint-3", "metrics.jsonl"]
+    assert [row["step"] for row in read_metrics(aside)] == [2, 3]
+    assert [row["step"] for row in read_metrics(run)] == [1, 2]
+    assert f"is moved to {aside}" in (run / "train.log").read_text()
+    branch = {p: p.read_bytes() for p in (run / "checkpoint-2").rglob("*") if p.is_file()}
+
+    def full(*args, **kwargs):  # what safetensors raises on a full disk
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint_module, "save_file", full)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        start("--max_steps", "3", "--resume_from_checkpoint", "latest")
+    err = capsys.readouterr().err  # above the error line: the weight loaders' progress
+    line = err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and "Traceback" not in err and line.startswith("error: "), err[-3000:]
+    assert line.startswith(f"error: [Errno 28] disk full while writing {run / '.checkpoint-3.tmp'}/transformer/"
+                           "model.safetensors: it needs about ") and "checkpoint-3 was not written" in line
+    assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name or p.name == "run.lock") == ["checkpoint-2"]
+    assert {p: p.read_bytes() for p in (run / "checkpoint-2").rglob("*") if p.is_file()} == branch
+    monkeypatch.undo()
+
+    assert start("--max_steps", "3", "--resume_from_checkpoint", "latest") == 0
+    rows, state = straight
+    assert comparable(read_metrics(run)) == comparable(rows)  # steps 1, 2, 3 of one branch
+    assert_same(final_state(run), state)

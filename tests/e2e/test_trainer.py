@@ -148,7 +148,7 @@ def test_run_directory_contents(tiny_root, tmp_path):
     baseline, validation = validation_rows(read_metrics(run))  # the proxy's baseline: the base model's samples
     assert baseline["step"] == 0 and baseline["Validation/drift_proxy"] > 0
     assert validation["step"] == 2 and validation["Validation/avg"] == validation["Validation/target_color"]
-    assert {"Validation/clipscore", "Validation/clip_cosine", "Validation/pickscore", "Validation/pickscore_cosine",
+    assert {"Validation/clipscore", "Validation/clip_flowgrpo", "Validation/clip_cosine", "Validation/pickscore", "Validation/pickscore_cosine",
             "Validation/drift_proxy", "Validation/drift_proxy_ratio", "Validation/sampling_time",
             "Validation/reward_time", "Validation/held_out_time", "Validation/drift_proxy_time", "Validation/time"
             } == set(validation) - {"step", "Validation/avg", "Validation/target_color"}

@@ -1,6 +1,9 @@
 """``sage-grpo <verb>``: every verb's --help runs in process and names the verb; unknown verbs and a verb whose module
 is not installed fail with one line."""
 
+import runpy
+import sys
+
 import pytest
 
 from sage_grpo.cli import main as cli
@@ -8,17 +11,44 @@ from sage_grpo.cli import main as cli
 
 @pytest.mark.parametrize("verb", sorted(cli.VERBS))
 def test_every_verb_has_help(verb, capsys):
-    """Every verb's module and function exist (a verb pointing at a moved module is a failure, not a message)."""
+    """Every verb's module and function exist (a verb pointing at a moved module is a failure, not a message), and its
+    --help names the verb as typed: ``sage-grpo VERB``, or ``python -m sage_grpo VERB`` through the package."""
     module, function, _ = cli.VERBS[verb]
     import importlib
 
-    assert function is None or callable(getattr(importlib.import_module(module), function))
+    assert callable(getattr(importlib.import_module(module), function))
+    for prog in ("sage-grpo", "python -m sage_grpo"):
+        with pytest.raises(SystemExit) as exited:
+            cli.main([verb, "--help"], prog=prog)
+        assert exited.value.code in (0, None)
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: {prog} {verb} ") and "--help" in out
+
+
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules after import of package:RuntimeWarning")
+@pytest.mark.parametrize("module, args, prog", [
+    ("sage_grpo", ["plan", "--help"], "python -m sage_grpo plan"),
+    ("sage_grpo", ["--help"], "python -m sage_grpo <verb>"),
+    ("sage_grpo.plan", ["--help"], "python -m sage_grpo.plan"),
+    ("sage_grpo.evaluate", ["--help"], "python -m sage_grpo.evaluate"),
+    ("sage_grpo.cli.verify", ["--help"], "python -m sage_grpo.cli.verify"),
+    ("sage_grpo.models.revisions", ["--help"], "python -m sage_grpo.models.revisions"),
+])
+def test_python_dash_m_names_the_module(module, args, prog, monkeypatch, capsys):
+    """``python -m MODULE --help`` (run in process as Python runs it: the module's file in sys.argv[0]) names the
+    command ``python -m MODULE``, not ``__main__.py`` or the module's file."""
+    monkeypatch.setattr(sys, "argv", ["/somewhere/__main__.py", *args])
     with pytest.raises(SystemExit) as exited:
-        cli.main([verb, "--help"])
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     assert exited.value.code in (0, None)
-    out = capsys.readouterr().out
-    prog = "python -m sage_grpo.plan" if verb == "plan" else f"sage-grpo {verb}"  # the planner names itself
-    assert out.startswith(f"usage: {prog} ") and "--help" in out
+    assert capsys.readouterr().out.startswith(f"usage: {prog} ")
+
+
+def test_a_verb_error_names_the_verb(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["plan", "--sde_type", "sage"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith("sage-grpo plan: error: argument --sde_type: invalid choice: 'sage'")
 
 
 def test_the_verbs_run_todays_entry_points(monkeypatch, capsys):

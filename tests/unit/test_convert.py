@@ -48,6 +48,22 @@ def test_transformer_table_names_the_reference_modules(tiny_root):
     assert len(reference) == len(diffusers_state) - 2 * 2  # per refiner block, three q/k/v tensors fused into one
 
 
+def test_a_meanflow_transformer_converts_its_second_time_embedder():
+    """480p_i2v_step_distilled (use_meanflow): Tencent's time_r_in is diffusers' time_embed.timestep_embedder_r."""
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    from sage_grpo.models.tiny import TINY_TRANSFORMER_CONFIG
+
+    state = HunyuanVideo15Transformer3DModel(**dict(TINY_TRANSFORMER_CONFIG, use_meanflow=True)).state_dict()
+    reference, unmapped = to_reference_keys(state, TRANSFORMER_KEYS)
+    assert not unmapped
+    for n, linear in ((0, 1), (2, 2)):
+        assert torch.equal(reference[f"time_r_in.mlp.{n}.weight"],
+                           state[f"time_embed.timestep_embedder_r.linear_{linear}.weight"])
+    back, unmapped = to_diffusers_keys(reference, TRANSFORMER_KEYS)
+    assert not unmapped and back.keys() == state.keys()
+
+
 @pytest.mark.parametrize("component, rules", [("transformer/480p_t2v", TRANSFORMER_KEYS), ("vae", VAE_KEYS)])
 def test_tables_round_trip_every_tensor(tiny_root, component, rules):
     state = _tiny_weights(tiny_root, component)

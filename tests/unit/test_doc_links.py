@@ -99,3 +99,44 @@ def test_readme_is_short_and_links_every_recipe_heading():
     assert any(line.startswith("## Contents") for line in readme.read_text().splitlines())
     linked = {t.partition("#")[2] for t in relative_links(readme) if t.startswith("docs/")}
     assert [recipe for recipe in RECIPES if slug(recipe) not in linked] == []
+
+
+# docs/reference.md's sections, cited by anchor from code, configs and other pages (`docs/reference.md#d20`): renaming
+# one of these headings breaks those citations, so the page keeps them.
+REFERENCE_ANCHORS = (
+    "overview", "flags-and-defaults", "defaults-that-disagree", "settings-without-a-flag", "the-launch-scripts-flags",
+    "sampling-script-flags", "the-training-step", "start-up", "prompt-data-and-the-sampler", "the-outer-loop",
+    "the-rollout", "the-schedule-and-the-sde-steps", "decoding", "the-reward", "advantages", "reference-means",
+    "shuffle-and-step-order", "the-gradient-norm-equalizer", "the-policy-loss", "the-kl-terms-and-the-controller",
+    "the-optimizer-update", "step-metrics", "the-moving-anchor", "optimizer-schedule-and-precision",
+    "parallel-execution", "meshes-and-rank-layout", "fsdp2", "sequence-parallelism", "layout-rules",
+    "randomness-across-ranks", "collectives-per-step", "outputs-checkpoints-and-validation", "the-run-directory",
+    "checkpoints-and-resume", "validation", "logging", "the-sampling-script", "the-rollout-pipeline",
+    "the-videoalign-reward-model", "multi-node-launch", "dependencies", "known-defects",
+    "what-a-faithful-reimplementation-pins", *(f"d{number}" for number in range(1, 31)))
+CITING = ("sage_grpo", "scripts", "tests", "configs", "benchmarks", "docs")
+
+
+def reference_citations(root: Path) -> list[tuple[str, str]]:
+    """(file, anchor) of every ``reference.md#anchor`` in the repository's code, configs and pages."""
+    files = [*root.glob("*.md"), *root.glob("*.sh"), *(path for folder in CITING for path in (root / folder).rglob("*")
+                                                       if path.suffix in (".py", ".sh", ".yaml", ".md", ".sbatch"))]
+    return [(str(path.relative_to(root)), anchor) for path in sorted(files) if path.is_file()
+            for anchor in re.findall(r"reference\.md#([\w-]+)", path.read_text())]
+
+
+def test_the_reference_page_keeps_its_anchors_and_every_citation_resolves():
+    headings = anchors(DOCS / "reference.md")
+    assert [anchor for anchor in REFERENCE_ANCHORS if anchor not in headings] == []
+    this_file = str(Path(__file__).resolve().relative_to(REPO_ROOT))  # its own examples are not citations
+    assert [f"{file}: reference.md#{anchor}" for file, anchor in reference_citations(REPO_ROOT)
+            if anchor not in headings and file != this_file] == []
+
+
+def test_a_citation_of_a_missing_reference_section_is_named(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "reference.md").write_text("# The reference\n\n### D20\n")
+    (tmp_path / "sage_grpo").mkdir()
+    (tmp_path / "sage_grpo" / "fsdp.py").write_text('"""Reduced once (docs/reference.md#d20, reference.md#d99)."""\n')
+    assert reference_citations(tmp_path) == [("sage_grpo/fsdp.py", "d20"), ("sage_grpo/fsdp.py", "d99")]
+    assert anchors(tmp_path / "docs" / "reference.md") == {"the-reference", "d20"}

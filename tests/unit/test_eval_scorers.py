@@ -1,5 +1,6 @@
-"""CLIPScore and PickScore (sage_grpo/rewards/clip_score.py, pick_score.py) on the tiny random-weight CLIP models:
-equal to transformers' own CLIPModel forward (its logits_per_image = exp(logit_scale) * cosine) on the same frames."""
+"""CLIPScore (Hessel's 2.5·max(cos, 0) and Flow-GRPO's logit / 30) and PickScore (sage_grpo/rewards/clip_score.py,
+pick_score.py) on the tiny random-weight CLIP models: equal to transformers' own CLIPModel forward (its
+logits_per_image = exp(logit_scale) * cosine) on the same frames."""
 
 import pytest
 import torch
@@ -44,6 +45,11 @@ def test_clipscore_equals_a_direct_clipmodel_computation(scorer_root, videos):
     scores = ClipScore(folder)(videos, PROMPTS)
     torch.testing.assert_close(scores["clip_cosine"], cosines.mean(dim=1), atol=1e-6, rtol=0)
     torch.testing.assert_close(scores["clipscore"], (2.5 * cosines.clamp(min=0)).mean(dim=1), atol=1e-6, rtol=0)
+    # Flow-GRPO's CLIP scorer: CLIPModel's logits_per_image / 30, with the model's own temperature (the tiny model
+    # keeps CLIP's initial exp(2.6592) = 14.3, not ViT-L/14's 100), not clamped at 0; per frame, then averaged
+    assert scale == pytest.approx(14.2857, rel=1e-4)
+    torch.testing.assert_close(scores["clip_flowgrpo"], (logits / 30).mean(dim=1), atol=1e-6, rtol=0)
+    assert list(scores) == ["clipscore", "clip_flowgrpo", "clip_cosine"]
     assert scores["clip_cosine"].shape == (2,) and not torch.equal(scores["clip_cosine"][0], scores["clip_cosine"][1])
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from sage_grpo.evaluate import main
-from sage_grpo.evaluate.report import markdown_table, mean_and_stderr, with_paper_scale
+from sage_grpo.evaluate.report import METRIC_DEFINITIONS, markdown_table, mean_and_stderr, with_paper_scale
 
 
 @pytest.fixture
@@ -79,14 +79,14 @@ def test_markdown_is_table2_first():
                "checkpoints": {"base": entry(toy_red=1.0, pickscore=21.0, VQ=-0.75, MQ=-0.59, TA=1.41,
                                              Overall=0.07, clipscore=0.8)}}
     lines = markdown_table(results).splitlines()
-    assert lines[2] == "| Model | VQ | MQ | TA | Overall | CLIPScore (2.5·cos) | PickScore logit (raw) | toy_red |"
+    assert lines[2] == "| Model | VQ | MQ | TA | Overall | CLIPScore (2.5·max(cos,0)) | PickScore logit (raw) | toy_red |"
     assert lines[4].startswith("| base | -0.7500 ± 0.5000 | -0.5900 ± 0.5000 | 1.4100 ± 0.5000 | 0.0700 ± 0.5000 |")
     assert "40 steps" in lines[0]
 
 
 def test_paper_scale_pickscore_is_flow_grpos_logit_over_26():
     # Table 2's PickScore 0.74 is a logit of 19.24 (PickScore_v1: 100 cos, cos 0.19) on Flow-GRPO's scale
-    scores = with_paper_scale({"pickscore": 19.24, "clipscore": 0.54, "clip_cosine": 0.216})
+    scores = with_paper_scale({"pickscore": 19.24, "clipscore": 0.54, "clip_flowgrpo": 0.72, "clip_cosine": 0.216})
     assert scores["pickscore_paper"] == pytest.approx(0.74) and scores["clipscore"] == 0.54
     assert with_paper_scale({"VQ": 1.0}) == {"VQ": 1.0}  # nothing to derive without PickScore
     assert with_paper_scale({"pickscore": None})["pickscore_paper"] is None  # a failed score stays failed
@@ -95,9 +95,13 @@ def test_paper_scale_pickscore_is_flow_grpos_logit_over_26():
                "prompts": ["a"], "seeds": [0],
                "checkpoints": {"base": {"summary": {k: {"mean": v, "stderr": None, "n": 1} for k, v in scores.items()}}}}
     lines = markdown_table(results).splitlines()
-    assert lines[2] == ("| Model | CLIPScore (2.5·cos) | PickScore (logit/26) | PickScore logit (raw) | "
-                        "CLIP cos (raw) |")
-    assert "hold those against Table 2" in lines[0] and lines[4] == "| base | 0.5400 | 0.7400 | 19.2400 | 0.2160 |"
+    assert lines[2] == ("| Model | CLIPScore (2.5·max(cos,0)) | CLIP score (logit/30) | PickScore (logit/26) | "
+                        "PickScore logit (raw) | CLIP cos (raw) |")
+    assert "two candidate scalings of Table 2's CLIPScore" in lines[0] and "hold those against Table 2" in lines[0]
+    assert lines[4] == "| base | 0.5400 | 0.7200 | 0.7400 | 19.2400 | 0.2160 |"
+    # results.json's metric_definitions name each CLIP column's formula
+    assert "mean over frames of 2.5 * max(cos, 0)" in METRIC_DEFINITIONS["clipscore"]
+    assert "logit / 30 = exp(logit_scale) * cos / 30" in METRIC_DEFINITIONS["clip_flowgrpo"]
 
 
 def test_bar_chart_draws_each_bar_in_its_colour(tmp_path):
@@ -126,3 +130,38 @@ def test_bar_chart_legend_shows_long_checkpoint_labels_whole(tmp_path):
     inked = [x for x in range(28, image.width) for y in row if image.getpixel((x, y)) < 128]
     assert max(inked) >= 28 + text_width - 4  # the label is drawn to its last character ...
     assert max(inked) <= image.width - 8  # ... inside the picture, with its margin
+
+
+def test_bar_chart_of_an_all_nan_and_an_all_zero_metric(tmp_path):
+    """Before: a ZeroDivisionError traceback after results.json (a 0-high axis), and no picture."""
+    from PIL import Image
+
+    from sage_grpo.tracking.plots import COLOURS, BarPanel, plot_bars
+
+    path = plot_bars([BarPanel("failed everywhere", ["base", "run"], [math.nan, math.nan], [0.0, 0.0]),
+                      BarPanel("zero everywhere", ["base", "run"], [0.0, 0.0], [0.0, 0.0])], tmp_path / "bars.png",
+                     columns=2)
+    image = Image.open(path).convert("RGB")
+    assert image.width == 600
+    left = {image.getpixel((x, y)) for x in range(300) for y in range(image.height - 260, image.height)}  # panel 1
+    assert not {COLOURS[0], COLOURS[1]} & left  # no bar where there is no value ...
+    assert any(r > 150 and g < 60 and b < 60 for r, g, b in left)  # ... but "NaN", in red, in each bar's place
+
+
+def test_a_metric_that_failed_on_every_sample_is_named_nan_in_the_table():
+    results = {"settings": {"sampler": "Euler", "num_inference_steps": 40, "height": 480, "width": 848,
+                            "video_length": 121, "guidance_scale": 6.0, "flow_shift": 5.0, "dtype": "bf16"},
+               "prompts": ["a", "b"], "seeds": [0],
+               "checkpoints": {"base": {"summary": {"toy_red": mean_and_stderr([None, None]),
+                                                    "brightness": mean_and_stderr([0.0, 0.0])}}}}
+    assert markdown_table(results).splitlines()[4] == "| base | NaN (2 of 2 failed) | 0.0000 ± 0.0000 |"
+
+
+def test_repeated_prompts_are_evaluated_once_and_named():
+    from sage_grpo.evaluate.plan import unique_prompts
+
+    assert unique_prompts(["a", "b"]) == (["a", "b"], None)
+    prompts, line = unique_prompts(["a cat", "a dog", "a cat", "a cow", "a dog", "a cat"])
+    assert prompts == ["a cat", "a dog", "a cow"]
+    assert line == ("2 prompt(s) repeated, each evaluated once (3 distinct prompts of 6 rows): 'a cat' (3 rows); "
+                    "'a dog' (2 rows)")

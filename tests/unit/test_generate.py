@@ -54,7 +54,7 @@ def test_reference_defaults_and_sizes(tmp_path):
     assert (plan.height, plan.width, plan.transformer_version, plan.flow_shift) == (720, 1280, "720p_t2v", 9.0)
     plan = plan_generation(GenerateConfig(prompt="A cat", resolution="720p", flow_shift=5.0, model_path=str(tmp_path)))
     assert plan.flow_shift == 5.0  # an explicit --flow_shift wins
-    with pytest.raises(ValueError, match="--flow_shift must be > 0"):
+    with pytest.raises(ValueError, match=r"\[flow_shift-positive\] --flow_shift 0.0 must be > 0"):
         plan_generation(GenerateConfig(prompt="A cat", flow_shift=0.0, model_path=str(tmp_path)))
     with pytest.warns(UserWarning, match="--sr is accepted for compatibility"):
         parse_cli(GenerateConfig, ["--prompt", "A cat", "--sr", "false"])

@@ -3,6 +3,7 @@ higher-priority parts, a command past its limit interrupted then killed, a faile
 step's checkpoint reused or refused, and every benchmark command's flags parsed by its script on both devices (the
 GPU's cannot run here). The whole CPU mode runs in tests/e2e/test_gpu_session_runs.py."""
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -149,16 +150,22 @@ def test_usage_errors(argv, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_the_runbook_names_the_call_and_everything_cut():
+def test_the_runbook_names_the_command_and_everything_cut():
     runbook = (REPO_ROOT / "docs" / "gpu_runbook.md").read_text().replace("`", "")
-    for argument, value in (("command", "python3 scripts/gpu_session.py"), ("carry", '[".whl"]'),
-                            ("timeout_s", "540")):
-        assert f"| {argument} | {value} |" in runbook
+    assert "```bash\npython3 scripts/gpu_session.py " in (REPO_ROOT / "docs" / "gpu_runbook.md").read_text()
     assert f"global deadline of {runner.DEFAULT_DEADLINE_S} s" in runbook
     for what, _ in runner.CUT:
         assert f"| {what} |" in runbook, what
     benchmarks = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
     assert "## GPU numbers (measured)\n\n**Not yet measured.**" in benchmarks
+
+
+def test_the_runbook_speaks_of_the_project_only():
+    """Whoever has a GPU runs one command: no words about how a GPU is obtained, nor files outside the repository."""
+    text = (REPO_ROOT / "docs" / "gpu_runbook.md").read_text().replace("gpu_session", "runner")
+    found = re.findall(r"\b(lease|lent|lend\w*|sessions?|give_back|budget_left_s|device tool|not_drawn|issue \d+)\b|"
+                       r"/work/", text, flags=re.IGNORECASE)
+    assert found == []
 
 
 @pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="not a git checkout (the device machine's copy)")

@@ -2,6 +2,7 @@
 sectioned configuration (``TrainConfig``), or the ``group`` a flat configuration's option names. An option without a
 group, or declared by two sections, fails with a message naming where to declare it."""
 
+import argparse
 import dataclasses
 import importlib
 import re
@@ -10,6 +11,8 @@ from typing import Dict, Optional
 
 import pytest
 
+from sage_grpo.cli.main import VERBS
+from sage_grpo.cli.main import main as sage_grpo_main
 from sage_grpo.config import sections
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.reward_server import RewardServerConfig
@@ -138,3 +141,32 @@ def test_flat_names_route_to_sections():
     moved = cfg.replace(eta=0.3, learning_rate=2e-5)
     assert (moved.rollout.eta, moved.optim.learning_rate, moved.rollout.sde_type) == (0.3, 2e-5, "cps")
     assert cfg.rollout.eta == 0.5  # the original is unchanged
+
+
+@pytest.mark.parametrize("cls", COMMAND_CONFIGS, ids=lambda cls: cls.__name__)
+def test_every_flag_with_choices_lists_them_in_help(cls):
+    """``--sde_type {sage_grpo,dance_grpo,flow_grpo,cps}``, not ``--sde_type SDE_TYPE``: the valid values of every
+    option declared with choices are in --help."""
+    text = " ".join(build_parser(cls).format_help().split())
+    with_choices = [field for _, field in sections.option_fields(cls) if field.metadata.get("choices")]
+    for field in with_choices:
+        assert f"--{field.name} {{{','.join(map(str, field.metadata['choices']))}}}" in text, field.name
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_command_lists_the_choices_of_its_flags(verb, monkeypatch, capsys):
+    """Every command's parser, the plain argparse ones included (export, convert, make-tiny): each option with
+    choices shows them in --help."""
+    shown = []
+    print_help = argparse.ArgumentParser.print_help
+    monkeypatch.setattr(argparse.ArgumentParser, "print_help",
+                        lambda self, file=None: shown.append(self) or print_help(self, file))
+    with pytest.raises(SystemExit):
+        sage_grpo_main([verb, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    (parser,) = shown
+    for action in [action for action in parser._actions if action.choices and action.option_strings]:
+        assert f"{action.option_strings[0]} {{{','.join(map(str, action.choices))}}}" in text, action.dest
+    if verb == "train":
+        assert "--sde_type {sage_grpo,dance_grpo,flow_grpo,cps}" in text
+        assert len([action for action in parser._actions if action.choices]) >= 20

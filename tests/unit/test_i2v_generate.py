@@ -1,6 +1,5 @@
 """generate.py with a reference image: ``--image_path`` and the CSV column, the i2v version and bucket, errors before
 any model loads, ODE parity with diffusers' ``HunyuanVideo15ImageToVideoPipeline`` and an mp4 end to end."""
-import importlib
 
 import pytest
 import torch
@@ -9,6 +8,7 @@ import generate
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.pipeline.generation import VideoGenerator, plan_generation
 
+from i2v_support import render_beside_diffusers_i2v
 from model_fixtures import TINY_TEXT, write_image
 
 
@@ -53,33 +53,10 @@ def test_image_path_plans_image_to_video(tiny_i2v_root, tmp_path, monkeypatch):
 
 
 def test_generate_matches_diffusers_i2v_pipeline(tiny_i2v_root, tmp_path, monkeypatch):
-    from diffusers import ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler, HunyuanVideo15ImageToVideoPipeline
-    from PIL import Image
-
-    vae_module = importlib.import_module("sage_grpo.models.vae")  # the module, not the function
-
     image_file = write_image(tmp_path / "wide.png", 30, 50, seed=3)
     config = _config(tiny_i2v_root, image_path=str(image_file), fixed_size="48x80")
-    plan = plan_generation(config)
-    generator = VideoGenerator(config, plan)
-    decoded = []
-    decode = vae_module.decode_latents
-    monkeypatch.setattr(vae_module, "decode_latents", lambda vae, x, **kw: decoded.append(x) or decode(vae, x))
-    video = generator.render(plan.items[0])
-    ours = decoded[0]
-    assert video.shape == (3, 5, 48, 80)
-
-    c = generator.components
-    pipe = HunyuanVideo15ImageToVideoPipeline(
-        c.text_encoder, c.tokenizer, c.transformer, c.vae, FlowMatchEulerDiscreteScheduler(shift=plan.flow_shift),
-        c.text_encoder_2, c.tokenizer_2, ClassifierFreeGuidance(guidance_scale=plan.guidance_scale),
-        c.image_encoder, c.feature_extractor)
-    pipe.set_progress_bar_config(disable=True)
-    pipe.tokenizer_max_length, pipe.tokenizer_2_max_length = TINY_TEXT.max_length, TINY_TEXT.max_length_2
-    pipe.prompt_template_encode_start_idx = generator.encoder.crop_start
-    noise = torch.randn((4, 2, 6, 10), generator=torch.Generator().manual_seed(5))[None]  # generate.py's seeded x_0
-    latents = pipe(image=Image.open(image_file).convert("RGB"), prompt=config.prompt, negative_prompt=None,
-                   num_frames=5, num_inference_steps=NUM_STEPS, latents=noise, output_type="latent").frames
+    video, ours, latents, _ = render_beside_diffusers_i2v(config, monkeypatch)
+    assert video.shape == (3, 5, 48, 80) and ours.shape == (1, 4, 2, 6, 10)
     torch.testing.assert_close(latents, ours, rtol=0, atol=1e-5)
 
 

@@ -23,7 +23,7 @@ COMMANDS = {  # pyproject.toml [project.scripts]
     "sage-grpo-convert-reference": "sage_grpo.cli.convert:main",
     "sage-grpo-evaluate": "sage_grpo.evaluate:main",
 }
-BUILD_INPUTS = ("pyproject.toml", "README.md", "requirements.txt", "requirements-dev.txt")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "requirements.txt", "requirements-dev.txt")
 
 
 def _requirements(name):
@@ -79,6 +79,25 @@ def test_wheel_requires_requirements_txt_and_pytest_only_as_an_extra(wheel):
     assert set(metadata.get_all("Provides-Extra")) == {"wandb", "swanlab", "trackers", "test", "dev"}
 
 
+def test_wheel_carries_the_version_and_the_apache_license(wheel):
+    import sage_grpo
+
+    metadata = Parser().parsestr(_dist_info(wheel, "METADATA"))
+    assert metadata["Version"] == sage_grpo.__version__ == "0.2.0"
+    assert metadata["License-Expression"] == "Apache-2.0" and metadata.get_all("License-File") == ["LICENSE"]
+    assert not [c for c in metadata.get_all("Classifier") if c.startswith("License ::")]  # PEP 639: the SPDX line
+    assert _dist_info(wheel, "licenses/LICENSE") == (REPO_ROOT / "LICENSE").read_text()
+
+
+def test_license_is_the_apache_text_with_our_copyright_line():
+    """LICENSE: the copyright line, then the Apache License 2.0 exactly as apache.org publishes it (its MD5)."""
+    import hashlib
+
+    first, rest = (REPO_ROOT / "LICENSE").read_bytes().split(b"\n", 1)
+    assert first == b"Copyright 2026 the sage-grpo authors"
+    assert hashlib.md5(rest).hexdigest() == "3b83ef96387f14655fc854ddc3c6bd57"
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_console_command_functions_answer_help(command, capsys):
     module, function = COMMANDS[command].split(":")
@@ -104,3 +123,52 @@ def test_root_scripts_are_wrappers_of_the_package_functions():
                            ("make_tiny_checkpoint.py", "sage_grpo.cli.make_tiny")):
         text = (REPO_ROOT / "scripts" / script).read_text()
         assert f"from {target} import main" in text, script
+
+
+STUB_PYTHON = """#!/usr/bin/env bash
+echo "$*" >> "$(dirname "$0")/../calls"
+if [[ " $* " == *" -e . "* ]]; then touch "$(dirname "$0")/sage-grpo"; chmod +x "$(dirname "$0")/sage-grpo"; fi
+"""
+
+
+def _setup_env(checkout, venv):
+    """scripts/setup_env.sh of ``checkout`` on ``venv``, whose python records its arguments: the pip calls made."""
+    calls = venv / "calls"
+    calls.unlink(missing_ok=True)
+    result = run_group(["bash", str(checkout / "scripts" / "setup_env.sh")], timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "SAGE_VENV": str(venv)})
+    assert result.returncode == 0, result.stderr
+    return [line.removeprefix("-m pip install -q ") for line in calls.read_text().splitlines()] \
+        if calls.exists() else []
+
+
+def test_setup_env_installs_the_checkout_editable_once(tmp_path):
+    """The quickstart's setup installs the requirements, then this checkout editable without dependencies, build
+    isolation or a package index (offline: nothing downloaded); a second run does nothing; a changed pyproject.toml
+    or a moved checkout installs the package again, and only it."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    for name in ("scripts/setup_env.sh", "pyproject.toml", "requirements.txt", "requirements-dev.txt"):
+        shutil.copy(REPO_ROOT / name, checkout / name)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(STUB_PYTHON)
+    (venv / "bin" / "python").chmod(0o755)
+    editable = "--no-deps --no-build-isolation --no-index -e ."
+    assert _setup_env(checkout, venv) == ["--upgrade pip setuptools>=77", "torch==2.13.0", "-r requirements.txt",
+                                          editable]
+    assert _setup_env(checkout, venv) == []
+    with open(checkout / "pyproject.toml", "a") as handle:
+        handle.write("# a new console command, say\n")
+    assert _setup_env(checkout, venv) == [editable]
+    moved = tmp_path / "moved"
+    shutil.copytree(checkout, moved)
+    assert _setup_env(moved, venv) == [editable] and _setup_env(moved, venv) == []
+
+
+def test_setup_env_wants_the_setuptools_pyproject_builds_with():
+    import tomllib
+
+    requires = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert f'SETUPTOOLS_SPEC="{requires[0]}"' in (REPO_ROOT / "scripts" / "setup_env.sh").read_text()
+    assert requires == ["setuptools>=77"] and "setuptools>=77" in _requirements("requirements-dev.txt")

@@ -38,12 +38,12 @@ def test_paper_config_is_valid_and_says_what_it_is(path):
     assert (cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl) == expected
     assert (cfg.batch_size, cfg.sample_n_frames, cfg.grpo_sampling_steps) == (2, 81, 20)  # the paper's own values
     assert "leaves unstated" in path.read_text()
-    # the reference's --max_grad_norm 1.0 at sp 2 clips its gradient, half the full one, at 1.0: the full one at 2.0
+    # the reference's --max_grad_norm 1.0 at sp 2 clips its gradient, half the full one's norm, at 1.0: the full at 2.0
     assert (cfg.max_grad_norm, cfg.sp_size, clip_threshold(cfg)) == (1.0, 2, 2.0)
 
 
 def test_reference_launch_clips_where_the_reference_does():
-    """The reference's gradient under --sp_size sp is 1/sp of the full gradient (spec §10.20), so its
+    """The reference's gradient norm under --sp_size sp is 1/sp of the full gradient's (docs/differences.md), so its
     --max_grad_norm m clips the full gradient at m x sp; --max_grad_norm_units full clips it at m."""
     cfg = parse_cli(TrainConfig, RUN_POST_TRAIN_FLAGS)
     assert (cfg.max_grad_norm, cfg.sp_size, clip_threshold(cfg)) == (1.0, 2, 2.0)

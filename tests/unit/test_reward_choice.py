@@ -102,7 +102,8 @@ def test_clipscore_and_pickscore_train_like_any_reward(scorer_root):
     fn = build_reward_fn("clipscore", None, context=context, extra_models={"pickscore": 0.01})
     videos = torch.rand(2, 3, 2, 20, 24, generator=torch.Generator().manual_seed(0))
     out = fn(videos, ["a red ball", "a cat"])
-    assert list(out) == ["clipscore", "clipscore_clip_cosine", "pickscore", "pickscore_pickscore_cosine", "avg"]
+    assert list(out) == ["clipscore", "clipscore_clip_flowgrpo", "clipscore_clip_cosine", "pickscore",
+                         "pickscore_pickscore_cosine", "avg"]
     torch.testing.assert_close(out["avg"], out["clipscore"] + 0.01 * out["pickscore"])
 
 

@@ -63,6 +63,33 @@ def test_picking_frames_first_gives_the_old_paths_frames_bit_for_bit(videoalign,
         assert torch.equal(videoalign.inputs.patchify(old)[0], videoalign.inputs.patchify(new)[0])
 
 
+def test_videoalign_scores_uint8_videos_as_the_same_videos_over_255(videoalign, monkeypatch):
+    """``accepts_uint8``: the reward server hands VideoAlign the request's uint8 frames (no float32 copy of the
+    request); the frames the model sees are those of the same videos / 255 (so are the scores: the remote test below
+    compares them with the local reward's), and with ``--reward_from_mp4`` the videos written are those of the float
+    path."""
+    from sage_grpo.rewards import videoalign as videoalign_module
+
+    levels = torch.randint(0, 256, (2, 3, 9, 64, 96), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    as_float = levels.float() / 255.0
+    assert VideoAlignReward.accepts_uint8 is True
+    for video, reference in zip(levels, as_float):
+        assert torch.equal(videoalign.inputs.frames_from_tensor(video, 24.0),
+                           videoalign.inputs.frames_from_tensor(reference, 24.0))
+    written = []
+
+    def write_video(path, video, fps):  # what the mp4 round trip would encode (the encoding itself is not ours)
+        written.append(video)
+        raise StopIteration
+
+    monkeypatch.setattr(videoalign_module, "write_video", write_video)
+    monkeypatch.setattr(videoalign, "from_mp4", True)
+    for videos in (levels, as_float):
+        with pytest.raises(StopIteration):
+            videoalign(videos, PROMPTS)
+    assert written[0].dtype == torch.float32 and torch.equal(written[0], written[1])
+
+
 def test_default_sampling_is_the_checkpoints(videoalign, tiny_reward_root):
     data = json.loads((tiny_reward_root / "VideoReward" / "model_config.json").read_text())["data_config"]
     spec = videoalign.inputs.spec

@@ -2,24 +2,22 @@
 its body in memory (not 14x), a server open to other machines without a token says so, and credentials never reach
 a printed line. Every server is a real one on 127.0.0.1 in a thread of this process."""
 
-import json
-import re
 import selectors
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
+from bench_support import benchmark_module
 from procs import eventually, scaled
 from reward_options_support import ServerThread
 
 from sage_grpo.config import TrainConfig, parse_cli
 from sage_grpo.config.validation import ConfigError
-from sage_grpo.rewards.remote import HEADER_LENGTH_BYTES, RemoteSettings, redact_secrets
+from sage_grpo.rewards.remote import RemoteSettings, redact_secrets
 from sage_grpo.rewards.serving import RewardService, ServerLimits, exposure_warning
 from sage_grpo.rewards.setup import check_reward_config
 from sage_grpo.rewards.toys import ToySuiteReward
@@ -119,45 +117,43 @@ def test_trickling_strangers_neither_take_a_trainers_slot_nor_stay_past_a_second
     assert all(0.95 < seconds < scaled(2.0) for seconds in open_for), open_for
 
 
-class _MeanReward:
-    """A reward that allocates next to nothing, so that the memory measured is the server's."""
-
-    metric_names = ("mean",)
-
-    def __call__(self, videos: torch.Tensor, prompts):
-        return {"mean": videos.mean(dim=(1, 2, 3, 4))}
-
-
-def _resident_bytes() -> tuple[int, int]:
-    """(current, peak) resident set of this process, from /proc (Linux)."""
-    status = Path("/proc/self/status").read_text()
-    return tuple(int(re.search(rf"{key}:\s+(\d+) kB", status).group(1)) << 10 for key in ("VmRSS", "VmHWM"))
+MEMORY = benchmark_module("benchmark_reward_server_memory")  # the benchmark's server, body and measurement
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak resident memory is read from /proc")
-def test_a_request_costs_its_body_plus_one_float_chunk(serve):
-    """A 48 MiB request of 8 videos, scored 2 at a time: the server's peak memory rises by the body (held once, the
-    frames a view of it) plus one chunk of 2 videos in float32 (4 bytes a value: the body's size again), about 2.0x
-    the body (before: the body read by growing, copied out of the header, laid out again, and converted with a
-    second float temporary, 5x; 14x with the whole request as one chunk). Each allocation here is above glibc's
-    largest mmap threshold (32 MB), so the resident set shows it exactly."""
-    server = serve(_MeanReward(), batch_size=2)
-    shape = [8, 16, 256, 512, 3]  # (B, F, H, W, 3) uint8: 48 MiB
-    header = json.dumps({"prompts": ["p"] * shape[0], "shape": shape, "dtype": "uint8", "video_fps": 24.0}).encode()
-    frames = torch.empty(shape, dtype=torch.uint8)
-    for i in range(shape[0]):  # video i is one gray level: its mean is known without a 48 MiB computation
-        frames[i].fill_(30 * i)
-    body = len(header).to_bytes(HEADER_LENGTH_BYTES, "big") + header + frames.numpy().tobytes()
-    del frames
-    request = urllib.request.Request(server.url + "/score", data=body, method="POST")
-    before, _ = _resident_bytes()
-    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from the current resident set
-    with urllib.request.urlopen(request, timeout=scaled(30.0)) as response:
-        scores = json.loads(response.read())["scores"]["mean"]
-    _, peak = _resident_bytes()
-    assert scores == pytest.approx([30 * i / 255 for i in range(shape[0])])  # the view and the float chunks
-    chunk = 4 * 2 * (len(body) - HEADER_LENGTH_BYTES - len(header)) // shape[0]  # 2 videos in float32
-    assert peak - before < len(body) + chunk + 0.25 * len(body), (peak - before) / len(body)
+def test_a_request_costs_its_body_plus_one_float_chunk():
+    """A 48 MiB request of 8 videos to a reward that takes float frames, scored 2 at a time: the server's peak memory
+    rises by the body (held once, the frames a view of it) plus one chunk of 2 videos in float32 (4 bytes a value:
+    the body's size again), about 2.0x the body (before: the body read by growing, copied out of the header, laid out
+    again, and converted with a second float temporary, 5x; 14x with the whole request as one chunk). Each
+    allocation here is above glibc's largest mmap threshold (32 MB), so the resident set shows it exactly."""
+    body = MEMORY.score_body(8, 16, 256, 512)  # video i is one gray level, 30 * i
+    measured = MEMORY.measure(RewardService(MEMORY.LevelReward(), "level", video_fps=24.0, batch_size=2), body)
+    assert measured.scores["level"] == pytest.approx([30 * i / 255 for i in range(8)])  # the view, the float chunks
+    chunk = 4 * 2 * 16 * 256 * 512 * 3  # 2 videos in float32
+    assert measured.resident_rise < len(body) + chunk + 0.25 * len(body), measured.resident_rise / len(body)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak resident memory is read from /proc")
+@pytest.mark.parametrize("reward", ["uint8 level", "videoalign"])
+def test_a_request_to_a_uint8_reward_costs_its_body_once(reward, request):
+    """A 64 MiB request of 4 videos scored as one chunk (a trainer's request holds at most its
+    ``--reward_batch_size`` videos, the server's chunk): a reward declaring ``accepts_uint8`` (VideoAlign does) reads
+    the body's frames, so the server's peak rises by the body and what the reward itself holds (VideoAlign: one
+    video's sampled frames), measured both ways, below 4x the body (before: the whole request in float32 besides
+    the body, 5.0x; VideoAlign 6.4x)."""
+    if reward == "videoalign":
+        from sage_grpo.rewards.videoalign import VideoAlignReward
+
+        fn = VideoAlignReward(request.getfixturevalue("tiny_reward_root"), device="cpu", dtype=torch.float32)
+    else:
+        fn = MEMORY.Uint8LevelReward()
+    body = MEMORY.score_body(4, 16, 512, 683)  # 64.03 MiB
+    measured = MEMORY.measure(RewardService(fn, reward, video_fps=24.0), body, warmup=MEMORY.score_body(1, 16, 64, 64))
+    ratios = (measured.resident_rise / len(body), measured.traced_peak / len(body))
+    assert all(ratio < 4 for ratio in ratios) and ratios[0] < (2.5 if reward == "videoalign" else 1.25), ratios
+    if reward != "videoalign":
+        assert measured.scores["level"] == pytest.approx([30 * i / 255 for i in range(4)])
 
 
 def test_a_server_open_to_other_machines_without_a_token_warns(monkeypatch, capsys):

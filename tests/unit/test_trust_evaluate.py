@@ -1,10 +1,12 @@
 """Issue 33, the evaluation: every checkpoint checked as loadable before the first video; its cache keyed by the
 weights' content; failed scores counted, never a crash nor a bare NaN in results.json; a cache entry that is
 unreadable, foreign or of other weights sampled again; a cache folder that is not this project's named in one line;
-no write inside an input; per-writer temporary names.
+no write inside an input; per-writer temporary names; a prompt repeated in the CSV evaluated once; a metric that
+failed on every sample (NaN) or is 0.0 everywhere tabulated and drawn.
 
-On the tiny checkpoint at 1 sampling step, 5 frames of 16x16, two checkpoints x three prompts x one seed, scored
-with a toy reward and a plug-in that fails on one prompt (about 5 s in all on the 2-core machine).
+On the tiny checkpoint at 1 sampling step, 5 frames of 16x16, two checkpoints x three prompts (one of them on two
+rows) x one seed, scored with a toy reward and plug-ins that fail on one prompt, on every prompt, and score 0.0
+(about 5 s in all on the 2-core machine).
 """
 
 import json
@@ -33,7 +35,18 @@ from sage_grpo.rewards import reward_plugin
 @reward_plugin
 def sometimes_nan(videos, prompts):
     return {"score": torch.tensor([math.nan if "fails" in p else float(videos.mean()) for p in prompts])}
+
+
+@reward_plugin
+def always_nan(videos, prompts):
+    return {"score": torch.full((len(prompts),), math.nan)}
+
+
+@reward_plugin
+def always_zero(videos, prompts):
+    return {"score": torch.zeros(len(prompts))}
 """
+NEVER, ZERO = "eval_trust_plugin:always_nan_score", "eval_trust_plugin:always_zero_score"  # all NaN, all 0.0
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,12 +72,12 @@ def setup(tiny_root, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     checkpoint = tmp_path / "run" / "checkpoint-2"
     _trained(tiny_root, checkpoint / "transformer" / "model.safetensors", seed=0)
-    (tmp_path / "eval.csv").write_text("prompt\n" + "\n".join(PROMPTS) + "\n")
+    (tmp_path / "eval.csv").write_text("prompt\n" + "\n".join(PROMPTS + PROMPTS[1:2]) + "\n")  # one row repeated
     args = ["--checkpoints", "base", str(checkpoint), "--prompts", str(tmp_path / "eval.csv"), "--seeds", "0",
-            "--metrics", f"target_color,{PLUGIN}", "--model_path", str(tiny_root), "--num_inference_steps", "1",
-            "--video_length", "5", "--fixed_size", "16x16", "--text_max_length", "16", "--byt5_max_length", "8",
-            "--vision_num_semantic_tokens", "4", "--dtype", "fp32", "--device", "cpu", "--picture_height", "16",
-            "--output", str(tmp_path / "eval")]
+            "--metrics", f"target_color,{PLUGIN},{NEVER[:-6]},{ZERO[:-6]}", "--model_path", str(tiny_root),
+            "--num_inference_steps", "1", "--video_length", "5", "--fixed_size", "16x16", "--text_max_length", "16",
+            "--byt5_max_length", "8", "--vision_num_semantic_tokens", "4", "--dtype", "fp32", "--device", "cpu",
+            "--picture_height", "16", "--output", str(tmp_path / "eval")]
     yield {"root": tiny_root, "checkpoint": checkpoint, "args": args, "output": tmp_path / "eval"}
     sys.modules.pop("eval_trust_plugin", None)
 
@@ -84,31 +97,56 @@ def test_failed_scores_are_counted_and_the_cache_is_keyed_by_content(setup, caps
                         real_render(self, item))
     checkpoint, output = setup["checkpoint"], setup["output"]
     assert main(setup["args"]) == 0  # the plug-in's NaN crashed the report after the whole run
-    assert len(rendered) == 6 and "warning: scores failed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert len(rendered) == 6 and "warning: scores failed" in out  # the repeated row sampled the cache's units twice
+    assert (f"note: --prompts {output.parent / 'eval.csv'}: 1 prompt(s) repeated, each evaluated once (3 distinct "
+            f"prompts of 4 rows): {PROMPTS[1]!r} (2 rows)") in out.splitlines()
     first = _strict((output / "results.json").read_text())
+    assert first["prompts"] == list(PROMPTS)
     for label in ("base", str(checkpoint)):
         entry = first["checkpoints"][label]
         assert {k: entry["summary"][PLUGIN_KEY][k] for k in ("n", "failed")} == {"n": 2, "failed": 1}
         assert entry["prompts"][PROMPTS[2]]["seeds"]["0"][PLUGIN_KEY] is None  # null, never a bare NaN
         assert entry["summary"]["target_color"]["failed"] == 0 and entry["summary"]["target_color"]["n"] == 3
-    assert (output / "results.md").read_text().count(" (1 failed) |") == 2
+        assert entry["summary"][NEVER] == {"mean": None, "stderr": None, "n": 0, "failed": 3}
+        assert entry["summary"][ZERO] == {"mean": 0.0, "stderr": 0.0, "n": 3, "failed": 0}
+    table = (output / "results.md").read_text()
+    assert table.count(" (1 failed) |") == 2 and table.count(" NaN (3 of 3 failed) |") == 2
+    assert table.count(" 0.0000 ± 0.0000 |") == 2
+    _assert_nan_drawn(output / "bars.png")  # an all-NaN and an all-0.0 metric stopped the bars with a traceback
     assert first["checkpoints"][str(checkpoint)]["weights_sha256"] == weights_digest(checkpoint)
 
     records = {json.loads(p.read_text())["prompt"]: p for p in (output / "cache").glob("base-*/*.json")}
     records[PROMPTS[0]].write_text(records[PROMPTS[2]].read_text())  # another prompt's record under this name
     records[PROMPTS[1]].with_suffix(".png").write_bytes(b"\x89PNG garbage")
     _trained(setup["root"], checkpoint / "transformer" / "model.safetensors", seed=1)  # a rerun's new weights
+    (output.parent / "eval.csv").write_text("prompt\n" + "\n".join(PROMPTS[::-1]) + "\n")  # rows reordered
     rendered.clear()
     assert main(setup["args"]) == 0
     out = capsys.readouterr().out
-    assert sorted(rendered) == sorted([PROMPTS[0], PROMPTS[1], *PROMPTS])  # base's intact unit is kept
+    # base's intact unit is kept: the cache is keyed by the prompt's text, not its row
+    assert sorted(rendered) == sorted([PROMPTS[0], PROMPTS[1], *PROMPTS])
     assert "note: 1 cached unit(s) of base are sampled again: another prompt" in out
     assert "note: 1 cached unit(s) of base are sampled again: unreadable (UnidentifiedImageError)" in out
     assert f"note: 3 cached unit(s) of {checkpoint} are sampled again: weights changed since it was sampled" in out
     second = _strict((output / "results.json").read_text())
-    assert second["checkpoints"]["base"]["summary"] == first["checkpoints"]["base"]["summary"]
+    assert second["prompts"] == list(PROMPTS[::-1])
+    assert second["checkpoints"]["base"]["prompts"] == first["checkpoints"]["base"]["prompts"]  # each in its place
+    for key, stat in first["checkpoints"]["base"]["summary"].items():  # the same samples, summed in another order
+        assert second["checkpoints"]["base"]["summary"][key] == pytest.approx(stat), key
     new, old = (r["checkpoints"][str(checkpoint)]["summary"]["target_color"]["mean"] for r in (second, first))
     assert new != old  # served the old scores before
+
+
+def _assert_nan_drawn(path) -> None:
+    """The picture holds "NaN" text, in its colour (the font's smoothing shades its edges), as no other pixel is."""
+    import numpy as np
+    from PIL import Image
+
+    from sage_grpo.tracking.plots import NAN_COLOUR
+
+    pixels = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    assert (np.abs(pixels - np.array(NAN_COLOUR)).max(axis=-1) < 20).sum() > 20
 
 
 def test_checkpoints_are_checked_as_loadable_before_any_video(setup, capsys, monkeypatch):

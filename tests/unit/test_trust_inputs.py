@@ -7,7 +7,6 @@ rename (the crash point of :mod:`sage_grpo.faults`). The whole-run cases are in 
 
 import errno
 import re
-import hashlib
 import os
 import signal
 import sys
@@ -20,6 +19,8 @@ import torch
 from model_fixtures import tiny_args
 from procs import run_group
 from trust_support import alias_bomb
+from trust_support import one_error_line as _one_error_line
+from trust_support import snapshot as _snapshot
 
 import sage_grpo.checkpoint as checkpoint_module
 import sage_grpo.safe_io as safe_io
@@ -39,17 +40,6 @@ from sage_grpo.tracking.run_dir import truncate_metrics
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # generate.py at the tiny model's size: were a check missing, the render would take a second, not hours
 TINY_VIDEO = ["--fixed_size", "16x16", "--video_length", "5", "--num_inference_steps", "1", "--dtype", "fp32"]
-
-
-def _snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _one_error_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in text, text[-2000:]
-    return lines[0]
 
 
 @pytest.fixture
@@ -430,11 +420,15 @@ def _checkpoint_of(tiny_root, tmp_path) -> Path:
     from sage_grpo.config import to_dict
     from sage_grpo.resume import layout_record
 
+    from sage_grpo.export.identity import transformer_shapes
+
     cfg = parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run"))
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
              "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg, 1, 1, 1)}
     path = tmp_path / "run" / "checkpoint-2"
-    write_checkpoint_files(path, model_state={"w": torch.ones(2)}, optimizer_state={"state": {}},
+    weights = {name: torch.zeros(shape) for name, shape in  # a full fine-tune's: every parameter, in its shape
+               transformer_shapes(tiny_root, cfg.pretrained_transformer_version, parameters_only=True).items()}
+    write_checkpoint_files(path, model_state=weights, optimizer_state={"state": {}},
                            training_state=state, config_yaml=yaml.safe_dump(to_dict(cfg)))
     (tmp_path / "run" / "run_config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     return path
@@ -448,6 +442,7 @@ def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_ro
 
     from sage_grpo.resume import CONFIG_CHANGES_FILE, check_resume
     from sage_grpo.rl.kl import kl_mode_of
+    from sage_grpo.tracking.run_claim import RunDirPlan
 
     path = _checkpoint_of(tiny_root, tmp_path)
     resume = ["--resume_from_checkpoint", str(path)]
@@ -465,7 +460,8 @@ def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_ro
     with pytest.raises(pytest.fail.Exception, match="models loaded"):  # allowed: the preflight passes
         trainer_module.GRPOTrainer(cfg)
     check = check_resume(cfg, kl_mode_of(cfg), distributed=False)
-    trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[])
+    trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[],
+                              run_claim=RunDirPlan.of(cfg, check))
     run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)
     assert yaml.safe_load((run_dir / "run_config.yaml").read_text())["pretrained_model_root"] == str(other_root)
     (recorded,) = yaml.safe_load((run_dir / CONFIG_CHANGES_FILE).read_text())

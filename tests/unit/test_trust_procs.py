@@ -229,7 +229,8 @@ def test_the_reward_server_options_are_checked():
     from sage_grpo.config.reward_server import RewardServerConfig
 
     for bad in ({"max_connections": 0}, {"idle_timeout_s": float("nan")}, {"request_timeout_s": 0.0},
-                {"max_buffered_mb": 10, "max_request_mb": 20}):
+                {"max_buffered_mb": 10, "max_request_mb": 20}, {"video_fps": 0}, {"video_fps": 1001},
+                {"max_videos_per_request": (1 << 16) + 1}, {"max_request_mb": (1 << 20) + 1}):
         with pytest.raises(ValueError, match=f"--{next(iter(bad))}"):
             RewardServerConfig(**bad)
 

@@ -29,6 +29,7 @@ from sage_grpo.config.schema import MAX_ECHO_CHARS, save_yaml
 from sage_grpo.models import revisions
 from sage_grpo.pipeline.generation import plan_generation
 from sage_grpo.safe_io import CheckpointError
+from sage_grpo.tracking.run_claim import RunDirPlan
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -110,15 +111,17 @@ def test_recorded_settings_still_fill_generate_options(tiny_root, tmp_path):
 
 
 def test_every_yaml_file_is_read_by_the_one_loader():
-    """yaml.safe_load (or load) is called in exactly one place: schema.load_yaml, whose callers check shapes."""
-    calls = []
+    """PyYAML's readers (yaml.safe_load, load, ..., a yaml.*Loader class) are named in exactly one place:
+    schema.load_yaml's safe loader, which refuses duplicate keys and whose callers check shapes."""
+    uses = []
     for path in sorted((REPO_ROOT / "sage_grpo").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in
-                    ("safe_load", "load", "full_load", "unsafe_load") and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id == "yaml"):
-                calls.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
-    assert len(calls) == 1 and calls[0].startswith("sage_grpo/config/schema.py:"), calls
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "yaml"
+                    and (node.attr in ("safe_load", "load", "full_load", "unsafe_load", "load_all", "compose")
+                         or node.attr.endswith("Loader"))):
+                uses.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}:{node.attr}")
+    assert len(uses) == 1 and uses[0].startswith("sage_grpo/config/schema.py:") and uses[0].endswith(":SafeLoader"), \
+        uses
 
 
 def test_config_changes_are_appended_without_reading_the_history_back(tmp_path):
@@ -327,7 +330,9 @@ def test_a_requeue_before_the_first_checkpoint_starts_the_run_again(tiny_root, t
     alias_bomb(run / "run_config.yaml", 7)
     with pytest.raises(ConfigError, match=r"run_config.yaml \(the run's recorded settings\): reward_kwargs: expected"):
         trainer_module.GRPOTrainer(parse_cli(TrainConfig, args))
-    trainer = SimpleNamespace(cfg=parse_cli(TrainConfig, args), resume_check=None, restart=True, notes=[])
+    cfg = parse_cli(TrainConfig, args)
+    trainer = SimpleNamespace(cfg=cfg, resume_check=None, restart=True, notes=[],
+                              run_claim=RunDirPlan.of(cfg, None, restart=True))
     save_yaml(trainer.cfg, run / "run_config.yaml")
     trainer_module.GRPOTrainer._prepare_run_dir(trainer)
     assert (run / "metrics.jsonl").read_text() == ""  # the steps the restart takes again are logged once

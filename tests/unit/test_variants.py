@@ -119,7 +119,8 @@ def test_a_mistyped_version_fails_before_any_model_loads_listing_the_versions(va
     message = str(info.value)
     assert message.startswith("--pretrained_transformer_version '480p_t2v_distiled' is no transformer version of")
     assert f"present under transformer/: 480p_t2v, {DISTILLED};" in message
-    assert "known names: 480p_t2v, 720p_t2v, 480p_t2v_distilled, 720p_t2v_distilled" in message
+    assert "known names: 480p_t2v, 720p_t2v, 480p_t2v_distilled, 480p_i2v, 720p_i2v, 480p_i2v_distilled, " \
+        "720p_i2v_distilled, 480p_i2v_step_distilled." in message
     # the entry point: one line, exit status 2, nothing written
     out_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:
@@ -218,4 +219,28 @@ def test_the_tiny_writer_gives_each_version_its_configs(tiny_root):
     assert Path(base.guidance_source) == variant_config_files(tiny_root, "480p_t2v")[0]
     # what it writes for the other versions (write_tiny_hunyuan(versions=...) passes these to write_variant_configs)
     assert published_sampling("480p_t2v_distilled") == (1.0, 5.0)
-    assert published_sampling("720p_t2v") == (6.0, 9.0) and published_sampling("720p_t2v_distilled") == (1.0, 9.0)
+    assert published_sampling("720p_t2v") == (6.0, 9.0) and published_sampling("720p_i2v_distilled") == (1.0, 7.0)
+    assert published_sampling("480p_i2v_step_distilled") == (1.0, 7.0)
+
+
+def test_an_unpublished_version_is_refused_in_one_line_naming_the_published_ones(variants_root, capsys):
+    import generate
+
+    from sage_grpo.cli import verify
+
+    # 720p_t2v_distilled: named upstream as coming soon, no diffusers-format repository holds it
+    assert generate.main(["--prompt", "A cat", "--model_path", str(variants_root), "--resolution", "720p",
+                          "--cfg_distilled"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --model_version '720p_t2v_distilled' is no transformer version") and \
+        err.count("\n") == 1
+    assert "(it has no published weights: HunyuanVideo-1.5's authors list it as coming soon" in err
+    assert "known names: 480p_t2v, 720p_t2v, 480p_t2v_distilled, 480p_i2v," in err
+    # download_weights.sh asks this before fetching anything
+    assert verify.main(["--published", "--transformer_versions", "480p_t2v", "720p_t2v_distilled"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --variant '720p_t2v_distilled' is no published HunyuanVideo-1.5 variant (it has no "
+                   "published weights: HunyuanVideo-1.5's authors list it as coming soon, and no diffusers-format repository "
+                   "holds it); published variants: 480p_t2v, 720p_t2v, 480p_t2v_distilled, 480p_i2v, 720p_i2v, "
+                   "480p_i2v_distilled, 720p_i2v_distilled, 480p_i2v_step_distilled\n")
+    assert verify.main(["--published", "--transformer_versions", "480p_t2v", "480p_i2v_step_distilled"]) == 0

@@ -33,10 +33,11 @@ class ModelConfig:
         "native", "diffusers attention backend of the transformer (native = torch SDPA; flash, flash_varlen, sage, "
         "... where installed); the text padding is trimmed and no dense mask is built", choices=ATTENTION_BACKENDS)
     text_max_length: Optional[int] = config_field(
-        None, "Override of the MLLM text token length (default: the pipeline's 1000; tiny models use short lengths)")
-    byt5_max_length: int = config_field(256, "byT5 glyph-stream token length")
+        None, "Override of the MLLM text token length (default: the pipeline's 1000; tiny models use short lengths)",
+        defines_run=True)
+    byt5_max_length: int = config_field(256, "byT5 glyph-stream token length", defines_run=True)
     vision_num_semantic_tokens: int = config_field(
-        729, "Image-embedding tokens fed to the transformer (zeros for text-to-video)")
+        729, "Image-embedding tokens fed to the transformer (zeros for text-to-video)", defines_run=True)
 
 
 @section("LoRA", "train LoRA adapters instead of every weight")

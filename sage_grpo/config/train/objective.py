@@ -34,10 +34,12 @@ class TrustRegionConfig:
         1e-5, "KL switch (>0 loads a reference model) and the controller's target/max beta",
         defines_run=True, on_card=True)
     kl_coef: float = config_field(
-        1e-7, "Adaptive KL coefficient beta of the first inner iteration (the warm-up then starts from --kl_min_coef)",
-        defines_run=True)
+        1e-7, "Adaptive KL coefficient beta of the first inner iteration (the warm-up then starts from --kl_min_coef); "
+        "0 with --kl_min_coef 0: beta stays 0, no KL term and no reference model (the reference's KL runs only while "
+        "beta > 0)", defines_run=True)
     kl_min_coef: float = config_field(
-        1e-7, "Lower bound of the adaptive KL coefficient and start of its warm-up", defines_run=True)
+        1e-7, "Lower bound of the adaptive KL coefficient and start of its warm-up; 0 means --kl_coef (the "
+        "reference's 'kl_min_coef or kl_coef')", defines_run=True)
     use_moving_KL: bool = config_field(
         True, "Moving anchor: copy the policy into the reference periodically", defines_run=True, on_card=True)
     update_ref_model_step: int = config_field(

@@ -43,7 +43,7 @@ class OutputConfig:
 @section("validation", "ODE sampling of fixed prompts during training, scored by the reward and held-out metrics")
 @dataclass
 class ValidationConfig:
-    validation_interval: int = config_field(100, "Validate every N steps (<= 0 disables)")
+    validation_interval: int = config_field(100, "Validate every N steps (0 disables)")
     validate_at_step0: bool = config_field(False, "Validate before the first step")
     validation_prompts: Optional[List[str]] = config_field(
         None, "Validation prompts, used when --valid_video_csv gives none", nargs="+")
