@@ -35,7 +35,6 @@ def apply_cpu_thread_policy(cfg: TrainConfig) -> str:
 
 def main(argv=None) -> int:
     cfg = parse_cli(TrainConfig, argv, description=__doc__.strip().splitlines()[0])
-    from sage_grpo.config.bounds import TRAIN_BOUNDS
     from sage_grpo.config.launch_env import read_launch_env
     from sage_grpo.config.validation import check_numbers
     from sage_grpo.plan.fit import check_train_weights_fit
@@ -43,7 +42,7 @@ def main(argv=None) -> int:
     from sage_grpo.trainer import USER_ERRORS, run_training  # heavy imports only once the command line is valid
 
     try:
-        check_numbers(cfg, TRAIN_BOUNDS)  # every number in its range before anything uses one (--cpu_threads -1)
+        check_numbers(cfg)  # every number in its range before anything uses one (--cpu_threads -1)
         read_launch_env()  # torchrun's variables, before the device is chosen from LOCAL_RANK
         print(apply_cpu_thread_policy(cfg), flush=True)
         check_train_weights_fit(cfg)  # weights that cannot fit the machine, from the configs, before anything is built

@@ -28,6 +28,7 @@ Departures: ``--resolution`` and ``--model_path`` have defaults (480p, ./ckpts) 
 from dataclasses import dataclass
 from typing import List, Optional
 
+from sage_grpo.config.bounds import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SEED, TOKENS
 from sage_grpo.config.schema import config_field
 from sage_grpo.config.train import ATTENTION_BACKENDS
 
@@ -55,7 +56,7 @@ class GenerateConfig:
         None, "Reference image: image-to-video with the <resolution>_i2v transformer, for --prompt and for CSV rows "
         "without their own ref_image_path ('none': text-to-video)", group="prompts")
     negative_prompt: str = config_field("", "Negative prompt of classifier-free guidance", group="prompts")
-    seed: int = config_field(930, "Seed of --prompt, and of CSV rows without a seed", group="prompts")
+    seed: int = config_field(930, "Seed of --prompt, and of CSV rows without a seed", group="prompts", bound=SEED)
     # ---------------------------------------------------------------- model
     model_path: str = config_field("./ckpts", "Checkpoint root (see ckpts/README.md)", group="model")
     resolution: str = config_field("480p", "Selects the transformer version <resolution>_t2v and the video size",
@@ -79,27 +80,27 @@ class GenerateConfig:
         "... where installed)", choices=ATTENTION_BACKENDS, group="model")
     device: Optional[str] = config_field(None, "Torch device; default cuda when available, else cpu", group="model")
     # ---------------------------------------------------------------- sampling
-    num_inference_steps: int = config_field(50, "Euler (ODE) denoising steps", group="sampling")
+    num_inference_steps: int = config_field(50, "Euler (ODE) denoising steps", group="sampling", bound=AT_LEAST_1)
     video_length: int = config_field(
-        121, "Frames per video (1 + a multiple of the VAE's temporal ratio, 4)", group="sampling")
+        121, "Frames per video (1 + a multiple of the VAE's temporal ratio, 4)", group="sampling", bound=AT_LEAST_1)
     aspect_ratio: str = config_field(
         "16:9", "Width:height of the video when --fixed_size is not given", group="sampling")
     fixed_size: Optional[str] = config_field(None, "HEIGHTxWIDTH override of the size, e.g. 480x864", group="sampling")
     guidance_scale: Optional[float] = config_field(
         None, "Classifier-free guidance scale s: v = v_u + s*(v_c - v_u); s <= 1: no guidance (v = v_c). Unset: the "
         "--checkpoint_path run's --cfg_scale, else the version's guider config (cfg-distilled: 1.0), else 6.0",
-        group="sampling")
+        group="sampling", bound=POSITIVE)
     flow_shift: Optional[float] = config_field(
         None, "Time shift s of the sigma schedule, sigma = s*u / (1 + (s-1)*u); default: the version's scheduler "
-        "config, else the reference's for the version (480p 5.0, 720p 9.0)", group="sampling")
+        "config, else the reference's for the version (480p 5.0, 720p 9.0)", group="sampling", bound=POSITIVE)
     text_max_length: Optional[int] = config_field(
         None, "MLLM text token length (default: what the --checkpoint_path run was trained with, else the pipeline's "
-        "1000)", group="model")
+        "1000)", group="model", bound=TOKENS)
     byt5_max_length: int = config_field(
-        256, "byT5 glyph-stream token length (default: the --checkpoint_path run's)", group="model")
+        256, "byT5 glyph-stream token length (default: the --checkpoint_path run's)", group="model", bound=TOKENS)
     vision_num_semantic_tokens: int = config_field(
         729, "Image-embedding tokens fed to the transformer (zeros, t2v; default: the --checkpoint_path run's)",
-        group="model")
+        group="model", bound=TOKENS)
     # ---------------------------------------------------------------- output
     output_path: Optional[str] = config_field(
         None, "A .mp4 path: one video is written there, several to the folder of that path without .mp4; an "
@@ -135,13 +136,16 @@ class GenerateConfig:
         group="speed and memory")
     no_cache_block_id: str = config_field(
         "53", "Blocks (comma-separated) always computed in full with --enable_cache", group="speed and memory")
-    cache_start_step: int = config_field(11, "First denoising step that may reuse the cache", group="speed and memory")
+    cache_start_step: int = config_field(
+        11, "First denoising step that may reuse the cache", group="speed and memory", bound=NON_NEGATIVE)
     cache_end_step: int = config_field(
-        45, "Denoising step from which every step is computed in full again", group="speed and memory")
+        45, "Denoising step from which every step is computed in full again", group="speed and memory",
+        bound=NON_NEGATIVE)
     total_steps: int = config_field(
-        50, "Cache schedule length", no_effect="the TaylorSeer cache counts steps itself", group="speed and memory")
+        50, "Cache schedule length", no_effect="the TaylorSeer cache counts steps itself", group="speed and memory",
+        bound="no effect (the TaylorSeer cache counts steps itself)")
     cache_step_interval: int = config_field(
-        4, "Steps between full computations while caching", group="speed and memory")
+        4, "Steps between full computations while caching", group="speed and memory", bound=AT_LEAST_1)
     # ---------------------------------------------------------------- accepted for compatibility
     sr: bool = config_field(
         True, "Super-resolution pipeline", no_effect=_NOT_IMPLEMENTED, group="reference flags without effect")

@@ -87,6 +87,7 @@ def config_field(
     defines_run: bool = False,
     on_card: bool = False,
     group: Optional[str] = None,
+    bound: Any = None,
 ) -> Any:
     """Declare a config field, with what it is besides its value (read by :mod:`sage_grpo.config.sections`).
 
@@ -94,10 +95,11 @@ def config_field(
     ``aliases``: extra command-line spellings (``--video_length`` for ``--validate_video_length``).
     ``defines_run``: a resume refuses to change it (the continued run would be another experiment).
     ``on_card``: an exported model's card records it. ``group``: the ``--help`` group of an option of a flat
-    configuration (a sectioned one's group is its section).
+    configuration (a sectioned one's group is its section). ``bound``: a number's range
+    (:class:`~sage_grpo.config.bounds.Bound`), or why it has none of its own (every numeric option declares one).
     """
     metadata = {"help": help, "choices": choices, "nargs": nargs, "aliases": tuple(aliases), "no_effect": no_effect,
-                "defines_run": defines_run, "on_card": on_card, "group": group}
+                "defines_run": defines_run, "on_card": on_card, "group": group, "bound": bound}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

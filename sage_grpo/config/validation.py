@@ -10,7 +10,7 @@ import math
 import re
 from typing import Dict, List, Optional, Tuple
 
-from sage_grpo.config.bounds import MAX_TOKENS, TRAIN_BOUNDS, Bound, Entry
+from sage_grpo.config.bounds import MAX_TOKENS, Bound
 from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.config.sections import flat_items, option_fields
 from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
@@ -156,12 +156,12 @@ def check_seeds(config) -> None:
                           "see --help for the default")
 
 
-def check_bounds(config, table: Dict[str, Entry]) -> None:
-    """Every option of ``config`` that ``table`` bounds (:mod:`sage_grpo.config.bounds`) is inside its bound; a list
+def check_bounds(config) -> None:
+    """Every option of ``config`` is inside the bound its field declares (:mod:`sage_grpo.config.bounds`); a list
     option item by item, an unset (None) one not at all."""
-    for field in dataclasses.fields(config):
-        bound = table.get(field.name)
-        value = getattr(config, field.name)
+    values = dict(flat_items(config))
+    for _, field in option_fields(type(config)):
+        bound, value = field.metadata.get("bound"), values[field.name]
         if not isinstance(bound, Bound) or value is None:
             continue
         for item in value if isinstance(value, list) else [value]:
@@ -197,18 +197,18 @@ def validate_train_config(cfg: TrainConfig, world_size: int = 1,
     return notes
 
 
-def check_numbers(config, table: Dict[str, Entry]) -> None:
-    """Every number of ``config`` alone: finite, seeds in range, inside its bound of ``table``."""
+def check_numbers(config) -> None:
+    """Every number of ``config`` alone: finite, seeds in range, inside its declared bound."""
     check_finite_options(config)
     check_seeds(config)
-    check_bounds(config, table)
+    check_bounds(config)
 
 
 def check_option_values(cfg: TrainConfig) -> List[str]:
     """The rules of :func:`validate_train_config` that do not depend on the launch (world size, heads): what a
     checkpoint's recorded ``config.yaml`` is checked against too. Returns notes."""
     notes: List[str] = []
-    check_numbers(cfg, TRAIN_BOUNDS)
+    check_numbers(cfg)
     if cfg.post_train_type != "grpo":
         _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
               "'standard' path crashes)", "use --post_train_type grpo")

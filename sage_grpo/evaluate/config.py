@@ -9,6 +9,7 @@ is the reference's). Every (checkpoint, prompt, seed) is sampled with the same s
 from dataclasses import dataclass
 from typing import List, Optional
 
+from sage_grpo.config.bounds import AT_LEAST_1, POSITIVE, SEED, TOKENS, Bound
 from sage_grpo.config.schema import config_field
 from sage_grpo.config.train import ATTENTION_BACKENDS, DEFAULT_CLIP_MODEL, PICKSCORE_MODEL, PICKSCORE_PROCESSOR
 
@@ -32,7 +33,7 @@ class EvaluateConfig:
     prompts: Optional[str] = config_field(
         None, "CSV with a 'prompt' column (its seed column is not used: --seeds)", group="what to evaluate")
     seeds: List[int] = config_field(
-        [0, 1], "Seeds: every prompt is sampled once per seed", nargs="+", group="what to evaluate")
+        [0, 1], "Seeds: every prompt is sampled once per seed", nargs="+", group="what to evaluate", bound=SEED)
     metrics: str = config_field(
         DEFAULT_METRICS, "Comma-separated: videoalign (VQ, MQ, TA, Overall), clipscore, pickscore, or any reward "
         "name the project knows (brightness, target_color, toy_red, ..., a @reward_plugin dotted path)",
@@ -54,23 +55,24 @@ class EvaluateConfig:
         PICKSCORE_PROCESSOR, "PickScore's processor (folder or name)", group="scorer models")
     # ---------------------------------------------------------------- sampling (generate.py's meanings)
     num_inference_steps: int = config_field(
-        PAPER_SAMPLING_STEPS, "Euler (ODE) denoising steps (paper: 40)", group="sampling")
+        PAPER_SAMPLING_STEPS, "Euler (ODE) denoising steps (paper: 40)", group="sampling", bound=AT_LEAST_1)
     resolution: str = config_field("480p", "Transformer version <resolution>_t2v and the video size",
                                    choices=("480p", "720p"), group="sampling")
     model_version: Optional[str] = config_field(
         None, "Transformer version folder (default <resolution>_t2v)", group="sampling")
-    video_length: int = config_field(121, "Frames per video (1 + a multiple of 4)", group="sampling")
+    video_length: int = config_field(121, "Frames per video (1 + a multiple of 4)", group="sampling", bound=AT_LEAST_1)
     aspect_ratio: str = config_field("16:9", "Width:height when --fixed_size is not given", group="sampling")
     fixed_size: Optional[str] = config_field(None, "HEIGHTxWIDTH of the videos, e.g. 480x848", group="sampling")
     guidance_scale: Optional[float] = config_field(
-        None, "CFG scale (default: the version's guider config, else 6)", group="sampling")
+        None, "CFG scale (default: the version's guider config, else 6)", group="sampling", bound=POSITIVE)
     flow_shift: Optional[float] = config_field(
-        None, "Sigma shift (default: the version's scheduler config)", group="sampling")
+        None, "Sigma shift (default: the version's scheduler config)", group="sampling", bound=POSITIVE)
     negative_prompt: str = config_field("", "Negative prompt of classifier-free guidance", group="sampling")
     text_max_length: Optional[int] = config_field(
-        None, "MLLM text token length (generate.py's --text_max_length)", group="sampling")
-    byt5_max_length: int = config_field(256, "byT5 token length", group="sampling")
-    vision_num_semantic_tokens: int = config_field(729, "Image-embedding tokens (zeros, t2v)", group="sampling")
+        None, "MLLM text token length (generate.py's --text_max_length)", group="sampling", bound=TOKENS)
+    byt5_max_length: int = config_field(256, "byT5 token length", group="sampling", bound=TOKENS)
+    vision_num_semantic_tokens: int = config_field(
+        729, "Image-embedding tokens (zeros, t2v)", group="sampling", bound=TOKENS)
     dtype: str = config_field("bf16", "Dtype the video model runs in (the scorers run in fp32)",
                               choices=("bf16", "fp32"), group="sampling")
     attention_backend: str = config_field(
@@ -81,5 +83,6 @@ class EvaluateConfig:
         None, "Torch device (default: this rank's CUDA device, else cpu)", group="sampling")
     # ---------------------------------------------------------------- pictures
     picture_frames: int = config_field(
-        4, "Frames per row of the side-by-side pictures (evenly spaced)", group="pictures")
-    picture_height: int = config_field(128, "Frame height in the side-by-side pictures, in pixels", group="pictures")
+        4, "Frames per row of the side-by-side pictures (evenly spaced)", group="pictures", bound=AT_LEAST_1)
+    picture_height: int = config_field(
+        128, "Frame height in the side-by-side pictures, in pixels", group="pictures", bound=Bound(8, fix="use 128"))

@@ -16,7 +16,6 @@ from typing import Dict, List, Optional, Tuple
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import shorten
-from sage_grpo.config.bounds import EVALUATE_BOUNDS
 from sage_grpo.config.sections import fields_by_name, flat_items
 from sage_grpo.config.validation import check_bounds, check_finite_options, check_seeds
 from sage_grpo.data import read_prompt_csvs
@@ -130,7 +129,7 @@ def plan_evaluation(config: EvaluateConfig, device: Optional[str] = None) -> Eva
     """Validate everything; raises ValueError / FileNotFoundError with a one-line message. Loads no model."""
     check_finite_options(config)
     check_seeds(config)  # every seed, not only the first one the generation plan below is made with
-    check_bounds(config, EVALUATE_BOUNDS)  # every number in its range, before any file is read
+    check_bounds(config)  # every number in its range, before any file is read
     checkpoints = parse_checkpoints(config.checkpoints)
     if not config.prompts:
         raise ValueError("--prompts is required: a CSV with a 'prompt' column")

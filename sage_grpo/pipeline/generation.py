@@ -63,7 +63,6 @@ import torch
 
 from sage_grpo.config.generate import DEFAULT_GUIDANCE_SCALE, GenerateConfig
 from sage_grpo.config.schema import is_explicit, shorten
-from sage_grpo.config.bounds import GENERATE_BOUNDS
 from sage_grpo.config.validation import check_bounds, check_finite_options, check_seeds, parse_size
 from sage_grpo.data import check_image, read_prompt_csvs
 from sage_grpo.dtypes import DTYPES
@@ -230,7 +229,7 @@ def plan_generation(config: GenerateConfig) -> GenerationPlan:
     check_finite_options(config)  # --flow_shift nan rendered black frames; --guidance_scale nan turned CFG off
     check_seeds(config)
     config, recorded_notes = apply_recorded_settings(config)  # the checkpoint's file, checked like the flags
-    check_bounds(config, GENERATE_BOUNDS)  # every number in its range: the flags' and the recorded ones
+    check_bounds(config)  # every number in its range: the flags' and the recorded ones
     if config.resolution not in ("480p", "720p"):
         raise ValueError(f"--resolution must be 480p or 720p, got {config.resolution!r}")
     if config.dtype not in DTYPES:

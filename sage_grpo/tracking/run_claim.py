@@ -16,7 +16,6 @@ writes in it (:meth:`RunDirPlan.take`).
   (:mod:`sage_grpo.tracking.branches`).
 """
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -26,6 +25,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from sage_grpo.checkpoint_layout import list_checkpoints
 from sage_grpo.config.schema import config_file
+from sage_grpo.config.sections import flat_items
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.distributed.rollout_sync import run_on_main
 from sage_grpo.tracking.branches import later_parts, move_branch_aside
@@ -59,12 +59,12 @@ def config_inputs(cfg: Any, images: Iterable[str] = ()) -> Dict[str, Path]:
     source = config_file(cfg)
     if source:
         found[f"--config {source}"] = Path(source)
-    for field in dataclasses.fields(cfg):
-        if field.name == "output_dir":
+    for name, value in flat_items(cfg):
+        if name == "output_dir":
             continue
-        for text in _texts(getattr(cfg, field.name)):
+        for text in _texts(value):
             if text and os.path.lexists(os.path.expanduser(text)):
-                found[f"--{field.name} {text}"] = Path(text).expanduser()
+                found[f"--{name} {text}"] = Path(text).expanduser()
     for image in sorted(set(images) - {""}):
         found[f"the reference image {image}"] = Path(image)
     return found

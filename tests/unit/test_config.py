@@ -125,10 +125,7 @@ def test_invalid_choice_is_an_error():
 
 
 def _cfg(**overrides):
-    cfg = TrainConfig.of(sp_size=1)
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
-    return cfg
+    return TrainConfig.of(**{"sp_size": 1, **overrides})
 
 
 def test_group_layout_cases():

@@ -41,7 +41,7 @@ def test_beta_zero_loads_no_reference_model(tiny_root):
     from sage_grpo.models.bundle import build_models, resolve_device
     from sage_grpo.plan.memory import placement_of
 
-    cfg = TrainConfig(pretrained_model_root=str(tiny_root), dtype="fp32", device="cpu", kl_weight=1e-3, kl_coef=0.0,
+    cfg = TrainConfig.of(pretrained_model_root=str(tiny_root), dtype="fp32", device="cpu", kl_weight=1e-3, kl_coef=0.0,
                       kl_min_coef=0.0, enable_gradient_checkpointing=False,
                       vision_num_semantic_tokens=TINY_IMAGE_TOKENS, text_max_length=TINY_TEXT.max_length,
                       byt5_max_length=TINY_TEXT.max_length_2)

@@ -1,8 +1,7 @@
 """Every number a user gives is checked before anything loads, in one line naming it and a valid alternative: the
-options of post_train.py, generate.py and the evaluation (one table of bounds, sage_grpo/config/bounds.py), the reward
+options of post_train.py, generate.py and the evaluation (each declares its bound, sage_grpo/config/bounds.py), the reward
 weights, the group size and the accumulation against the run's length. In-process calls of the commands' mains."""
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -14,14 +13,20 @@ import sage_grpo.trainer as trainer_module
 from sage_grpo.cli import generate as generate_cli
 from sage_grpo.cli import train as train_cli
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli
-from sage_grpo.config.bounds import EVALUATE_BOUNDS, GENERATE_BOUNDS, TRAIN_BOUNDS, Bound
+from sage_grpo.config.bounds import Bound
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import from_dict, load_yaml
+from sage_grpo.config.sections import option_fields
 from sage_grpo.config.validation import check_bounds, check_option_values, validate_train_config
 from sage_grpo.evaluate import main as evaluate_main
 from sage_grpo.evaluate.config import EvaluateConfig
 
-TABLES = ((TrainConfig, TRAIN_BOUNDS), (GenerateConfig, GENERATE_BOUNDS), (EvaluateConfig, EVALUATE_BOUNDS))
+CONFIGS = (TrainConfig, GenerateConfig, EvaluateConfig)
+
+
+def declared_bounds(cls) -> dict:
+    """Option name -> the bound its field declares (a Bound, a reason, or None when it declares none)."""
+    return {field.name: field.metadata.get("bound") for _, field in option_fields(cls)}
 TINY_VIDEO = ["--fixed_size", "16x16", "--video_length", "5", "--num_inference_steps", "1", "--dtype", "fp32"]
 
 
@@ -95,26 +100,26 @@ def test_an_accumulation_longer_than_the_run_is_refused(tiny_root, tmp_path, cap
 
 def test_the_accumulation_counts_rollout_batches_not_samples():
     """One rollout batch (any --batch_size) is one accumulation unit: max_steps x num_inner_epochs of them."""
-    check_option_values(TrainConfig(max_steps=3, gradient_accumulation_steps=3, batch_size=8, num_generations=4))
-    check_option_values(TrainConfig(max_steps=2, num_inner_epochs=2, gradient_accumulation_steps=4))
+    check_option_values(TrainConfig.of(max_steps=3, gradient_accumulation_steps=3, batch_size=8, num_generations=4))
+    check_option_values(TrainConfig.of(max_steps=2, num_inner_epochs=2, gradient_accumulation_steps=4))
     with pytest.raises(ConfigError, match="no-optimizer-update"):  # any schedule, constant included
-        check_option_values(TrainConfig(max_steps=3, gradient_accumulation_steps=4, lr_scheduler="constant"))
+        check_option_values(TrainConfig.of(max_steps=3, gradient_accumulation_steps=4, lr_scheduler="constant"))
 
 
 # ---------------------------------------------------------------- every numeric option has a bound or a reason
 
 def _numeric(cls) -> list:
-    return [f.name for f in dataclasses.fields(cls) if re.search(r"\b(int|float)\b", str(f.type))]
+    return [f.name for _, f in option_fields(cls) if re.search(r"\b(int|float)\b", str(f.type))]
 
 
-@pytest.mark.parametrize("cls,table", TABLES, ids=lambda x: getattr(x, "__name__", ""))
-def test_every_numeric_option_has_an_entry(cls, table):
-    numeric = _numeric(cls)
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda x: x.__name__)
+def test_every_numeric_option_declares_its_bound(cls):
+    numeric, declared = _numeric(cls), declared_bounds(cls)
     assert len(numeric) >= {TrainConfig: 70, GenerateConfig: 10, EvaluateConfig: 9}[cls]
-    assert sorted(set(numeric) - set(table)) == []  # a new number goes into the table, bounded or with its reason
-    assert sorted(set(table) - set(numeric)) == []
-    for name, entry in table.items():
+    for name in numeric:  # a new number declares its bound with its field, or the reason it has none
+        entry = declared[name]
         assert isinstance(entry, Bound) or (isinstance(entry, str) and len(entry) > 10), name
+    assert [name for name, entry in declared.items() if entry is not None and name not in numeric] == []
 
 
 def _outside(bound: Bound, is_int: bool) -> list:
@@ -129,20 +134,20 @@ def _outside(bound: Bound, is_int: bool) -> list:
 
 
 def _cases():
-    for cls, table in TABLES:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        for name, bound in table.items():
+    for cls in CONFIGS:
+        fields = {f.name: f for _, f in option_fields(cls)}
+        for name, bound in declared_bounds(cls).items():
             if isinstance(bound, Bound):
                 for value in _outside(bound, "int" in str(fields[name].type)):
-                    yield pytest.param(cls, table, name, value, id=f"{cls.__name__}.{name}={value}")
+                    yield pytest.param(cls, name, value, id=f"{cls.__name__}.{name}={value}")
 
 
-@pytest.mark.parametrize("cls,table,name,value", list(_cases()))
-def test_a_value_outside_its_bound_is_one_line_naming_it(cls, table, name, value):
+@pytest.mark.parametrize("cls,name,value", list(_cases()))
+def test_a_value_outside_its_bound_is_one_line_naming_it(cls, name, value):
     """Through the options' parser (a flag and a YAML key alike), then the check every command runs first."""
-    bound = table[name]
+    bound = declared_bounds(cls)[name]
     config = from_dict(cls, {name: str(value)})
-    check = (lambda c: check_option_values(c)) if cls is TrainConfig else (lambda c: check_bounds(c, table))
+    check = (lambda c: check_option_values(c)) if cls is TrainConfig else check_bounds
     with pytest.raises(ConfigError) as refused:
         check(config)
     message = str(refused.value)
@@ -150,9 +155,9 @@ def test_a_value_outside_its_bound_is_one_line_naming_it(cls, table, name, value
     assert "Fix: " in message
 
 
-@pytest.mark.parametrize("cls,table", TABLES, ids=lambda x: getattr(x, "__name__", ""))
-def test_the_defaults_are_inside_every_bound(cls, table):
-    check_bounds(cls(), table)
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda x: x.__name__)
+def test_the_defaults_are_inside_every_bound(cls):
+    check_bounds(cls())
 
 
 def test_the_reference_launch_and_the_shipped_configs_pass():

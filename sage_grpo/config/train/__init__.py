@@ -13,7 +13,7 @@ handed the sections it uses.
 from dataclasses import dataclass, field
 from typing import Tuple
 
-from sage_grpo.config.sections import build, names_where, with_values
+from sage_grpo.config.sections import build, names_where, owners, with_values
 
 from sage_grpo.config.train.model import (ATTENTION_BACKENDS, MIXED_LENGTH_ATTENTION, LoRAConfig, ModelConfig,
                                           ParallelConfig, ThroughputConfig)
@@ -55,9 +55,15 @@ class TrainConfig:
         """A copy with ``options`` (flat names) changed in their sections."""
         return with_values(self, **options)
 
-    def __getattr__(self, name: str):  # MIGRATION ONLY: flat reads while the call sites move to sections
-        from sage_grpo.config.sections import owners
+    def __setattr__(self, name: str, value) -> None:
+        """An option is set in its section (``cfg.rollout.eta = 0.3``); setting it here would only add an attribute
+        nothing reads."""
+        if name in owners(TrainConfig):
+            raise AttributeError(f"TrainConfig.{name}: options live in sections; set cfg.{owners(TrainConfig)[name]}"
+                                 f".{name}, or use cfg.replace({name}=...)")
+        object.__setattr__(self, name, value)
 
+    def __getattr__(self, name: str):  # MIGRATION ONLY: flat reads while the call sites move to sections
         owner = owners(TrainConfig).get(name)
         if owner is None or name.startswith("__"):
             raise AttributeError(name)

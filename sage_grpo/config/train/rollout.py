@@ -4,6 +4,7 @@ SDE, the reward."""
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from sage_grpo.config.bounds import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SEED, Bound
 from sage_grpo.config.schema import config_field
 from sage_grpo.config.sections import section
 
@@ -28,11 +29,16 @@ class DataConfig:
     train_video_csv: Optional[List[str]] = config_field(
         None, "Prompt CSV file(s) with a 'prompt' column (optional index, seed, ref_image_path); "
         "default assets/demo_train.csv", nargs="+")
-    batch_size: int = config_field(2, "Prompts (rollout videos) per data-parallel rank per step", on_card=True)
+    batch_size: int = config_field(
+        2, "Prompts (rollout videos) per data-parallel rank per step", on_card=True, bound=AT_LEAST_1)
     num_generations: int = config_field(
-        4, "GRPO group size G: videos per prompt, across all ranks", defines_run=True, on_card=True)
+        4, "GRPO group size G: videos per prompt, across all ranks", defines_run=True, on_card=True,
+        bound=Bound(2, rule="group-size", why=": GRPO needs groups of at least 2 videos of a prompt (a group "
+                             "of one has advantage 0 for every sample: nothing is learnt)",
+                             fix="use --num_generations 4 (the reference's)"))
     seed: int = config_field(
-        42, "Base seed: data order, shuffles and per-rank RNG (seed + dp_rank)", defines_run=True, on_card=True)
+        42, "Base seed: data order, shuffles and per-rank RNG (seed + dp_rank)", defines_run=True, on_card=True,
+        bound=SEED)
 
 
 @section("rollout and SDE", "sampling the rollout videos: the SDE, its schedule, guidance and video size")
@@ -40,32 +46,39 @@ class DataConfig:
 class RolloutConfig:
     sde_type: str = config_field(
         "sage_grpo", "SDE used for rollouts and log-probs", choices=SDE_TYPES, defines_run=True, on_card=True)
-    eta: float = config_field(0.5, "SDE noise level eta", defines_run=True, on_card=True)
+    eta: float = config_field(
+        0.5, "SDE noise level eta", defines_run=True, on_card=True,
+        bound=Bound(0, low_open=True, rule="eta-positive", why=" (0 is a zero-noise SDE with no log-probability)",
+                 fix="use --eta 0.5 (the reference's value)"))
     grpo_sampling_steps: int = config_field(
-        20, "Rollout denoising steps; every one is an SDE step and a trained step", defines_run=True, on_card=True)
+        20, "Rollout denoising steps; every one is an SDE step and a trained step", defines_run=True, on_card=True,
+        bound=Bound(1, rule="sampling-steps", fix="use 20"))
     infer_flow_shift_video: float = config_field(
-        5.0, "Flow shift of the rollout sigma schedule", defines_run=True, on_card=True)
+        5.0, "Flow shift of the rollout sigma schedule", defines_run=True, on_card=True, bound=POSITIVE)
     cfg_scale: float = config_field(
         6.0, "Classifier-free guidance scale s in rollouts, training and validation; s <= 1: no guidance (conditional "
         "velocity). Unset: the version's guider config (cfg-distilled: 1.0) when the model root has one, else 6.0",
-        defines_run=True, on_card=True)
+        defines_run=True, on_card=True, bound=POSITIVE)
     neg_prompt: str = config_field("", "Negative prompt for CFG", defines_run=True)
-    sample_n_frames: int = config_field(81, "Frames per rollout video", defines_run=True)
+    sample_n_frames: int = config_field(81, "Frames per rollout video", defines_run=True, bound=AT_LEAST_1)
     video_bucket_hw_base_size: int = config_field(
-        480, "Rollout resolution bucket", choices=tuple(RESOLUTION_BUCKETS), defines_run=True)
+        480, "Rollout resolution bucket", choices=tuple(RESOLUTION_BUCKETS), defines_run=True,
+        bound="its choices (the resolution buckets)")
     rollout_height: Optional[int] = config_field(
-        None, "Rollout height override (default: from the bucket)", defines_run=True)
+        None, "Rollout height override (default: from the bucket)", defines_run=True, bound=AT_LEAST_1)
     rollout_width: Optional[int] = config_field(
-        None, "Rollout width override (default: from the bucket)", defines_run=True)
-    video_fps: int = config_field(24, "Frame rate of saved videos and of reward frame sampling")
+        None, "Rollout width override (default: from the bucket)", defines_run=True, bound=AT_LEAST_1)
+    video_fps: int = config_field(24, "Frame rate of saved videos and of reward frame sampling", bound=AT_LEAST_1)
     use_same_noise: bool = config_field(
         False, "All members of a group start from the same initial noise", defines_run=True)
     sde_window_size: int = config_field(
         0, "Train only a window of this many consecutive denoising steps (SDE steps; ODE steps elsewhere, not "
-        "trained); 0: off, every step SDE and trained (the reference)", defines_run=True)
+        "trained); 0: off, every step SDE and trained (the reference)", defines_run=True,
+        bound="the sde-window rule: in [0, --grpo_sampling_steps]")
     sde_window_stride: int = config_field(
         1, "Optimizer updates between two one-step moves of the --sde_window_size window (wrapping to step 0 after "
-        "the last position); 0: the window stays on the first steps", defines_run=True)
+        "the last position); 0: the window stays on the first steps", defines_run=True,
+        bound="the sde-window rule: >= 0")
 
 
 @section("reward", "the reward model, its weights and the remote reward server")
@@ -86,27 +99,27 @@ class RewardConfig:
         defines_run=True)
     reward_checkpoint_mode: str = config_field(
         "v3", "Key-remapping mode for the VideoReward state dict", choices=("v1", "v2", "v3"), defines_run=True)
-    reward_batch_size: int = config_field(4, "Videos per reward-model forward")
+    reward_batch_size: int = config_field(4, "Videos per reward-model forward", bound=AT_LEAST_1)
     reward_from_mp4: bool = config_field(False, "Score the saved mp4 files (strict reference parity) instead of tensors")
     videoalign_fps: Optional[float] = config_field(
         None, "Frames per second of video VideoAlign sees (default: the checkpoint's data_config.fps)",
-        defines_run=True)
+        defines_run=True, bound=POSITIVE)
     videoalign_num_frames: Optional[int] = config_field(
         None, "Fixed frame count VideoAlign sees instead of a rate; excludes --videoalign_fps (default: the "
-        "checkpoint's data_config)", defines_run=True)
+        "checkpoint's data_config)", defines_run=True, bound=AT_LEAST_1)
     videoalign_max_pixels: Optional[int] = config_field(
         None, "Pixel budget (H x W) of each frame VideoAlign sees (default: the checkpoint's "
-        "data_config.max_frame_pixels)", defines_run=True)
+        "data_config.max_frame_pixels)", defines_run=True, bound=AT_LEAST_1)
     remote_reward_url: Optional[str] = config_field(
         None, "Score --reward_model on a reward server (scripts/reward_server.py), e.g. http://host:8765; unset: "
         "locally")
     remote_reward_retries: int = config_field(
         3, "Retries of a remote reward request after a connection error, timeout or 5xx (backoff 0.5 s, doubling); "
-        "then its samples score NaN")
-    remote_reward_timeout: float = config_field(600.0, "Seconds one remote reward request may take")
+        "then its samples score NaN", bound=NON_NEGATIVE)
+    remote_reward_timeout: float = config_field(600.0, "Seconds one remote reward request may take", bound=POSITIVE)
     max_failed_reward_steps: int = config_field(
         3, "Stop after this many consecutive steps that trained on nothing: the reward failed on every sample, or "
-        "the loss was not finite so the update was skipped (0: never stop)")
+        "the loss was not finite so the update was skipped (0: never stop)", bound=NON_NEGATIVE)
     extra_rewards: Optional[Dict[str, Any]] = config_field(
         None, "Further reward models summed into avg with --reward_model: name=weight words (a bare name: 1.0), or a "
         "mapping name -> weight or -> {weight, sub_reward, kwargs} (YAML, or JSON on the command line), e.g. "
