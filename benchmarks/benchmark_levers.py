@@ -116,7 +116,7 @@ def main(argv=None) -> None:
             trainers = {}
             for name, flags in (("off", off), ("on", on)):
                 base = parse_cli(TrainConfig, trainer_flags(args, root, Path(tmp) / name) + extra)
-                steps = args.group or base.grpo_sampling_steps
+                steps = args.group or base.rollout.grpo_sampling_steps
                 cfg = parse_cli(TrainConfig, trainer_flags(args, root, Path(tmp) / name) + extra
                                 + [flag.format(group=steps) for flag in flags])
                 trainers[name] = GRPOTrainer(cfg)
@@ -131,10 +131,10 @@ def main(argv=None) -> None:
                 server.kill()
                 server.wait()
     cfg = trainers["on"].cfg
-    print(f"config {args.config} ({geometry.name} geometry, random weights): batch {cfg.batch_size}, "
-          f"{cfg.grpo_sampling_steps} SDE steps, mini-batch {cfg.mini_batch_size_per_update}, CFG {cfg.cfg_scale}, "
-          f"reward {cfg.reward_model}{' (remote)' if cfg.remote_reward_url else ''}, {args.threads} torch thread(s), "
-          f"lever {args.lever}: off {' '.join(off)}, on {' '.join(flag.format(group=cfg.replay_group_size) for flag in on)}")
+    print(f"config {args.config} ({geometry.name} geometry, random weights): batch {cfg.data.batch_size}, "
+          f"{cfg.rollout.grpo_sampling_steps} SDE steps, mini-batch {cfg.parallel.mini_batch_size_per_update}, CFG {cfg.rollout.cfg_scale}, "
+          f"reward {cfg.reward.reward_model}{' (remote)' if cfg.reward.remote_reward_url else ''}, {args.threads} torch thread(s), "
+          f"lever {args.lever}: off {' '.join(off)}, on {' '.join(flag.format(group=cfg.throughput.replay_group_size) for flag in on)}")
     medians = {}
     for name, rows in times.items():
         measured = rows[args.warmup:]

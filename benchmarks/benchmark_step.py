@@ -218,9 +218,9 @@ def main(argv=None) -> None:
     peaks = memory.phase_gib(setup.warmup)
     total = sum(phases.values())
     print(setup.describe())
-    print(f"trainer: batch {cfg.batch_size} x {cfg.num_generations} generations, {cfg.grpo_sampling_steps} SDE "
-          f"steps, {cfg.sample_n_frames}x{cfg.rollout_height}x{cfg.rollout_width} videos, reward "
-          f"{cfg.reward_model}; {len(rows)} steps in {wall:.2f} s, the first {setup.warmup} left out")
+    print(f"trainer: batch {cfg.data.batch_size} x {cfg.data.num_generations} generations, {cfg.rollout.grpo_sampling_steps} SDE "
+          f"steps, {cfg.rollout.sample_n_frames}x{cfg.rollout.rollout_height}x{cfg.rollout.rollout_width} videos, reward "
+          f"{cfg.reward.reward_model}; {len(rows)} steps in {wall:.2f} s, the first {setup.warmup} left out")
     print(planned_params)
     for name, seconds in phases.items():
         print(f"{name}: {seconds:.4f} s, {100 * seconds / total:.1f}% of the step")

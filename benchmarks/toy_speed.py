@@ -106,7 +106,7 @@ def run_arm(name: str, seed: int, args) -> Dict:
                       "rows": [c.rows for c in counters], "reward": metrics[REWARD_KEY]})
         rewards = [s["reward"] for s in steps[-WINDOW:]]
         if len(rewards) == WINDOW and statistics.fmean(rewards) >= args.target:
-            trainer.cfg.max_steps = trainer.global_step + 1  # this is the last step
+            trainer.cfg.optim.max_steps = trainer.global_step + 1  # this is the last step
         return metrics
 
     trainer.train_step = timed_step
@@ -127,7 +127,7 @@ def run_arm(name: str, seed: int, args) -> Dict:
         last = steps[reached - 1]
         result.update(wall=last["cum_wall"], cpu=last["cum_cpu"], flops=last["cum_flops"],
                       manifold_error=statistics.fmean(r[key] for r in rows[reached - WINDOW:reached]) if key else None)
-    out = Path(cfg.output_dir) / "speed.json"
+    out = Path(cfg.output.output_dir) / "speed.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"{name} seed {seed}: reached {args.target} at step {reached}, "
           f"cpu {result.get('cpu', float('nan')):.0f} s, wall {result.get('wall', float('nan')):.0f} s", flush=True)

@@ -13,7 +13,7 @@ _COMPUTE_DTYPE_ATTR = "_sage_compute_dtype"
 def autocast_dtype_of(cfg) -> Optional[torch.dtype]:
     """The transformer's compute dtype under autocast for a run configured by ``cfg`` (its ``--dtype``): bf16 with
     ``--dtype bf16`` (fp32 master weights), else none."""
-    return torch.bfloat16 if cfg.dtype == "bf16" else None
+    return torch.bfloat16 if cfg.model.dtype == "bf16" else None
 
 
 def set_compute_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -68,7 +68,7 @@ def config_differences(saved: Dict[str, Any], cfg: TrainConfig) -> Dict[str, Tup
     from sage_grpo.optim.optimizers import DECAYING_SCHEDULES
 
     now = to_dict(cfg)
-    keys = RUN_DEFINING + (("max_steps",) if cfg.lr_scheduler in DECAYING_SCHEDULES else ())
+    keys = RUN_DEFINING + (("max_steps",) if cfg.optim.lr_scheduler in DECAYING_SCHEDULES else ())
     return {key: (saved.get(key), now[key]) for key in keys if key in saved and saved[key] != now[key]}
 
 
@@ -209,8 +209,8 @@ def layout_record(cfg: TrainConfig, world_size: int, dp_size: int, sp_size: int,
     the videos per step matter to the run (DCP reshards the weights to any layout, and every sample's randomness
     depends on its index in the step's global batch)."""
     return {"world_size": world_size, "dp_size": dp_size, "sp_size": sp_size,
-            "videos_per_step": cfg.batch_size * dp_size,
-            "model_root": model_fingerprint(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version),
+            "videos_per_step": cfg.data.batch_size * dp_size,
+            "model_root": model_fingerprint(Path(cfg.model.pretrained_model_root), cfg.model.pretrained_transformer_version),
             **({"prompts": prompts_record(prompts)} if prompts is not None else {})}
 
 
@@ -220,12 +220,12 @@ def model_root_difference(saved_root: Any, layout: Optional[dict], cfg: TrainCon
     saved = (layout or {}).get("model_root")
     if not isinstance(saved, dict):
         return {}
-    now = model_fingerprint(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
+    now = model_fingerprint(Path(cfg.model.pretrained_model_root), cfg.model.pretrained_transformer_version)
     changed = sorted(name for name in set(saved) | set(now) if saved.get(name) != now.get(name))
     if not changed:
         return {}
     key = f"model root --pretrained_model_root (differs in {', '.join(changed)})"
-    return {key: (saved_root, cfg.pretrained_model_root)}
+    return {key: (saved_root, cfg.model.pretrained_model_root)}
 
 
 def prompts_difference(saved: Optional[Dict[str, Any]], layout: Optional[dict], cfg: TrainConfig,
@@ -239,9 +239,9 @@ def prompts_difference(saved: Optional[Dict[str, Any]], layout: Optional[dict], 
         if now == record:
             return {}
         return {f"prompt data --train_video_csv (other rows: {record['count']} -> {now['count']} prompts)":
-                (saved.get("train_video_csv") if saved else None, cfg.train_video_csv)}
-    if saved is not None and "train_video_csv" in saved and saved["train_video_csv"] != cfg.train_video_csv:
-        return {"train_video_csv": (saved["train_video_csv"], cfg.train_video_csv)}
+                (saved.get("train_video_csv") if saved else None, cfg.data.train_video_csv)}
+    if saved is not None and "train_video_csv" in saved and saved["train_video_csv"] != cfg.data.train_video_csv:
+        return {"train_video_csv": (saved["train_video_csv"], cfg.data.train_video_csv)}
     return {}
 
 
@@ -254,7 +254,7 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
     """Everything about ``--resume_from_checkpoint`` that can be checked without a model (see module docstring);
     ``kl_mode`` says whether this run has a KL reference for a saved moving anchor; ``prompts``: the run's training
     prompts, compared with those the checkpoint recorded."""
-    path = resolve_resume_path(cfg.resume_from_checkpoint, Path(cfg.output_dir))
+    path = resolve_resume_path(cfg.output.resume_from_checkpoint, Path(cfg.output.output_dir))
     sharded = is_sharded_checkpoint(path)
     if distributed and not sharded:
         raise ConfigError(f"{path} was written by a single process (no {DCP_DIR}/); resume it with one process, or "
@@ -284,8 +284,8 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
     else:
         check.differences = config_differences(saved, cfg)
     layout = training.get("layout")
-    if layout is not None and layout["videos_per_step"] != cfg.batch_size * dp_size:
-        check.differences["videos per step (batch_size x dp)"] = (layout["videos_per_step"], cfg.batch_size * dp_size)
+    if layout is not None and layout["videos_per_step"] != cfg.data.batch_size * dp_size:
+        check.differences["videos per step (batch_size x dp)"] = (layout["videos_per_step"], cfg.data.batch_size * dp_size)
     # the KL reference, the VAE and the encoders come from the model root: other weights make another run
     check.differences.update(model_root_difference((saved or {}).get("pretrained_model_root"), layout, cfg))
     check.differences.update(prompts_difference(saved, layout, cfg, prompts))
@@ -296,9 +296,9 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
                            f"the step: step {step + 1} takes its prompts where that step number falls in the new "
                            "prompts' shuffled order (epoch and position), not where the old order had got to")
     if (layout or {}).get("model_root"):
-        check.notes.append(SAMPLED_IDENTITY.format(what=f"the model root {cfg.pretrained_model_root}",
+        check.notes.append(SAMPLED_IDENTITY.format(what=f"the model root {cfg.model.pretrained_model_root}",
                                                    compared=f"compared with {path}'s record"))
-    if check.differences and not cfg.allow_config_change:
+    if check.differences and not cfg.output.allow_config_change:
         lines = "; ".join(f"{describe_setting(key)} {shorten(old)} -> {shorten(new)}"
                           for key, (old, new) in check.differences.items())
         raise ConfigError(f"resuming {path} with settings that define a different run: {lines}. Use the "
@@ -315,11 +315,11 @@ def restarts(cfg: TrainConfig) -> bool:
     from sage_grpo.checkpoint import list_checkpoints
     from sage_grpo.tracking.run_dir import RUN_MARKER
 
-    run_dir = Path(cfg.output_dir)
-    if cfg.resume_from_checkpoint != "auto" or list_checkpoints(run_dir) or not (run_dir / RUN_MARKER).is_file():
+    run_dir = Path(cfg.output.output_dir)
+    if cfg.output.resume_from_checkpoint != "auto" or list_checkpoints(run_dir) or not (run_dir / RUN_MARKER).is_file():
         return False
     differences = config_differences(recorded_values(read_run_config(run_dir / RUN_MARKER)), cfg)
-    if differences and not cfg.allow_config_change:
+    if differences and not cfg.output.allow_config_change:
         lines = "; ".join(f"--{key} {shorten(old)} -> {shorten(new)}" for key, (old, new) in differences.items())
         raise ConfigError(f"--resume_from_checkpoint auto: {run_dir} holds a run without a checkpoint yet, started "
                           f"with settings that define a different run: {lines}. Use its settings ({RUN_MARKER}), a "
@@ -329,9 +329,9 @@ def restarts(cfg: TrainConfig) -> bool:
 
 def run_inputs(cfg: TrainConfig, check: Optional[ResumeCheck]) -> Dict[str, Any]:
     """{flag: path} of what a run reads, which its ``--output_dir`` must lie outside of."""
-    inputs = {"--pretrained_model_root": cfg.pretrained_model_root, "--pretrained_lora_path": cfg.pretrained_lora_path,
+    inputs = {"--pretrained_model_root": cfg.model.pretrained_model_root, "--pretrained_lora_path": cfg.lora.pretrained_lora_path,
               "--resume_from_checkpoint": check.path if check is not None else None}
-    inputs.update({f"--train_video_csv {path}": path for path in cfg.train_video_csv or ()})
+    inputs.update({f"--train_video_csv {path}": path for path in cfg.data.train_video_csv or ()})
     return inputs
 
 

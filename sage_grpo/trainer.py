@@ -138,10 +138,10 @@ class GRPOTrainer:
         for message in variant_warnings if self.dims.is_main else ():
             warnings.warn(message, UserWarning, stacklevel=2)
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
-        self.show_bars = show_progress_bars(self.is_main, cfg.quiet)  # tqdm bars: main process, terminal, no --quiet
-        self.items = read_prompt_csvs(cfg.train_video_csv, notes=self.notes)
+        self.show_bars = show_progress_bars(self.is_main, cfg.output.quiet)  # tqdm bars: main process, terminal, no --quiet
+        self.items = read_prompt_csvs(cfg.data.train_video_csv, notes=self.notes)
         self.validation_items = validation_items(cfg)
-        check_tasks(self.items + self.validation_items, cfg.pretrained_transformer_version,
+        check_tasks(self.items + self.validation_items, cfg.model.pretrained_transformer_version,
                     "--pretrained_transformer_version")
         self._check_i2v_tokens()
         self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
@@ -149,15 +149,15 @@ class GRPOTrainer:
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         check_watched_metrics(self.drift_watch, self.reward_plan.held_out)
         self.notes += self.reward_plan.notes
-        self.report_to = check_report_to(cfg.report_to)  # names; each tracker's package imported here
-        check_model_root(Path(cfg.pretrained_model_root), cfg.pretrained_transformer_version)
+        self.report_to = check_report_to(cfg.output.report_to)  # names; each tracker's package imported here
+        check_model_root(Path(cfg.model.pretrained_model_root), cfg.model.pretrained_transformer_version)
         check_video_sizes(cfg)  # sizes and frame counts, which the first rollout would otherwise be the first to see
         # the backend runs on this device in the compute dtype (bf16 autocast, or --dtype), masked and not
-        check_attention_runs(cfg.attention_backend, resolve_device(cfg),
-                             torch.bfloat16 if cfg.dtype == "bf16" else DTYPES[cfg.dtype])
+        check_attention_runs(cfg.model.attention_backend, resolve_device(cfg),
+                             torch.bfloat16 if cfg.model.dtype == "bf16" else DTYPES[cfg.model.dtype])
         self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed, dp_size=self.dp_size,
                                           prompts=self.items)
-                             if resumes(cfg.resume_from_checkpoint, Path(cfg.output_dir)) else None)
+                             if resumes(cfg.output.resume_from_checkpoint, Path(cfg.output.output_dir)) else None)
         if self.resume_check is not None:
             self.notes += self.resume_check.notes
         self.restart = self.resume_check is None and restarts(cfg)  # auto, before the first checkpoint: from step 0
@@ -166,48 +166,48 @@ class GRPOTrainer:
         try:  # rollout, replay, reference means and validation all sample through these two
             self.sampler = sampler_of(cfg)
         except ValueError as err:
-            raise ConfigError(f"--sde_type {cfg.sde_type} --eta {cfg.eta}: {err}") from None
-        self.validation_sampler = (self.sampler.with_schedule(cfg.validation_num_inference_steps,
+            raise ConfigError(f"--sde_type {cfg.rollout.sde_type} --eta {cfg.rollout.eta}: {err}") from None
+        self.validation_sampler = (self.sampler.with_schedule(cfg.validation.validation_num_inference_steps,
                                                               validation_flow_shift(cfg))
-                                   if cfg.validation_interval > 0 or cfg.validate_at_step0 else None)
-        self.prompt_sampler = GroupedPromptSampler(len(self.items), cfg.batch_size, cfg.num_generations,
-                                                   self.dp_size, self.dp_rank, cfg.seed,
+                                   if cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0 else None)
+        self.prompt_sampler = GroupedPromptSampler(len(self.items), cfg.data.batch_size, cfg.data.num_generations,
+                                                   self.dp_size, self.dp_rank, cfg.data.seed,
                                                    tasks=[item.task for item in self.items])
         try:
-            self.lr_schedule = LRSchedule(cfg.lr_scheduler, cfg.learning_rate, cfg.warmup_steps,
-                                          total_updates=(cfg.max_steps * cfg.num_inner_epochs
-                                                         // cfg.gradient_accumulation_steps),
-                                          num_cycles=cfg.lr_num_cycles, power=cfg.lr_power)
+            self.lr_schedule = LRSchedule(cfg.optim.lr_scheduler, cfg.optim.learning_rate, cfg.optim.warmup_steps,
+                                          total_updates=(cfg.optim.max_steps * cfg.update.num_inner_epochs
+                                                         // cfg.optim.gradient_accumulation_steps),
+                                          num_cycles=cfg.optim.lr_num_cycles, power=cfg.optim.lr_power)
         except ValueError as err:  # e.g. polynomial decay to diffusers' 1e-7 from a smaller learning rate
-            raise ConfigError(f"--lr_scheduler {cfg.lr_scheduler}: {err}") from None
+            raise ConfigError(f"--lr_scheduler {cfg.optim.lr_scheduler}: {err}") from None
 
         self.dims.build_meshes()
-        seed_everything(cfg.seed)  # identical replicas: every rank builds the models under the same seed
+        seed_everything(cfg.data.seed)  # identical replicas: every rank builds the models under the same seed
         self.models: ModelBundle = build_models(cfg, self.kl_mode, placement_of(cfg, resolve_device(cfg)))
         parallelize_models(self.models, self.dims, cfg)
-        seed_everything(cfg.seed + self.dp_rank)
+        seed_everything(cfg.data.seed + self.dp_rank)
         self.device = self.models.device
         self.reward_fn = build_reward(cfg, self.reward_plan, self.device) if self.dims.is_sp_leader else None
         # the held-out validation metrics load on the main process only, and only when asked (--validation_metrics)
         self.held_out = build_held_out_scorers(cfg, self.reward_plan, self.device) if self.is_main else None
-        self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.use_muon,
-                                         lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        self.ema = PolicyEMA(self.models.trainable_state_dict(), cfg.ema_decay) if cfg.ema_decay > 0 else None
+        self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.optim.use_muon,
+                                         lr=cfg.optim.learning_rate, weight_decay=cfg.optim.weight_decay)
+        self.ema = PolicyEMA(self.models.trainable_state_dict(), cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
         # β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward
-        self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef,
+        self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.trust_region.kl_weight, cfg.trust_region.kl_coef, cfg.trust_region.kl_min_coef,
                                                                  device=self.device)
                               if self.kl_mode.uses_reference else None)
-        self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.update_ref_model_step)
-        self.ranks_per_group, _ = group_layout(cfg.batch_size, cfg.num_generations)
+        self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.trust_region.update_ref_model_step)
+        self.ranks_per_group, _ = group_layout(cfg.data.batch_size, cfg.data.num_generations)
         self.rewards = StepRewards(self.reward_fn, self.dims, self.ranks_per_group, self.device,
                                    self.models.placement.async_reward)
-        self.eq_scales = self.sampler.grad_balance_scales() if cfg.use_grad_balancing else None
+        self.eq_scales = self.sampler.grad_balance_scales() if cfg.update.use_grad_balancing else None
         self.reference_sampler = self.sampler.with_micro_batch(self.models.placement.reference_batch_size)
-        self.window = SDEWindow(cfg.sde_window_size, cfg.sde_window_stride, cfg.grpo_sampling_steps)
+        self.window = SDEWindow(cfg.rollout.sde_window_size, cfg.rollout.sde_window_stride, cfg.rollout.grpo_sampling_steps)
         self.num_train_steps = trained_steps_per_sample(cfg)
         self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
                                       self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars,
-                                      window_equalizer=cfg.sde_window_equalizer == "window" and self.window.enabled)
+                                      window_equalizer=cfg.update.sde_window_equalizer == "window" and self.window.enabled)
         self.height, self.width = rollout_size(cfg)
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps that trained on nothing (pipeline/failed_steps.py)
@@ -215,26 +215,26 @@ class GRPOTrainer:
 
         # Models and reward are loaded: only now does the run directory change.
         self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
-        trackers = (start_trackers(self.report_to, self.run_dir, project=cfg.tracker_project_name,
-                                   run_name=cfg.run_name, config=to_dict(cfg),
+        trackers = (start_trackers(self.report_to, self.run_dir, project=cfg.output.tracker_project_name,
+                                   run_name=cfg.output.run_name, config=to_dict(cfg),
                                    resuming=self.resume_check is not None or self.restart)
                     if self.is_main else ())
-        self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.log_interval,
-                                    trackers=trackers, max_steps=cfg.max_steps)
+        self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.output.log_interval,
+                                    trackers=trackers, max_steps=cfg.optim.max_steps)
         self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
         self.validator = self._build_validator()
         self.sentinel = DriftSentinel(self.drift_watch, self.validator, self.logger.info)
         self.checkpoints = CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
-            keep_checkpoints=cfg.keep_checkpoints,
+            keep_checkpoints=cfg.output.keep_checkpoints,
             layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size, self.items),
             config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, ema=self.ema)
         self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device)
                                + [f"note: {note}" for note in self.notes])
         if self.dims.is_distributed:
             self.logger.info(f"{self.dims.world_size} processes: dp {self.dp_size} x sp {self.dims.sp_size}, "
-                             f"FSDP {'on' if cfg.enable_fsdp else 'off'}")
+                             f"FSDP {'on' if cfg.parallel.enable_fsdp else 'off'}")
 
     def _prepare_run_dir(self) -> Path:
         """The run directory, after the earlier run is cleared (``--overwrite_output_dir``); it always ends up with
@@ -248,7 +248,7 @@ class GRPOTrainer:
             self.notes.append(f"--allow_config_change: continuing {check.path} with changed settings: {changes} "
                               f"(recorded in {run_dir / CONFIG_CHANGES_FILE})")
         save_yaml(cfg, run_dir / RUN_MARKER)
-        record_run_weights(cfg.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
+        record_run_weights(cfg.model.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
         return run_dir
 
     # ------------------------------------------------------------------ outer loop
@@ -256,25 +256,25 @@ class GRPOTrainer:
         cfg = self.cfg
         if self.resume_check is not None:
             self.resume(self.resume_check.path)
-        elif cfg.validate_at_step0 or self.drift_watch.proxy:  # the proxy's baseline: the base model's samples
+        elif cfg.validation.validate_at_step0 or self.drift_watch.proxy:  # the proxy's baseline: the base model's samples
             self.validate(0)
-        progress = tqdm(total=cfg.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
+        progress = tqdm(total=cfg.optim.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
-        while self.global_step < cfg.max_steps:
+        while self.global_step < cfg.optim.max_steps:
             self.maybe_refresh_anchor()  # a checkpoint saved before its refresh (an earlier version refreshed here)
             metrics = self.train_step()
             self.global_step += 1
             self.logger.log_step(self.global_step, metrics)
             self.failed_reward_steps = count_failed_step(  # the streak of steps that trained on nothing
-                self.failed_reward_steps, self.global_step, step_failures(metrics, cfg.batch_size * self.dp_size),
-                cfg.max_failed_reward_steps, self.logger.info)
+                self.failed_reward_steps, self.global_step, step_failures(metrics, cfg.data.batch_size * self.dp_size),
+                cfg.reward.max_failed_reward_steps, self.logger.info)
             self.sentinel.record_step(metrics)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['gathered_avg_reward_mean']:.4f}",
                                  kl=f"{metrics.get('kl_loss', 0.0):.2e}")
-            if cfg.validation_interval > 0 and self.global_step % cfg.validation_interval == 0:
+            if cfg.validation.validation_interval > 0 and self.global_step % cfg.validation.validation_interval == 0:
                 self.validate(self.global_step)
-            if self.global_step % cfg.save_interval == 0 or self.global_step == cfg.max_steps:
+            if self.global_step % cfg.output.save_interval == 0 or self.global_step == cfg.optim.max_steps:
                 self.save()
         progress.close()
         self.rewards.close()
@@ -286,19 +286,19 @@ class GRPOTrainer:
         cfg, step = self.cfg, self.global_step
         items = [self.items[i] for i in self.prompt_sampler.indices(step)]
         prompts = [item.prompt for item in items]
-        seeds = sample_seeds([item.seed for item in items], cfg.num_generations, self.dp_rank, cfg.batch_size,
-                             cfg.use_same_noise)
+        seeds = sample_seeds([item.seed for item in items], cfg.data.num_generations, self.dp_rank, cfg.data.batch_size,
+                             cfg.rollout.use_same_noise)
         check_same_in_sp_group(self.dims, items=[item.index for item in items], seeds=seeds)
         timings: Dict[str, float] = {}
         self.skipped_updates = 0  # optimizer updates of this step whose gradient was not finite
         step_start = start = time.perf_counter()
         height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
         embeds = self._encode(items, (height, width))
-        first = self.dp_rank * cfg.batch_size  # index of this rank's first sample in the step's global batch
-        noise_generators = [torch.Generator().manual_seed(derived_seed(cfg.seed, step, first + slot, s))
+        first = self.dp_rank * cfg.data.batch_size  # index of this rank's first sample in the step's global batch
+        noise_generators = [torch.Generator().manual_seed(derived_seed(cfg.data.seed, step, first + slot, s))
                             for slot, s in enumerate(seeds)]
         rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
-                                       num_frames=cfg.sample_n_frames, height=height, width=width,
+                                       num_frames=cfg.rollout.sample_n_frames, height=height, width=width,
                                        sde_generators=noise_generators, decode=False, progress=self.show_bars,
                                        deterministic=self.window.deterministic(self.update_steps))
         share_rollout(rollout, self.dims)
@@ -318,17 +318,17 @@ class GRPOTrainer:
         start = time.perf_counter()
         rewards, group_rewards = self.rewards.collect(scoring)
         timings["reward_time"] += time.perf_counter() - start  # the reward's time on the step's critical path
-        advantages = rl.local_advantages(group_rewards, cfg.num_generations, self.ranks_per_group,
-                                         self.dp_rank % self.ranks_per_group, cfg.batch_size,
+        advantages = rl.local_advantages(group_rewards, cfg.data.num_generations, self.ranks_per_group,
+                                         self.dp_rank % self.ranks_per_group, cfg.data.batch_size,
                                          self.reward_plan.aggregation)
         start = time.perf_counter()
-        if cfg.save_rollout_videos and self.dims.is_sp_leader:
+        if cfg.output.save_rollout_videos and self.dims.is_sp_leader:
             self.rollout_media.write(self.run_dir, self.update_steps, self.global_step + 1,
                                      RolloutSamples(items, seeds, videos, rewards, advantages))
         timings["media_time"] = time.perf_counter() - start  # handing them to the writer (waiting when it lags)
 
         start, before = time.perf_counter(), reference.seconds
-        metrics = run_inner_epochs(cfg.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
+        metrics = run_inner_epochs(cfg.update.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
                                                                   reference, trained_steps, self.update_steps))
         timings["ref_model_time"] = reference.seconds  # with means recomputed after a refresh between epochs
         timings["grpo_loop_time"] = time.perf_counter() - start - (reference.seconds - before)
@@ -338,7 +338,7 @@ class GRPOTrainer:
         timings["background_reward_time"] = self.rewards.seconds  # the reward worker's time this step (0 in line)
 
         metrics = mean_over_world({**metrics, **timings}, self.device)
-        metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.num_generations))
+        metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.data.num_generations))
         metrics["learning_rate"] = self.lr_schedule.lr_at(max(self.update_steps - 1, 0))
         metrics["update_steps"] = float(self.update_steps)
         if self.skipped_updates:  # logged only when it happens: the logged keys of a healthy run stay as they were
@@ -351,21 +351,21 @@ class GRPOTrainer:
         when set; otherwise an image-to-video item at the bucket of ``--video_bucket_hw_base_size`` closest to its
         image, a text-to-video one at the rollout size."""
         cfg = self.cfg
-        fixed = (cfg.rollout_height, cfg.rollout_width) if cfg.rollout_height is not None else None
+        fixed = (cfg.rollout.rollout_height, cfg.rollout.rollout_width) if cfg.rollout.rollout_height is not None else None
         if validation:
-            fixed = parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or fixed
-        return video_size(item, fixed, cfg.video_bucket_hw_base_size, (self.height, self.width))
+            fixed = parse_size(cfg.validation.validation_fixed_size, "--validation_fixed_size") or fixed
+        return video_size(item, fixed, cfg.rollout.video_bucket_hw_base_size, (self.height, self.width))
 
     def _check_i2v_tokens(self) -> None:
         """Sequence parallelism: every image-to-video bucket's token count splits over the SP ranks (the rollout
         size was checked with the layout)."""
         cfg = self.cfg
-        if self.dims.sp_size == 1 or cfg.rollout_height is not None:
+        if self.dims.sp_size == 1 or cfg.rollout.rollout_height is not None:
             return
-        buckets = {video_size(item, None, cfg.video_bucket_hw_base_size, rollout_size(cfg))
+        buckets = {video_size(item, None, cfg.rollout.video_bucket_hw_base_size, rollout_size(cfg))
                    for item in self.items if item.task == "i2v"}
         for height, width in sorted(buckets):
-            tokens = video_tokens_at(cfg, cfg.sample_n_frames, height, width)
+            tokens = video_tokens_at(cfg, cfg.rollout.sample_n_frames, height, width)
             if tokens is not None:
                 self.dims.check_tokens(tokens)
 
@@ -388,14 +388,14 @@ class GRPOTrainer:
                       trained_steps: torch.Tensor, rollout_update: int, pass_index: int = 0) -> Dict[str, float]:
         """One pass (``rl.inner_epochs``) over the (sample, step) pairs of ``trained_steps``, at the anchor's means."""
         cfg = self.cfg
-        shuffle, order = shuffled_pairs(pass_seed(cfg.seed, self.dp_rank, self.global_step, pass_index),
-                                        rollout.latents.shape[0], trained_steps, cfg.enable_timestep_permutation)
+        shuffle, order = shuffled_pairs(pass_seed(cfg.data.seed, self.dp_rank, self.global_step, pass_index),
+                                        rollout.latents.shape[0], trained_steps, cfg.update.enable_timestep_permutation)
         check_same_in_sp_group(self.dims, shuffle=shuffle.tolist(), order=order.tolist())
-        closes_window = (self.micro_steps + 1) % self.cfg.gradient_accumulation_steps == 0
+        closes_window = (self.micro_steps + 1) % self.cfg.optim.gradient_accumulation_steps == 0
         result = self.policy_pass.backward(rollout, embeds, advantages, reference.current(), shuffle, order,
                                            closes_window, self.global_step, self.update_steps == rollout_update)
         self.micro_steps += 1
-        if self.micro_steps % self.cfg.gradient_accumulation_steps == 0:
+        if self.micro_steps % self.cfg.optim.gradient_accumulation_steps == 0:
             result.update(self.optimizer_step())
             self.maybe_refresh_anchor()  # after exactly every --update_ref_model_step updates, at any K
         return result
@@ -403,7 +403,7 @@ class GRPOTrainer:
     def optimizer_step(self) -> Dict[str, float]:
         cfg = self.cfg
         params = [p for _, p in self.models.trainable_named_parameters()]
-        watched = _local(params[0]).detach().clone() if cfg.debug_grad_flow else None
+        watched = _local(params[0]).detach().clone() if cfg.output.debug_grad_flow else None
         average_unsharded_gradients(params, self.dims)
         grad_norm = clip_gradients(params, clip_threshold(cfg))  # --max_grad_norm in --max_grad_norm_units
         if finite_update(grad_norm):  # a NaN or inf gradient is never applied (pipeline/failed_steps.py)
@@ -416,7 +416,7 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.update_steps += 1
         metrics = {"grad_norm": float(grad_norm)}
-        if watched is not None and self.update_steps % cfg.debug_train_diagnostics_interval == 0:
+        if watched is not None and self.update_steps % cfg.output.debug_train_diagnostics_interval == 0:
             delta = (_local(params[0]).detach() - watched).abs().flatten()[:4096]
             metrics.update(param_delta_mean=float(delta.mean()), param_delta_max=float(delta.max()))
         return metrics
@@ -434,10 +434,10 @@ class GRPOTrainer:
         sub-rewards on the videos (where the reward lives, on the main process), then the held-out metrics."""
         cfg = self.cfg
         size = validation_size(cfg)
-        settings = ValidationSettings(tuple(self.validation_items), cfg.validate_video_length, cfg.video_fps,
+        settings = ValidationSettings(tuple(self.validation_items), cfg.validation.validate_video_length, cfg.rollout.video_fps,
                                       lambda item: self._video_size(item, validation=True) if item.task == "i2v"
                                       else size)
-        sampler = self.validation_sampler or self.sampler.with_schedule(cfg.validation_num_inference_steps,
+        sampler = self.validation_sampler or self.sampler.with_schedule(cfg.validation.validation_num_inference_steps,
                                                                         validation_flow_shift(cfg))
         validator = Validator(settings, sampler, self.models, is_main=self.is_main, encode=self._encode,
                               log_videos=partial(self.logger.log_videos, VALIDATION_VIDEOS))
@@ -451,7 +451,7 @@ class GRPOTrainer:
         """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/ and scored;
         the ``Validation/...`` metrics are logged as a row of their own at ``step``. Every rank calls it."""
         out_dir = self.run_dir / "samples" / f"step_{step:06d}"
-        with self.ema.applied() if self.cfg.validate_ema else nullcontext():  # --validate_ema: the EMA weights
+        with self.ema.applied() if self.cfg.validation.validate_ema else nullcontext():  # --validate_ema: the EMA weights
             result = self.validator.run(step, out_dir)
         added, alarms = self.sentinel.observe(step, result.metrics)
         self.logger.log_validation(step, {**result.metrics, **added})

@@ -76,7 +76,7 @@ class Probe:
         for item in trainer.validation_items:
             embeds.append(trainer._encode([item], validation_size(cfg)))
             trajectories.append(sampler.rollout(model, trainer.models.vae, embeds[-1], [item.seed],
-                                                num_frames=cfg.validate_video_length, height=validation_size(cfg)[0],
+                                                num_frames=cfg.validation.validate_video_length, height=validation_size(cfg)[0],
                                                 width=validation_size(cfg)[1], deterministic=True,
                                                 decode=False).latents)
         return trajectories, embeds
@@ -187,8 +187,8 @@ def run_study(args) -> Tuple[List[Dict], List[Dict]]:
     base_cfg = base_config(args.config, validation_interval=args.every, valid_video_csv=[args.valid_csv],
                            validate_at_step0=True, validation_metrics=None, drift_guard="warn", save_rollout_videos=False, overwrite_output_dir=True,
                            report_to=["none"], quiet=True)
-    read_prompt_csvs(base_cfg.valid_video_csv)  # a bad CSV fails before any run
-    base = load_transformer(base_cfg.pretrained_model_root, base_cfg.pretrained_transformer_version, torch.float32,
+    read_prompt_csvs(base_cfg.validation.valid_video_csv)  # a bad CSV fails before any run
+    base = load_transformer(base_cfg.model.pretrained_model_root, base_cfg.model.pretrained_transformer_version, torch.float32,
                             "cpu").eval()
     rows: List[Dict] = []
     guarded: List[Dict] = []
@@ -199,7 +199,7 @@ def run_study(args) -> Tuple[List[Dict], List[Dict]]:
         for seed in args.seeds:
             print(f"[{time.strftime('%H:%M:%S')}] {arm}, seed {seed}", flush=True)
             probe.tags = {"arm": arm, "seed": seed}
-            steps = base_cfg.max_steps if arm == "demo" else args.steps
+            steps = base_cfg.optim.max_steps if arm == "demo" else args.steps
             cfg = replace(base_cfg, seed=seed, output_dir=str(Path(args.runs) / f"{arm}-seed{seed}"), max_steps=steps,
                           save_interval=steps, **ARMS[arm])
             torch.manual_seed(seed)

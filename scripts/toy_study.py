@@ -172,10 +172,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
     base = base_config(args.config)
-    if not (Path(base.pretrained_model_root) / ".complete").is_file():
+    if not (Path(base.model.pretrained_model_root) / ".complete").is_file():
         subprocess.run([sys.executable, str(REPO / "scripts/make_toy_checkpoint.py"), "--output",
-                        base.pretrained_model_root], check=True)
-    prompts = [item.prompt for item in read_prompt_csvs(base.train_video_csv)]
+                        base.model.pretrained_model_root], check=True)
+    prompts = [item.prompt for item in read_prompt_csvs(base.data.train_video_csv)]
     start = time.perf_counter()
     print(f"[{time.strftime('%H:%M:%S')}] analytic part ({samples} samples per measurement)", flush=True)
     analytic_results = analytic_part(samples, ETAS if not args.quick else (0.5, 1.0))

@@ -23,8 +23,8 @@ def apply_cpu_thread_policy(cfg: TrainConfig) -> str:
     if resolve_device(cfg).type != "cpu":
         return f"CPU threads: torch's default ({torch.get_num_threads()}), a GPU run"
     env = os.environ.get("OMP_NUM_THREADS", "")
-    if cfg.cpu_threads > 0:
-        threads, why = cfg.cpu_threads, "--cpu_threads"
+    if cfg.parallel.cpu_threads > 0:
+        threads, why = cfg.parallel.cpu_threads, "--cpu_threads"
     elif env.isdigit() and int(env) > 0:
         threads, why = int(env), "OMP_NUM_THREADS"
     else:

@@ -66,9 +66,9 @@ def default_flow_shift(transformer_version: str, option: str) -> float:
 
 def validation_flow_shift(cfg: TrainConfig) -> float:
     """``--validation_timestep_shift``, or when unset the shift of ``--pretrained_transformer_version``."""
-    if cfg.validation_timestep_shift is not None:
-        return cfg.validation_timestep_shift
-    return default_flow_shift(cfg.pretrained_transformer_version, "--validation_timestep_shift")
+    if cfg.validation.validation_timestep_shift is not None:
+        return cfg.validation.validation_timestep_shift
+    return default_flow_shift(cfg.model.pretrained_transformer_version, "--validation_timestep_shift")
 
 
 def group_layout(batch_size: int, num_generations: int) -> Tuple[int, int]:
@@ -139,7 +139,7 @@ def check_finite_options(config) -> None:
 def trained_steps_per_sample(cfg: TrainConfig) -> int:
     """(sample, step) pairs trained per sample and pass: ``--timestep_fraction`` of the SDE window's steps (all N
     steps without a window), at least 1."""
-    return max(int((cfg.sde_window_size or cfg.grpo_sampling_steps) * cfg.timestep_fraction), 1)
+    return max(int((cfg.rollout.sde_window_size or cfg.rollout.grpo_sampling_steps) * cfg.update.timestep_fraction), 1)
 
 
 SEED_LIMIT = 1 << 63  # torch generators take seeds below 2**64; a group's members add their index to a seed
@@ -176,23 +176,23 @@ def check_optimizer_updates(cfg: TrainConfig) -> None:
     """One optimizer update is made every ``--gradient_accumulation_steps`` rollout batches, and a run trains
     ``--max_steps`` x ``--num_inner_epochs`` of them (one per inner epoch of each step, whatever ``--batch_size``): a
     run with fewer makes no update and learns nothing."""
-    batches = cfg.max_steps * cfg.num_inner_epochs
-    if batches < cfg.gradient_accumulation_steps:
-        epochs = f" x --num_inner_epochs {cfg.num_inner_epochs}" if cfg.num_inner_epochs > 1 else ""
-        _fail("no-optimizer-update", f"--gradient_accumulation_steps {cfg.gradient_accumulation_steps} with "
-              f"--max_steps {cfg.max_steps}{epochs} makes no optimizer update: one is made every "
-              f"{cfg.gradient_accumulation_steps} rollout batches and the run trains {batches}",
+    batches = cfg.optim.max_steps * cfg.update.num_inner_epochs
+    if batches < cfg.optim.gradient_accumulation_steps:
+        epochs = f" x --num_inner_epochs {cfg.update.num_inner_epochs}" if cfg.update.num_inner_epochs > 1 else ""
+        _fail("no-optimizer-update", f"--gradient_accumulation_steps {cfg.optim.gradient_accumulation_steps} with "
+              f"--max_steps {cfg.optim.max_steps}{epochs} makes no optimizer update: one is made every "
+              f"{cfg.optim.gradient_accumulation_steps} rollout batches and the run trains {batches}",
               f"use --gradient_accumulation_steps {batches} (or less), or --max_steps "
-              f"{-(-cfg.gradient_accumulation_steps // cfg.num_inner_epochs)} (or more)")
+              f"{-(-cfg.optim.gradient_accumulation_steps // cfg.update.num_inner_epochs)} (or more)")
 
 
 def validate_train_config(cfg: TrainConfig, world_size: int = 1,
                           num_attention_heads: Optional[int] = None) -> List[str]:
     """Check every rule that needs no model; returns human-readable notes (empty when nothing to say)."""
     notes = check_option_values(cfg)
-    check_parallel_layout(world_size, cfg.sp_size, cfg.batch_size, cfg.num_generations, num_attention_heads)
-    if cfg.dp_replicate < 1 or (world_size % cfg.dp_replicate):
-        _fail("dp-replicate-divides-world", f"--dp_replicate {cfg.dp_replicate} must divide the world size "
+    check_parallel_layout(world_size, cfg.parallel.sp_size, cfg.data.batch_size, cfg.data.num_generations, num_attention_heads)
+    if cfg.parallel.dp_replicate < 1 or (world_size % cfg.parallel.dp_replicate):
+        _fail("dp-replicate-divides-world", f"--dp_replicate {cfg.parallel.dp_replicate} must divide the world size "
               f"{world_size}", "use --dp_replicate 1")
     return notes
 
@@ -209,37 +209,37 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
     checkpoint's recorded ``config.yaml`` is checked against too. Returns notes."""
     notes: List[str] = []
     check_numbers(cfg)
-    if cfg.post_train_type != "grpo":
-        _fail("post-train-type", f"--post_train_type {cfg.post_train_type} is not implemented (the reference's "
+    if cfg.model.post_train_type != "grpo":
+        _fail("post-train-type", f"--post_train_type {cfg.model.post_train_type} is not implemented (the reference's "
               "'standard' path crashes)", "use --post_train_type grpo")
-    if cfg.batch_size % cfg.mini_batch_size_per_update:
-        _fail("mini-batch-divides-batch", f"--mini_batch_size_per_update {cfg.mini_batch_size_per_update} does not "
-              f"divide --batch_size {cfg.batch_size}", "use 1 (the reference's value)")
-    if not cfg.sde_window_size <= cfg.grpo_sampling_steps or min(cfg.sde_window_size, cfg.sde_window_stride) < 0:
-        _fail("sde-window", f"--sde_window_size {cfg.sde_window_size} must be in [0, --grpo_sampling_steps "
-              f"{cfg.grpo_sampling_steps}] and --sde_window_stride {cfg.sde_window_stride} >= 0",
+    if cfg.data.batch_size % cfg.parallel.mini_batch_size_per_update:
+        _fail("mini-batch-divides-batch", f"--mini_batch_size_per_update {cfg.parallel.mini_batch_size_per_update} does not "
+              f"divide --batch_size {cfg.data.batch_size}", "use 1 (the reference's value)")
+    if not cfg.rollout.sde_window_size <= cfg.rollout.grpo_sampling_steps or min(cfg.rollout.sde_window_size, cfg.rollout.sde_window_stride) < 0:
+        _fail("sde-window", f"--sde_window_size {cfg.rollout.sde_window_size} must be in [0, --grpo_sampling_steps "
+              f"{cfg.rollout.grpo_sampling_steps}] and --sde_window_stride {cfg.rollout.sde_window_stride} >= 0",
               "use --sde_window_size 0 (off)")
-    if not 0 <= cfg.replay_group_size <= trained_steps_per_sample(cfg):
-        _fail("replay-group", f"--replay_group_size {cfg.replay_group_size} must be in [0, the trained steps per "
+    if not 0 <= cfg.throughput.replay_group_size <= trained_steps_per_sample(cfg):
+        _fail("replay-group", f"--replay_group_size {cfg.throughput.replay_group_size} must be in [0, the trained steps per "
               f"sample, {trained_steps_per_sample(cfg)}]", "use 0 (auto) or 1 (one step per forward, the reference)")
     check_optimizer_updates(cfg)
-    if cfg.validate_ema and cfg.ema_decay == 0.0:
+    if cfg.validation.validate_ema and cfg.optim.ema_decay == 0.0:
         _fail("validate-ema-needs-ema", "--validate_ema true but --ema_decay is 0: there is no EMA to validate",
               "add --ema_decay 0.999, or drop --validate_ema")
-    if cfg.use_moving_KL and cfg.update_ref_model_step < 1:
-        _fail("anchor-interval", f"--update_ref_model_step {cfg.update_ref_model_step} must be >= 1 with the moving "
+    if cfg.trust_region.use_moving_KL and cfg.trust_region.update_ref_model_step < 1:
+        _fail("anchor-interval", f"--update_ref_model_step {cfg.trust_region.update_ref_model_step} must be >= 1 with the moving "
               "anchor", "use 10 (the reference's value), or --use_moving_KL false")
-    if (cfg.rollout_height is None) != (cfg.rollout_width is None):
+    if (cfg.rollout.rollout_height is None) != (cfg.rollout.rollout_width is None):
         _fail("rollout-size-pair", "--rollout_height and --rollout_width must be given together",
               "pass both, or neither to use --video_bucket_hw_base_size")
-    _check_reward_weights(cfg.reward_weights)
-    parse_size(cfg.validation_fixed_size, "--validation_fixed_size")
-    if cfg.validation_interval > 0 or cfg.validate_at_step0:
+    _check_reward_weights(cfg.reward.reward_weights)
+    parse_size(cfg.validation.validation_fixed_size, "--validation_fixed_size")
+    if cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0:
         if validation_flow_shift(cfg) <= 0:
-            _fail("validation-shift-positive", f"--validation_timestep_shift {cfg.validation_timestep_shift} must be "
+            _fail("validation-shift-positive", f"--validation_timestep_shift {cfg.validation.validation_timestep_shift} must be "
                   "> 0", "leave it unset for the model version's shift (480p_t2v: 5.0, 720p_t2v: 9.0)")
     notes += _check_drift_options(cfg)
-    if cfg.pretrained_lora_path and not cfg.use_lora:
+    if cfg.lora.pretrained_lora_path and not cfg.lora.use_lora:
         _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
     return notes + _kl_notes(cfg)
 
@@ -247,37 +247,37 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
 def _kl_notes(cfg: TrainConfig) -> List[str]:
     """What the adaptive β makes of --kl_coef and --kl_min_coef, as the reference does (sage_grpo/rl/kl_controller.py):
     a clamped floor, a floor of 0 read as --kl_coef, and a β that stays 0 (no KL, no reference model)."""
-    if cfg.kl_weight <= 0:
+    if cfg.trust_region.kl_weight <= 0:
         return []
-    if cfg.kl_coef == 0 and cfg.kl_min_coef == 0:
+    if cfg.trust_region.kl_coef == 0 and cfg.trust_region.kl_min_coef == 0:
         return [f"--kl_coef 0 with --kl_min_coef 0: the KL weight beta stays 0 for the whole run (the reference "
-                f"computes the KL only while beta > 0), so --kl_weight {cfg.kl_weight} adds no KL term and no "
+                f"computes the KL only while beta > 0), so --kl_weight {cfg.trust_region.kl_weight} adds no KL term and no "
                 "reference model is loaded; for a KL term set --kl_coef > 0"]
-    if cfg.kl_min_coef == 0:
-        return [f"--kl_min_coef 0 means --kl_coef {cfg.kl_coef} (the reference's 'kl_min_coef or kl_coef'): beta's "
+    if cfg.trust_region.kl_min_coef == 0:
+        return [f"--kl_min_coef 0 means --kl_coef {cfg.trust_region.kl_coef} (the reference's 'kl_min_coef or kl_coef'): beta's "
                 "floor and the start of its warm-up"]
-    if cfg.kl_min_coef > cfg.kl_weight:
-        return [f"--kl_min_coef {cfg.kl_min_coef} > --kl_weight {cfg.kl_weight}: the controller clamps it to "
-                f"{cfg.kl_weight} (as the reference does)"]
+    if cfg.trust_region.kl_min_coef > cfg.trust_region.kl_weight:
+        return [f"--kl_min_coef {cfg.trust_region.kl_min_coef} > --kl_weight {cfg.trust_region.kl_weight}: the controller clamps it to "
+                f"{cfg.trust_region.kl_weight} (as the reference does)"]
     return []
 
 
 def _check_drift_options(cfg: TrainConfig) -> List[str]:
     """The drift proxy and guard (``sage_grpo.rl.drift_guard``) watch the validation points: without any they are off
     (a note says so: a config file may turn the guard on and a benchmark validation off)."""
-    if not (cfg.drift_proxy or cfg.drift_guard != "off"):
+    if not (cfg.drift.drift_proxy or cfg.drift.drift_guard != "off"):
         return []
-    if cfg.validation_interval <= 0:
-        flag = "--drift_proxy true" if cfg.drift_guard == "off" else f"--drift_guard {cfg.drift_guard}"
+    if cfg.validation.validation_interval <= 0:
+        flag = "--drift_proxy true" if cfg.drift.drift_guard == "off" else f"--drift_guard {cfg.drift.drift_guard}"
         return [f"{flag} is measured at the validation points and --validation_interval is "
-                f"{cfg.validation_interval}: the drift proxy and guard are off"]
-    if not cfg.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in cfg.drift_proxy_sigmas):
-        _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {cfg.drift_proxy_sigmas} must be one or more noise levels "
+                f"{cfg.validation.validation_interval}: the drift proxy and guard are off"]
+    if not cfg.drift.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in cfg.drift.drift_proxy_sigmas):
+        _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {cfg.drift.drift_proxy_sigmas} must be one or more noise levels "
               "in (0, 1)", "use --drift_proxy_sigmas 0.5 0.75 0.9 (the default)")
-    if cfg.drift_guard_window < 2 or cfg.drift_guard_proxy_ratio <= 1 or cfg.drift_guard_heldout_fall < 0:
-        _fail("drift-guard-bounds", f"--drift_guard_window {cfg.drift_guard_window} must be >= 2, "
-              f"--drift_guard_proxy_ratio {cfg.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
-              f"and --drift_guard_heldout_fall {cfg.drift_guard_heldout_fall} >= 0", "use the defaults (3, 4.0, 0.05)")
+    if cfg.drift.drift_guard_window < 2 or cfg.drift.drift_guard_proxy_ratio <= 1 or cfg.drift.drift_guard_heldout_fall < 0:
+        _fail("drift-guard-bounds", f"--drift_guard_window {cfg.drift.drift_guard_window} must be >= 2, "
+              f"--drift_guard_proxy_ratio {cfg.drift.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
+              f"and --drift_guard_heldout_fall {cfg.drift.drift_guard_heldout_fall} >= 0", "use the defaults (3, 4.0, 0.05)")
     return []
 
 
@@ -291,11 +291,11 @@ def _check_reward_weights(text: str) -> None:
 
 def rollout_size(cfg: TrainConfig) -> Tuple[int, int]:
     """(height, width) of rollout videos: the explicit override, else the reference bucket table."""
-    if cfg.rollout_height is not None:
-        return cfg.rollout_height, cfg.rollout_width
-    return RESOLUTION_BUCKETS[cfg.video_bucket_hw_base_size]
+    if cfg.rollout.rollout_height is not None:
+        return cfg.rollout.rollout_height, cfg.rollout.rollout_width
+    return RESOLUTION_BUCKETS[cfg.rollout.video_bucket_hw_base_size]
 
 
 def validation_size(cfg: TrainConfig) -> Tuple[int, int]:
     """(height, width) of validation videos: ``--validation_fixed_size``, or the rollout size when it is none."""
-    return parse_size(cfg.validation_fixed_size, "--validation_fixed_size") or rollout_size(cfg)
+    return parse_size(cfg.validation.validation_fixed_size, "--validation_fixed_size") or rollout_size(cfg)

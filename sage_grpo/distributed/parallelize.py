@@ -85,9 +85,9 @@ def policy_param_dtype(cfg: TrainConfig) -> torch.dtype:
     base up to fp32 would double its traffic, and FSDP2 units mixing a cast bf16 base with uncast fp32 adapters made the
     training forward differ from the rollout's after the first backward (ratio != 1 on-policy on the tiny model); with
     no cast of the base both agree bit for bit."""
-    if cfg.use_lora or cfg.fsdp_param_dtype == "auto":
-        return DTYPES[cfg.dtype]
-    return DTYPES[cfg.fsdp_param_dtype]
+    if cfg.lora.use_lora or cfg.parallel.fsdp_param_dtype == "auto":
+        return DTYPES[cfg.model.dtype]
+    return DTYPES[cfg.parallel.fsdp_param_dtype]
 
 
 def parallelize_models(bundle, dims: ParallelDims, cfg: TrainConfig) -> None:
@@ -99,10 +99,10 @@ def parallelize_models(bundle, dims: ParallelDims, cfg: TrainConfig) -> None:
     frozen = [m for m in (bundle.separate_reference, bundle.base) if m is not None]  # LoRA's reference: the policy
     for model in (bundle.policy, *frozen):
         apply_sequence_parallel(model, dims.sp_group)
-    if not (dims.is_distributed and cfg.enable_fsdp):
+    if not (dims.is_distributed and cfg.parallel.enable_fsdp):
         return
     apply_fsdp(bundle.policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
-               activation_checkpointing=cfg.enable_gradient_checkpointing)
+               activation_checkpointing=cfg.parallel.enable_gradient_checkpointing)
     for model in frozen:
         shard_frozen(model, dims.fsdp_mesh, offload=bundle.placement.reference_on_cpu)
     bundle.materialize()  # transformers built on the meta device: read each rank's shards now
@@ -118,7 +118,7 @@ def average_unsharded_gradients(params: List[torch.nn.Parameter], dims: Parallel
 
 def clip_threshold(cfg: TrainConfig) -> float:
     """The norm of the full gradient at which it is clipped: ``--max_grad_norm`` in ``--max_grad_norm_units``."""
-    return cfg.max_grad_norm * (cfg.sp_size if cfg.max_grad_norm_units == "reference" else 1)
+    return cfg.optim.max_grad_norm * (cfg.parallel.sp_size if cfg.optim.max_grad_norm_units == "reference" else 1)
 
 
 def clip_gradients(params: List[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -13,14 +13,14 @@ from sage_grpo.models.geometry import read_model_geometry
 def start_processes(cfg: TrainConfig) -> Tuple[ParallelDims, PeerWatch, List[str]]:
     """Join the torchrun job (if any), check the config and parallel layout (spec §3.4) before any model loads."""
     device = resolve_device(cfg)
-    timeout = collective_timeout(cfg.collective_timeout_minutes)  # a ConfigError before the job is joined
+    timeout = collective_timeout(cfg.parallel.collective_timeout_minutes)  # a ConfigError before the job is joined
     env = init_distributed(backend="gloo" if device.type == "cpu" else None, timeout=timeout)
     geometry = read_model_geometry(cfg)
     heads = geometry.num_attention_heads if geometry is not None else None
     notes = validate_train_config(cfg, world_size=env.world_size, num_attention_heads=heads)
-    dims = ParallelDims(world_size=env.world_size, sp_size=cfg.sp_size, dp_replicate=cfg.dp_replicate,
-                        rank=env.rank, device=device, batch_size=cfg.batch_size,
-                        num_generations=cfg.num_generations, num_attention_heads=heads)
+    dims = ParallelDims(world_size=env.world_size, sp_size=cfg.parallel.sp_size, dp_replicate=cfg.parallel.dp_replicate,
+                        rank=env.rank, device=device, batch_size=cfg.data.batch_size,
+                        num_generations=cfg.data.num_generations, num_attention_heads=heads)
     for tokens in (geometry.video_tokens.values() if geometry is not None else ()):
         dims.check_tokens(tokens)
     return dims, PeerWatch(timeout), notes

@@ -113,7 +113,7 @@ _NO_RESHAPE = "tensors of other shapes cannot load, not even with --allow_config
 
 def _run_rank(cfg) -> int:
     """The LoRA rank a run builds: its --pretrained_lora_path adapter's, else --lora_r."""
-    return lora.check_adapter_folder(Path(cfg.pretrained_lora_path))["r"] if cfg.pretrained_lora_path else cfg.lora_r
+    return lora.check_adapter_folder(Path(cfg.lora.pretrained_lora_path))["r"] if cfg.lora.pretrained_lora_path else cfg.lora.lora_r
 
 
 def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, cfg) -> None:
@@ -121,20 +121,20 @@ def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, cfg) -> N
     from sage_grpo.config.validation import ConfigError
 
     adapter = checkpoint / LORA_DIR
-    if (rank is not None) != cfg.use_lora:
-        raise ConfigError(f"resuming {checkpoint} with --use_lora {cfg.use_lora}: it holds "
+    if (rank is not None) != cfg.lora.use_lora:
+        raise ConfigError(f"resuming {checkpoint} with --use_lora {cfg.lora.use_lora}: it holds "
                           f"{'a LoRA adapter' if rank is not None else 'full transformer weights'} ({_NO_RESHAPE}). "
                           f"Resume with --use_lora {rank is not None}, or start a new run in a new --output_dir")
     if rank is None:
         return
     if rank != _run_rank(cfg):
-        given = "its --pretrained_lora_path adapter's" if cfg.pretrained_lora_path else f"--lora_r {cfg.lora_r}"
+        given = "its --pretrained_lora_path adapter's" if cfg.lora.pretrained_lora_path else f"--lora_r {cfg.lora.lora_r}"
         raise ConfigError(f"resuming {checkpoint} with LoRA rank {_run_rank(cfg)} ({given}): its adapter has rank "
                           f"{rank}, and an adapter's shapes cannot change ({_NO_RESHAPE}). Resume with --lora_r "
                           f"{rank}, or start a new run from this adapter: --pretrained_lora_path {adapter}")
-    targets = saved.get("lora_target_modules", cfg.lora_target_modules)
-    if not cfg.pretrained_lora_path and targets != cfg.lora_target_modules:
-        raise ConfigError(f"resuming {checkpoint} with --lora_target_modules {cfg.lora_target_modules}: its adapter "
+    targets = saved.get("lora_target_modules", cfg.lora.lora_target_modules)
+    if not cfg.lora.pretrained_lora_path and targets != cfg.lora.lora_target_modules:
+        raise ConfigError(f"resuming {checkpoint} with --lora_target_modules {cfg.lora.lora_target_modules}: its adapter "
                           f"adapts the layers of {targets}, and its tensors cannot move to other layers "
                           f"({_NO_RESHAPE}). Resume with its targets, or start a new run from this adapter: "
                           f"--pretrained_lora_path {adapter}")
@@ -153,11 +153,11 @@ def check_resume_shapes(checkpoint: Path, sharded: bool, saved: Dict, cfg, diffe
     changed = [key for key in differences if key == "pretrained_transformer_version" or key.startswith("model root")]
     if not changed:
         return
-    problems = mismatches(stored, transformer_shapes(cfg.pretrained_model_root, cfg.pretrained_transformer_version,
+    problems = mismatches(stored, transformer_shapes(cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version,
                                                      parameters_only=True))
     if problems:
         raise ConfigError(f"resuming {checkpoint} with another {' and '.join(changed)}: its trainable weights do not "
-                          f"fit the transformer {cfg.pretrained_transformer_version} of {cfg.pretrained_model_root} "
+                          f"fit the transformer {cfg.model.pretrained_transformer_version} of {cfg.model.pretrained_model_root} "
                           f"({'; '.join(problems[:2])}; {_NO_RESHAPE}). Resume with the checkpoint's model root and "
                           "transformer version, or start a new run in a new --output_dir")
 

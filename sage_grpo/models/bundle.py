@@ -63,8 +63,8 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     always carries its index, this process's ``cuda:LOCAL_RANK`` when ``--device cuda`` names none: the NCCL barrier
     needs the index, and tensors report ``cuda:N``, which never equals a bare ``cuda``."""
     local_rank = read_launch_env().local_rank  # checked: LOCAL_RANK=abc is one line, not a traceback
-    if cfg.device:
-        device = torch.device(cfg.device)
+    if cfg.parallel.device:
+        device = torch.device(cfg.parallel.device)
         return torch.device("cuda", local_rank) if device.type == "cuda" and device.index is None else device
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank)
@@ -73,7 +73,7 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
 
 def is_sharded_run(cfg: TrainConfig) -> bool:
     """Whether the transformers get FSDP-sharded: ``--enable_fsdp`` on several processes."""
-    return cfg.enable_fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return cfg.parallel.enable_fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 @dataclass
@@ -108,11 +108,11 @@ class ModelBundle:
                size: Optional[Tuple[int, int]] = None) -> PromptEmbeds:
         """The prompts' embeddings on the device; with ``image_paths`` (one per prompt) the image condition of
         those reference images at video size ``size`` (H, W) too."""
-        embeds = self.encoder.encode(list(prompts), negative_prompt=self.cfg.neg_prompt).to(self.device)
+        embeds = self.encoder.encode(list(prompts), negative_prompt=self.cfg.rollout.neg_prompt).to(self.device)
         if not image_paths:
             return embeds
         if self.images is None:
-            raise ValueError(f"transformer version {self.cfg.pretrained_transformer_version!r} has no image encoder "
+            raise ValueError(f"transformer version {self.cfg.model.pretrained_transformer_version!r} has no image encoder "
                              "for image-to-video prompts")
         return embeds.with_image(self.images.encode(image_paths, *size).to(self.device))
 
@@ -237,33 +237,33 @@ def build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, maste
     """``policy`` frozen with the run's adapters (``--lora_*``; the ``anchor`` too for the moving anchor), in place;
     also what ``python -m sage_grpo.plan --simulate`` builds its LoRA policy with."""
     return LoraTraining.create(
-        policy, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, target_modules=cfg.lora_target_modules,
-        pretrained_path=cfg.pretrained_lora_path, with_anchor=kl_mode.moving_anchor, seed=cfg.seed, dtype=master_dtype)
+        policy, r=cfg.lora.lora_r, alpha=cfg.lora.lora_alpha, dropout=cfg.lora.lora_dropout, target_modules=cfg.lora.lora_target_modules,
+        pretrained_path=cfg.lora.pretrained_lora_path, with_anchor=kl_mode.moving_anchor, seed=cfg.data.seed, dtype=master_dtype)
 
 
 def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> ModelBundle:
     """The policy, the reference when ``kl_mode`` uses one (see the module docstring), the drift proxy's frozen base
     copy where the run's :class:`~sage_grpo.rl.drift_guard.DriftWatch` needs one, the VAE and the encoder, laid out as
     ``placement`` says (the memory plan's decision: :func:`sage_grpo.plan.memory.placement_of`)."""
-    if cfg.use_lora:  # a bad adapter path or target regex fails before the weights load
-        check_lora_settings(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules,
-                            cfg.pretrained_lora_path)
+    if cfg.lora.use_lora:  # a bad adapter path or target regex fails before the weights load
+        check_lora_settings(cfg.lora.lora_r, cfg.lora.lora_alpha, cfg.lora.lora_dropout, cfg.lora.lora_target_modules,
+                            cfg.lora.pretrained_lora_path)
     device = resolve_device(cfg)
-    load_dtype, master_dtype = DTYPES[cfg.dtype], DTYPES[cfg.master_weight_type]
-    offload_encoders = cfg.offload_text_encoders and device.type != "cpu"
+    load_dtype, master_dtype = DTYPES[cfg.model.dtype], DTYPES[cfg.model.master_weight_type]
+    offload_encoders = cfg.parallel.offload_text_encoders and device.type != "cpu"
     # A sharded full fine-tune builds its transformers on the meta device; parallelize_models shards them and
     # ModelBundle.materialize reads each rank's rows (sharded_load.py): no GPU ever holds a whole copy.
-    on_meta = is_sharded_run(cfg) and not cfg.use_lora
-    components = load_components(cfg.pretrained_model_root, cfg.pretrained_transformer_version, dtype=load_dtype,
+    on_meta = is_sharded_run(cfg) and not cfg.lora.use_lora
+    components = load_components(cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version, dtype=load_dtype,
                                  device=device, text_encoder_device="cpu" if offload_encoders else None,
                                  load_transformer=not on_meta,
-                                 load_image_encoder=version_task(cfg.pretrained_transformer_version) == "i2v")
-    folder = Path(cfg.pretrained_model_root) / transformer_layout(cfg.pretrained_transformer_version).subdir
+                                 load_image_encoder=version_task(cfg.model.pretrained_transformer_version) == "i2v")
+    folder = Path(cfg.model.pretrained_model_root) / transformer_layout(cfg.model.pretrained_transformer_version).subdir
     policy = transformer_on_meta(folder, master_dtype) if on_meta else components.transformer
     # --mixed_length_attention decided for the training device, for every transformer (a CPU-kept reference too)
-    install_joint_attention(policy, cfg.attention_backend, split_rows_of(cfg.mixed_length_attention, device))
+    install_joint_attention(policy, cfg.model.attention_backend, split_rows_of(cfg.throughput.mixed_length_attention, device))
     lora = None
-    if cfg.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
+    if cfg.lora.use_lora:  # base frozen in --dtype, adapters in the master dtype; no second transformer
         lora = build_lora(cfg, kl_mode, policy, master_dtype)
         reference = policy if kl_mode.uses_reference else None
     else:
@@ -272,15 +272,15 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> Mod
         policy.requires_grad_(True)
         reference = frozen_transformer(cfg, folder, placement, device, on_meta) if kl_mode.uses_reference else None
     policy.train()
-    if cfg.enable_gradient_checkpointing:
+    if cfg.parallel.enable_gradient_checkpointing:
         policy.enable_gradient_checkpointing()
-    settings = TextEncoderSettings(max_length=cfg.text_max_length or TextEncoderSettings.max_length,
-                                   max_length_2=cfg.byt5_max_length)
+    settings = TextEncoderSettings(max_length=cfg.model.text_max_length or TextEncoderSettings.max_length,
+                                   max_length_2=cfg.model.byt5_max_length)
     encoder = PromptEncoder.from_components(components, settings, cache=True,
                                             compute_device=device if offload_encoders else None)
     images = (ImageConditionEncoder(components.image_encoder, components.feature_extractor, components.vae,
                                     compute_device=device if offload_encoders else None,
-                                    max_cache_bytes=int(cfg.image_cache_gb * 2 ** 30))
+                                    max_cache_bytes=int(cfg.parallel.image_cache_gb * 2 ** 30))
               if components.image_encoder is not None else None)
     base_copy = drift_watch_of(cfg, kl_mode).base_copy
     base = frozen_transformer(cfg, folder, placement, device, on_meta) if base_copy else None
@@ -293,10 +293,10 @@ def frozen_transformer(cfg: TrainConfig, folder: Path, placement: Placement, dev
     """A frozen base transformer in ``--dtype`` (the KL reference, the drift proxy's base copy): on the meta device
     for a sharded run (``materialize`` reads its shards), else loaded where ``placement`` keeps the reference."""
     if on_meta:
-        model = transformer_on_meta(folder, DTYPES[cfg.dtype])
+        model = transformer_on_meta(folder, DTYPES[cfg.model.dtype])
     else:
-        model = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, DTYPES[cfg.dtype],
+        model = load_transformer(cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version, DTYPES[cfg.model.dtype],
                                  "cpu" if placement.reference_on_cpu else device)
-    install_joint_attention(model, cfg.attention_backend, split_rows_of(cfg.mixed_length_attention, device))
+    install_joint_attention(model, cfg.model.attention_backend, split_rows_of(cfg.throughput.mixed_length_attention, device))
     model.requires_grad_(False)
     return model.eval()

@@ -37,8 +37,8 @@ class ModelGeometry:
 
 def _configs(cfg: TrainConfig) -> Optional[Tuple[Dict, Dict]]:
     """(transformer, VAE) configs of the configured checkpoint; None when either file is missing."""
-    root = Path(cfg.pretrained_model_root)
-    transformer = _read_config(root / layout.transformer_layout(cfg.pretrained_transformer_version).subdir
+    root = Path(cfg.model.pretrained_model_root)
+    transformer = _read_config(root / layout.transformer_layout(cfg.model.pretrained_transformer_version).subdir
                                / "config.json", "transformer")
     vae = _read_config(root / layout.VAE.subdir / "config.json", "vae")
     return None if transformer is None or vae is None else (transformer, vae)
@@ -62,9 +62,9 @@ def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
         return None
     transformer, vae = configs
     height, width = rollout_size(cfg)
-    tokens = {"rollout": video_tokens(vae, transformer, cfg.sample_n_frames, height, width)}
-    if cfg.validation_interval > 0 or cfg.validate_at_step0:
-        tokens["validation"] = video_tokens(vae, transformer, cfg.validate_video_length, *validation_size(cfg))
+    tokens = {"rollout": video_tokens(vae, transformer, cfg.rollout.sample_n_frames, height, width)}
+    if cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0:
+        tokens["validation"] = video_tokens(vae, transformer, cfg.validation.validate_video_length, *validation_size(cfg))
     return ModelGeometry(transformer.get("num_attention_heads", 16), tokens)
 
 
@@ -84,14 +84,14 @@ def check_video_sizes(cfg: TrainConfig) -> None:
     ratios = SimpleNamespace(temporal_compression_ratio=vae.get("temporal_compression_ratio", 4),
                              spatial_compression_ratio=vae.get("spatial_compression_ratio", 16),
                              latent_channels=vae.get("latent_channels"))
-    rollout_flags = ("--rollout_height/--rollout_width" if cfg.rollout_height is not None
-                     else f"--video_bucket_hw_base_size {cfg.video_bucket_hw_base_size}")
-    checks = [("--sample_n_frames", cfg.sample_n_frames, f"rollout size ({rollout_flags})", rollout_size(cfg))]
-    if cfg.validation_interval > 0 or cfg.validate_at_step0:
-        checks.append(("--validate_video_length", cfg.validate_video_length, "validation size "
+    rollout_flags = ("--rollout_height/--rollout_width" if cfg.rollout.rollout_height is not None
+                     else f"--video_bucket_hw_base_size {cfg.rollout.video_bucket_hw_base_size}")
+    checks = [("--sample_n_frames", cfg.rollout.sample_n_frames, f"rollout size ({rollout_flags})", rollout_size(cfg))]
+    if cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0:
+        checks.append(("--validate_video_length", cfg.validation.validate_video_length, "validation size "
                        "(--validation_fixed_size)", validation_size(cfg)))
     patch, spatial = transformer.get("patch_size", 1), ratios.spatial_compression_ratio
-    source = f"the VAE of {cfg.pretrained_model_root}"
+    source = f"the VAE of {cfg.model.pretrained_model_root}"
     for frames_flag, frames, size_flag, (height, width) in checks:
         try:
             latent_shape(ratios, frames, spatial, spatial)

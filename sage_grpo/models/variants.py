@@ -129,14 +129,14 @@ def check_distilled_guidance(variant: VariantSampling, explicit: bool, option: s
 def resolve_train_sampling(cfg: TrainConfig) -> Tuple[TrainConfig, List[str], List[str]]:
     """The run's config with the variant's guidance (``--cfg_scale``) and validation shift filled in where the user
     set none, plus (warnings, notes). Checks the version name first; reads only config files, loads no model."""
-    root, version = cfg.pretrained_model_root, cfg.pretrained_transformer_version
+    root, version = cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version
     layout.check_transformer_version(Path(root), version, "--pretrained_transformer_version")
     variant = read_variant_sampling(root, version)
     check_distilled_guidance(variant, is_explicit(cfg, "cfg_scale"), "--cfg_scale")
-    cfg_scale, guidance_warning = choose("--cfg_scale", cfg.cfg_scale, is_explicit(cfg, "cfg_scale"), variant,
+    cfg_scale, guidance_warning = choose("--cfg_scale", cfg.rollout.cfg_scale, is_explicit(cfg, "cfg_scale"), variant,
                                          "guidance_scale", same_guidance)
-    shift, shift_warning = choose("--validation_timestep_shift", cfg.validation_timestep_shift,
-                                  cfg.validation_timestep_shift is not None, variant, "flow_shift")
+    shift, shift_warning = choose("--validation_timestep_shift", cfg.validation.validation_timestep_shift,
+                                  cfg.validation.validation_timestep_shift is not None, variant, "flow_shift")
     resolved = cfg.replace(cfg_scale=cfg_scale, validation_timestep_shift=shift)
     return resolved, [w for w in (guidance_warning, shift_warning) if w], list(variant.notes)
 

@@ -57,12 +57,12 @@ class PolicyPass:
         if eq_scales is not None and self.window_equalizer:  # every row of order holds the window's steps
             eq_scales = rl.window_scales(eq_scales, order[0])
         stepwise_from_rollout = rollout_weights or self.kl_mode.stepwise_to_rollout
-        batch, micro = rollout.latents.shape[0], cfg.mini_batch_size_per_update
+        batch, micro = rollout.latents.shape[0], cfg.parallel.mini_batch_size_per_update
         group = self.models.placement.replay_group_size  # trained steps per forward and backward
         # One iteration per (mini-batch, trained step); dividing by the number of iterations of the whole
         # accumulation window makes the update the mean over samples and steps (reference GA = B * N for mb = 1).
         num_iterations = self.num_train_steps * (batch // micro)
-        iterations_per_update = cfg.gradient_accumulation_steps * num_iterations
+        iterations_per_update = cfg.optim.gradient_accumulation_steps * num_iterations
         iterations_done = 0
         history: Dict[str, List[torch.Tensor]] = {}  # per-iteration metrics, kept on the device until the end
         policy = self.models.policy
@@ -109,15 +109,15 @@ class PolicyPass:
         for j in range(group):
             part = slice(j * micro, (j + 1) * micro)
             policy_loss, metrics = rl.ppo_clipped_loss(out.log_prob[part], old_lp[part],
-                                                       advantages[rows].to(self.device), cfg.clip_range,
-                                                       cfg.adv_clip_max, None if scale is None else scale[part])
+                                                       advantages[rows].to(self.device), cfg.update.clip_range,
+                                                       cfg.update.adv_clip_max, None if scale is None else scale[part])
             effective_kl = None
             if self.kl_controller is not None and ref_means is not None:
                 ref_mean = ref_means[pair_rows[part], pair_steps[part]].to(self.device)
                 std = out.std[part] if out.std.ndim else out.std
                 effective_kl, parts = rl.dual_kl(out.mean[part], ref_mean, std, previous_lp[part], out.log_prob[part],
-                                                 self.kl_mode.dual, cfg.dual_kl_moving_weight,
-                                                 cfg.dual_kl_step_weight)
+                                                 self.kl_mode.dual, cfg.trust_region.dual_kl_moving_weight,
+                                                 cfg.trust_region.dual_kl_step_weight)
                 metrics.update(kl_loss=effective_kl.detach(), **parts)
             terms.append((policy_loss, metrics, effective_kl))
         if terms[0][2] is not None:

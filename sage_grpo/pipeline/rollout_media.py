@@ -59,10 +59,10 @@ class RolloutMedia:
         cfg, dp_rank, items, seeds = self.cfg, self.dims.dp_rank, samples.items, samples.seeds
         step_dir = run_dir / "rl_samples" / f"{update_steps:07d}"
         spread = self.ranks_per_group > 1
-        group = cfg.batch_size if spread else cfg.num_generations  # members of one group on this rank
-        groups_per_rank = max(cfg.batch_size // cfg.num_generations, 1)
+        group = cfg.data.batch_size if spread else cfg.data.num_generations  # members of one group on this rank
+        groups_per_rank = max(cfg.data.batch_size // cfg.data.num_generations, 1)
         # position of this rank's first member in its group (samples are numbered across the group's ranks)
-        offset = (dp_rank % self.ranks_per_group) * cfg.batch_size
+        offset = (dp_rank % self.ranks_per_group) * cfg.data.batch_size
         logged: List[LoggedVideo] = []
         for first in range(0, len(items), group):
             group_index = (dp_rank // self.ranks_per_group if spread
@@ -74,7 +74,7 @@ class RolloutMedia:
                 item = items[slot]
                 name = (f"index_{item.index}_seed_{seeds[slot]}_dp_{dp_rank}_rank_{self.dims.rank}"
                         f"_sample_{offset + slot - first}_slot_{slot}.mp4")
-                write_video(group_dir / name, samples.videos[slot], cfg.video_fps)
+                write_video(group_dir / name, samples.videos[slot], cfg.rollout.video_fps)
                 record = {"prompt": item.prompt, "seed": seeds[slot], "video_path": str(group_dir / name),
                           "sample_idx": slot, "ranks_per_group": self.ranks_per_group,
                           "advantage": float(samples.advantages[slot])}
@@ -83,10 +83,10 @@ class RolloutMedia:
                 record.update({k: float(v[slot]) for k, v in samples.rewards.items()})
                 records.append(record)
                 logged.append(LoggedVideo(group_dir / name, f"{item.prompt} (seed {seeds[slot]}, reward "
-                                          f"{record['avg']:.4f}, advantage {record['advantage']:+.3f})", cfg.video_fps))
+                                          f"{record['avg']:.4f}, advantage {record['advantage']:+.3f})", cfg.rollout.video_fps))
             share = f"_dp_{dp_rank}" if spread else ""
             path = group_dir / f"index_{items[first].index}_group_{group_index}{share}_rewards.json"
             path.write_text(json.dumps(records, indent=2))
         if self.dims.is_main:
-            prune_rollout_media(run_dir, cfg.keep_rollout_steps)
+            prune_rollout_media(run_dir, cfg.output.keep_rollout_steps)
         return logged

@@ -115,6 +115,6 @@ def sampler_of(cfg: TrainConfig) -> Sampler:
     """The rollout sampler of the run: ``--sde_type``, ``--eta``, ``--grpo_sampling_steps`` on the
     ``--infer_flow_shift_video`` schedule, ``--cfg_scale``; built once, before any model loads (a schedule the SDE
     cannot use is refused here)."""
-    return Sampler.build(cfg.sde_type, cfg.eta, cfg.grpo_sampling_steps, cfg.infer_flow_shift_video, cfg.cfg_scale,
-                         autocast_dtype=autocast_dtype_of(cfg), num_image_tokens=cfg.vision_num_semantic_tokens,
-                         micro_batch_size=cfg.mini_batch_size_per_update)
+    return Sampler.build(cfg.rollout.sde_type, cfg.rollout.eta, cfg.rollout.grpo_sampling_steps, cfg.rollout.infer_flow_shift_video, cfg.rollout.cfg_scale,
+                         autocast_dtype=autocast_dtype_of(cfg), num_image_tokens=cfg.model.vision_num_semantic_tokens,
+                         micro_batch_size=cfg.parallel.mini_batch_size_per_update)

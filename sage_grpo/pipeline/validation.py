@@ -66,10 +66,10 @@ DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently
 def validation_items(cfg: TrainConfig) -> List[PromptItem]:
     """The validation prompts: ``--valid_video_csv`` (a row without a seed: ``--validation_global_seed``, spec §4.4),
     else ``--validation_prompts``, else the reference's default prompt."""
-    if cfg.valid_video_csv:
-        return read_prompt_csvs(cfg.valid_video_csv, default_seed=cfg.validation_global_seed)
-    prompts = cfg.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
-    return [PromptItem(i, p, cfg.validation_global_seed) for i, p in enumerate(prompts)]
+    if cfg.validation.valid_video_csv:
+        return read_prompt_csvs(cfg.validation.valid_video_csv, default_seed=cfg.validation.validation_global_seed)
+    prompts = cfg.validation.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
+    return [PromptItem(i, p, cfg.validation.validation_global_seed) for i, p in enumerate(prompts)]
 
 
 @dataclass

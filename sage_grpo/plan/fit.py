@@ -138,13 +138,13 @@ def check_train_weights_fit(cfg: TrainConfig) -> None:
     from sage_grpo.plan.memory import device_memory_gib, launch_world_size
     from sage_grpo.plan.scorers import needs_videoalign
 
-    sizes = _root_sizes(cfg.pretrained_model_root, cfg.pretrained_transformer_version, needs_videoalign(cfg))
+    sizes = _root_sizes(cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version, needs_videoalign(cfg))
     if sizes is None:
         return
     device = resolve_device(cfg).type
     world = launch_world_size()
-    shards = world // cfg.dp_replicate if cfg.enable_fsdp and world > 1 else 1
-    check_weights_fit(sizes, DTYPES[cfg.dtype].itemsize, device, host_memory_bytes(),
+    shards = world // cfg.parallel.dp_replicate if cfg.parallel.enable_fsdp and world > 1 else 1
+    check_weights_fit(sizes, DTYPES[cfg.model.dtype].itemsize, device, host_memory_bytes(),
                       device_memory_gib(cfg) if device == "cuda" else None, shards)
 
 

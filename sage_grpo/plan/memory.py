@@ -156,23 +156,23 @@ def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: s
     from sage_grpo.dtypes import DTYPES, autocast_dtype_of
     from sage_grpo.rl import drift_watch_of, kl_mode_of
 
-    sharded = cfg.enable_fsdp and world_size > 1
+    sharded = cfg.parallel.enable_fsdp and world_size > 1
     t = sizes.transformer
-    gathered = policy_param_dtype(cfg).itemsize if sharded else DTYPES[cfg.master_weight_type].itemsize
-    compute = DTYPES[cfg.dtype].itemsize
-    kl, r, per_block = kl_mode_of(cfg), cfg.lora_r, t.lora_width // t.config["num_layers"]
+    gathered = policy_param_dtype(cfg).itemsize if sharded else DTYPES[cfg.model.master_weight_type].itemsize
+    compute = DTYPES[cfg.model.dtype].itemsize
+    kl, r, per_block = kl_mode_of(cfg), cfg.lora.lora_r, t.lora_width // t.config["num_layers"]
     # P_g: parameters that get a gradient (and optimizer state)
-    trainable = r * (t.lora_width - t.unused_lora_width) if cfg.use_lora else t.num_params - t.unused_params
+    trainable = r * (t.lora_width - t.unused_lora_width) if cfg.lora.use_lora else t.num_params - t.unused_params
     autocast = autocast_dtype_of(cfg) is not None  # the transformer's forward runs under autocast
     return _Layout(
-        cfg=cfg, sizes=sizes, world_size=world_size, shard=world_size // cfg.dp_replicate if sharded else 1,
-        sp=cfg.sp_size, master=DTYPES[cfg.master_weight_type].itemsize, gathered=gathered, compute=compute,
+        cfg=cfg, sizes=sizes, world_size=world_size, shard=world_size // cfg.parallel.dp_replicate if sharded else 1,
+        sp=cfg.parallel.sp_size, master=DTYPES[cfg.model.master_weight_type].itemsize, gathered=gathered, compute=compute,
         activation=compute * (AUTOCAST_ACTIVATION_FACTOR if autocast else 1.0),
-        autocast_copies=autocast and not cfg.use_lora and compute < gathered,
-        separate_reference=kl.uses_reference and not cfg.use_lora, trainable=trainable,
-        offload_encoders=cfg.offload_text_encoders and device_type != "cpu",
-        kl=kl, adapters=r * t.lora_width * (2 if kl.moving_anchor else 1) if cfg.use_lora else 0,
-        block_trainable=r * (per_block - t.unused_lora_width) if cfg.use_lora else t.block_params - t.unused_params,
+        autocast_copies=autocast and not cfg.lora.use_lora and compute < gathered,
+        separate_reference=kl.uses_reference and not cfg.lora.use_lora, trainable=trainable,
+        offload_encoders=cfg.parallel.offload_text_encoders and device_type != "cpu",
+        kl=kl, adapters=r * t.lora_width * (2 if kl.moving_anchor else 1) if cfg.lora.use_lora else 0,
+        block_trainable=r * (per_block - t.unused_lora_width) if cfg.lora.use_lora else t.block_params - t.unused_params,
         base_copy=drift_watch_of(cfg, kl).base_copy)
 
 
@@ -180,15 +180,15 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
     """What stays on the GPU through every phase."""
     cfg, t, z = lay.cfg, lay.sizes.transformer, lay.shard
     out = []
-    if cfg.use_lora:
+    if cfg.lora.use_lora:
         out.append(Component("policy weights (frozen base + LoRA)", (t.num_params * lay.compute + lay.adapters
                                                                      * lay.master) / z,
                              f"P·c/Z + k·r·Σ(in+out)·m/Z, k adapters (the anchor too), Z = {z}"))
     else:
         out.append(Component("policy weights = fp32 master shards" if lay.master == 4 else "policy weight shards",
                              t.num_params * lay.master / z, f"P·m/Z = {_count_text(t.num_params)}·{lay.master}/{z}"))
-    if cfg.use_muon:
-        matrices = lay.trainable if cfg.use_lora else t.num_matrix_params
+    if cfg.optim.use_muon:
+        matrices = lay.trainable if cfg.lora.use_lora else t.num_matrix_params
         out.append(Component("optimizer: Muon momentum", matrices * lay.master / z, "P_mat·m/Z (2-D weights)"))
         out.append(Component("optimizer: AdamW moments", 2 * (lay.trainable - matrices) * lay.master / z,
                              "2·(P_g − P_mat)·m/Z (biases, norms, the patch conv)"))
@@ -199,8 +199,8 @@ def _resident(lay: _Layout, placement: Placement) -> List[Component]:
             out.append(Component(f"{name} shards", t.num_params * lay.compute / z, "P·c/Z, on the device"))
     out.append(Component("VAE weights", lay.sizes.vae_params * lay.compute, "resident in --dtype"))
     out += [Component(*row) for row in resident_rows(cfg, lay.sizes, lay.compute)]  # rewards, held-out scorers
-    if cfg.ema_decay > 0:  # every trainable tensor (the policy adapter's with LoRA) in fp32, sharded like the weights
-        ema = cfg.lora_r * t.lora_width if cfg.use_lora else t.num_params
+    if cfg.optim.ema_decay > 0:  # every trainable tensor (the policy adapter's with LoRA) in fp32, sharded like the weights
+        ema = cfg.lora.lora_r * t.lora_width if cfg.lora.use_lora else t.num_params
         out.append(Component("EMA of the trained weights", ema * 4 / z, f"{_count_text(ema)}·4/Z, --ema_decay"))
     if not lay.offload_encoders:
         out.append(_encoder_weights(lay, "resident (--offload_text_encoders false)"))
@@ -221,14 +221,14 @@ def _encoder_weights(lay: _Layout, note: str) -> Component:
 
 def _gradients_persist(cfg: TrainConfig) -> bool:
     """Gradients outlive the training phase when an update spans several rollout batches."""
-    return cfg.gradient_accumulation_steps > 1
+    return cfg.optim.gradient_accumulation_steps > 1
 
 
 def _gradients(lay: _Layout, placement: Placement, note: str = "") -> Component:
     if lay.shard > 1 and not placement.reduce_per_backward:  # + the first reduced (last) block's shard at the peak,
-        first = "" if lay.cfg.use_lora else " + (P_blk − P_unused)·4/Z"  # which LoRA's peak precedes (docstring)
+        first = "" if lay.cfg.lora.use_lora else " + (P_blk − P_unused)·4/Z"  # which LoRA's peak precedes (docstring)
         return Component("gradients (unsharded, held per update)",
-                         lay.trainable * 4 + (0 if lay.cfg.use_lora else lay.block_trainable * 4 / lay.shard),
+                         lay.trainable * 4 + (0 if lay.cfg.lora.use_lora else lay.block_trainable * 4 / lay.shard),
                          f"P_g·4{first}: fp32, reduced once per update {note}".strip())
     return Component("gradients (sharded)" if lay.shard > 1 else "gradients", lay.trainable * lay.master / lay.shard,
                      f"P_g·m/Z {note}".strip())
@@ -259,7 +259,7 @@ def _autocast(lay: _Layout) -> List[Component]:
 
 def _calls(cfg: TrainConfig, steps: int = 1) -> int:
     """b: samples per transformer call (both CFG branches in one call), ``steps`` trained steps of each."""
-    return cfg.mini_batch_size_per_update * steps * (2 if cfg.cfg_scale > 1 else 1)
+    return cfg.parallel.mini_batch_size_per_update * steps * (2 if cfg.rollout.cfg_scale > 1 else 1)
 
 
 def _no_grad_forward(lay: _Layout, name: str, video_tokens: int, samples: Optional[int] = None,
@@ -268,8 +268,8 @@ def _no_grad_forward(lay: _Layout, name: str, video_tokens: int, samples: Option
     tensors at its peak (:func:`no_grad_forward_elements`), c bytes each (nothing is saved, so autocast's fp32 saves
     do not arise), plus the fp32 RoPE tables."""
     t = lay.sizes.transformer
-    b = _calls(lay.cfg) if samples is None else samples * (2 if lay.cfg.cfg_scale > 1 else 1)
-    elements = no_grad_forward_elements(t, video_tokens, lay.cfg, lay.sp, lay.cfg.cfg_scale > 1, adapters_active)
+    b = _calls(lay.cfg) if samples is None else samples * (2 if lay.cfg.rollout.cfg_scale > 1 else 1)
+    elements = no_grad_forward_elements(t, video_tokens, lay.cfg, lay.sp, lay.cfg.rollout.cfg_scale > 1, adapters_active)
     return Component(name, b * elements * lay.compute + rope_table_elements(t, video_tokens) * 4,
                      f"b·[L·D + max(3nD + 2nF, 4nD + 2TF) + 3TD + 3(T+L_img)·D + ...]·c + 2·L·h_d·4, b = {b}")
 
@@ -286,10 +286,10 @@ def _optimizer_step(lay: _Layout, placement: Placement) -> List[Component]:
     cfg, t, z, m = lay.cfg, lay.sizes.transformer, lay.shard, lay.master
     out = [] if _gradients_persist(cfg) else [_gradients(lay, dataclasses.replace(placement,
                                                                                   reduce_per_backward=True))]
-    if cfg.use_lora and cfg.use_muon:
-        return out + [Component("optimizer step temporaries", lora_muon_step_bytes(t, cfg.lora_r, m),
+    if cfg.lora.use_lora and cfg.optim.use_muon:
+        return out + [Component("optimizer step temporaries", lora_muon_step_bytes(t, cfg.lora.lora_r, m),
                                 "Muon, LoRA: r·c·(m + 2·2) + r·D·2 + 2·r²·2, c the widest layer side")]
-    if not cfg.use_muon:
+    if not cfg.optim.use_muon:
         return out + [Component("optimizer step temporaries", lay.trainable * m / z,
                                 "P_g·m/Z: foreach AdamW's sqrt of the second moments")]
     rows, cols = t.largest_matrix
@@ -319,7 +319,7 @@ def _encode(lay: _Layout) -> Component:
     """Prompt encoding of a step's prompts (+ the negative): every hidden state of the MLLM is returned (the
     pipeline takes the third from last), plus one layer's transient."""
     layers, hidden, intermediate = lay.sizes.text_encoder_shape
-    prompts = lay.cfg.batch_size + 1
+    prompts = lay.cfg.data.batch_size + 1
     tokens = text_token_count(lay.cfg)
     return Component("prompt encoding activations", prompts * tokens * ((layers + 1) * hidden
                      + 4 * hidden + 3 * intermediate) * lay.compute, "prompts·tokens·((layers+1)·h + 4h + 3i)·c")
@@ -331,58 +331,58 @@ def plan_memory(cfg: TrainConfig, sizes: ModelSizes, world_size: int, gpu_memory
     lay = _layout(cfg, sizes, world_size, device_type)
     t = sizes.transformer
     height, width = rollout_size(cfg)
-    tokens = video_token_count(sizes, cfg.sample_n_frames, height, width)
+    tokens = video_token_count(sizes, cfg.rollout.sample_n_frames, height, width)
     resident = _resident(lay, placement)
     policy_units = _gathered_units(lay, lay.gathered, with_gradient=False)
     phases = []
     if lay.offload_encoders:
         phases.append(Phase("encode", tuple(resident + [_encoder_weights(lay, "on the GPU only while encoding"),
                                                         _encode(lay)])))
-    latents = cfg.batch_size * (cfg.grpo_sampling_steps + 1) * sizes.vae_config["latent_channels"] * (
+    latents = cfg.data.batch_size * (cfg.rollout.grpo_sampling_steps + 1) * sizes.vae_config["latent_channels"] * (
         tokens * t.config["patch_size"] ** 2 * t.config["patch_size_t"]) * 4
     step_inputs = [Component("rollout latents x_0..x_N", latents, "B·(N+1)·latent·4"),
                    Component("prompt embeddings", prompt_embedding_bytes(t, cfg, lay.compute),
                              "2·B·(L_mllm·E1 + L_byt5·E2)·c + int64 masks: positive and negative")]
     # the rollout's SDE noise, moved to the device in one copy (pipeline/rollout.py): one latent per stochastic step
-    sde_steps = cfg.sde_window_size or cfg.grpo_sampling_steps
-    sde_noise = Component("rollout SDE noise", latents // (cfg.grpo_sampling_steps + 1) * sde_steps,
+    sde_steps = cfg.rollout.sde_window_size or cfg.rollout.grpo_sampling_steps
+    sde_noise = Component("rollout SDE noise", latents // (cfg.rollout.grpo_sampling_steps + 1) * sde_steps,
                           "B·N_sde·latent·4, N_sde = --sde_window_size or N")
     phases.append(Phase("rollout", tuple(resident + policy_units + _autocast(lay) + step_inputs + [sde_noise]
                                          + [_no_grad_forward(lay, "rollout block activations", tokens)])))
-    means = [Component("reference means", latents // (cfg.grpo_sampling_steps + 1) * cfg.grpo_sampling_steps,
+    means = [Component("reference means", latents // (cfg.rollout.grpo_sampling_steps + 1) * cfg.rollout.grpo_sampling_steps,
                        "B·N·latent·4: reference pass to optimizer step")] if lay.kl.uses_reference else []
     # LoRA: the reference passes run the policy itself, its units gathered as for the rollout
-    if lay.separate_reference or (cfg.use_lora and lay.kl.uses_reference):
+    if lay.separate_reference or (cfg.lora.use_lora and lay.kl.uses_reference):
         ref = [_frozen_units(lay, placement, "reference")] if lay.separate_reference else policy_units
         reward = [_beside_reference(reward_forward_row(cfg, sizes))] if placement.async_reward else []
         phases.append(Phase("reference", tuple(resident + ref + step_inputs + means + reward + [
                                                            _no_grad_forward(lay, "reference block activations",
                                                                             tokens, placement.reference_batch_size,
-                                                                            cfg.use_lora and lay.kl.moving_anchor)])))
+                                                                            cfg.lora.use_lora and lay.kl.moving_anchor)])))
     b = _calls(cfg, placement.replay_group_size)
-    kept, saved = training_activation_elements(t, tokens, cfg, lay.sp, cfg.enable_gradient_checkpointing)
+    kept, saved = training_activation_elements(t, tokens, cfg, lay.sp, cfg.parallel.enable_gradient_checkpointing)
     train = resident + _gathered_units(lay, lay.gathered, with_gradient=placement.reduce_per_backward) + _autocast(lay)
     if not _gradients_persist(cfg):
         train.append(_gradients(lay, placement))
     train += step_inputs + means + [Component(
-        "activations" + (" (checkpointed)" if cfg.enable_gradient_checkpointing else ""),
+        "activations" + (" (checkpointed)" if cfg.parallel.enable_gradient_checkpointing else ""),
         b * (kept * lay.compute + saved * lay.activation),
         ("b·((blocks·(n+T) + L − n + L_img)·D·c + (one block + outside)·a), "
-         if cfg.enable_gradient_checkpointing else "b·(blocks·block + outside)·a, ")
+         if cfg.parallel.enable_gradient_checkpointing else "b·(blocks·block + outside)·a, ")
         + f"b = {b}, n = {tokens // lay.sp}, T = {text_token_count(cfg)}, a = {lay.activation:g} B")]
     phases.append(Phase("train", tuple(train)))
     phases.append(Phase("optimizer step", tuple(resident + step_inputs + means + _optimizer_step(lay, placement))))
     phases.append(Phase("decode + reward", tuple(resident + step_inputs + [
-        _vae_decode(lay, placement, cfg.sample_n_frames, height, width, "VAE decode"),
+        _vae_decode(lay, placement, cfg.rollout.sample_n_frames, height, width, "VAE decode"),
         Component(*reward_forward_row(cfg, sizes))])))
-    if cfg.validation_interval > 0 or cfg.validate_at_step0:
+    if cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0:
         v_height, v_width = validation_size(cfg)
-        v_tokens = video_token_count(sizes, cfg.validate_video_length, v_height, v_width)
+        v_tokens = video_token_count(sizes, cfg.validation.validate_video_length, v_height, v_width)
         phases.append(Phase("validation sampling", tuple(
             resident + policy_units + _autocast(lay) + [_no_grad_forward(lay, "validation block activations",
                                                                          v_tokens)])))
         phases.append(Phase("validation decode", tuple(resident + [_vae_decode(
-            lay, placement, cfg.validate_video_length, v_height, v_width, "validation VAE decode")])))
+            lay, placement, cfg.validation.validate_video_length, v_height, v_width, "validation VAE decode")])))
         phases.append(Phase("validation scoring", tuple(resident + [Component(*validation_scoring_row(
             cfg, sizes, lay.compute))])))
         if lay.base_copy:  # the drift proxy's base forwards (LoRA's and a fixed anchor's base: no model of its own)
@@ -406,8 +406,8 @@ def _frozen_units(lay: _Layout, placement: Placement, name: str) -> Component:
 
 def _explicit(cfg: TrainConfig) -> Tuple[Optional[bool], Optional[bool]]:
     """(reduce_per_backward, reference_on_cpu) the flags fix, None where ``auto``."""
-    per_backward = None if cfg.gradient_reduction == "auto" else cfg.gradient_reduction == "per_backward"
-    on_cpu = None if cfg.reference_placement == "auto" else cfg.reference_placement == "cpu"
+    per_backward = None if cfg.parallel.gradient_reduction == "auto" else cfg.parallel.gradient_reduction == "per_backward"
+    on_cpu = None if cfg.parallel.reference_placement == "auto" else cfg.parallel.reference_placement == "cpu"
     return per_backward, on_cpu
 
 
@@ -416,16 +416,16 @@ def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
     """The plan of ``cfg`` with its ``auto`` placements decided (see the module docstring)."""
     sizes = sizes or sizes_of(cfg)
     fixed_backward, fixed_cpu = _explicit(cfg)
-    sharded = cfg.enable_fsdp and world_size > 1
+    sharded = cfg.parallel.enable_fsdp and world_size > 1
 
     def plan(per_backward: bool, on_cpu: bool) -> MemoryPlan:
         return plan_memory(cfg, sizes, world_size, gpu_memory_gib,
-                           Placement(per_backward, on_cpu, cfg.vae_tiling, cfg.mini_batch_size_per_update))
+                           Placement(per_backward, on_cpu, cfg.parallel.vae_tiling, cfg.parallel.mini_batch_size_per_update))
 
-    smallest_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
+    smallest_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.lora.use_lora
     on_cpu = fixed_cpu
     if on_cpu is None:
-        on_cpu = bool(cfg.reference_mode_offload and not plan(smallest_backward, False).fits(MARGIN))
+        on_cpu = bool(cfg.parallel.reference_mode_offload and not plan(smallest_backward, False).fits(MARGIN))
     per_backward = fixed_backward
     if per_backward is None:
         per_backward = sharded and not plan(False, on_cpu).fits(MARGIN)
@@ -436,7 +436,7 @@ def plan_launch(cfg: TrainConfig, world_size: int, gpu_memory_gib: float,
 
 
 def sizes_of(cfg: TrainConfig) -> ModelSizes:
-    return read_model_sizes(str(cfg.pretrained_model_root), cfg.pretrained_transformer_version, needs_videoalign(cfg))
+    return read_model_sizes(str(cfg.model.pretrained_model_root), cfg.model.pretrained_transformer_version, needs_videoalign(cfg))
 
 
 def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,
@@ -459,9 +459,9 @@ def resolve_placement(cfg: TrainConfig, *, sharded: bool, device_type: str,
         return off_cuda(cfg, dataclasses.replace(placement, reference_on_cpu=placement.reference_on_cpu
                                                  and device_type != "cpu"))
     fixed_backward, fixed_cpu = _explicit(cfg)
-    per_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.use_lora
+    per_backward = fixed_backward if fixed_backward is not None else sharded and not cfg.lora.use_lora
     on_cpu = bool(fixed_cpu)  # --reference_placement cpu is honoured on a CPU device too (FSDP's CPU offload)
-    return off_cuda(cfg, Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.vae_tiling))
+    return off_cuda(cfg, Placement(reduce_per_backward=per_backward, reference_on_cpu=on_cpu, vae_tiling=cfg.parallel.vae_tiling))
 
 
 def placement_of(cfg: TrainConfig, device: torch.device) -> Placement:
@@ -482,10 +482,10 @@ def launch_world_size() -> int:
 
 def device_memory_gib(cfg: TrainConfig) -> float:
     """``--gpu_memory_gb``, else this process's GPU's memory, else :data:`DEFAULT_GPU_MEMORY_GIB`."""
-    if cfg.gpu_memory_gb is not None:
-        return cfg.gpu_memory_gb
+    if cfg.parallel.gpu_memory_gb is not None:
+        return cfg.parallel.gpu_memory_gb
     if torch.cuda.is_available():
-        index = torch.device(cfg.device).index if cfg.device else None
+        index = torch.device(cfg.parallel.device).index if cfg.parallel.device else None
         if index is None:  # no --device, or a bare "cuda": this process's GPU, as resolve_device picks it
             index = read_launch_env().local_rank
         return torch.cuda.get_device_properties(index).total_memory / GIB

@@ -36,8 +36,8 @@ def _fits(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: Model
     changed = cfg.replace(**changes)
     try:
         validate_train_config(changed, world_size=world_size)
-        tokens = video_token_count(sizes, changed.sample_n_frames, *rollout_size(changed))
-        if changed.sp_size > 1 and tokens % changed.sp_size:
+        tokens = video_token_count(sizes, changed.rollout.sample_n_frames, *rollout_size(changed))
+        if changed.parallel.sp_size > 1 and tokens % changed.parallel.sp_size:
             return False
     except ConfigError:
         return False
@@ -47,7 +47,7 @@ def _fits(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: Model
 # What the CLI searches: (flag, candidate values of cfg); memory grows with each, and the plan says which fit.
 SEARCHES = (
     ("batch_size", lambda cfg: range(1, 65)),
-    ("mini_batch_size_per_update", lambda cfg: [d for d in range(1, cfg.batch_size + 1) if cfg.batch_size % d == 0]),
+    ("mini_batch_size_per_update", lambda cfg: [d for d in range(1, cfg.data.batch_size + 1) if cfg.data.batch_size % d == 0]),
     ("sample_n_frames", lambda cfg: range(1, 482, 4)),
 )
 
@@ -66,22 +66,22 @@ def report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> str:
     t = sizes.transformer
     placement = plan.placement
     height, width = rollout_size(cfg)
-    tokens = video_token_count(sizes, cfg.sample_n_frames, height, width)
+    tokens = video_token_count(sizes, cfg.rollout.sample_n_frames, height, width)
     lines = [
-        f"memory plan: {world_size} GPUs of {gpu_memory_gib:g} GB, dp {world_size // cfg.sp_size} x sp {cfg.sp_size}, "
-        f"FSDP shard {world_size // cfg.dp_replicate if cfg.enable_fsdp and world_size > 1 else 1}",
+        f"memory plan: {world_size} GPUs of {gpu_memory_gib:g} GB, dp {world_size // cfg.parallel.sp_size} x sp {cfg.parallel.sp_size}, "
+        f"FSDP shard {world_size // cfg.parallel.dp_replicate if cfg.parallel.enable_fsdp and world_size > 1 else 1}",
         f"transformer {t.num_params / 1e9:.2f}B ({t.config['num_layers']} blocks, hidden {t.hidden}); VAE "
         f"{sizes.vae_params / 1e9:.2f}B; text encoders {sizes.text_encoder_params / 1e9:.2f}B + "
         f"{sizes.byt5_params / 1e9:.2f}B; reward {sizes.reward_params / 1e9:.2f}B",
         "configs: " + ", ".join(f"{k} from {v}" for k, v in sizes.sources.items()),
-        f"video {cfg.sample_n_frames}x{height}x{width}: {tokens} latent tokens, {tokens // cfg.sp_size} per SP rank "
+        f"video {cfg.rollout.sample_n_frames}x{height}x{width}: {tokens} latent tokens, {tokens // cfg.parallel.sp_size} per SP rank "
         f"+ {text_token_count(cfg)} text tokens",
         f"decisions: gradient_reduction {'per_backward' if placement.reduce_per_backward else 'per_update'}, "
         f"reference {'cpu' if placement.reference_on_cpu else 'device'} ({placement.reference_batch_size} "
         f"transitions per forward), replay {placement.replay_group_size} trained step(s) per forward, reward "
         f"{'in the background' if placement.async_reward else 'in line'}, rollout decode "
-        f"{'tiled' if placement.tile(cfg.sample_n_frames, height, width) else 'untiled'}, text encoders "
-        f"{'offloaded' if cfg.offload_text_encoders else 'resident'}",
+        f"{'tiled' if placement.tile(cfg.rollout.sample_n_frames, height, width) else 'untiled'}, text encoders "
+        f"{'offloaded' if cfg.parallel.offload_text_encoders else 'resident'}",
         "", plan_table(plan), "",
     ]
     train = plan.phase("train")
@@ -123,8 +123,8 @@ def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
     ``--ignore_memory_plan``; a warning on stderr when it fits with less than ``MARGIN`` of the GPU free (what the
     plan cannot see, allocator fragmentation and NCCL buffers, may then not fit; refusing would stop launches that
     run)."""
-    device = torch.device(cfg.device) if cfg.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type != "cuda" or cfg.ignore_memory_plan:
+    device = torch.device(cfg.parallel.device) if cfg.parallel.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" or cfg.parallel.ignore_memory_plan:
         return None
     world_size = launch_world_size()
     validate_train_config(cfg, world_size=world_size)
@@ -157,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     "plus --world_size N (GPUs; default $WORLD_SIZE or 1), --simulate (also run the step on fake "
                     "tensors under torch's memory tracker, sage_grpo/plan/simulate.py) and --simulate_layers N (the "
                     "simulation and its plan at N blocks)")
-    gpu = cfg.gpu_memory_gb if cfg.gpu_memory_gb is not None else DEFAULT_GPU_MEMORY_GIB
+    gpu = cfg.parallel.gpu_memory_gb if cfg.parallel.gpu_memory_gb is not None else DEFAULT_GPU_MEMORY_GIB
     try:
         for flag, value in (("--world_size", known.world_size), ("--simulate_layers", known.simulate_layers)):
             if value is not None and value < 1:
@@ -187,9 +187,9 @@ def check_layout(cfg: TrainConfig, world_size: int) -> None:
     sizes = sizes_of(cfg)
     validate_train_config(cfg, world_size=world_size,
                           num_attention_heads=sizes.transformer.config["num_attention_heads"])
-    videos = [(cfg.sample_n_frames, *rollout_size(cfg))]
-    if cfg.validation_interval > 0 or cfg.validate_at_step0:
-        videos.append((cfg.validate_video_length, *validation_size(cfg)))
+    videos = [(cfg.rollout.sample_n_frames, *rollout_size(cfg))]
+    if cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0:
+        videos.append((cfg.validation.validate_video_length, *validation_size(cfg)))
     for frames, height, width in videos:
-        check_sequence_parallel_tokens(video_token_count(sizes, frames, height, width), cfg.sp_size)
+        check_sequence_parallel_tokens(video_token_count(sizes, frames, height, width), cfg.parallel.sp_size)
 

@@ -53,22 +53,22 @@ Row = Tuple[str, float, str]  # (component, bytes, formula): a memory-plan Compo
 
 def reward_models(cfg: TrainConfig) -> List[str]:
     """Every reward model of ``avg`` (``--reward_model``, ``--extra_rewards``)."""
-    return list(dict.fromkeys(["videoalign_local" if cfg.reward_model == "auto" else cfg.reward_model]
-                              + list(cfg.extra_rewards or {})))
+    return list(dict.fromkeys(["videoalign_local" if cfg.reward.reward_model == "auto" else cfg.reward.reward_model]
+                              + list(cfg.reward.extra_rewards or {})))
 
 
 def local_rewards(cfg: TrainConfig) -> List[str]:
     """The reward models of ``avg`` that run on this run's SP leaders (not the remote one)."""
-    return reward_models(cfg)[1:] if cfg.remote_reward_url else reward_models(cfg)
+    return reward_models(cfg)[1:] if cfg.reward.remote_reward_url else reward_models(cfg)
 
 
 def held_out_rewards(cfg: TrainConfig) -> List[str]:
     """The reward models of the held-out validation metrics the trainer builds on the main process."""
     from sage_grpo.rewards.scorers import held_out, registry_name
 
-    if not (cfg.validation_interval > 0 or cfg.validate_at_step0):
+    if not (cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0):
         return []
-    kept, _ = held_out(cfg.validation_metrics or [], reward_models(cfg))
+    kept, _ = held_out(cfg.validation.validation_metrics or [], reward_models(cfg))
     return list(dict.fromkeys(registry_name(name) for name in kept))
 
 
@@ -98,7 +98,7 @@ def _clip_memory(cfg: TrainConfig, name: str) -> ScorerMemory:
 
     flag, _, label = CLIP_SCORERS[name]
     try:
-        config = resolve_model_folder(getattr(cfg, flag), cfg.pretrained_model_root, f"--{flag}") / "config.json"
+        config = resolve_model_folder(getattr(cfg, flag), cfg.model.pretrained_model_root, f"--{flag}") / "config.json"
     except FileNotFoundError:
         config = None
     found = config is not None and config.is_file()
@@ -117,7 +117,7 @@ def _memory(cfg: TrainConfig, sizes: ModelSizes, name: str, dtype_bytes: int, va
         return _clip_memory(cfg, name)
     if name != "videoalign_local":
         return None
-    scored = cfg.replace(sample_n_frames=cfg.validate_video_length, reward_batch_size=1) \
+    scored = cfg.replace(sample_n_frames=cfg.validation.validate_video_length, reward_batch_size=1) \
         if validation else cfg
     tokens, forward = reward_forward_bytes(scored, sizes.reward_shape)
     return ScorerMemory(name, sizes.reward_params * dtype_bytes, forward,

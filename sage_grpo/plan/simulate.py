@@ -128,7 +128,7 @@ def _transformer_on_meta(config: Dict, dtype: torch.dtype, cfg: TrainConfig):
     with torch.device("meta"):
         model = HunyuanVideo15Transformer3DModel.from_config(public_config(config)).to(dtype)
     # and the sync-free forward (models/transformer_forward.py), splitting rows as on CUDA
-    install_joint_attention(model, cfg.attention_backend, split_rows_on_cuda(cfg))
+    install_joint_attention(model, cfg.model.attention_backend, split_rows_on_cuda(cfg))
     return model
 
 
@@ -136,7 +136,7 @@ def split_rows_on_cuda(cfg: TrainConfig) -> bool:
     """``--mixed_length_attention`` as a CUDA run decides it (the simulated launch's device)."""
     from sage_grpo.models.attention import split_rows_of
 
-    return split_rows_of(cfg.mixed_length_attention, torch.device("cuda"))
+    return split_rows_of(cfg.throughput.mixed_length_attention, torch.device("cuda"))
 
 
 class _Models(torch.nn.Module):
@@ -166,31 +166,31 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
 
     from sage_grpo.config import ConfigError
 
-    if not (cfg.enable_fsdp and world_size > 1):
+    if not (cfg.parallel.enable_fsdp and world_size > 1):
         raise ConfigError("--simulate covers FSDP2 launches on several ranks (torch's FSDP memory tracker), full "
                           "fine-tuning or --use_lora; this launch is planned only: pass --enable_fsdp and "
                           "--world_size > 1")
-    dims = ParallelDims(world_size=world_size, sp_size=cfg.sp_size, dp_replicate=cfg.dp_replicate,
-                        batch_size=cfg.batch_size, num_generations=cfg.num_generations,
+    dims = ParallelDims(world_size=world_size, sp_size=cfg.parallel.sp_size, dp_replicate=cfg.parallel.dp_replicate,
+                        batch_size=cfg.data.batch_size, num_generations=cfg.data.num_generations,
                         num_attention_heads=config.get("num_attention_heads", 16))
     dims.build_meshes()
     kl_mode = kl_mode_of(cfg)
     lora = reference = base = None
-    if cfg.use_lora:  # as build_models: the base loaded in --dtype, frozen, the adapters in the master dtype
-        policy = _transformer_on_meta(config, DTYPES[cfg.dtype], cfg)
-        lora = build_lora(cfg, kl_mode, policy, DTYPES[cfg.master_weight_type])
+    if cfg.lora.use_lora:  # as build_models: the base loaded in --dtype, frozen, the adapters in the master dtype
+        policy = _transformer_on_meta(config, DTYPES[cfg.model.dtype], cfg)
+        lora = build_lora(cfg, kl_mode, policy, DTYPES[cfg.model.master_weight_type])
     else:
-        policy = _transformer_on_meta(config, DTYPES[cfg.master_weight_type], cfg)
+        policy = _transformer_on_meta(config, DTYPES[cfg.model.master_weight_type], cfg)
         policy.requires_grad_(True)
         frozen = [kl_mode.uses_reference, drift_watch_of(cfg, kl_mode).base_copy]
-        reference, base = [_transformer_on_meta(config, DTYPES[cfg.dtype], cfg)
+        reference, base = [_transformer_on_meta(config, DTYPES[cfg.model.dtype], cfg)
                            .requires_grad_(False).eval() if wanted else None for wanted in frozen]
     policy.train()
     for model in (policy, reference, base):
         if model is not None:
             apply_sequence_parallel(model, dims.sp_group)
     apply_fsdp(policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
-               activation_checkpointing=cfg.enable_gradient_checkpointing)
+               activation_checkpointing=cfg.parallel.enable_gradient_checkpointing)
     for model in (reference, base):  # offloaded shards are left on the device here and out of its tally (docstring)
         if model is not None:
             shard_frozen(model, dims.fsdp_mesh, offload=False)
@@ -206,15 +206,15 @@ def _embeds(cfg: TrainConfig, batch: int, config: Dict, dtype: torch.dtype):
     masked kernels do not: the simulation keeps equal lengths, and no mask, then)."""
     from sage_grpo.models.text_encoding import PromptEmbeds, TextEncoderSettings
 
-    mllm = cfg.text_max_length or TextEncoderSettings.max_length
+    mllm = cfg.model.text_max_length or TextEncoderSettings.max_length
 
     def stream(length: int, width: int):
         return (torch.zeros(batch, length, width, dtype=dtype), torch.ones(batch, length, dtype=torch.int64))
 
-    (text, mask), (glyph, glyph_mask) = stream(mllm, config["text_embed_dim"]), stream(cfg.byt5_max_length,
+    (text, mask), (glyph, glyph_mask) = stream(mllm, config["text_embed_dim"]), stream(cfg.model.byt5_max_length,
                                                                                        config["text_embed_2_dim"])
-    negative = NEGATIVE_VALID_TOKENS if cfg.cfg_scale > 1 and split_rows_on_cuda(cfg) else mllm + cfg.byt5_max_length
-    counted = ((mllm + cfg.byt5_max_length, negative),) * batch  # what the forward reads, on the host
+    negative = NEGATIVE_VALID_TOKENS if cfg.rollout.cfg_scale > 1 and split_rows_on_cuda(cfg) else mllm + cfg.model.byt5_max_length
+    counted = ((mllm + cfg.model.byt5_max_length, negative),) * batch  # what the forward reads, on the host
     return PromptEmbeds(text, mask, glyph, glyph_mask, text.clone(), mask.clone(), glyph.clone(), glyph_mask.clone(),
                         valid_tokens=counted)
 
@@ -261,12 +261,12 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
 
         fully_shard(models, mesh=_dims.fsdp_mesh)  # the tracker wants an FSDP root; this one holds no parameters
         frames, height, width = video_tokens_shape
-        batch, autocast = cfg.mini_batch_size_per_update, autocast_dtype_of(cfg)
+        batch, autocast = cfg.parallel.mini_batch_size_per_update, autocast_dtype_of(cfg)
         with FakeTensorMode(allow_non_fake_inputs=True):
             models.to_empty(device="cpu")
-            optimizer = build_optimizer(policy.named_parameters(), use_muon=cfg.use_muon, lr=cfg.learning_rate,
-                                        weight_decay=cfg.weight_decay)
-            if cfg.use_muon:  # the Newton-Schulz dtype a GPU picks (sage_grpo.optim.muon.newton_schulz_dtype)
+            optimizer = build_optimizer(policy.named_parameters(), use_muon=cfg.optim.use_muon, lr=cfg.optim.learning_rate,
+                                        weight_decay=cfg.optim.weight_decay)
+            if cfg.optim.use_muon:  # the Newton-Schulz dtype a GPU picks (sage_grpo.optim.muon.newton_schulz_dtype)
                 optimizer.optimizers["muon"].ns_dtype = torch.bfloat16
             for part in optimizer_parts(optimizer).values():  # torch's AdamW picks foreach on CUDA, not on the CPU
                 if isinstance(part, torch.optim.AdamW):
@@ -274,24 +274,24 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
                         group["foreach"] = True
             _warm_up(policy, optimizer)
             latents = torch.zeros(batch, config["out_channels"], frames, height, width)
-            trajectories = torch.zeros(cfg.batch_size, cfg.grpo_sampling_steps + 1, *latents.shape[1:])
+            trajectories = torch.zeros(cfg.data.batch_size, cfg.rollout.grpo_sampling_steps + 1, *latents.shape[1:])
             timesteps = torch.full((batch,), 500.0)
-            step_embeds = _embeds(cfg, cfg.batch_size, config, DTYPES[cfg.dtype])  # the step's, as the trainer's
+            step_embeds = _embeds(cfg, cfg.data.batch_size, config, DTYPES[cfg.model.dtype])  # the step's, as the trainer's
             inputs = (trajectories, *(getattr(step_embeds, f) for f in ("embeds", "masks", "embeds_2", "masks_2",
                                                                        "neg_embeds", "neg_masks", "neg_embeds_2",
                                                                        "neg_masks_2")))
 
             def velocity(model, rows: int = batch):  # one call of ``rows`` transitions (CFG doubles them)
                 return cfg_velocity(model, latents.new_zeros(rows, *latents.shape[1:]), timesteps.new_full((rows,), 500.0),
-                                    step_embeds.select([i % cfg.batch_size for i in range(rows)]), cfg.cfg_scale,
-                                    autocast_dtype=autocast, num_image_tokens=cfg.vision_num_semantic_tokens,
+                                    step_embeds.select([i % cfg.data.batch_size for i in range(rows)]), cfg.rollout.cfg_scale,
+                                    autocast_dtype=autocast, num_image_tokens=cfg.model.vision_num_semantic_tokens,
                                     timesteps_r=timesteps.new_full((rows,), 400.0))  # used by mean-flow models
 
             with Phase("rollout", models, optimizer, inputs, "policy, no grad, CFG batch") as phase, torch.no_grad():
                 velocity(policy)
             result.phases.append(phase.result)
             if kl_mode_of(cfg).uses_reference:  # the reference means, held on the device until the step ends
-                inputs += (torch.zeros(cfg.batch_size, cfg.grpo_sampling_steps, *latents.shape[1:]),)
+                inputs += (torch.zeros(cfg.data.batch_size, cfg.rollout.grpo_sampling_steps, *latents.shape[1:]),)
             if reference is not None or (lora is not None and kl_mode_of(cfg).uses_reference):
                 rows = placement.reference_batch_size or batch  # the planner's choice (--reference_batch_size)
                 if lora is not None and lora.has_anchor:  # the anchor adapter, as from the first refresh on
@@ -315,8 +315,8 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
             result.phases.append(phase.result)
             params = [p for p in policy.parameters() if p.grad is not None]
             with Phase("optimizer step", models, optimizer, inputs, "global-norm clip, "
-                       + ("Muon + AdamW" if cfg.use_muon else "AdamW") + " step, zero_grad") as phase:
-                clip_gradients(params, cfg.max_grad_norm)
+                       + ("Muon + AdamW" if cfg.optim.use_muon else "AdamW") + " step, zero_grad") as phase:
+                clip_gradients(params, cfg.optim.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             result.phases.append(phase.result)
@@ -420,7 +420,7 @@ def latent_shape(cfg: TrainConfig, sizes) -> Tuple[int, int, int]:
 
     vae = sizes.vae_config
     height, width = rollout_size(cfg)
-    return ((cfg.sample_n_frames - 1) // vae["temporal_compression_ratio"] + 1,
+    return ((cfg.rollout.sample_n_frames - 1) // vae["temporal_compression_ratio"] + 1,
             height // vae["spatial_compression_ratio"], width // vae["spatial_compression_ratio"])
 
 
@@ -439,9 +439,9 @@ def simulation_report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, 
         sizes = dataclasses.replace(sizes, transformer=transformer_sizes(config))
     plan = plan_launch(cfg, world_size, gpu_memory_gib, sizes)
     simulation = simulate(cfg, world_size, plan.placement, config, latent_shape(cfg, sizes))
-    head = (f"simulated GRPO step: {world_size} ranks (fake process group, rank 0), sp {cfg.sp_size}, "
+    head = (f"simulated GRPO step: {world_size} ranks (fake process group, rank 0), sp {cfg.parallel.sp_size}, "
             f"{config['num_layers']} blocks, fake tensors on the CPU; placement {plan.placement}; CFG rows "
             + (f"split (the negative prompt's {NEGATIVE_VALID_TOKENS} valid text slots attend apart)"
-               if cfg.cfg_scale > 1 and split_rows_on_cuda(cfg) else "of equal length (every text slot valid)"))
+               if cfg.rollout.cfg_scale > 1 and split_rows_on_cuda(cfg) else "of equal length (every text slot valid)"))
     simulation.verdict = simulated_verdict(plan, simulation)
     return head + "\n\n" + comparison_table(plan, simulation), simulation

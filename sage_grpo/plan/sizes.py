@@ -205,8 +205,8 @@ def text_token_count(cfg: TrainConfig) -> int:
     at their worst (every MLLM and byT5 slot valid); text-to-video's L_image zero image slots are padding, trimmed."""
     from sage_grpo.models.text_encoding import TextEncoderSettings
 
-    mllm = cfg.text_max_length or TextEncoderSettings.max_length
-    return mllm + cfg.byt5_max_length
+    mllm = cfg.model.text_max_length or TextEncoderSettings.max_length
+    return mllm + cfg.model.byt5_max_length
 
 
 def block_saved_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
@@ -240,12 +240,12 @@ def outside_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainCon
 
     c = t.config
     d, f, heads, n = t.hidden, t.mlp_hidden, c["num_attention_heads"], video_tokens // sp
-    mllm = cfg.text_max_length or TextEncoderSettings.max_length
+    mllm = cfg.model.text_max_length or TextEncoderSettings.max_length
     if lora_in_blocks_only(cfg):  # frozen and upstream of every adapter: the embedders and refiner save nothing
         return 2 * n * c["attention_head_dim"] + n * (3 * d + 2)
     embed = c["in_channels"] * video_tokens + 2 * n * c["attention_head_dim"] + n * (3 * d + 2)
-    byt5 = cfg.byt5_max_length * (2 * c["text_embed_2_dim"] + 2 + 4 * BYT5_PROJECTION_WIDTH)
-    image = cfg.vision_num_semantic_tokens * (4 * c["image_embed_dim"] + d + 4)
+    byt5 = cfg.model.byt5_max_length * (2 * c["text_embed_2_dim"] + 2 + 4 * BYT5_PROJECTION_WIDTH)
+    image = cfg.model.vision_num_semantic_tokens * (4 * c["image_embed_dim"] + d + 4)
     refiner = mllm * c["text_embed_dim"] + c["num_refiner_layers"] * (mllm * (10 * d + 2 * f + 4 + heads) + mllm * mllm)
     return embed + byt5 + image + refiner
 
@@ -256,7 +256,7 @@ def lora_in_blocks_only(cfg: TrainConfig) -> bool:
     names reach the refiner's layers too) are planned as a full fine-tune's saves outside the blocks, an upper bound."""
     from sage_grpo.models.lora import ALL_LINEAR, check_targets
 
-    return cfg.use_lora and check_targets(cfg.lora_target_modules) in ([], [ALL_LINEAR])
+    return cfg.lora.use_lora and check_targets(cfg.lora.lora_target_modules) in ([], [ALL_LINEAR])
 
 
 def checkpointed_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
@@ -278,7 +278,7 @@ def forward_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainCon
     outside = outside_saved_elements(t, video_tokens, cfg, sp)
     if not checkpointing:
         return 0, depth * block_saved_elements(t, video_tokens, text, sp) + outside
-    block_zero = (video_tokens - video_tokens // sp + cfg.vision_num_semantic_tokens) * t.hidden
+    block_zero = (video_tokens - video_tokens // sp + cfg.model.vision_num_semantic_tokens) * t.hidden
     return depth * checkpointed_block_elements(t, video_tokens, text, sp) + block_zero, outside
 
 
@@ -319,11 +319,11 @@ def no_grad_forward_elements(t: TransformerSizes, video_tokens: int, cfg: TrainC
 
     c = t.config
     d, f, n, length = t.hidden, t.mlp_hidden, video_tokens // sp, video_tokens
-    mllm, byt5, image = (cfg.text_max_length or TextEncoderSettings.max_length), cfg.byt5_max_length, \
-        cfg.vision_num_semantic_tokens
+    mllm, byt5, image = (cfg.model.text_max_length or TextEncoderSettings.max_length), cfg.model.byt5_max_length, \
+        cfg.model.vision_num_semantic_tokens
     text = mllm + byt5
     # LoRA on the MLP's first projection adds out of place (peft: base + B(A(x))·scale): three F-wide tensors there
-    lora = f if (cfg.use_lora if adapters_active is None else adapters_active) else 0
+    lora = f if (cfg.lora.use_lora if adapters_active is None else adapters_active) else 0
     image_mlp = 3 * n * d + 2 * n * f + n * lora + 3 * text * d
     text_mlp = 4 * n * d + 2 * text * f + text * lora + 3 * text * d
     outside = (length * d + 2 * (text + image) * d + (mllm + byt5 + image) * d + image * c["image_embed_dim"]
@@ -342,10 +342,10 @@ def prompt_embedding_bytes(t: TransformerSizes, cfg: TrainConfig, dtype_bytes: i
     streams (L_mllm·E1 + L_byt5·E2 in ``--dtype``) and their int64 masks."""
     from sage_grpo.models.text_encoding import TextEncoderSettings
 
-    mllm = cfg.text_max_length or TextEncoderSettings.max_length
-    per_row = (mllm * t.config["text_embed_dim"] + cfg.byt5_max_length * t.config["text_embed_2_dim"]) * dtype_bytes \
-        + (mllm + cfg.byt5_max_length) * 8
-    return 2 * cfg.batch_size * per_row
+    mllm = cfg.model.text_max_length or TextEncoderSettings.max_length
+    per_row = (mllm * t.config["text_embed_dim"] + cfg.model.byt5_max_length * t.config["text_embed_2_dim"]) * dtype_bytes \
+        + (mllm + cfg.model.byt5_max_length) * 8
+    return 2 * cfg.data.batch_size * per_row
 
 
 def lora_muon_step_bytes(t: TransformerSizes, r: int, master_bytes: int) -> int:
@@ -364,11 +364,11 @@ def reward_forward_bytes(cfg: TrainConfig, reward_shape: Tuple[int, int]) -> Tup
 
     hidden, intermediate = reward_shape
     try:
-        frames = num_sampled_frames(cfg.sample_n_frames, cfg.video_fps, fps=REWARD_FPS)
+        frames = num_sampled_frames(cfg.rollout.sample_n_frames, cfg.rollout.video_fps, fps=REWARD_FPS)
     except ValueError:  # a video too short to sample: the reward sees it whole
-        frames = cfg.sample_n_frames
+        frames = cfg.rollout.sample_n_frames
     video_tokens = frames // 2 * REWARD_FRAME_PIXELS // (REWARD_PATCH * REWARD_MERGE) ** 2
-    tokens = cfg.reward_batch_size * (video_tokens + REWARD_TEXT_TOKENS)
+    tokens = cfg.reward.reward_batch_size * (video_tokens + REWARD_TEXT_TOKENS)
     return tokens, tokens * (4 * hidden + 3 * intermediate) * 2
 
 

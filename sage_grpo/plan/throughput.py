@@ -30,8 +30,8 @@ from sage_grpo.models.placement import Placement
 def reference_batch_candidates(cfg: TrainConfig) -> List[int]:
     """Reference batch sizes ``--reference_batch_size 0`` tries on CUDA: ``--mini_batch_size_per_update`` doubled up
     to a rollout batch's transitions with reference means (B x the steps trained: the window's, or all N)."""
-    transitions = cfg.batch_size * (cfg.sde_window_size or cfg.grpo_sampling_steps)
-    sizes, size = [], cfg.mini_batch_size_per_update
+    transitions = cfg.data.batch_size * (cfg.rollout.sde_window_size or cfg.rollout.grpo_sampling_steps)
+    sizes, size = [], cfg.parallel.mini_batch_size_per_update
     while size < transitions:
         sizes.append(size)
         size *= 2
@@ -40,16 +40,16 @@ def reference_batch_candidates(cfg: TrainConfig) -> List[int]:
 
 def fixed_async_reward(cfg: TrainConfig):
     """``--async_reward`` where no plan is needed: True or False when given, True for a remote reward, else None."""
-    if cfg.async_reward != "auto":
-        return cfg.async_reward == "true"
-    return True if cfg.remote_reward_url else None
+    if cfg.throughput.async_reward != "auto":
+        return cfg.throughput.async_reward == "true"
+    return True if cfg.reward.remote_reward_url else None
 
 
 def fixed_replay_group(cfg: TrainConfig):
     """``--replay_group_size`` where no plan is needed: the value given, 1 with LoRA dropout, else None."""
-    if cfg.replay_group_size:
-        return cfg.replay_group_size
-    return 1 if cfg.use_lora and cfg.lora_dropout > 0 else None
+    if cfg.throughput.replay_group_size:
+        return cfg.throughput.replay_group_size
+    return 1 if cfg.lora.use_lora and cfg.lora.lora_dropout > 0 else None
 
 
 def choose_throughput(cfg: TrainConfig, placement: Placement, plan: Callable, margin: float) -> Placement:
@@ -67,16 +67,16 @@ def choose_throughput(cfg: TrainConfig, placement: Placement, plan: Callable, ma
                 placement, replay_group_size=group + 1)).fits(margin):
             group += 1
     placement = dataclasses.replace(placement, replay_group_size=group)
-    if cfg.reference_batch_size:
-        return dataclasses.replace(placement, reference_batch_size=cfg.reference_batch_size)
+    if cfg.parallel.reference_batch_size:
+        return dataclasses.replace(placement, reference_batch_size=cfg.parallel.reference_batch_size)
     peak = plan(placement).peak.bytes
     fitting = [size for size in reference_batch_candidates(cfg)
                if plan(dataclasses.replace(placement, reference_batch_size=size)).peak.bytes <= peak]
-    return dataclasses.replace(placement, reference_batch_size=max(fitting, default=cfg.mini_batch_size_per_update))
+    return dataclasses.replace(placement, reference_batch_size=max(fitting, default=cfg.parallel.mini_batch_size_per_update))
 
 
 def off_cuda(cfg: TrainConfig, placement: Placement) -> Placement:
     """``placement`` on a device without a GPU budget: the given values, else the reference's arithmetic."""
-    return dataclasses.replace(placement, reference_batch_size=cfg.reference_batch_size
-                               or cfg.mini_batch_size_per_update, replay_group_size=cfg.replay_group_size or 1,
+    return dataclasses.replace(placement, reference_batch_size=cfg.parallel.reference_batch_size
+                               or cfg.parallel.mini_batch_size_per_update, replay_group_size=cfg.throughput.replay_group_size or 1,
                                async_reward=bool(fixed_async_reward(cfg)))

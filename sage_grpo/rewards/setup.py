@@ -42,17 +42,17 @@ def check_reward_config(cfg: TrainConfig) -> RewardPlan:
     """Parse and validate the reward configuration and resolve its names (plug-ins imported under the plug-in rule
     of :mod:`sage_grpo.rewards.registry`) without building any reward model; the scorers' folders are found."""
     try:
-        weights = parse_reward_weights(cfg.reward_weights)
-        models = plan_reward_models(cfg.reward_model, weights, cfg.reward_kwargs, cfg.extra_rewards,
-                                    batch_size=cfg.reward_batch_size)
-        aggregation = RewardAggregation(cfg.reward_aggregation, avg_term_weights(models)
-                                        if cfg.reward_aggregation == "advantage" else None)
+        weights = parse_reward_weights(cfg.reward.reward_weights)
+        models = plan_reward_models(cfg.reward.reward_model, weights, cfg.reward.reward_kwargs, cfg.reward.extra_rewards,
+                                    batch_size=cfg.reward.reward_batch_size)
+        aggregation = RewardAggregation(cfg.reward.reward_aggregation, avg_term_weights(models)
+                                        if cfg.reward.reward_aggregation == "advantage" else None)
     except (ValueError, ImportError, TypeError) as err:
-        raise ConfigError(f"--reward_model {cfg.reward_model}: {err}") from None
+        raise ConfigError(f"--reward_model {cfg.reward.reward_model}: {err}") from None
     try:
-        sampling = SamplingOverrides(cfg.videoalign_fps, cfg.videoalign_num_frames, cfg.videoalign_max_pixels)
-        remote = (RemoteSettings(cfg.remote_reward_url, cfg.remote_reward_retries, cfg.remote_reward_timeout)
-                  if cfg.remote_reward_url else None)
+        sampling = SamplingOverrides(cfg.reward.videoalign_fps, cfg.reward.videoalign_num_frames, cfg.reward.videoalign_max_pixels)
+        remote = (RemoteSettings(cfg.reward.remote_reward_url, cfg.reward.remote_reward_retries, cfg.reward.remote_reward_timeout)
+                  if cfg.reward.remote_reward_url else None)
         context = reward_context(cfg, sampling, "cpu")
         check_reward_files({m: e for m, e in models.items() if remote is None or m != next(iter(models))}, context)
         held_out, notes = _held_out_metrics(cfg, models)
@@ -64,33 +64,33 @@ def check_reward_config(cfg: TrainConfig) -> RewardPlan:
 def _held_out_metrics(cfg: TrainConfig, trained: Dict[str, dict]):
     """``--validation_metrics`` planned (names checked, folders found), without those the training reward scores
     already (its sub-rewards are logged anyway); None when no validation runs or none is left."""
-    kept, dropped = held_out(cfg.validation_metrics or [], trained)
+    kept, dropped = held_out(cfg.validation.validation_metrics or [], trained)
     notes: List[str] = [f"--validation_metrics {name}: the training reward scores the validation videos already "
                         "(Validation/<its keys>)" for name in dropped]
-    if kept and not (cfg.validation_interval > 0 or cfg.validate_at_step0):
+    if kept and not (cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0):
         notes.append("--validation_metrics is set but no validation runs (--validation_interval 0, "
                      "--validate_at_step0 false)")
         return None, notes
-    plan = plan_metrics(kept, model_root=cfg.pretrained_model_root, clip_model=cfg.clip_model,
-                        pickscore_model=cfg.pickscore_model, pickscore_processor=cfg.pickscore_processor,
+    plan = plan_metrics(kept, model_root=cfg.model.pretrained_model_root, clip_model=cfg.reward.clip_model,
+                        pickscore_model=cfg.reward.pickscore_model, pickscore_processor=cfg.reward.pickscore_processor,
                         flag="--validation_metrics") if kept else None
     return plan, notes
 
 
 def reward_context(cfg: TrainConfig, sampling: SamplingOverrides, device) -> RewardContext:
-    return RewardContext(cfg.pretrained_model_root, cfg.reward_checkpoint_mode, device, DTYPES[cfg.dtype],
-                         cfg.video_fps, cfg.reward_from_mp4, sampling, cfg.clip_model, cfg.pickscore_model,
-                         cfg.pickscore_processor)
+    return RewardContext(cfg.model.pretrained_model_root, cfg.reward.reward_checkpoint_mode, device, DTYPES[cfg.model.dtype],
+                         cfg.rollout.video_fps, cfg.reward.reward_from_mp4, sampling, cfg.reward.clip_model, cfg.reward.pickscore_model,
+                         cfg.reward.pickscore_processor)
 
 
 def build_reward(cfg: TrainConfig, plan: RewardPlan, device: torch.device) -> Callable:
-    return build_reward_fn(cfg.reward_model, plan.weights, context=reward_context(cfg, plan.sampling, device),
-                           batch_size=cfg.reward_batch_size, reward_kwargs=cfg.reward_kwargs,
-                           extra_models=cfg.extra_rewards, remote=plan.remote)
+    return build_reward_fn(cfg.reward.reward_model, plan.weights, context=reward_context(cfg, plan.sampling, device),
+                           batch_size=cfg.reward.reward_batch_size, reward_kwargs=cfg.reward.reward_kwargs,
+                           extra_models=cfg.reward.extra_rewards, remote=plan.remote)
 
 
 def build_held_out_scorers(cfg: TrainConfig, plan: RewardPlan, device: torch.device) -> Optional[Scorers]:
     """The held-out metrics' scorers (main process only), or None."""
     if plan.held_out is None:
         return None
-    return Scorers(plan.held_out, cfg.pretrained_model_root, device, DTYPES[cfg.dtype])
+    return Scorers(plan.held_out, cfg.model.pretrained_model_root, device, DTYPES[cfg.model.dtype])

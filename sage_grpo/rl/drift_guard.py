@@ -62,13 +62,13 @@ def drift_watch_of(cfg: "TrainConfig", kl_mode: KLMode) -> DriftWatch:
     (``--validation_interval`` 0) both are off. The base model costs nothing with LoRA (the policy with its adapters
     disabled) nor with a KL anchor that never moves (the reference is the base model); otherwise (no KL, or the moving
     anchor) it is a frozen copy of the transformer, placed like the reference."""
-    on = (cfg.drift_proxy or cfg.drift_guard != "off") and cfg.validation_interval > 0
+    on = (cfg.drift.drift_proxy or cfg.drift.drift_guard != "off") and cfg.validation.validation_interval > 0
     reference_is_base = kl_mode.uses_reference and not kl_mode.moving_anchor
-    return DriftWatch(tuple(cfg.drift_proxy_sigmas) if on else (), cfg.drift_guard if on else "off",
-                      GuardBounds(cfg.drift_guard_proxy_ratio, cfg.drift_guard_window, cfg.drift_guard_reward_rise,
-                                  cfg.drift_guard_heldout_fall),
-                      base_copy=on and not cfg.use_lora and not reference_is_base,
-                      heldout=tuple(cfg.drift_guard_heldout or ()) if on else ())
+    return DriftWatch(tuple(cfg.drift.drift_proxy_sigmas) if on else (), cfg.drift.drift_guard if on else "off",
+                      GuardBounds(cfg.drift.drift_guard_proxy_ratio, cfg.drift.drift_guard_window, cfg.drift.drift_guard_reward_rise,
+                                  cfg.drift.drift_guard_heldout_fall),
+                      base_copy=on and not cfg.lora.use_lora and not reference_is_base,
+                      heldout=tuple(cfg.drift.drift_guard_heldout or ()) if on else ())
 
 
 @dataclass(frozen=True)

@@ -73,10 +73,10 @@ def kl_mode_of(cfg: "TrainConfig") -> KLMode:
     the memory plan) and handed to everything that depends on it (model building, resume checks, the update).
     ``--kl_coef 0 --kl_min_coef 0`` is "none" too: β stays 0 for the whole run, and the reference computes the KL only
     while β > 0 (``kl_controller.beta_stays_zero``); it still loads its reference model, which goes unused."""
-    if beta_stays_zero(cfg.kl_weight, cfg.kl_coef, cfg.kl_min_coef):
+    if beta_stays_zero(cfg.trust_region.kl_weight, cfg.trust_region.kl_coef, cfg.trust_region.kl_min_coef):
         return NO_KL
-    mode = resolve_kl_mode(cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl)
-    return replace(mode, stepwise_to_rollout=cfg.stepwise_kl_reference == "rollout") if mode.dual else mode
+    mode = resolve_kl_mode(cfg.trust_region.kl_weight, cfg.trust_region.use_moving_KL, cfg.trust_region.use_dual_kl)
+    return replace(mode, stepwise_to_rollout=cfg.trust_region.stepwise_kl_reference == "rollout") if mode.dual else mode
 
 
 def kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) -> str:

@@ -67,7 +67,7 @@ def base_config(config_path: str, **overrides) -> TrainConfig:
 
 def run_key(cfg: TrainConfig) -> tuple:
     """Arms of different ablations that are the same run (e.g. sage_grpo + dual moving KL + equalizer) share it."""
-    return (cfg.sde_type, cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl, cfg.use_grad_balancing, cfg.seed)
+    return (cfg.rollout.sde_type, cfg.trust_region.kl_weight, cfg.trust_region.use_moving_KL, cfg.trust_region.use_dual_kl, cfg.update.use_grad_balancing, cfg.data.seed)
 
 
 @torch.no_grad()
@@ -78,11 +78,11 @@ def path_kl(policy, pretrained, bundle, prompts: Sequence[str], seeds: Sequence[
     sum_k E[ |mu_policy,k - mu_pretrained,k|^2 ] / (2 n_k^2), averaged over latent elements.
     """
     sde_type, eta = KL_YARDSTICK
-    sampler = Sampler.build(sde_type, eta, cfg.grpo_sampling_steps, cfg.infer_flow_shift_video, cfg.cfg_scale,
-                            micro_batch_size=len(seeds), num_image_tokens=cfg.vision_num_semantic_tokens)
+    sampler = Sampler.build(sde_type, eta, cfg.rollout.grpo_sampling_steps, cfg.rollout.infer_flow_shift_video, cfg.rollout.cfg_scale,
+                            micro_batch_size=len(seeds), num_image_tokens=cfg.model.vision_num_semantic_tokens)
     embeds = bundle.encode(list(prompts))
-    out = sampler.rollout(policy, bundle.vae, embeds, list(seeds), num_frames=cfg.sample_n_frames,
-                          height=cfg.rollout_height, width=cfg.rollout_width, decode=False)
+    out = sampler.rollout(policy, bundle.vae, embeds, list(seeds), num_frames=cfg.rollout.sample_n_frames,
+                          height=cfg.rollout.rollout_height, width=cfg.rollout.rollout_width, decode=False)
     total = 0.0
     for k in range(sampler.num_steps):
         x, x_next = out.latents[:, k], out.latents[:, k + 1]
@@ -98,9 +98,9 @@ def evaluate_policy(trainer, pretrained, prompts: Sequence[str]) -> Dict[str, fl
     cfg, bundle = trainer.cfg, trainer.models
     eval_prompts = [p for p in prompts for _ in EVAL_SEEDS]
     seeds = [s for _ in prompts for s in EVAL_SEEDS]
-    sampler = trainer.sampler.with_schedule(cfg.validation_num_inference_steps, validation_flow_shift(cfg))
+    sampler = trainer.sampler.with_schedule(cfg.validation.validation_num_inference_steps, validation_flow_shift(cfg))
     videos = sampler.rollout(bundle.policy, bundle.vae, bundle.encode(eval_prompts), seeds,
-                             num_frames=cfg.sample_n_frames, height=cfg.rollout_height, width=cfg.rollout_width,
+                             num_frames=cfg.rollout.sample_n_frames, height=cfg.rollout.rollout_height, width=cfg.rollout.rollout_width,
                              deterministic=True).videos
     rewards = trainer.reward_fn(videos, eval_prompts)
     fit = fit_manifold(videos)
@@ -116,15 +116,15 @@ def run_one(cfg: TrainConfig, prompts: Sequence[str], window: int, log=print) ->
     start = time.perf_counter()
     trainer = run_training(cfg)
     wall = time.perf_counter() - start
-    pretrained = load_transformer(cfg.pretrained_model_root, cfg.pretrained_transformer_version, torch.float32, "cpu")
-    rows = training_rows(read_metrics(Path(cfg.output_dir)))
+    pretrained = load_transformer(cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version, torch.float32, "cpu")
+    rows = training_rows(read_metrics(Path(cfg.output.output_dir)))
     summary = summarize_run(rows, window)
     key = manifold_error_key(rows)
     result = {"reward_gain": summary["gain"], "manifold_last": summary.get("manifold_last_mean", float("nan")),
               "seconds_per_step": summary["seconds_per_step"], **evaluate_policy(trainer, pretrained, prompts),
               "wall_seconds": wall, "reward_curve": [row["gathered_avg_reward_mean"] for row in rows],
               "manifold_curve": [row[key] for row in rows] if key is not None else []}
-    log(f"  {cfg.output_dir}: gain {result['reward_gain']:+.3f}, rollout manifold error {result['manifold_last']:.4f}"
+    log(f"  {cfg.output.output_dir}: gain {result['reward_gain']:+.3f}, rollout manifold error {result['manifold_last']:.4f}"
         f", KL to pretrained {result['kl_to_pretrained']:.4f}, {wall:.0f} s")
     return result
 

@@ -131,8 +131,8 @@ class RunDirPlan:
     def of(cls, cfg: Any, check: Any = None, restart: bool = False, images: Iterable[str] = ()) -> "RunDirPlan":
         """The plan of ``cfg``; ``check``: the resume's :class:`~sage_grpo.resume.ResumeCheck` (None: no resume)."""
         state = check.training_state if check is not None else {}
-        return cls(Path(cfg.output_dir), cfg.overwrite_output_dir, check is not None or restart, restart,
-                   cfg.keep_checkpoints, config_inputs(cfg, images), check.path if check is not None else None,
+        return cls(Path(cfg.output.output_dir), cfg.output.overwrite_output_dir, check is not None or restart, restart,
+                   cfg.output.keep_checkpoints, config_inputs(cfg, images), check.path if check is not None else None,
                    state.get("global_step"), state.get("update_steps"))
 
     def check(self) -> None:
@@ -202,7 +202,7 @@ def plan_run_dir(cfg: Any, dims: Any, check: Any, restart: bool, inputs: Dict[st
     an output inside ``inputs``, {flag: path}), then on the writing process what taking it would refuse
     (:meth:`RunDirPlan.check`; every rank raises its refusal). ``items``: the prompts (their reference images are
     inputs). Returns the plan :meth:`RunDirPlan.take` carries out."""
-    check_run_dir(cfg.output_dir, resuming=check is not None or restart, overwrite=cfg.overwrite_output_dir,
+    check_run_dir(cfg.output.output_dir, resuming=check is not None or restart, overwrite=cfg.output.overwrite_output_dir,
                   inputs=inputs)
     plan = RunDirPlan.of(cfg, check, restart, [item.ref_image_path for item in items])
     run_on_main(plan.check, dims)

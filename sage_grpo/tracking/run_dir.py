@@ -117,17 +117,17 @@ def eta_text(done: int, total: int, elapsed: float) -> str:
 
 def startup_summary(cfg, dims, run_dir: Path, device) -> List[str]:
     """The block printed once when a run starts: where it writes, what it trains, against what, on what."""
-    reward = (f"remote {cfg.remote_reward_url} ({cfg.reward_model})" if cfg.remote_reward_url else
-              f"local {cfg.reward_model}")
-    adapters = f", LoRA r {cfg.lora_r}" if cfg.use_lora else ""
+    reward = (f"remote {cfg.reward.remote_reward_url} ({cfg.reward.reward_model})" if cfg.reward.remote_reward_url else
+              f"local {cfg.reward.reward_model}")
+    adapters = f", LoRA r {cfg.lora.lora_r}" if cfg.lora.use_lora else ""
     return ["run summary:",
             f"  run directory  {run_dir}",
-            f"  model root     {cfg.pretrained_model_root} (transformer {cfg.pretrained_transformer_version}{adapters})",
-            f"  reward         {reward}, weights {cfg.reward_weights}"
-            + (f", plus {cfg.extra_rewards}" if cfg.extra_rewards else ""),
+            f"  model root     {cfg.model.pretrained_model_root} (transformer {cfg.model.pretrained_transformer_version}{adapters})",
+            f"  reward         {reward}, weights {cfg.reward.reward_weights}"
+            + (f", plus {cfg.reward.extra_rewards}" if cfg.reward.extra_rewards else ""),
             f"  world          {dims.world_size} process(es) = dp {dims.dp_size} x sp {dims.sp_size} on {device}",
-            f"  dtype          {cfg.dtype}",
-            f"  steps          to {cfg.max_steps}, {cfg.batch_size * dims.dp_size} videos per step"]
+            f"  dtype          {cfg.model.dtype}",
+            f"  steps          to {cfg.optim.max_steps}, {cfg.data.batch_size * dims.dp_size} videos per step"]
 
 
 def console_line(step: int, metrics: Dict[str, float]) -> str:

@@ -120,7 +120,7 @@ def test_reference_launch_flags_run_one_step(tiny_root, tmp_path):
     # run_post_train.sh's flags verbatim, then what one CPU process and the tiny checkpoint need.
     tiny = tiny_args(tiny_root, tmp_path / "run", "--max_steps", "1", "--batch_size", "4", "--num_generations", "4")
     cfg = parse_cli(TrainConfig, RUN_POST_TRAIN_FLAGS + tiny)
-    assert cfg.sde_type == "sage_grpo" and cfg.use_moving_KL and cfg.reference_mode_offload
+    assert cfg.rollout.sde_type == "sage_grpo" and cfg.trust_region.use_moving_KL and cfg.parallel.reference_mode_offload
     trainer = GRPOTrainer(cfg)
     trainer.train()
     rows = read_metrics(trainer.run_dir)

@@ -76,9 +76,9 @@ def test_bare_bool_flag_means_true_and_bad_bool_is_an_error(capsys):
 
 def test_reference_launch_line_parses():
     cfg = parse_cli(TrainConfig, RUN_POST_TRAIN_FLAGS)
-    assert (cfg.sp_size, cfg.validate_video_length, cfg.reference_mode_offload) == (2, 121, True)
-    assert cfg.enable_fsdp and cfg.enable_gradient_checkpointing and not cfg.validate_at_step0
-    assert cfg.pretrained_model_root == "./ckpts" and cfg.kl_coef == 1e-7
+    assert (cfg.parallel.sp_size, cfg.validation.validate_video_length, cfg.parallel.reference_mode_offload) == (2, 121, True)
+    assert cfg.parallel.enable_fsdp and cfg.parallel.enable_gradient_checkpointing and not cfg.validation.validate_at_step0
+    assert cfg.model.pretrained_model_root == "./ckpts" and cfg.trust_region.kl_coef == 1e-7
 
 
 def test_yaml_supplies_values_and_flags_override(tmp_path):
@@ -86,9 +86,9 @@ def test_yaml_supplies_values_and_flags_override(tmp_path):
     # PyYAML reads 1e-5 (no dot) as a string; the schema converts it to the field's type.
     path.write_text("kl_weight: 1e-5\nbatch_size: 4\nuse_lora: true\ntrain_video_csv: a.csv\nvideo_length: 33\n")
     cfg = parse_cli(TrainConfig, ["--config", str(path), "--batch_size", "8"])
-    assert cfg.kl_weight == 1e-5 and isinstance(cfg.kl_weight, float)
-    assert cfg.batch_size == 8 and cfg.use_lora is True
-    assert cfg.train_video_csv == ["a.csv"] and cfg.validate_video_length == 33
+    assert cfg.trust_region.kl_weight == 1e-5 and isinstance(cfg.trust_region.kl_weight, float)
+    assert cfg.data.batch_size == 8 and cfg.lora.use_lora is True
+    assert cfg.data.train_video_csv == ["a.csv"] and cfg.validation.validate_video_length == 33
 
 
 def test_unknown_yaml_key_is_an_error_with_suggestion(tmp_path, capsys):

@@ -68,7 +68,7 @@ def test_replay_reproduces_rollout_log_probs_exactly(bundle, sde_type, device):
     the same log-prob bit for bit. One sample: the rollout and the replay must see the same micro-batch composition
     (--mini_batch_size_per_update, default 1), which tests/unit/test_pipeline.py covers for larger micro-batches."""
     sampler = replace(sampler_of(bundle.cfg), kernel=sde.get_kernel(sde_type))
-    assert sampler.autocast_dtype == (torch.bfloat16 if bundle.cfg.dtype == "bf16" else None)
+    assert sampler.autocast_dtype == (torch.bfloat16 if bundle.cfg.model.dtype == "bf16" else None)
     embeds = bundle.encode(PROMPTS)
     out = sampler.rollout(bundle.policy, bundle.vae, embeds, SEEDS, decode=False, **TINY_VIDEO)
     assert_on(device, out.latents, out.log_probs, embeds.embeds)
@@ -78,7 +78,7 @@ def test_replay_reproduces_rollout_log_probs_exactly(bundle, sde_type, device):
                                   torch.tensor([k], device=device), embeds)
         assert_on(device, replayed.log_prob, replayed.mean)
         assert replayed.log_prob.requires_grad
-        assert torch.equal(replayed.log_prob, out.log_probs[:, k]), (sde_type, bundle.cfg.dtype, k)
+        assert torch.equal(replayed.log_prob, out.log_probs[:, k]), (sde_type, bundle.cfg.model.dtype, k)
 
 
 
@@ -94,7 +94,7 @@ def test_shuffled_micro_batches_replay_exactly(bundle, device):
         replayed = sampler.replay(bundle.policy, out.latents[rows, steps], out.latents[rows, steps + 1],
                                   steps.to(device), embeds.select(rows.tolist()))
         assert_on(device, replayed.log_prob)
-        assert torch.equal(replayed.log_prob, out.log_probs[rows, steps]), (bundle.cfg.dtype, steps)
+        assert torch.equal(replayed.log_prob, out.log_probs[rows, steps]), (bundle.cfg.model.dtype, steps)
 
 def test_first_policy_step_has_ratio_one_and_zero_stepwise_kl(bundle, device):
     """The trainer's first update on its own rollout (one sample, as the rollout's micro-batches of the default
@@ -114,10 +114,10 @@ def test_first_policy_step_has_ratio_one_and_zero_stepwise_kl(bundle, device):
                              embeds)
         old = out.log_probs[:, k]
         loss, metrics = rl.ppo_clipped_loss(new.log_prob, old, advantages, clip_range=1e-4)
-        assert torch.equal(torch.exp(new.log_prob - old), torch.ones_like(old)), (bundle.cfg.dtype, k)
+        assert torch.equal(torch.exp(new.log_prob - old), torch.ones_like(old)), (bundle.cfg.model.dtype, k)
         assert metrics["ratio_mean"].item() == 1.0 and metrics["clipfrac"].item() == 0.0
         kl, parts = rl.dual_kl(new.mean, ref_means[:, k].to(device), new.std, old, new.log_prob, use_dual_kl=True)
-        assert parts["kl_stepwise"].item() == 0.0 and torch.isfinite(kl), (bundle.cfg.dtype, k)
+        assert parts["kl_stepwise"].item() == 0.0 and torch.isfinite(kl), (bundle.cfg.model.dtype, k)
         assert_on(device, loss, kl)
         (loss + 1e-3 * kl).backward()
     grads = [p.grad for p in bundle.policy.parameters() if p.grad is not None]

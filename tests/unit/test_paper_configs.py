@@ -32,21 +32,21 @@ def test_paper_config_is_valid_and_says_what_it_is(path):
     cfg = from_dict(TrainConfig, load_yaml(str(path)), source=str(path))
     validate_train_config(cfg, world_size=8)  # the 8-GPU node run_post_train.sh launches
     setting, method, kl = path.stem[0], path.stem[2:].rsplit("_", 2)[0], "_".join(path.stem.rsplit("_", 2)[1:])
-    assert cfg.sde_type == method and cfg.use_grad_balancing == (method == "sage_grpo")
-    assert json.loads(cfg.reward_weights) == WEIGHTS[setting] and cfg.reward_model == "videoalign_local"
+    assert cfg.rollout.sde_type == method and cfg.update.use_grad_balancing == (method == "sage_grpo")
+    assert json.loads(cfg.reward.reward_weights) == WEIGHTS[setting] and cfg.reward.reward_model == "videoalign_local"
     expected = {"no_kl": (0.0, False, False), "fixed_kl": (1e-5, False, False), "dual_kl": (1e-5, True, True)}[kl]
-    assert (cfg.kl_weight, cfg.use_moving_KL, cfg.use_dual_kl) == expected
-    assert (cfg.batch_size, cfg.sample_n_frames, cfg.grpo_sampling_steps) == (2, 81, 20)  # the paper's own values
+    assert (cfg.trust_region.kl_weight, cfg.trust_region.use_moving_KL, cfg.trust_region.use_dual_kl) == expected
+    assert (cfg.data.batch_size, cfg.rollout.sample_n_frames, cfg.rollout.grpo_sampling_steps) == (2, 81, 20)  # the paper's own values
     assert "leaves unstated" in path.read_text()
     # the reference's --max_grad_norm 1.0 at sp 2 clips its gradient, half the full one's norm, at 1.0: the full at 2.0
-    assert (cfg.max_grad_norm, cfg.sp_size, clip_threshold(cfg)) == (1.0, 2, 2.0)
+    assert (cfg.optim.max_grad_norm, cfg.parallel.sp_size, clip_threshold(cfg)) == (1.0, 2, 2.0)
 
 
 def test_reference_launch_clips_where_the_reference_does():
     """The reference's gradient norm under --sp_size sp is 1/sp of the full gradient's (docs/differences.md), so its
     --max_grad_norm m clips the full gradient at m x sp; --max_grad_norm_units full clips it at m."""
     cfg = parse_cli(TrainConfig, RUN_POST_TRAIN_FLAGS)
-    assert (cfg.max_grad_norm, cfg.sp_size, clip_threshold(cfg)) == (1.0, 2, 2.0)
+    assert (cfg.optim.max_grad_norm, cfg.parallel.sp_size, clip_threshold(cfg)) == (1.0, 2, 2.0)
     assert clip_threshold(parse_cli(TrainConfig, [*RUN_POST_TRAIN_FLAGS, "--sp_size", "4"])) == 4.0
     assert clip_threshold(parse_cli(TrainConfig, [*RUN_POST_TRAIN_FLAGS, "--max_grad_norm_units", "full"])) == 1.0
     assert clip_threshold(parse_cli(TrainConfig, ["--sp_size", "1", "--max_grad_norm", "0.5"])) == 0.5

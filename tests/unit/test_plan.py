@@ -55,18 +55,18 @@ def tiny_inputs(cfg: TrainConfig, sizes, batch: int = 1):
     """Transformer inputs of ``batch`` samples at ``cfg``'s rollout size and text lengths."""
     t = sizes.transformer.config
     vae = sizes.vae_config
-    frames = (cfg.sample_n_frames - 1) // vae["temporal_compression_ratio"] + 1
+    frames = (cfg.rollout.sample_n_frames - 1) // vae["temporal_compression_ratio"] + 1
     scale = vae["spatial_compression_ratio"]
-    h, w = cfg.rollout_height // scale, cfg.rollout_width // scale
+    h, w = cfg.rollout.rollout_height // scale, cfg.rollout.rollout_width // scale
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(batch, vae["latent_channels"], frames, h, w, generator=generator)
     return t2v_model_input(latents, torch.float32), dict(
         timestep=torch.full((batch,), 500.0),
-        encoder_hidden_states=torch.randn(batch, cfg.text_max_length, t["text_embed_dim"], generator=generator),
-        encoder_attention_mask=torch.ones(batch, cfg.text_max_length),
-        encoder_hidden_states_2=torch.randn(batch, cfg.byt5_max_length, t["text_embed_2_dim"], generator=generator),
-        encoder_attention_mask_2=torch.ones(batch, cfg.byt5_max_length),
-        image_embeds=torch.zeros(batch, cfg.vision_num_semantic_tokens, t["image_embed_dim"]))
+        encoder_hidden_states=torch.randn(batch, cfg.model.text_max_length, t["text_embed_dim"], generator=generator),
+        encoder_attention_mask=torch.ones(batch, cfg.model.text_max_length),
+        encoder_hidden_states_2=torch.randn(batch, cfg.model.byt5_max_length, t["text_embed_2_dim"], generator=generator),
+        encoder_attention_mask_2=torch.ones(batch, cfg.model.byt5_max_length),
+        image_embeds=torch.zeros(batch, cfg.model.vision_num_semantic_tokens, t["image_embed_dim"]))
 
 
 def saved_activation_bytes(model: torch.nn.Module, inputs, kwargs, weight_shapes=frozenset()):
@@ -98,7 +98,7 @@ def tiny_transformer(tiny_root):
 
 def _plan(cfg, world_size=1, gpu=80.0, per_backward=False, on_cpu=False):
     sizes = planner.sizes_of(cfg)
-    placement = Placement(per_backward, on_cpu, cfg.vae_tiling)
+    placement = Placement(per_backward, on_cpu, cfg.parallel.vae_tiling)
     return planner.plan_memory(cfg, sizes, world_size, gpu, placement), sizes
 
 
@@ -178,7 +178,7 @@ def test_activation_estimate_matches_saved_tensors(tiny_root, tiny_transformer, 
             measured, weight_casts = saved_activation_bytes(model, inputs, kwargs, weight_shapes)
     finally:
         model.disable_gradient_checkpointing()
-    tokens = plan_sizes.video_token_count(sizes, cfg.sample_n_frames, cfg.rollout_height, cfg.rollout_width)
+    tokens = plan_sizes.video_token_count(sizes, cfg.rollout.sample_n_frames, cfg.rollout.rollout_height, cfg.rollout.rollout_width)
     assert tokens == inputs[0, 0].numel()
     bytes_per_element = 2 * planner.AUTOCAST_ACTIVATION_FACTOR if autocast else 4
     kept, saved = plan_sizes.forward_saved_elements(sizes.transformer, tokens, cfg, 1, checkpointing)

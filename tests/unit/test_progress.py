@@ -51,7 +51,7 @@ def test_startup_summary_names_run_model_reward_world_and_dtype(tmp_path):
                      "  reward         local videoalign, weights {\"VQ\": 1.0}",
                      "  world          8 process(es) = dp 4 x sp 2 on cuda:0",
                      "  dtype          bf16", "  steps          to 100, 8 videos per step"]
-    cfg.extra_rewards = '{"clipscore": 0.5}'
+    cfg.reward.extra_rewards = '{"clipscore": 0.5}'
     assert startup_summary(cfg, dims, tmp_path, "cpu")[3].endswith(', plus {"clipscore": 0.5}')
-    cfg.remote_reward_url = "http://10.0.0.2:8765"
+    cfg.reward.remote_reward_url = "http://10.0.0.2:8765"
     assert startup_summary(cfg, dims, tmp_path, "cpu")[3].startswith("  reward         remote http://10.0.0.2:8765 (")

@@ -48,10 +48,10 @@ def _prompts(path: Path, *rows: str) -> str:
 def _checkpoint(args, weights, *, record_prompts: bool = True) -> Path:
     """checkpoint-2 of the run ``args`` define, as the trainer writes it (``weights``: its trainable tensors)."""
     cfg = parse_cli(TrainConfig, args)
-    items = read_prompt_csvs(cfg.train_video_csv, notes=[]) if record_prompts else None
+    items = read_prompt_csvs(cfg.data.train_video_csv, notes=[]) if record_prompts else None
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
              "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg, 1, 1, 1, items)}
-    path = Path(cfg.output_dir) / "checkpoint-2"
+    path = Path(cfg.output.output_dir) / "checkpoint-2"
     write_checkpoint_files(path, model_state=weights, optimizer_state={"state": {}}, training_state=state,
                            config_yaml=yaml.safe_dump(to_dict(cfg)))
     (path.parent / "run_config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
@@ -101,14 +101,14 @@ def test_run_config_holds_what_the_resumed_run_uses(tiny_root, tmp_path):
                              {"prompt data --train_video_csv (other rows: 2 -> 2 prompts)": {
                                  "checkpoint": [first], "now": [other]}})):
         cfg = parse_cli(TrainConfig, args + resume + extra)
-        items = read_prompt_csvs(cfg.train_video_csv, notes=[])
+        items = read_prompt_csvs(cfg.data.train_video_csv, notes=[])
         check = check_resume(cfg, kl_mode_of(cfg), distributed=False, prompts=items)
         trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[],
                                   run_claim=RunDirPlan.of(cfg, check))
         run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)
         written = yaml.safe_load((run_dir / "run_config.yaml").read_text())
         assert {key: written[key] for key in ("max_steps", "log_interval", "train_video_csv")} == \
-            {"max_steps": cfg.max_steps, "log_interval": cfg.log_interval, "train_video_csv": cfg.train_video_csv}
+            {"max_steps": cfg.optim.max_steps, "log_interval": cfg.output.log_interval, "train_video_csv": cfg.data.train_video_csv}
         changes = run_dir / CONFIG_CHANGES_FILE
         assert (yaml.safe_load(changes.read_text())[-1]["changes"] if changes.exists() else {}) == recorded
     assert any("step 3 takes its prompts where that step number falls in the new prompts' shuffled order" in note

@@ -89,7 +89,7 @@ def test_several_rewards_combine_from_words_a_yaml_mapping_or_a_list(tmp_path):
     out = {}
     for name, cfg in (("words", words), ("mapping", mapping), ("listed", listed)):
         plan = check_reward_config(cfg)
-        out[name] = build_reward_fn(cfg.reward_model, plan.weights, extra_models=cfg.extra_rewards)(videos, ["a", "b"])
+        out[name] = build_reward_fn(cfg.reward.reward_model, plan.weights, extra_models=cfg.reward.extra_rewards)(videos, ["a", "b"])
     # brightness 1/3 and 0; target_color (red by default) 1 - ||blue - red||^2 / 3 = 1/3 and 1 - 1/3; smoothness 0
     torch.testing.assert_close(out["words"]["avg"], torch.tensor([1 / 3 + 0.5 / 3, 0.5 * 2 / 3]))
     # the mapping sets the primary's weight (0.25) and a blue target: 0.25 / 3 + 0.5 * 1 and 0 + 0.5 * 2 / 3

@@ -219,7 +219,7 @@ def _resume_checkpoint(tmp_path, cfg_args, *, anchor: bool, anchor_moved: bool) 
     cfg = parse_cli(TrainConfig, cfg_args)
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
              "anchor_schedule": {"last_refreshed_at": 2 if anchor_moved else None},
-             "layout": {"world_size": 1, "dp_size": 1, "sp_size": 1, "videos_per_step": cfg.batch_size}}
+             "layout": {"world_size": 1, "dp_size": 1, "sp_size": 1, "videos_per_step": cfg.data.batch_size}}
     path = tmp_path / "run" / "checkpoint-2"
     write_checkpoint_files(path, model_state={"w": torch.ones(2)}, optimizer_state={"state": {}},
                            training_state=state, anchor_state={"w": torch.ones(2)} if anchor else None,

@@ -233,7 +233,7 @@ def test_torch_save_on_a_full_disk_is_named_too(tmp_path, monkeypatch):
 
 def test_disk_full_ends_a_run_in_one_line(tiny_root, tmp_path, monkeypatch, capsys):
     def run_training(cfg):
-        write_checkpoint_files(Path(cfg.output_dir) / ".checkpoint-1.tmp", model_state={"w": torch.zeros(2)},
+        write_checkpoint_files(Path(cfg.output.output_dir) / ".checkpoint-1.tmp", model_state={"w": torch.zeros(2)},
                                training_state={})
 
     monkeypatch.setattr(checkpoint_module, "save_file", _enospc)
@@ -427,7 +427,7 @@ def _checkpoint_of(tiny_root, tmp_path) -> Path:
              "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg, 1, 1, 1)}
     path = tmp_path / "run" / "checkpoint-2"
     weights = {name: torch.zeros(shape) for name, shape in  # a full fine-tune's: every parameter, in its shape
-               transformer_shapes(tiny_root, cfg.pretrained_transformer_version, parameters_only=True).items()}
+               transformer_shapes(tiny_root, cfg.model.pretrained_transformer_version, parameters_only=True).items()}
     write_checkpoint_files(path, model_state=weights, optimizer_state={"state": {}},
                            training_state=state, config_yaml=yaml.safe_dump(to_dict(cfg)))
     (tmp_path / "run" / "run_config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))

@@ -70,17 +70,17 @@ def test_the_config_records_what_the_yaml_and_the_command_line_set(tmp_path):
 
 def test_a_distilled_variant_samples_with_its_own_guidance_and_shift(variants_root):
     cfg, warned, notes = _resolve(variants_root, "--pretrained_transformer_version", DISTILLED)
-    assert (cfg.cfg_scale, cfg.validation_timestep_shift) == (1.0, 7.0)
+    assert (cfg.rollout.cfg_scale, cfg.validation.validation_timestep_shift) == (1.0, 7.0)
     assert (warned, notes) == ([], [])
     # the base version keeps the reference's defaults: CFG 6.0, validation shift 5.0; rollouts stay at shift 5.0
     base, warned, _ = _resolve(variants_root)
-    assert (base.cfg_scale, base.validation_timestep_shift, base.infer_flow_shift_video) == (6.0, 5.0, 5.0)
+    assert (base.rollout.cfg_scale, base.validation.validation_timestep_shift, base.rollout.infer_flow_shift_video) == (6.0, 5.0, 5.0)
     assert warned == []
 
 
 def test_an_explicit_contradiction_is_used_and_warned_about_naming_both_values(variants_root, tmp_path):
     cfg, warned, _ = _resolve(variants_root, "--pretrained_transformer_version", DISTILLED, "--cfg_scale", "6")
-    assert cfg.cfg_scale == 6.0 and len(warned) == 1
+    assert cfg.rollout.cfg_scale == 6.0 and len(warned) == 1
     guider = variant_config_files(variants_root, DISTILLED)[0]
     assert warned[0] == (f"--cfg_scale 6.0 overrides the 1.0 that variant {DISTILLED} ships with ({guider}); "
                          "--cfg_scale 1.0 (or leaving it unset) samples the variant as intended")
@@ -88,14 +88,14 @@ def test_an_explicit_contradiction_is_used_and_warned_about_naming_both_values(v
     yaml_path = tmp_path / "no_cfg.yaml"
     yaml_path.write_text("cfg_scale: 1.0\n")
     cfg, warned, _ = _resolve(variants_root, yaml_path=yaml_path)
-    assert cfg.cfg_scale == 1.0 and len(warned) == 1 and "--cfg_scale 1.0 overrides the 6.0" in warned[0]
+    assert cfg.rollout.cfg_scale == 1.0 and len(warned) == 1 and "--cfg_scale 1.0 overrides the 6.0" in warned[0]
     # the same effect is no contradiction: any scale <= 1 means no guidance
     for same in ("1", "0.5"):
         cfg, warned, _ = _resolve(variants_root, "--model_version", DISTILLED, "--cfg_scale", same)
-        assert cfg.cfg_scale == float(same) and warned == []
+        assert cfg.rollout.cfg_scale == float(same) and warned == []
     # the shift: an explicit validation shift against the scheduler's
     cfg, warned, _ = _resolve(variants_root, "--model_version", DISTILLED, "--validation_timestep_shift", "5")
-    assert cfg.validation_timestep_shift == 5.0
+    assert cfg.validation.validation_timestep_shift == 5.0
     assert warned == [f"--validation_timestep_shift 5.0 overrides the 7.0 that variant {DISTILLED} ships with "
                       f"({variant_config_files(variants_root, DISTILLED)[1]}); --validation_timestep_shift 7.0 (or "
                       "leaving it unset) samples the variant as intended"]
@@ -108,9 +108,9 @@ def test_a_root_without_variant_configs_keeps_the_flags_defaults(tiny_root, tmp_
         if entry.name != "variants":
             os.symlink(entry, root / entry.name)
     cfg, warned, _ = _resolve(root, "--cfg_scale", "1.0")
-    assert (cfg.cfg_scale, cfg.validation_timestep_shift, warned) == (1.0, None, [])
+    assert (cfg.rollout.cfg_scale, cfg.validation.validation_timestep_shift, warned) == (1.0, None, [])
     cfg, _, _ = _resolve(root)
-    assert (cfg.cfg_scale, cfg.validation_timestep_shift) == (6.0, None)  # validation then uses the table's 5.0
+    assert (cfg.rollout.cfg_scale, cfg.validation.validation_timestep_shift) == (6.0, None)  # validation then uses the table's 5.0
 
 
 def test_a_mistyped_version_fails_before_any_model_loads_listing_the_versions(variants_root, tmp_path, capsys):

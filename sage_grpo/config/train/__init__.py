@@ -63,12 +63,6 @@ class TrainConfig:
                                  f".{name}, or use cfg.replace({name}=...)")
         object.__setattr__(self, name, value)
 
-    def __getattr__(self, name: str):  # MIGRATION ONLY: flat reads while the call sites move to sections
-        owner = owners(TrainConfig).get(name)
-        if owner is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(object.__getattribute__(self, owner), name)
-
 
 # What an option is, read from its declaration (config_field's metadata), never listed by hand:
 RUN_DEFINING: Tuple[str, ...] = names_where(TrainConfig, "defines_run")  # a resume refuses to change these

@@ -85,9 +85,9 @@ def record_clipping() -> dict:
 
 def resume_errors(trainer: GRPOTrainer, previous: Path) -> dict:
     """Resume now (instead of inside ``train``) and compare the restored weights with the checkpointed run's."""
-    path = resolve_resume_path(trainer.cfg.resume_from_checkpoint, trainer.run_dir)
+    path = resolve_resume_path(trainer.cfg.output.resume_from_checkpoint, trainer.run_dir)
     trainer.resume(path)
-    trainer.cfg.resume_from_checkpoint = None
+    trainer.cfg.output.resume_from_checkpoint = None
     policy, anchor = trained_and_anchor(trainer)
     ema = gather_to_main(trainer.ema.state_dict(), trainer.is_main) if trainer.ema is not None else None
     if not trainer.is_main:
