@@ -33,7 +33,7 @@ def main(argv=None) -> int:
         from sage_grpo.config import TrainConfig
         from sage_grpo.config.schema import parse_cli
 
-        run_dir = parse_cli(TrainConfig, train_flags).output_dir
+        run_dir = parse_cli(TrainConfig, train_flags).output.output_dir
     try:
         rows = read_metrics(Path(run_dir))
         summary = summarize(rows, args.window)

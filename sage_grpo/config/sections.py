@@ -143,6 +143,12 @@ def flat_items(config: Any) -> Iterator[Tuple[str, Any]]:
         yield field.name, getattr(holder, field.name)
 
 
+def value_of(config: Any, name: str) -> Any:
+    """The value of option ``name`` (a flat name, as a flag names it), in whichever section holds it."""
+    attr = owners(type(config))[name]
+    return getattr(config if attr is None else getattr(config, attr), name)
+
+
 def with_values(config: Any, **values: Any) -> Any:
     """A copy of ``config`` with ``values`` (flat option names) replaced in their sections; the record of chosen
     options and the ``--config`` file the values came from are kept as they were (see

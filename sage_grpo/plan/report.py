@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, validate_train_config
+from sage_grpo.config.sections import value_of
 from sage_grpo.config.validation import rollout_size
 from sage_grpo.plan.memory import (DEFAULT_GPU_MEMORY_GIB, GIB, MARGIN, MemoryPlan, Phase, device_memory_gib,
                                    launch_world_size, plan_launch, sizes_of)
@@ -109,7 +110,7 @@ def memory_fixes(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> Li
     sizes = sizes_of(cfg)
     fixes = []
     for flag, value in MEMORY_FIXES:
-        if getattr(cfg, flag) == value:
+        if value_of(cfg, flag) == value:
             continue
         plan = plan_launch(cfg.replace(**{flag: value}), world_size, gpu_memory_gib, sizes)
         if plan.fits():

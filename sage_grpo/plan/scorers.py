@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from sage_grpo.config import TrainConfig
+from sage_grpo.config.sections import value_of
 from sage_grpo.plan.sizes import ModelSizes, reward_forward_bytes
 from sage_grpo.safe_io import read_json_object
 
@@ -98,7 +99,7 @@ def _clip_memory(cfg: TrainConfig, name: str) -> ScorerMemory:
 
     flag, _, label = CLIP_SCORERS[name]
     try:
-        config = resolve_model_folder(getattr(cfg, flag), cfg.model.pretrained_model_root, f"--{flag}") / "config.json"
+        config = resolve_model_folder(value_of(cfg, flag), cfg.model.pretrained_model_root, f"--{flag}") / "config.json"
     except FileNotFoundError:
         config = None
     found = config is not None and config.is_file()

@@ -10,6 +10,7 @@ from procs import run_group
 
 from sage_grpo.config import ConfigError, TrainConfig, parse_cli, save_yaml, validate_train_config
 from sage_grpo.config.schema import load_yaml, str_to_bool
+from sage_grpo.config.sections import value_of
 from sage_grpo.config.validation import group_layout, parse_size, validation_flow_shift
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,7 @@ REFERENCE_INTERNAL_DEFAULTS = {
 def test_defaults_match_reference_table():
     cfg = parse_cli(TrainConfig, [])
     for name, expected in {**REFERENCE_DEFAULTS, **REFERENCE_INTERNAL_DEFAULTS}.items():
-        assert getattr(cfg, name) == expected, name
+        assert value_of(cfg, name) == expected, name
 
 
 def test_help_lists_every_reference_flag():
@@ -63,12 +64,12 @@ def test_help_lists_every_reference_flag():
                                            ("yes", True), ("No", False), ("on", True), ("off", False)])
 def test_bool_parsing_like_reference(text, expected):
     assert str_to_bool(text) is expected
-    assert getattr(parse_cli(TrainConfig, ["--use_lora", text]), "use_lora") is expected
+    assert parse_cli(TrainConfig, ["--use_lora", text]).lora.use_lora is expected
 
 
 def test_bare_bool_flag_means_true_and_bad_bool_is_an_error(capsys):
-    assert parse_cli(TrainConfig, ["--use_lora"]).use_lora is True
-    assert parse_cli(TrainConfig, ["--use_muon", "--sp_size", "1"]).use_muon is True
+    assert parse_cli(TrainConfig, ["--use_lora"]).lora.use_lora is True
+    assert parse_cli(TrainConfig, ["--use_muon", "--sp_size", "1"]).optim.use_muon is True
     with pytest.raises(SystemExit):
         parse_cli(TrainConfig, ["--use_lora", "maybe"])
     assert "expected a boolean" in capsys.readouterr().err
@@ -162,7 +163,7 @@ def test_validation_shift_follows_the_model_version_unless_set():
     assert validation_flow_shift(_cfg()) == 5.0  # 480p_t2v
     assert validation_flow_shift(_cfg(pretrained_transformer_version="720p_t2v")) == 9.0
     assert validation_flow_shift(_cfg(pretrained_transformer_version="720p_t2v", validation_timestep_shift=5.0)) == 5.0
-    assert parse_cli(TrainConfig, ["--validation_timestep_shift", "7"]).validation_timestep_shift == 7.0
+    assert parse_cli(TrainConfig, ["--validation_timestep_shift", "7"]).validation.validation_timestep_shift == 7.0
     assert validation_flow_shift(parse_cli(TrainConfig, RUN_POST_TRAIN_FLAGS)) == 5.0  # the launch scripts pin 5.0
     custom = dict(pretrained_transformer_version="480p_t2v_custom", batch_size=4, num_generations=4)
     with pytest.raises(ConfigError, match=r"\[flow-shift-default\].*480p_t2v_custom.*Fix: pass "

@@ -4,6 +4,7 @@ import io
 import re
 from types import SimpleNamespace
 
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.tracking.run_dir import MetricsLogger, eta_text, format_duration, show_progress_bars, startup_summary
 
 
@@ -40,10 +41,10 @@ def test_console_lines_end_with_the_eta(tmp_path, capsys, monkeypatch):
 
 
 def test_startup_summary_names_run_model_reward_world_and_dtype(tmp_path):
-    cfg = SimpleNamespace(remote_reward_url=None, reward_model="videoalign", use_lora=True, lora_r=8,
-                          pretrained_model_root="ckpts", pretrained_transformer_version="480p_t2v",
-                          reward_weights='{"VQ": 1.0}', dtype="bf16", max_steps=100, batch_size=2,
-                          extra_rewards=None)
+    cfg = TrainConfig.of(remote_reward_url=None, reward_model="videoalign", use_lora=True, lora_r=8,
+                         pretrained_model_root="ckpts", pretrained_transformer_version="480p_t2v",
+                         reward_weights='{"VQ": 1.0}', dtype="bf16", max_steps=100, batch_size=2,
+                         extra_rewards=None)
     dims = SimpleNamespace(world_size=8, dp_size=4, sp_size=2)
     lines = startup_summary(cfg, dims, tmp_path, "cuda:0")
     assert lines == ["run summary:", f"  run directory  {tmp_path}",

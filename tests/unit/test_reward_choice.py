@@ -74,8 +74,8 @@ def test_a_declared_plugin_takes_its_own_weights_and_an_extra_one_is_told_its_en
 def test_several_rewards_combine_from_words_a_yaml_mapping_or_a_list(tmp_path):
     words = parse_cli(TrainConfig, ["--reward_model", "brightness", "--reward_weights", "",
                                     "--extra_rewards", "target_color=0.5", "temporal_smoothness"])
-    assert words.extra_rewards == {"target_color": 0.5, "temporal_smoothness": None}
-    assert parse_cli(TrainConfig, ["--extra_rewards", '{"target_color": {"weight": 0.5}}']).extra_rewards == {
+    assert words.reward.extra_rewards == {"target_color": 0.5, "temporal_smoothness": None}
+    assert parse_cli(TrainConfig, ["--extra_rewards", '{"target_color": {"weight": 0.5}}']).reward.extra_rewards == {
         "target_color": {"weight": 0.5}}  # JSON on the command line
     config = tmp_path / "run.yaml"
     config.write_text("reward_model: brightness\nreward_weights: ''\nextra_rewards:\n  brightness: 0.25\n"
@@ -83,7 +83,7 @@ def test_several_rewards_combine_from_words_a_yaml_mapping_or_a_list(tmp_path):
     mapping = parse_cli(TrainConfig, ["--config", str(config)])
     config.write_text("reward_model: brightness\nreward_weights: ''\nextra_rewards: [target_color]\n")
     listed = parse_cli(TrainConfig, ["--config", str(config)])
-    assert listed.extra_rewards == {"target_color": None}
+    assert listed.reward.extra_rewards == {"target_color": None}
     videos = torch.zeros(2, 3, 2, 4, 4)
     videos[0, 2] = 1.0  # video 0 all blue, video 1 black
     out = {}

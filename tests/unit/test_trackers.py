@@ -56,8 +56,8 @@ def test_report_to_forms():
     assert parse_report_to(["tensorboard"]) == ("tensorboard",)
     assert parse_report_to(["wandb,swanlab", "TensorBoard", "wandb"]) == ("wandb", "swanlab", "tensorboard")
     assert parse_report_to(["none"]) == ()
-    assert parse_cli(TrainConfig, []).report_to == ["tensorboard"]
-    assert parse_cli(TrainConfig, ["--report_to", "wandb", "tensorboard"]).report_to == ["wandb", "tensorboard"]
+    assert parse_cli(TrainConfig, []).output.report_to == ["tensorboard"]
+    assert parse_cli(TrainConfig, ["--report_to", "wandb", "tensorboard"]).output.report_to == ["wandb", "tensorboard"]
     for values, match in ((["none", "wandb"], "cannot be combined"), (["comet"], "'comet' is not a tracker"),
                           ([","], "is empty")):
         with pytest.raises(ConfigError, match=match):

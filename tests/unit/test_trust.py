@@ -185,7 +185,7 @@ def test_bad_flags_are_named_before_models_load(tiny_root, tmp_path, no_models, 
 def test_integer_flags_take_integers_only(value):
     with pytest.raises(ValueError, match="max_steps"):
         from_dict(TrainConfig, {"max_steps": value})
-    assert from_dict(TrainConfig, {"max_steps": "1e3"}).max_steps == 1000
+    assert from_dict(TrainConfig, {"max_steps": "1e3"}).optim.max_steps == 1000
 
 
 @pytest.mark.parametrize("content,match", [

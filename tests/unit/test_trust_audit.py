@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 
 from sage_grpo.checkpoint import (CheckpointManager, capture_rng_state, resolve_resume_path,
                                   write_checkpoint_files)
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.distributed.parallel_dims import ParallelDims
 from sage_grpo.rewards.base import score_with_fallback
 from sage_grpo.rewards.setup import RewardFailure
@@ -56,7 +57,7 @@ def _trainer(use_muon: bool):
     layer = torch.nn.Linear(3, 4)
     named = list(layer.named_parameters())
     return SimpleNamespace(
-        cfg=SimpleNamespace(debug_grad_flow=False, max_grad_norm=1.0, max_grad_norm_units="full", sp_size=1),
+        cfg=TrainConfig.of(debug_grad_flow=False, max_grad_norm=1.0, max_grad_norm_units="full", sp_size=1),
         dims=ParallelDims(world_size=1),
         models=SimpleNamespace(trainable_named_parameters=lambda: named), layer=layer,
         optimizer=build_optimizer(named, use_muon=use_muon, lr=0.1, weight_decay=0.01),

@@ -327,7 +327,7 @@ def test_the_collective_timeout_is_bounded_and_checked():
     from sage_grpo.config import TrainConfig
     from sage_grpo.distributed.liveness import PeerWatch, collective_timeout
 
-    assert TrainConfig.of().collective_timeout_minutes == 30.0  # the reference waits 120
+    assert TrainConfig.of().parallel.collective_timeout_minutes == 30.0  # the reference waits 120
     assert collective_timeout(0.5).total_seconds() == 30.0
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="--collective_timeout_minutes must be a positive number"):

@@ -182,7 +182,7 @@ def test_a_crafted_lock_is_refused_before_it_reaches_run_config(tmp_path, entry,
     with pytest.raises(ValueError, match=rf"{root / revisions.LOCK_FILE}: .*{match}"):
         revisions.record_run_weights(root, run, run / "run_config.yaml")
     assert (run / "run_config.yaml").read_text() == before and not (run / revisions.LOCK_FILE).exists()
-    assert parse_cli(TrainConfig, ["--config", str(run / "run_config.yaml")]).max_steps == 3
+    assert parse_cli(TrainConfig, ["--config", str(run / "run_config.yaml")]).optim.max_steps == 3
     assert revisions.main(["resolve", REPO, "main", "--lock", str(root / revisions.LOCK_FILE)]) == 2
 
 
