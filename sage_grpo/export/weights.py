@@ -156,11 +156,11 @@ def lora_config_of_checkpoint(checkpoint: Optional[Path], state: Dict[str, torch
     from sage_grpo.config.recorded import read_run_config
 
     run = read_run_config(checkpoint / CONFIG_FILE)
-    if run.pretrained_lora_path and lora.is_adapter_folder(Path(run.pretrained_lora_path)):
-        return lora.read_adapter_folder(Path(run.pretrained_lora_path))[0]
+    if run.lora.pretrained_lora_path and lora.is_adapter_folder(Path(run.lora.pretrained_lora_path)):
+        return lora.read_adapter_folder(Path(run.lora.pretrained_lora_path))[0]
     modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
     rank = next(v.shape[0] for k, v in state.items() if k.endswith("lora_A.weight"))
-    return lora.make_lora_config(rank, run.lora_alpha, run.lora_dropout, modules)
+    return lora.make_lora_config(rank, run.lora.lora_alpha, run.lora.lora_dropout, modules)
 
 
 # ---------------------------------------------------------------------------------------------------- applying
