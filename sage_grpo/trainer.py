@@ -144,8 +144,8 @@ class GRPOTrainer:
         check_tasks(self.items + self.validation_items, cfg.model.pretrained_transformer_version,
                     "--pretrained_transformer_version")
         self._check_i2v_tokens()
-        self.kl_mode = rl.kl_mode_of(cfg)  # decided once: every part below asks this, not the flags
-        self.drift_watch = rl.drift_watch_of(cfg, self.kl_mode)  # the drift proxy and guard, likewise
+        self.kl_mode = rl.kl_mode_of(cfg.trust_region)  # decided once: every part below asks this, not the flags
+        self.drift_watch = rl.drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, self.kl_mode)  # the drift proxy and guard, likewise
         self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
         check_watched_metrics(self.drift_watch, self.reward_plan.held_out)
         self.notes += self.reward_plan.notes

@@ -282,7 +282,7 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> Mod
                                     compute_device=device if offload_encoders else None,
                                     max_cache_bytes=int(cfg.parallel.image_cache_gb * 2 ** 30))
               if components.image_encoder is not None else None)
-    base_copy = drift_watch_of(cfg, kl_mode).base_copy
+    base_copy = drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, kl_mode).base_copy
     base = frozen_transformer(cfg, folder, placement, device, on_meta) if base_copy else None
     return ModelBundle(cfg, device, policy, reference, components.vae, encoder, placement, lora,
                        weights_folder=folder if on_meta else None, images=images, base=base)

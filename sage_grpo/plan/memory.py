@@ -160,7 +160,7 @@ def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: s
     t = sizes.transformer
     gathered = policy_param_dtype(cfg).itemsize if sharded else DTYPES[cfg.model.master_weight_type].itemsize
     compute = DTYPES[cfg.model.dtype].itemsize
-    kl, r, per_block = kl_mode_of(cfg), cfg.lora.lora_r, t.lora_width // t.config["num_layers"]
+    kl, r, per_block = kl_mode_of(cfg.trust_region), cfg.lora.lora_r, t.lora_width // t.config["num_layers"]
     # P_g: parameters that get a gradient (and optimizer state)
     trainable = r * (t.lora_width - t.unused_lora_width) if cfg.lora.use_lora else t.num_params - t.unused_params
     autocast = autocast_dtype_of(cfg) is not None  # the transformer's forward runs under autocast
@@ -173,7 +173,7 @@ def _layout(cfg: TrainConfig, sizes: ModelSizes, world_size: int, device_type: s
         offload_encoders=cfg.parallel.offload_text_encoders and device_type != "cpu",
         kl=kl, adapters=r * t.lora_width * (2 if kl.moving_anchor else 1) if cfg.lora.use_lora else 0,
         block_trainable=r * (per_block - t.unused_lora_width) if cfg.lora.use_lora else t.block_params - t.unused_params,
-        base_copy=drift_watch_of(cfg, kl).base_copy)
+        base_copy=drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, kl).base_copy)
 
 
 def _resident(lay: _Layout, placement: Placement) -> List[Component]:

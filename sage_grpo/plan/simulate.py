@@ -174,7 +174,7 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
                         batch_size=cfg.data.batch_size, num_generations=cfg.data.num_generations,
                         num_attention_heads=config.get("num_attention_heads", 16))
     dims.build_meshes()
-    kl_mode = kl_mode_of(cfg)
+    kl_mode = kl_mode_of(cfg.trust_region)
     lora = reference = base = None
     if cfg.lora.use_lora:  # as build_models: the base loaded in --dtype, frozen, the adapters in the master dtype
         policy = _transformer_on_meta(config, DTYPES[cfg.model.dtype], cfg)
@@ -182,7 +182,7 @@ def build_sharded(cfg: TrainConfig, world_size: int, config: Dict, placement):
     else:
         policy = _transformer_on_meta(config, DTYPES[cfg.model.master_weight_type], cfg)
         policy.requires_grad_(True)
-        frozen = [kl_mode.uses_reference, drift_watch_of(cfg, kl_mode).base_copy]
+        frozen = [kl_mode.uses_reference, drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, kl_mode).base_copy]
         reference, base = [_transformer_on_meta(config, DTYPES[cfg.model.dtype], cfg)
                            .requires_grad_(False).eval() if wanted else None for wanted in frozen]
     policy.train()
@@ -290,9 +290,9 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
             with Phase("rollout", models, optimizer, inputs, "policy, no grad, CFG batch") as phase, torch.no_grad():
                 velocity(policy)
             result.phases.append(phase.result)
-            if kl_mode_of(cfg).uses_reference:  # the reference means, held on the device until the step ends
+            if kl_mode_of(cfg.trust_region).uses_reference:  # the reference means, held on the device until the step ends
                 inputs += (torch.zeros(cfg.data.batch_size, cfg.rollout.grpo_sampling_steps, *latents.shape[1:]),)
-            if reference is not None or (lora is not None and kl_mode_of(cfg).uses_reference):
+            if reference is not None or (lora is not None and kl_mode_of(cfg.trust_region).uses_reference):
                 rows = placement.reference_batch_size or batch  # the planner's choice (--reference_batch_size)
                 if lora is not None and lora.has_anchor:  # the anchor adapter, as from the first refresh on
                     lora.refresh_anchor()

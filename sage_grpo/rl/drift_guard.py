@@ -20,12 +20,24 @@ data in :meth:`state_dict`, saved with every checkpoint, so a resumed run watche
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 from sage_grpo.rl.kl import KLMode
 
-if TYPE_CHECKING:  # only read, never built here
-    from sage_grpo.config import TrainConfig
+
+
+class DriftOptions(Protocol):
+    """What the drift watch is decided from: the configuration's ``drift`` section (declared here by shape, so the
+    GRPO math imports no configuration)."""
+
+    drift_proxy: bool
+    drift_proxy_sigmas: List[float]
+    drift_guard: str
+    drift_guard_proxy_ratio: float
+    drift_guard_window: int
+    drift_guard_reward_rise: float
+    drift_guard_heldout_fall: float
+    drift_guard_heldout: Optional[List[str]]
 
 
 @dataclass(frozen=True)
@@ -57,18 +69,18 @@ class DriftWatch:
         return self.action != "off"
 
 
-def drift_watch_of(cfg: "TrainConfig", kl_mode: KLMode) -> DriftWatch:
+def drift_watch_of(options: DriftOptions, validation_interval: int, use_lora: bool, kl_mode: KLMode) -> DriftWatch:
     """The run's :class:`DriftWatch`. ``--drift_guard`` turns the proxy on; without validation points
     (``--validation_interval`` 0) both are off. The base model costs nothing with LoRA (the policy with its adapters
     disabled) nor with a KL anchor that never moves (the reference is the base model); otherwise (no KL, or the moving
     anchor) it is a frozen copy of the transformer, placed like the reference."""
-    on = (cfg.drift.drift_proxy or cfg.drift.drift_guard != "off") and cfg.validation.validation_interval > 0
+    on = (options.drift_proxy or options.drift_guard != "off") and validation_interval > 0
     reference_is_base = kl_mode.uses_reference and not kl_mode.moving_anchor
-    return DriftWatch(tuple(cfg.drift.drift_proxy_sigmas) if on else (), cfg.drift.drift_guard if on else "off",
-                      GuardBounds(cfg.drift.drift_guard_proxy_ratio, cfg.drift.drift_guard_window, cfg.drift.drift_guard_reward_rise,
-                                  cfg.drift.drift_guard_heldout_fall),
-                      base_copy=on and not cfg.lora.use_lora and not reference_is_base,
-                      heldout=tuple(cfg.drift.drift_guard_heldout or ()) if on else ())
+    bounds = GuardBounds(options.drift_guard_proxy_ratio, options.drift_guard_window, options.drift_guard_reward_rise,
+                         options.drift_guard_heldout_fall)
+    return DriftWatch(tuple(options.drift_proxy_sigmas) if on else (), options.drift_guard if on else "off", bounds,
+                      base_copy=on and not use_lora and not reference_is_base,
+                      heldout=tuple(options.drift_guard_heldout or ()) if on else ())
 
 
 @dataclass(frozen=True)

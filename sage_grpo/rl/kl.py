@@ -27,14 +27,24 @@ below. "Step-wise only" has no flag in the reference; the closest is a dual mode
 needs the reference model.
 """
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Union
+from typing import Protocol, Union
 
 from torch import Tensor
 
 from sage_grpo.rl.kl_controller import beta_stays_zero
 
-if TYPE_CHECKING:  # only read, never built here
-    from sage_grpo.config import TrainConfig
+
+
+class KLOptions(Protocol):
+    """What the KL mode is decided from: the configuration's ``trust_region`` section (declared here by shape, so the
+    GRPO math imports no configuration)."""
+
+    kl_weight: float
+    kl_coef: float
+    kl_min_coef: float
+    use_moving_KL: bool
+    use_dual_kl: bool
+    stepwise_kl_reference: str
 
 KL_STD_EPS = 1e-6
 
@@ -68,15 +78,15 @@ def resolve_kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) ->
     return KL_MODES[(bool(use_moving_kl), bool(use_dual_kl))]
 
 
-def kl_mode_of(cfg: "TrainConfig") -> KLMode:
+def kl_mode_of(options: KLOptions) -> KLMode:
     """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: decided once (the trainer,
     the memory plan) and handed to everything that depends on it (model building, resume checks, the update).
     ``--kl_coef 0 --kl_min_coef 0`` is "none" too: β stays 0 for the whole run, and the reference computes the KL only
     while β > 0 (``kl_controller.beta_stays_zero``); it still loads its reference model, which goes unused."""
-    if beta_stays_zero(cfg.trust_region.kl_weight, cfg.trust_region.kl_coef, cfg.trust_region.kl_min_coef):
+    if beta_stays_zero(options.kl_weight, options.kl_coef, options.kl_min_coef):
         return NO_KL
-    mode = resolve_kl_mode(cfg.trust_region.kl_weight, cfg.trust_region.use_moving_KL, cfg.trust_region.use_dual_kl)
-    return replace(mode, stepwise_to_rollout=cfg.trust_region.stepwise_kl_reference == "rollout") if mode.dual else mode
+    mode = resolve_kl_mode(options.kl_weight, options.use_moving_KL, options.use_dual_kl)
+    return replace(mode, stepwise_to_rollout=options.stepwise_kl_reference == "rollout") if mode.dual else mode
 
 
 def kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) -> str:

@@ -171,7 +171,7 @@ def test_lora_references_need_no_second_model(runs, tiny_root, tmp_path):
     values = load_yaml(str(runs / "lora" / "run_config.yaml"))
     values.update(pretrained_lora_path=str(adapter), output_dir=str(tmp_path / "unused"))
     cfg = from_dict(TrainConfig, values)
-    bundle = build_models(cfg, kl_mode_of(cfg), placement_of(cfg, resolve_device(cfg)))
+    bundle = build_models(cfg, kl_mode_of(cfg.trust_region), placement_of(cfg, resolve_device(cfg)))
     assert bundle.reference is bundle.policy and bundle.lora is not None and not bundle.lora.anchor_ready
     trained = load_file(str(runs / "lora" / "checkpoint-2" / "transformer" / "model.safetensors"))
     assert all(torch.equal(bundle.trainable_state_dict()[k], v) for k, v in trained.items())  # pretrained_lora_path

@@ -55,7 +55,7 @@ def assert_on(device: torch.device, *tensors: torch.Tensor) -> None:
 def bundle(request, tiny_root, device):
     """The policy (fp32 masters), the dual-KL reference (in --dtype) and the encoder of a tiny run on ``device``."""
     cfg = tiny_train_config(tiny_root, device, request.param, kl_weight=1e-3, use_dual_kl=True)
-    models = build_models(cfg, kl_mode_of(cfg), placement_of(cfg, resolve_device(cfg)))
+    models = build_models(cfg, kl_mode_of(cfg.trust_region), placement_of(cfg, resolve_device(cfg)))
     assert models.device == device and models.policy.dtype == torch.float32
     assert models.reference.dtype == (torch.bfloat16 if request.param == "bf16" else torch.float32)
     assert_on(device, *models.policy.parameters(), *models.reference.parameters(), *models.vae.parameters())
@@ -140,7 +140,7 @@ def lora_run(tiny_root, device, tmp_path_factory):
     """One LoRA update of a --dtype bf16 run (bf16 base, fp32 adapters under bf16 autocast) on the device; the
     model, the peft adapter folder it saved, the prompt embeddings, a latent and the parameters before the update."""
     cfg = tiny_train_config(tiny_root, device, "bf16", use_lora=True, lora_r=4, lora_alpha=8, kl_weight=0.0)
-    models = build_models(cfg, kl_mode_of(cfg), placement_of(cfg, resolve_device(cfg)))
+    models = build_models(cfg, kl_mode_of(cfg.trust_region), placement_of(cfg, resolve_device(cfg)))
     assert_on(device, *models.policy.parameters())
     before = {name: param.detach().clone() for name, param in models.policy.named_parameters()}
     sampler = sampler_of(cfg)

@@ -195,7 +195,7 @@ def sentinel(action: str, **flags):
 
     cfg = TrainConfig.of(drift_guard=action, drift_guard_proxy_ratio=2.0, **flags)
     log = []
-    return DriftSentinel(drift_watch_of(cfg, NO_KL), Validator(), log.append), log
+    return DriftSentinel(drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, NO_KL), Validator(), log.append), log
 
 
 class Run:
@@ -276,7 +276,8 @@ def test_the_sentinel_registers_the_proxy_and_resumes_its_guard():
     from sage_grpo.rl import NO_KL
 
     validator = Validator()
-    watch = drift_watch_of(TrainConfig.of(drift_proxy=True, drift_proxy_sigmas=[0.5]), NO_KL)
+    cfg = TrainConfig.of(drift_proxy=True, drift_proxy_sigmas=[0.5])
+    watch = drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, NO_KL)
     first = DriftSentinel(watch, validator, [].append)
     assert [type(m) for m in validator.metrics] == [DriftProxyMetric] and validator.metrics[0].sigmas == (0.5,)
     first.observe(0, {"Validation/drift_proxy": 0.2})
@@ -334,7 +335,7 @@ def test_the_drift_flags_are_checked_and_decided_once():
 
     def watch(**flags):
         cfg = TrainConfig.of(**flags)
-        return drift_watch_of(cfg, kl_mode_of(cfg))
+        return drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, kl_mode_of(cfg.trust_region))
 
     assert watch().sigmas == () and not watch().guarded and not watch().base_copy  # off by default
     assert watch(drift_guard="stop", validation_interval=0) == watch()  # nothing to watch: off

@@ -22,8 +22,8 @@ def bundle_of(root, **flags):
     cfg = TrainConfig.of(pretrained_model_root=str(root), dtype="fp32", device="cpu", enable_gradient_checkpointing=False,
                       vision_num_semantic_tokens=TINY_IMAGE_TOKENS, text_max_length=TINY_TEXT.max_length,
                       byt5_max_length=TINY_TEXT.max_length_2, cfg_scale=1.0, drift_proxy=True, **flags)
-    kl_mode = kl_mode_of(cfg)
-    watch = drift_watch_of(cfg, kl_mode)
+    kl_mode = kl_mode_of(cfg.trust_region)
+    watch = drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, kl_mode)
     return cfg, build_models(cfg, kl_mode, placement_of(cfg, resolve_device(cfg))), watch
 
 

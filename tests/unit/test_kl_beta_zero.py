@@ -25,10 +25,10 @@ def test_beta_zero_is_a_run_without_kl():
     from sage_grpo.rl.kl_controller import beta_stays_zero
 
     flags = ["--kl_weight", "1e-5", "--kl_coef", "0", "--kl_min_coef", "0"]
-    mode = kl_mode_of(parse_cli(TrainConfig, flags))
+    mode = kl_mode_of(parse_cli(TrainConfig, flags).trust_region)
     assert (mode.name, mode.uses_reference, mode.moving_anchor, mode.dual) == ("none", False, False, False)
-    assert kl_mode_of(parse_cli(TrainConfig, flags[:4])).name == "dual_moving"  # --kl_min_coef 1e-7: β > 0
-    assert kl_mode_of(parse_cli(TrainConfig, ["--kl_weight", "1e-5", "--kl_min_coef", "0"])).name == "dual_moving"
+    assert kl_mode_of(parse_cli(TrainConfig, flags[:4]).trust_region).name == "dual_moving"  # --kl_min_coef 1e-7: β > 0
+    assert kl_mode_of(parse_cli(TrainConfig, ["--kl_weight", "1e-5", "--kl_min_coef", "0"]).trust_region).name == "dual_moving"
     assert [beta_stays_zero(*flags) for flags in [(1e-5, 0.0, 0.0), (0.0, 0.0, 0.0), (1e-5, 1e-7, 0.0),
                                                   (1e-5, 0.0, 1e-7)]] == [True, False, False, False]
     notes = check_option_values(parse_cli(TrainConfig, flags))
@@ -45,7 +45,7 @@ def test_beta_zero_loads_no_reference_model(tiny_root):
                       kl_min_coef=0.0, enable_gradient_checkpointing=False,
                       vision_num_semantic_tokens=TINY_IMAGE_TOKENS, text_max_length=TINY_TEXT.max_length,
                       byt5_max_length=TINY_TEXT.max_length_2)
-    models = build_models(cfg, kl_mode_of(cfg), placement_of(cfg, resolve_device(cfg)))
+    models = build_models(cfg, kl_mode_of(cfg.trust_region), placement_of(cfg, resolve_device(cfg)))
     assert models.reference is None and models.policy is not None
 
 

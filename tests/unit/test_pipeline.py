@@ -185,7 +185,7 @@ def test_moving_kl_to_a_freshly_refreshed_anchor_is_zero(tiny_root, precision):
                       device="cpu", kl_weight=1e-5, enable_gradient_checkpointing=False,
                       vision_num_semantic_tokens=TINY_IMAGE_TOKENS,
                       text_max_length=TINY_TEXT.max_length, byt5_max_length=TINY_TEXT.max_length_2)
-    bundle = build_models(cfg, kl_mode_of(cfg), placement_of(cfg, resolve_device(cfg)))
+    bundle = build_models(cfg, kl_mode_of(cfg.trust_region), placement_of(cfg, resolve_device(cfg)))
     noise = torch.Generator().manual_seed(5)
     with torch.no_grad():  # stands in for some optimizer updates
         for param in bundle.policy.parameters():

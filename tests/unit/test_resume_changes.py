@@ -102,7 +102,7 @@ def test_run_config_holds_what_the_resumed_run_uses(tiny_root, tmp_path):
                                  "checkpoint": [first], "now": [other]}})):
         cfg = parse_cli(TrainConfig, args + resume + extra)
         items = read_prompt_csvs(cfg.data.train_video_csv, notes=[])
-        check = check_resume(cfg, kl_mode_of(cfg), distributed=False, prompts=items)
+        check = check_resume(cfg, kl_mode_of(cfg.trust_region), distributed=False, prompts=items)
         trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[],
                                   run_claim=RunDirPlan.of(cfg, check))
         run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)

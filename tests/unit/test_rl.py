@@ -171,10 +171,10 @@ def test_kl_mode_table():
     with pytest.raises(ValueError):
         kl_mode(-1.0, False, False)
     # the step-wise KL's reference: the policy before this update (the paper), or the rollout's on request
-    assert not kl_mode_of(parse_cli(TrainConfig, [])).stepwise_to_rollout
-    rollout = kl_mode_of(parse_cli(TrainConfig, ["--stepwise_kl_reference", "rollout"]))
+    assert not kl_mode_of(parse_cli(TrainConfig, []).trust_region).stepwise_to_rollout
+    rollout = kl_mode_of(parse_cli(TrainConfig, ["--stepwise_kl_reference", "rollout"]).trust_region)
     assert rollout.stepwise_to_rollout and rollout.name == "dual_moving"
-    assert not kl_mode_of(parse_cli(TrainConfig, ["--stepwise_kl_reference", "rollout", "--use_dual_kl", "false"]))\
+    assert not kl_mode_of(parse_cli(TrainConfig, ["--stepwise_kl_reference", "rollout", "--use_dual_kl", "false"]).trust_region)\
         .stepwise_to_rollout  # no step-wise term
 
 

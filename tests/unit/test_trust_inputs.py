@@ -459,7 +459,7 @@ def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_ro
     cfg = parse_cli(TrainConfig, other + ["--allow_config_change", "true"])
     with pytest.raises(pytest.fail.Exception, match="models loaded"):  # allowed: the preflight passes
         trainer_module.GRPOTrainer(cfg)
-    check = check_resume(cfg, kl_mode_of(cfg), distributed=False)
+    check = check_resume(cfg, kl_mode_of(cfg.trust_region), distributed=False)
     trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[],
                               run_claim=RunDirPlan.of(cfg, check))
     run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)
