@@ -112,7 +112,7 @@ def test_recorded_settings_still_fill_generate_options(tiny_root, tmp_path):
 
 def test_every_yaml_file_is_read_by_the_one_loader():
     """PyYAML's readers (yaml.safe_load, load, ..., a yaml.*Loader class) are named in exactly one place:
-    schema.load_yaml's safe loader, which refuses duplicate keys and whose callers check shapes."""
+    yaml_file.load_yaml's safe loader, which refuses duplicate keys and whose callers check shapes."""
     uses = []
     for path in sorted((REPO_ROOT / "sage_grpo").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -120,7 +120,7 @@ def test_every_yaml_file_is_read_by_the_one_loader():
                     and (node.attr in ("safe_load", "load", "full_load", "unsafe_load", "load_all", "compose")
                          or node.attr.endswith("Loader"))):
                 uses.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}:{node.attr}")
-    assert len(uses) == 1 and uses[0].startswith("sage_grpo/config/schema.py:") and uses[0].endswith(":SafeLoader"), \
+    assert len(uses) == 1 and uses[0].startswith("sage_grpo/config/yaml_file.py:") and uses[0].endswith(":SafeLoader"), \
         uses
 
 
