@@ -11,7 +11,7 @@ Run directory (``--output_dir``)::
     trackers.json              the tracker run ids a resumed run continues
     rl_samples/{step:07d}/group_{g}/   rollout mp4s and index_{i}_group_{g}_rewards.json (newest N steps kept)
     samples/step_{step:06d}/   validation videos
-    checkpoint-{step}/         see sage_grpo/checkpoint.py
+    checkpoint-{step}/         see sage_grpo/checkpoint/
     run.lock                   while a run writes here: its holder (tracking/run_lock.py)
     abandoned/                 later branches a resume from an older checkpoint moved aside (tracking/branches.py)
 """

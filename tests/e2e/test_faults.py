@@ -143,7 +143,7 @@ def test_an_older_checkpoint_starts_a_new_branch_and_a_full_disk_loses_nothing(s
     (``post_train``'s entry point), one step per start."""
     from safetensors import SafetensorError
 
-    import sage_grpo.checkpoint as checkpoint_module
+    import sage_grpo.checkpoint.files as checkpoint_files
     from sage_grpo.checkpoint import list_checkpoints
     from sage_grpo.cli.train import main
 
@@ -166,7 +166,7 @@ def test_an_older_checkpoint_starts_a_new_branch_and_a_full_disk_loses_nothing(s
     def full(*args, **kwargs):  # what safetensors raises on a full disk
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(checkpoint_module, "save_file", full)
+    monkeypatch.setattr(checkpoint_files, "save_file", full)
     capsys.readouterr()
     with pytest.raises(SystemExit) as ended:
         start("--max_steps", "3", "--resume_from_checkpoint", "latest")

@@ -23,7 +23,7 @@ from trust_support import one_error_line as _one_error_line
 from trust_support import snapshot as _snapshot
 from safetensors import SafetensorError
 
-import sage_grpo.checkpoint as checkpoint_module
+import sage_grpo.checkpoint.files as checkpoint_files
 import sage_grpo.tracking.run_lock as run_lock
 import sage_grpo.trainer as trainer_module
 from sage_grpo.checkpoint import CheckpointManager, list_checkpoints, prune_checkpoints
@@ -373,7 +373,7 @@ def test_a_full_disk_in_the_checkpoint_write_is_one_line_and_leaves_the_last_che
         raise SafetensorError(SAFETENSORS_ENOSPC)
 
     if where == "safetensors":
-        monkeypatch.setattr(checkpoint_module, "save_file", full)
+        monkeypatch.setattr(checkpoint_files, "save_file", full)
     else:  # peft's adapter folder (save_pretrained writes safetensors too)
         monkeypatch.setattr(_Models, "save_extras", full)
     with pytest.raises(DiskFullError) as raised:

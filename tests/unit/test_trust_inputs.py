@@ -23,6 +23,8 @@ from trust_support import one_error_line as _one_error_line
 from trust_support import snapshot as _snapshot
 
 import sage_grpo.checkpoint as checkpoint_module
+import sage_grpo.checkpoint.files as checkpoint_files
+import sage_grpo.checkpoint.manager as checkpoint_manager
 import sage_grpo.safe_io as safe_io
 import sage_grpo.trainer as trainer_module
 from sage_grpo.checkpoint import write_checkpoint_files
@@ -166,7 +168,7 @@ def test_atomic_write_fsyncs_before_the_rename(tmp_path, monkeypatch):
 def test_checkpoint_files_are_fsynced_before_the_directory_is_published(tmp_path, monkeypatch):
     """CheckpointManager.save: fsync_tree(tmp) comes before the rename into checkpoint-N."""
     synced = []
-    monkeypatch.setattr(checkpoint_module, "fsync_tree", lambda root: synced.append(sorted(
+    monkeypatch.setattr(checkpoint_manager, "fsync_tree", lambda root: synced.append(sorted(
         str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file())))
     from types import SimpleNamespace
 
@@ -207,7 +209,7 @@ def test_disk_full_names_the_file_and_the_space_it_needed(tmp_path, monkeypatch)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
 
-    monkeypatch.setattr(checkpoint_module, "save_file", _enospc)
+    monkeypatch.setattr(checkpoint_files, "save_file", _enospc)
     weights = {"w": torch.zeros(1024, 1024)}  # 4 MiB (+ 1 MiB for the small files)
     with pytest.raises(DiskFullError, match=r"checkpoint-1/transformer/model.safetensors: it needs about 5.0 MiB"):
         write_checkpoint_files(tmp_path / "checkpoint-1", model_state=weights, training_state={"global_step": 1})
@@ -221,7 +223,7 @@ def test_torch_save_on_a_full_disk_is_named_too(tmp_path, monkeypatch):
     def failing_save(obj, path):
         raise RuntimeError("basic_ios::clear: iostream error")
 
-    monkeypatch.setattr(checkpoint_module.torch, "save", failing_save)
+    monkeypatch.setattr(checkpoint_files.torch, "save", failing_save)
     monkeypatch.setattr(safe_io.shutil, "disk_usage", lambda path: Usage(free=1024))
     with pytest.raises(DiskFullError, match=r"optimizer.pt: it needs about"):
         write_checkpoint_files(tmp_path / "c", model_state={"w": torch.zeros(2)}, training_state={},
@@ -236,7 +238,7 @@ def test_disk_full_ends_a_run_in_one_line(tiny_root, tmp_path, monkeypatch, caps
         write_checkpoint_files(Path(cfg.output.output_dir) / ".checkpoint-1.tmp", model_state={"w": torch.zeros(2)},
                                training_state={})
 
-    monkeypatch.setattr(checkpoint_module, "save_file", _enospc)
+    monkeypatch.setattr(checkpoint_files, "save_file", _enospc)
     monkeypatch.setattr(trainer_module, "run_training", run_training)
     with pytest.raises(SystemExit) as ended:
         train_cli.main(tiny_args(tiny_root, tmp_path / "run"))
