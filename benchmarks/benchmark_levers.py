@@ -97,7 +97,8 @@ def step_times(trainer) -> tuple:
 
 
 def main(argv=None) -> None:
-    from sage_grpo.config import TrainConfig, parse_cli
+    from sage_grpo.config import parse_cli
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.rewards.tiny import write_tiny_video_reward
     from sage_grpo.trainer import GRPOTrainer
 

@@ -191,7 +191,8 @@ def phase_seconds(rows: list, encode: dict, decode: dict, warmup: int, optimizer
 
 
 def main(argv=None) -> None:
-    from sage_grpo.config import TrainConfig, parse_cli
+    from sage_grpo.config import parse_cli
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.tracking.run_dir import read_metrics
     from sage_grpo.trainer import GRPOTrainer
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 def reference_phase(config: str, reference_batch_size: int, steps: int, output_dir: str):
     """(transitions per forward, CPU seconds per step, the first step's means) of one run."""
-    from sage_grpo.config import TrainConfig
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.config.schema import from_dict, load_yaml
     from sage_grpo.trainer import GRPOTrainer
 

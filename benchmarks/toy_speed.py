@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sage_grpo.config import TrainConfig  # noqa: E402
+from sage_grpo.config.train import TrainConfig  # noqa: E402
 from sage_grpo.config.schema import from_dict, load_yaml  # noqa: E402
 from sage_grpo.tracking.run_dir import manifold_error_key, read_metrics  # noqa: E402
 

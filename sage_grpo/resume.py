@@ -13,17 +13,21 @@ change the KL reference, the VAE and the encoders). A change of any of them is r
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import yaml
 
 from sage_grpo.checkpoint import check_rng_state, is_sharded_checkpoint, resolve_resume_path
 from sage_grpo.checkpoint_layout import (ANCHOR_FILE, CONFIG_FILE, DCP_ANCHOR, DCP_DIR, DCP_MODEL, OPTIMIZER_FILE,
                                          TRAINING_STATE_FILE, TRANSFORMER_FILE)
-from sage_grpo.config import TrainConfig, to_dict
-from sage_grpo.config.recorded import read_run_config, recorded_values
+from sage_grpo.config import to_dict
+from sage_grpo.config.recorded import recorded_values
 from sage_grpo.config.schema import shorten
-from sage_grpo.config.train import RUN_DEFINING
+from sage_grpo.config.train import RUN_DEFINING, read_run_config
+from sage_grpo.config.train.model import LoRAConfig, ModelConfig
+from sage_grpo.config.train.objective import OptimConfig
+from sage_grpo.config.train.rollout import DataConfig
+from sage_grpo.config.train.run import OutputConfig
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.data import PromptItem, prompts_record
 from sage_grpo.export.identity import check_resume_shapes
@@ -35,6 +39,17 @@ from sage_grpo.safe_io import CheckpointError, atomic_write, load_plain, read_dc
 # meant), each declared with defines_run=True. Everything else (max_steps, intervals, logging, validation,
 # offloading, the parallel layout within the rules) may change freely.
 CONFIG_CHANGES_FILE = "config_changes.yaml"
+
+
+class ResumeOptions(Protocol):
+    """The sections of the training configuration a resume is decided from (declared by shape); the run-defining
+    settings are compared as flat ``{option: value}`` dicts (``to_dict`` of the configuration)."""
+
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig
+    lora: LoRAConfig
+    output: OutputConfig
 
 
 @dataclass
@@ -62,13 +77,13 @@ def check_safetensors(path: Path, what: str) -> None:
                               "interrupted copy leaves such files)") from None
 
 
-def config_differences(saved: Dict[str, Any], cfg: TrainConfig) -> Dict[str, Tuple[Any, Any]]:
-    """The run-defining settings whose values differ between a checkpoint's config and ``cfg`` (``max_steps`` too
-    under a learning-rate schedule that decays over the run's length)."""
+def config_differences(saved: Dict[str, Any], now: Dict[str, Any]) -> Dict[str, Tuple[Any, Any]]:
+    """The run-defining settings whose values differ between a checkpoint's recorded ``{option: value}`` and this
+    run's (``to_dict`` of its configuration; ``max_steps`` too under a learning-rate schedule that decays over the
+    run's length)."""
     from sage_grpo.optim.optimizers import DECAYING_SCHEDULES
 
-    now = to_dict(cfg)
-    keys = RUN_DEFINING + (("max_steps",) if cfg.optim.lr_scheduler in DECAYING_SCHEDULES else ())
+    keys = RUN_DEFINING + (("max_steps",) if now["lr_scheduler"] in DECAYING_SCHEDULES else ())
     return {key: (saved.get(key), now[key]) for key in keys if key in saved and saved[key] != now[key]}
 
 
@@ -202,33 +217,32 @@ def folder_digest(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def layout_record(cfg: TrainConfig, world_size: int, dp_size: int, sp_size: int,
+def layout_record(model: ModelConfig, world_size: int, dp_size: int, sp_size: int, videos_per_step: int,
                   prompts: Optional[Sequence[PromptItem]] = None) -> dict:
     """What a checkpoint records of the run's make-up: the parallel layout, the model root's fingerprint
     (:func:`model_fingerprint`) and the training prompts (:func:`~sage_grpo.data.prompts_record`). Of the layout only
     the videos per step matter to the run (DCP reshards the weights to any layout, and every sample's randomness
     depends on its index in the step's global batch)."""
-    return {"world_size": world_size, "dp_size": dp_size, "sp_size": sp_size,
-            "videos_per_step": cfg.data.batch_size * dp_size,
-            "model_root": model_fingerprint(Path(cfg.model.pretrained_model_root), cfg.model.pretrained_transformer_version),
+    return {"world_size": world_size, "dp_size": dp_size, "sp_size": sp_size, "videos_per_step": videos_per_step,
+            "model_root": model_fingerprint(Path(model.pretrained_model_root), model.pretrained_transformer_version),
             **({"prompts": prompts_record(prompts)} if prompts is not None else {})}
 
 
-def model_root_difference(saved_root: Any, layout: Optional[dict], cfg: TrainConfig) -> Dict[str, Tuple[Any, Any]]:
+def model_root_difference(saved_root: Any, layout: Optional[dict], model: ModelConfig) -> Dict[str, Tuple[Any, Any]]:
     """The model root as a difference to refuse (or record): the components whose configs, weight index or weight
     sizes differ from those the checkpoint was trained from. Checkpoints of earlier versions record none."""
     saved = (layout or {}).get("model_root")
     if not isinstance(saved, dict):
         return {}
-    now = model_fingerprint(Path(cfg.model.pretrained_model_root), cfg.model.pretrained_transformer_version)
+    now = model_fingerprint(Path(model.pretrained_model_root), model.pretrained_transformer_version)
     changed = sorted(name for name in set(saved) | set(now) if saved.get(name) != now.get(name))
     if not changed:
         return {}
     key = f"model root --pretrained_model_root (differs in {', '.join(changed)})"
-    return {key: (saved_root, cfg.model.pretrained_model_root)}
+    return {key: (saved_root, model.pretrained_model_root)}
 
 
-def prompts_difference(saved: Optional[Dict[str, Any]], layout: Optional[dict], cfg: TrainConfig,
+def prompts_difference(saved: Optional[Dict[str, Any]], layout: Optional[dict], train_video_csv: Any,
                        prompts: Optional[Sequence[PromptItem]]) -> Dict[str, Tuple[Any, Any]]:
     """The training prompts as a difference to refuse (or record): their content, when the checkpoint recorded it
     (the same rows in moved files are the same run), else the ``--train_video_csv`` paths. Other prompts make the
@@ -239,9 +253,9 @@ def prompts_difference(saved: Optional[Dict[str, Any]], layout: Optional[dict], 
         if now == record:
             return {}
         return {f"prompt data --train_video_csv (other rows: {record['count']} -> {now['count']} prompts)":
-                (saved.get("train_video_csv") if saved else None, cfg.data.train_video_csv)}
-    if saved is not None and "train_video_csv" in saved and saved["train_video_csv"] != cfg.data.train_video_csv:
-        return {"train_video_csv": (saved["train_video_csv"], cfg.data.train_video_csv)}
+                (saved.get("train_video_csv") if saved else None, train_video_csv)}
+    if saved is not None and "train_video_csv" in saved and saved["train_video_csv"] != train_video_csv:
+        return {"train_video_csv": (saved["train_video_csv"], train_video_csv)}
     return {}
 
 
@@ -249,7 +263,7 @@ def describe_setting(key: str) -> str:
     return key if " " in key else f"--{key}"
 
 
-def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_size: int = 1,
+def check_resume(cfg: ResumeOptions, kl_mode: KLMode, *, distributed: bool, dp_size: int = 1,
                  prompts: Optional[Sequence[PromptItem]] = None) -> ResumeCheck:
     """Everything about ``--resume_from_checkpoint`` that can be checked without a model (see module docstring);
     ``kl_mode`` says whether this run has a KL reference for a saved moving anchor; ``prompts``: the run's training
@@ -282,14 +296,14 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
         check.notes.append(f"{path} has no {CONFIG_FILE} (written by an earlier version): the run's settings cannot "
                            "be compared with the checkpoint's")
     else:
-        check.differences = config_differences(saved, cfg)
+        check.differences = config_differences(saved, to_dict(cfg))
     layout = training.get("layout")
     if layout is not None and layout["videos_per_step"] != cfg.data.batch_size * dp_size:
         check.differences["videos per step (batch_size x dp)"] = (layout["videos_per_step"], cfg.data.batch_size * dp_size)
     # the KL reference, the VAE and the encoders come from the model root: other weights make another run
-    check.differences.update(model_root_difference((saved or {}).get("pretrained_model_root"), layout, cfg))
-    check.differences.update(prompts_difference(saved, layout, cfg, prompts))
-    check_resume_shapes(path, sharded, saved or {}, cfg, check.differences)  # what no allowed change can load
+    check.differences.update(model_root_difference((saved or {}).get("pretrained_model_root"), layout, cfg.model))
+    check.differences.update(prompts_difference(saved, layout, cfg.data.train_video_csv, prompts))
+    check_resume_shapes(path, sharded, saved or {}, cfg.model, cfg.lora, check.differences)  # what no allowed change can load
     if any(key.startswith("prompt data") or key == "train_video_csv" for key in check.differences):
         step = training["global_step"]
         check.notes.append(f"--train_video_csv: other prompts from step {step} on. The sampler keeps no state but "
@@ -307,7 +321,7 @@ def check_resume(cfg: TrainConfig, kl_mode: KLMode, *, distributed: bool, dp_siz
     return check
 
 
-def restarts(cfg: TrainConfig) -> bool:
+def restarts(cfg: ResumeOptions) -> bool:
     """Whether this start continues the run in ``--output_dir`` from step 0: ``--resume_from_checkpoint auto`` in a
     directory that holds a run but no checkpoint yet (a crash, or a Slurm requeue, before the first save). Its
     recorded ``run_config.yaml`` is read back and checked like the command line, and a run it defines differently is
@@ -318,7 +332,7 @@ def restarts(cfg: TrainConfig) -> bool:
     run_dir = Path(cfg.output.output_dir)
     if cfg.output.resume_from_checkpoint != "auto" or list_checkpoints(run_dir) or not (run_dir / RUN_MARKER).is_file():
         return False
-    differences = config_differences(recorded_values(read_run_config(run_dir / RUN_MARKER)), cfg)
+    differences = config_differences(recorded_values(read_run_config(run_dir / RUN_MARKER)), to_dict(cfg))
     if differences and not cfg.output.allow_config_change:
         lines = "; ".join(f"--{key} {shorten(old)} -> {shorten(new)}" for key, (old, new) in differences.items())
         raise ConfigError(f"--resume_from_checkpoint auto: {run_dir} holds a run without a checkpoint yet, started "
@@ -327,7 +341,7 @@ def restarts(cfg: TrainConfig) -> bool:
     return True
 
 
-def run_inputs(cfg: TrainConfig, check: Optional[ResumeCheck]) -> Dict[str, Any]:
+def run_inputs(cfg: ResumeOptions, check: Optional[ResumeCheck]) -> Dict[str, Any]:
     """{flag: path} of what a run reads, which its ``--output_dir`` must lie outside of."""
     inputs = {"--pretrained_model_root": cfg.model.pretrained_model_root, "--pretrained_lora_path": cfg.lora.pretrained_lora_path,
               "--resume_from_checkpoint": check.path if check is not None else None}

@@ -1,4 +1,4 @@
-"""The SAGE-GRPO trainer (reference_spec §2): one outer step is
+"""The SAGE-GRPO trainer (docs/reference.md): one outer step is
 
     rollout  ->  reward (started)  ->  reference means  ->  reward (collected)  ->  group advantages  ->  policy update
     ->  (anchor refresh)
@@ -27,11 +27,15 @@ Randomness is derived from (seed, step, sample) so that resuming needs only the 
 sample uses its CSV-derived seed (reference), its SDE noise a generator seeded from (seed, global step, the sample's
 index in the step's global batch), and the shuffles a generator seeded from (seed, dp rank, global step).
 
+Start-up: :func:`sage_grpo.startup.resolve` makes every decision of the run before any model loads (the frozen
+:class:`~sage_grpo.startup.plan.RunPlan`: layout, KL mode, reward plan, placement, sizes, resume, ...) and
+:mod:`sage_grpo.startup.build` builds the parts from it; each stage gets the sections and plan entries it uses.
+
 Checkpoints: a :class:`~sage_grpo.checkpoint.CheckpointManager`, built once with what the trainer owns (the model
 bundle, the optimizer, the KL controller, the anchor schedule, the EMA of ``--ema_decay``, and the trainer itself for
 its counters through ``state_dict``/``load_state_dict``), saves and restores all of it; the loop only says when.
 
-Several processes (``torchrun``; reference_spec §3). ``world = dp x sp`` with contiguous SP groups
+Several processes (``torchrun``; docs/reference.md). ``world = dp x sp`` with contiguous SP groups
 (``ParallelDims``); the layout rules are checked before any model loads. The policy and the reference get Ulysses SP
 and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; the optimizer is built afterwards.
 
@@ -57,59 +61,43 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
 """
 
 import time
-import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl
-from sage_grpo.checkpoint import CheckpointManager, list_checkpoints, resumes, seed_everything
-from sage_grpo.config import TrainConfig, save_yaml
-from sage_grpo.config.schema import config_to_yaml, to_dict
-from sage_grpo.config.validation import (ConfigError, group_layout, parse_size, rollout_size, trained_steps_per_sample,
-                                        validation_flow_shift, validation_size)
-from sage_grpo.data import GroupedPromptSampler, PromptItem, check_tasks, read_prompt_csvs, sample_seeds, video_size
+from sage_grpo.checkpoint import CheckpointManager, list_checkpoints
+from sage_grpo.config.schema import config_to_yaml
+from sage_grpo.config.validation import ConfigError, parse_size
+from sage_grpo.data import GroupedPromptSampler, PromptItem, sample_seeds, video_size
 from sage_grpo.distributed import barrier, destroy_distributed, mean_over_world
 from sage_grpo.distributed.liveness import PeerLost
-from sage_grpo.distributed.startup import start_processes
-from sage_grpo.distributed.parallelize import (average_unsharded_gradients, clip_gradients, clip_threshold,
-                                               parallelize_models)
+from sage_grpo.distributed.parallelize import average_unsharded_gradients, clip_gradients, clip_threshold
 from sage_grpo.distributed.rollout_sync import (check_same_in_sp_group, decode_across_sp_group, gather_step_rewards,
                                                 run_on_main, share_rollout)
 from sage_grpo.faults import fault_point
-from sage_grpo.models.geometry import check_video_sizes, video_tokens_at
-from sage_grpo.models.layout import MissingCheckpointError, check_model_root
-from sage_grpo.models.variants import resolve_train_sampling
-from sage_grpo.optim.ema import PolicyEMA
-from sage_grpo.optim.optimizers import LRSchedule, build_optimizer
+from sage_grpo.models.layout import MissingCheckpointError
+from sage_grpo.pipeline.drift import DriftGuardStop, DriftSentinel
 from sage_grpo.pipeline.failed_steps import count_failed_step, finite_update, step_failures
-from sage_grpo.pipeline.drift import DriftGuardStop, DriftSentinel, check_watched_metrics
-from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
-from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
-from sage_grpo.rl.sde_window import SDEWindow
-from sage_grpo.resume import (CONFIG_CHANGES_FILE, check_resume, describe_setting, layout_record,
-                              record_config_changes, restarts, run_inputs)
-from sage_grpo.safe_io import CheckpointError, DiskFullError
-from sage_grpo.tracking.trackers import VALIDATION_VIDEOS, check_report_to, start_trackers
-from sage_grpo.tracking.run_dir import RUN_MARKER, MetricsLogger, show_progress_bars, startup_summary, truncate_metrics
-from sage_grpo.tracking.run_claim import plan_run_dir, release_run_locks
-from sage_grpo.dtypes import DTYPES
-from sage_grpo.models.attention import check_attention_runs
-from sage_grpo.models.bundle import ModelBundle, build_models, resolve_device
-from sage_grpo.models.revisions import record_run_weights
-from sage_grpo.pipeline.sampler import sampler_of
-from sage_grpo.pipeline.validation import (ValidationResult, ValidationSettings, Validator, VideoScoreMetric,
-                                           per_video, validation_items)
-from sage_grpo.plan.memory import placement_of
+from sage_grpo.pipeline.validation import ValidationResult, ValidationSettings, Validator, VideoScoreMetric, per_video
+from sage_grpo.resume import layout_record
 from sage_grpo.rewards.remote import RemoteRewardError
-from sage_grpo.rewards.setup import RewardFailure, build_held_out_scorers, build_reward, check_reward_config
-from sage_grpo.rewards.step_rewards import StepRewards
+from sage_grpo.rewards.setup import RewardFailure
+from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
+from sage_grpo.safe_io import CheckpointError, DiskFullError
+from sage_grpo.startup import Startup, resolve
+from sage_grpo.startup.build import build_parts
+from sage_grpo.startup.checks import validation_sampler_of
+from sage_grpo.startup.run_files import open_logger, take_run_dir
+from sage_grpo.tracking.run_claim import release_run_locks
+from sage_grpo.tracking.run_dir import show_progress_bars, truncate_metrics
+from sage_grpo.tracking.trackers import VALIDATION_VIDEOS
 from sage_grpo.video_io import BackgroundWriter
 
 # Errors a user causes (a flag, a file, a plug-in, a reward that keeps failing): post_train.py prints their message as
@@ -123,140 +111,73 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+@contextmanager
+def _timed(timings: Dict[str, float], phase: str) -> Iterator[None]:
+    """Add the block's wall time to ``timings[phase]``."""
+    start = time.perf_counter()
+    yield
+    timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start
+
+
 class GRPOTrainer:
-    """Everything a start can check is checked before any model loads (configuration, prompt CSVs, the reward
-    configuration and its plug-ins, the resume target and its compatibility, the run directory); the run directory
-    is touched (an earlier run deleted under ``--overwrite_output_dir``, ``run_config.yaml`` written) only once the
-    models and the reward have loaded, so a failed start leaves an earlier run as it was."""
+    """Everything a start can check is checked before any model loads (:func:`sage_grpo.startup.resolve`: the
+    configuration, the prompt CSVs, the reward configuration and its plug-ins, the resume target and its
+    compatibility, the run directory); the run directory is touched (an earlier run deleted under
+    ``--overwrite_output_dir``, ``run_config.yaml`` and ``run_plan.json`` written) only once the models and the
+    reward have loaded, so a failed start leaves an earlier run as it was. ``cfg``: the training configuration
+    (``TrainConfig``); ``start``: its resolution when the caller made it (``post_train.py``), else made here."""
 
-    def __init__(self, cfg: TrainConfig):
-        # the version name, then the variant's guidance and validation shift where no flag sets them (config files)
-        cfg, variant_warnings, variant_notes = resolve_train_sampling(cfg)
-        self.cfg = cfg
-        self.dims, self.peers, self.notes = start_processes(cfg)
-        self.notes += variant_notes
-        for message in variant_warnings if self.dims.is_main else ():
-            warnings.warn(message, UserWarning, stacklevel=2)
+    def __init__(self, cfg, start: Optional[Startup] = None):
+        start = start if start is not None else resolve(cfg)
+        self.cfg, self.plan, self.dims, self.peers = start.cfg, start.plan, start.dims, start.peers
         self.dp_rank, self.dp_size, self.is_main = self.dims.dp_rank, self.dims.dp_size, self.dims.is_main
-        self.show_bars = show_progress_bars(self.is_main, cfg.output.quiet)  # tqdm bars: main process, terminal, no --quiet
-        self.items = read_prompt_csvs(cfg.data.train_video_csv, notes=self.notes)
-        self.validation_items = validation_items(cfg)
-        check_tasks(self.items + self.validation_items, cfg.model.pretrained_transformer_version,
-                    "--pretrained_transformer_version")
-        self._check_i2v_tokens()
-        self.kl_mode = rl.kl_mode_of(cfg.trust_region)  # decided once: every part below asks this, not the flags
-        self.drift_watch = rl.drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, self.kl_mode)  # the drift proxy and guard, likewise
-        self.reward_plan = check_reward_config(cfg)  # parsed once: the reward build and the advantages take it
-        check_watched_metrics(self.drift_watch, self.reward_plan.held_out)
-        self.notes += self.reward_plan.notes
-        self.report_to = check_report_to(cfg.output.report_to)  # names; each tracker's package imported here
-        check_model_root(Path(cfg.model.pretrained_model_root), cfg.model.pretrained_transformer_version)
-        check_video_sizes(cfg)  # sizes and frame counts, which the first rollout would otherwise be the first to see
-        # the backend runs on this device in the compute dtype (bf16 autocast, or --dtype), masked and not
-        check_attention_runs(cfg.model.attention_backend, resolve_device(cfg),
-                             torch.bfloat16 if cfg.model.dtype == "bf16" else DTYPES[cfg.model.dtype])
-        self.resume_check = (check_resume(cfg, self.kl_mode, distributed=self.dims.is_distributed, dp_size=self.dp_size,
-                                          prompts=self.items)
-                             if resumes(cfg.output.resume_from_checkpoint, Path(cfg.output.output_dir)) else None)
-        if self.resume_check is not None:
-            self.notes += self.resume_check.notes
-        self.restart = self.resume_check is None and restarts(cfg)  # auto, before the first checkpoint: from step 0
-        self.run_claim = plan_run_dir(cfg, self.dims, self.resume_check, self.restart,
-                                      run_inputs(cfg, self.resume_check), self.items + self.validation_items)
-        try:  # rollout, replay, reference means and validation all sample through these two
-            self.sampler = sampler_of(cfg)
-        except ValueError as err:
-            raise ConfigError(f"--sde_type {cfg.rollout.sde_type} --eta {cfg.rollout.eta}: {err}") from None
-        self.validation_sampler = (self.sampler.with_schedule(cfg.validation.validation_num_inference_steps,
-                                                              validation_flow_shift(cfg))
-                                   if cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0 else None)
-        self.prompt_sampler = GroupedPromptSampler(len(self.items), cfg.data.batch_size, cfg.data.num_generations,
-                                                   self.dp_size, self.dp_rank, cfg.data.seed,
+        self.notes = list(self.plan.notes)
+        self.show_bars = show_progress_bars(self.is_main, self.cfg.output.quiet)  # main process, terminal, no --quiet
+        self.items, self.validation_items = start.items, start.validation_items
+        self.sampler, self.validation_sampler = start.sampler, start.validation_sampler
+        self.lr_schedule, self.window = start.lr_schedule, self.plan.schedule.window
+        data = self.cfg.data
+        self.prompt_sampler = GroupedPromptSampler(len(self.items), data.batch_size, data.num_generations,
+                                                   self.dp_size, self.dp_rank, data.seed,
                                                    tasks=[item.task for item in self.items])
-        try:
-            self.lr_schedule = LRSchedule(cfg.optim.lr_scheduler, cfg.optim.learning_rate, cfg.optim.warmup_steps,
-                                          total_updates=(cfg.optim.max_steps * cfg.update.num_inner_epochs
-                                                         // cfg.optim.gradient_accumulation_steps),
-                                          num_cycles=cfg.optim.lr_num_cycles, power=cfg.optim.lr_power)
-        except ValueError as err:  # e.g. polynomial decay to diffusers' 1e-7 from a smaller learning rate
-            raise ConfigError(f"--lr_scheduler {cfg.optim.lr_scheduler}: {err}") from None
-
-        self.dims.build_meshes()
-        seed_everything(cfg.data.seed)  # identical replicas: every rank builds the models under the same seed
-        self.models: ModelBundle = build_models(cfg, self.kl_mode, placement_of(cfg, resolve_device(cfg)))
-        parallelize_models(self.models, self.dims, cfg)
-        seed_everything(cfg.data.seed + self.dp_rank)
-        self.device = self.models.device
-        self.reward_fn = build_reward(cfg, self.reward_plan, self.device) if self.dims.is_sp_leader else None
-        # the held-out validation metrics load on the main process only, and only when asked (--validation_metrics)
-        self.held_out = build_held_out_scorers(cfg, self.reward_plan, self.device) if self.is_main else None
-        self.optimizer = build_optimizer(self.models.trainable_named_parameters(), use_muon=cfg.optim.use_muon,
-                                         lr=cfg.optim.learning_rate, weight_decay=cfg.optim.weight_decay)
-        self.ema = PolicyEMA(self.models.trainable_state_dict(), cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
-        # β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward
-        self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.trust_region.kl_weight, cfg.trust_region.kl_coef, cfg.trust_region.kl_min_coef,
-                                                                 device=self.device)
-                              if self.kl_mode.uses_reference else None)
-        self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.trust_region.update_ref_model_step)
-        self.ranks_per_group, _ = group_layout(cfg.data.batch_size, cfg.data.num_generations)
-        self.rewards = StepRewards(self.reward_fn, self.dims, self.ranks_per_group, self.device,
-                                   self.models.placement.async_reward)
-        self.eq_scales = self.sampler.grad_balance_scales() if cfg.update.use_grad_balancing else None
-        self.reference_sampler = self.sampler.with_micro_batch(self.models.placement.reference_batch_size)
-        self.window = SDEWindow(cfg.rollout.sde_window_size, cfg.rollout.sde_window_stride, cfg.rollout.grpo_sampling_steps)
-        self.num_train_steps = trained_steps_per_sample(cfg)
-        self.policy_pass = PolicyPass(cfg, self.sampler, self.models, self.dims, self.device, self.kl_mode,
-                                      self.kl_controller, self.eq_scales, self.num_train_steps, self.show_bars,
-                                      window_equalizer=cfg.update.sde_window_equalizer == "window" and self.window.enabled)
-        self.height, self.width = rollout_size(cfg)
+        parts = build_parts(start)  # the models, the reward, the optimizer, ... (sage_grpo/startup/build.py)
+        self.models, self.device = parts.models, parts.models.device
+        self.reward_fn, self.held_out, self.rewards = parts.reward_fn, parts.held_out, parts.rewards
+        self.optimizer, self.ema = parts.optimizer, parts.ema
+        self.kl_controller, self.anchor = parts.kl_controller, parts.anchor
+        self.reference_sampler, self.policy_pass = parts.reference_sampler, parts.policy_pass
         self.global_step = self.update_steps = self.micro_steps = 0
         self.failed_reward_steps = 0  # consecutive steps that trained on nothing (pipeline/failed_steps.py)
         self.skipped_updates = 0  # optimizer updates of the current step whose gradient was not finite
 
         # Models and reward are loaded: only now does the run directory change.
-        self.run_dir = run_on_main(self._prepare_run_dir, self.dims)
-        trackers = (start_trackers(self.report_to, self.run_dir, project=cfg.output.tracker_project_name,
-                                   run_name=cfg.output.run_name, config=to_dict(cfg),
-                                   resuming=self.resume_check is not None or self.restart)
-                    if self.is_main else ())
-        self.logger = MetricsLogger(self.run_dir, enabled=self.is_main, log_interval=cfg.output.log_interval,
-                                    trackers=trackers, max_steps=cfg.optim.max_steps)
-        self.rollout_media = RolloutMedia(cfg, self.dims, self.ranks_per_group, self.logger, BackgroundWriter())
+        self.run_dir = run_on_main(partial(take_run_dir, self.cfg, self.plan, start.run_claim, self.notes), self.dims)
+        self.logger = open_logger(self.cfg, self.plan, start.report_to, self.run_dir, self.is_main)
+        self.rollout_media = RolloutMedia(data, self.cfg.rollout.video_fps, self.cfg.output.keep_rollout_steps,
+                                          self.dims, self.plan.layout.ranks_per_group, self.logger, BackgroundWriter())
         self.validator = self._build_validator()
-        self.sentinel = DriftSentinel(self.drift_watch, self.validator, self.logger.info)
-        self.checkpoints = CheckpointManager(
+        self.sentinel = DriftSentinel(self.plan.drift_watch, self.validator, self.logger.info)
+        self.checkpoints = self._build_checkpoints()
+        self.logger.info_lines(self.plan.lines(self.run_dir) + [f"note: {note}" for note in self.notes])
+
+    def _build_checkpoints(self) -> CheckpointManager:
+        layout = self.plan.layout
+        record = layout_record(self.cfg.model, layout.world_size, layout.dp_size, layout.sp_size,
+                               layout.videos_per_step, self.items)
+        return CheckpointManager(
             models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
             anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
-            keep_checkpoints=cfg.output.keep_checkpoints,
-            layout=layout_record(cfg, self.dims.world_size, self.dp_size, self.dims.sp_size, self.items),
-            config_yaml=partial(config_to_yaml, cfg), log=self.logger.info, ema=self.ema)
-        self.logger.info_lines(startup_summary(cfg, self.dims, self.run_dir, self.device)
-                               + [f"note: {note}" for note in self.notes])
-        if self.dims.is_distributed:
-            self.logger.info(f"{self.dims.world_size} processes: dp {self.dp_size} x sp {self.dims.sp_size}, "
-                             f"FSDP {'on' if cfg.parallel.enable_fsdp else 'off'}")
-
-    def _prepare_run_dir(self) -> Path:
-        """The run directory, after the earlier run is cleared (``--overwrite_output_dir``); it always ends up with
-        the values the run now uses in ``run_config.yaml`` (on resume too) and allowed run-defining changes recorded."""
-        cfg, check = self.cfg, self.resume_check
-        run_dir = self.run_claim.take(self.notes)  # locked, an earlier run or a later branch cleared (run_claim.py)
-        if check is not None and check.differences:
-            record_config_changes(run_dir, check)
-            changes = ", ".join(f"{describe_setting(k)} {old!r} -> {new!r}" for k, (old, new) in
-                                check.differences.items())
-            self.notes.append(f"--allow_config_change: continuing {check.path} with changed settings: {changes} "
-                              f"(recorded in {run_dir / CONFIG_CHANGES_FILE})")
-        save_yaml(cfg, run_dir / RUN_MARKER)
-        record_run_weights(cfg.model.pretrained_model_root, run_dir, run_dir / RUN_MARKER)  # the hub commits, if locked
-        return run_dir
+            keep_checkpoints=self.cfg.output.keep_checkpoints, layout=record,
+            config_yaml=partial(config_to_yaml, self.cfg), log=self.logger.info, ema=self.ema)
 
     # ------------------------------------------------------------------ outer loop
     def train(self) -> None:
+        """Resume (or the step-0 validation), then steps until ``--max_steps``: each logged, counted against the
+        failed-reward streak and the drift guard, validated and checkpointed at their intervals."""
         cfg = self.cfg
-        if self.resume_check is not None:
-            self.resume(self.resume_check.path)
-        elif cfg.validation.validate_at_step0 or self.drift_watch.proxy:  # the proxy's baseline: the base model's samples
+        if self.plan.resume.check is not None:
+            self.resume(self.plan.resume.check.path)
+        elif cfg.validation.validate_at_step0 or self.plan.drift_watch.proxy:  # the proxy's baseline: the base model
             self.validate(0)
         progress = tqdm(total=cfg.optim.max_steps, initial=self.global_step, desc="GRPO", disable=not self.show_bars,
                         dynamic_ncols=True)
@@ -264,11 +185,7 @@ class GRPOTrainer:
             self.maybe_refresh_anchor()  # a checkpoint saved before its refresh (an earlier version refreshed here)
             metrics = self.train_step()
             self.global_step += 1
-            self.logger.log_step(self.global_step, metrics)
-            self.failed_reward_steps = count_failed_step(  # the streak of steps that trained on nothing
-                self.failed_reward_steps, self.global_step, step_failures(metrics, cfg.data.batch_size * self.dp_size),
-                cfg.reward.max_failed_reward_steps, self.logger.info)
-            self.sentinel.record_step(metrics)
+            self._record_step(metrics)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['gathered_avg_reward_mean']:.4f}",
                                  kl=f"{metrics.get('kl_loss', 0.0):.2e}")
@@ -282,92 +199,101 @@ class GRPOTrainer:
         self.logger.info(f"training finished at step {self.global_step}; outputs in {self.run_dir}")
         self.logger.close()
 
-    def train_step(self) -> Dict[str, float]:
-        cfg, step = self.cfg, self.global_step
-        items = [self.items[i] for i in self.prompt_sampler.indices(step)]
-        prompts = [item.prompt for item in items]
-        seeds = sample_seeds([item.seed for item in items], cfg.data.num_generations, self.dp_rank, cfg.data.batch_size,
-                             cfg.rollout.use_same_noise)
-        check_same_in_sp_group(self.dims, items=[item.index for item in items], seeds=seeds)
-        timings: Dict[str, float] = {}
-        self.skipped_updates = 0  # optimizer updates of this step whose gradient was not finite
-        step_start = start = time.perf_counter()
-        height, width = self._video_size(items[0])  # a batch is one task; its first image picks the bucket
-        embeds = self._encode(items, (height, width))
-        first = self.dp_rank * cfg.data.batch_size  # index of this rank's first sample in the step's global batch
-        noise_generators = [torch.Generator().manual_seed(derived_seed(cfg.data.seed, step, first + slot, s))
-                            for slot, s in enumerate(seeds)]
-        rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
-                                       num_frames=cfg.rollout.sample_n_frames, height=height, width=width,
-                                       sde_generators=noise_generators, decode=False, progress=self.show_bars,
-                                       deterministic=self.window.deterministic(self.update_steps))
-        share_rollout(rollout, self.dims)
-        # decoded by the SP group's ranks together, for the SP leader, which scores them and writes the rollout media
-        final = rollout.latents[:, -1]
-        videos = decode_across_sp_group(self.models.decode, final, self.models.video_shape(final), self.dims)
-        timings["rollout_time"] = time.perf_counter() - start
-        fault_point("rollout", step + 1)
+    def _record_step(self, metrics: Dict[str, float]) -> None:
+        """Log the step's metrics; count the streak of steps that trained on nothing; show them to the drift guard."""
+        self.logger.log_step(self.global_step, metrics)
+        self.failed_reward_steps = count_failed_step(
+            self.failed_reward_steps, self.global_step, step_failures(metrics, self.plan.layout.videos_per_step),
+            self.cfg.reward.max_failed_reward_steps, self.logger.info)
+        self.sentinel.record_step(metrics)
 
-        start = time.perf_counter()
-        scoring = self.rewards.start(videos, prompts)  # scored now, or beside the reference pass (--async_reward)
-        timings["reward_time"] = time.perf_counter() - start
-        start = time.perf_counter()
+    def train_step(self) -> Dict[str, float]:
+        """One outer step (module docstring): rollout -> reward (started) -> reference means -> reward (collected)
+        -> group advantages -> policy update (with the anchor's refreshes); returns the step's metrics."""
+        self.skipped_updates = 0  # optimizer updates of this step whose gradient was not finite
+        items, seeds = self._step_prompts(self.global_step)
+        timings: Dict[str, float] = {}
+        step_start = time.perf_counter()
+        with _timed(timings, "rollout_time"):
+            rollout, embeds, videos = self._rollout(items, seeds)
+        fault_point("rollout", self.global_step + 1)
+        with _timed(timings, "reward_time"):  # scored now, or beside the reference pass (--async_reward)
+            scoring = self.rewards.start(videos, [item.prompt for item in items])
         trained_steps = self.window.steps(self.update_steps)
         # the anchor's means, computed now (beside the reward worker) and again after a refresh between inner epochs
         reference = rl.AnchorMeans(partial(self.reference_means, rollout, embeds, trained_steps), self.anchor)
-        start = time.perf_counter()
-        rewards, group_rewards = self.rewards.collect(scoring)
-        timings["reward_time"] += time.perf_counter() - start  # the reward's time on the step's critical path
-        advantages = rl.local_advantages(group_rewards, cfg.data.num_generations, self.ranks_per_group,
-                                         self.dp_rank % self.ranks_per_group, cfg.data.batch_size,
-                                         self.reward_plan.aggregation)
-        start = time.perf_counter()
-        if cfg.output.save_rollout_videos and self.dims.is_sp_leader:
-            self.rollout_media.write(self.run_dir, self.update_steps, self.global_step + 1,
-                                     RolloutSamples(items, seeds, videos, rewards, advantages))
-        timings["media_time"] = time.perf_counter() - start  # handing them to the writer (waiting when it lags)
-
+        with _timed(timings, "reward_time"):  # the reward's time on the step's critical path
+            rewards, group_rewards = self.rewards.collect(scoring)
+        advantages = self._advantages(group_rewards)
+        with _timed(timings, "media_time"):  # handing them to the writer (waiting when it lags)
+            if self.cfg.output.save_rollout_videos and self.dims.is_sp_leader:
+                self.rollout_media.write(self.run_dir, self.update_steps, self.global_step + 1,
+                                         RolloutSamples(items, seeds, videos, rewards, advantages))
         start, before = time.perf_counter(), reference.seconds
-        metrics = run_inner_epochs(cfg.update.num_inner_epochs, partial(self.policy_update, rollout, embeds, advantages,
-                                                                  reference, trained_steps, self.update_steps))
+        metrics = run_inner_epochs(self.cfg.update.num_inner_epochs, partial(
+            self.policy_update, rollout, embeds, advantages, reference, trained_steps, self.update_steps))
         timings["ref_model_time"] = reference.seconds  # with means recomputed after a refresh between epochs
         timings["grpo_loop_time"] = time.perf_counter() - start - (reference.seconds - before)
         timings["other_time"] = time.perf_counter() - step_start - sum(timings.values())  # the phases add up
+        return self._step_metrics(metrics, timings, rewards)
+
+    # ------------------------------------------------------------------ phases
+    def _step_prompts(self, step: int) -> Tuple[List[PromptItem], List[int]]:
+        """This rank's prompts of ``step`` and their initial-noise seeds (the same on every rank of an SP group)."""
+        data = self.cfg.data
+        items = [self.items[i] for i in self.prompt_sampler.indices(step)]
+        seeds = sample_seeds([item.seed for item in items], data.num_generations, self.dp_rank, data.batch_size,
+                             self.cfg.rollout.use_same_noise)
+        check_same_in_sp_group(self.dims, items=[item.index for item in items], seeds=seeds)
+        return items, seeds
+
+    def _rollout(self, items: List[PromptItem], seeds: List[int]):
+        """(rollout, prompt embeddings, decoded videos) of ``items``: sampled with the SDE at every step (ODE steps
+        outside the SDE window), shared from the SP leader, decoded by the SP group's ranks together."""
+        step, height, width = self.global_step, *self._video_size(items[0])  # a batch is one task
+        embeds = self._encode(items, (height, width))
+        first = self.dp_rank * self.cfg.data.batch_size  # this rank's first sample in the step's global batch
+        noise_generators = [torch.Generator().manual_seed(derived_seed(self.cfg.data.seed, step, first + slot, s))
+                            for slot, s in enumerate(seeds)]
+        rollout = self.sampler.rollout(self.models.policy, self.models.vae, embeds, seeds,
+                                       num_frames=self.plan.schedule.rollout.frames, height=height, width=width,
+                                       sde_generators=noise_generators, decode=False, progress=self.show_bars,
+                                       deterministic=self.window.deterministic(self.update_steps))
+        share_rollout(rollout, self.dims)
+        final = rollout.latents[:, -1]
+        videos = decode_across_sp_group(self.models.decode, final, self.models.video_shape(final), self.dims)
+        return rollout, embeds, videos
+
+    def _advantages(self, group_rewards) -> torch.Tensor:
+        """This rank's slice of the group advantages (a group spread over DP ranks normalized as a whole)."""
+        ranks_per_group = self.plan.layout.ranks_per_group
+        return rl.local_advantages(group_rewards, self.cfg.data.num_generations, ranks_per_group,
+                                   self.dp_rank % ranks_per_group, self.cfg.data.batch_size,
+                                   self.plan.reward.aggregation)
+
+    def _step_metrics(self, metrics: Dict[str, float], timings: Dict[str, float], rewards) -> Dict[str, float]:
+        """The step's world-mean metrics and phase times, the reward statistics over every sample of the step and
+        the schedule's counters."""
         # the writer's own time, overlapping the phases (not in the step); on every rank, so the all-reduce matches
         timings["background_media_time"] = self.rollout_media.writer.seconds
         timings["background_reward_time"] = self.rewards.seconds  # the reward worker's time this step (0 in line)
-
         metrics = mean_over_world({**metrics, **timings}, self.device)
-        metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), cfg.data.num_generations))
+        metrics.update(rl.reward_statistics(gather_step_rewards(rewards, self.dims), self.cfg.data.num_generations))
         metrics["learning_rate"] = self.lr_schedule.lr_at(max(self.update_steps - 1, 0))
         metrics["update_steps"] = float(self.update_steps)
         if self.skipped_updates:  # logged only when it happens: the logged keys of a healthy run stay as they were
             metrics["skipped_updates"] = float(self.skipped_updates)
         return metrics
 
-    # ------------------------------------------------------------------ phases
     def _video_size(self, item: PromptItem, validation: bool = False) -> Tuple[int, int]:
         """(H, W) of ``item``'s videos: ``--validation_fixed_size`` (validation), else ``--rollout_height/_width``
         when set; otherwise an image-to-video item at the bucket of ``--video_bucket_hw_base_size`` closest to its
         image, a text-to-video one at the rollout size."""
-        cfg = self.cfg
-        fixed = (cfg.rollout.rollout_height, cfg.rollout.rollout_width) if cfg.rollout.rollout_height is not None else None
+        rollout, size = self.cfg.rollout, self.plan.schedule.rollout
+        fixed = (rollout.rollout_height, rollout.rollout_width) if rollout.rollout_height is not None else None
         if validation:
-            fixed = parse_size(cfg.validation.validation_fixed_size, "--validation_fixed_size") or fixed
-        return video_size(item, fixed, cfg.rollout.video_bucket_hw_base_size, (self.height, self.width))
-
-    def _check_i2v_tokens(self) -> None:
-        """Sequence parallelism: every image-to-video bucket's token count splits over the SP ranks (the rollout
-        size was checked with the layout)."""
-        cfg = self.cfg
-        if self.dims.sp_size == 1 or cfg.rollout.rollout_height is not None:
-            return
-        buckets = {video_size(item, None, cfg.rollout.video_bucket_hw_base_size, rollout_size(cfg))
-                   for item in self.items if item.task == "i2v"}
-        for height, width in sorted(buckets):
-            tokens = video_tokens_at(cfg, cfg.rollout.sample_n_frames, height, width)
-            if tokens is not None:
-                self.dims.check_tokens(tokens)
+            fixed = parse_size(self.cfg.validation.validation_fixed_size, "--validation_fixed_size") or fixed
+        return video_size(item, fixed, rollout.video_bucket_hw_base_size, (size.height, size.width))
 
     def _encode(self, items: List[PromptItem], size: Tuple[int, int]):
         """Prompt embeddings of ``items`` (one task), with the image condition of an image-to-video batch."""
@@ -391,21 +317,21 @@ class GRPOTrainer:
         shuffle, order = shuffled_pairs(pass_seed(cfg.data.seed, self.dp_rank, self.global_step, pass_index),
                                         rollout.latents.shape[0], trained_steps, cfg.update.enable_timestep_permutation)
         check_same_in_sp_group(self.dims, shuffle=shuffle.tolist(), order=order.tolist())
-        closes_window = (self.micro_steps + 1) % self.cfg.optim.gradient_accumulation_steps == 0
+        closes_window = (self.micro_steps + 1) % cfg.optim.gradient_accumulation_steps == 0
         result = self.policy_pass.backward(rollout, embeds, advantages, reference.current(), shuffle, order,
                                            closes_window, self.global_step, self.update_steps == rollout_update)
         self.micro_steps += 1
-        if self.micro_steps % self.cfg.optim.gradient_accumulation_steps == 0:
+        if self.micro_steps % cfg.optim.gradient_accumulation_steps == 0:
             result.update(self.optimizer_step())
             self.maybe_refresh_anchor()  # after exactly every --update_ref_model_step updates, at any K
         return result
 
     def optimizer_step(self) -> Dict[str, float]:
-        cfg = self.cfg
+        output = self.cfg.output
         params = [p for _, p in self.models.trainable_named_parameters()]
-        watched = _local(params[0]).detach().clone() if cfg.output.debug_grad_flow else None
+        watched = _local(params[0]).detach().clone() if output.debug_grad_flow else None
         average_unsharded_gradients(params, self.dims)
-        grad_norm = clip_gradients(params, clip_threshold(cfg))  # --max_grad_norm in --max_grad_norm_units
+        grad_norm = clip_gradients(params, clip_threshold(self.cfg.optim, self.dims.sp_size))  # in its units
         if finite_update(grad_norm):  # a NaN or inf gradient is never applied (pipeline/failed_steps.py)
             self.lr_schedule.apply(self.optimizer, self.update_steps)
             self.optimizer.step()
@@ -416,7 +342,7 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.update_steps += 1
         metrics = {"grad_norm": float(grad_norm)}
-        if watched is not None and self.update_steps % cfg.output.debug_train_diagnostics_interval == 0:
+        if watched is not None and self.update_steps % output.debug_train_diagnostics_interval == 0:
             delta = (_local(params[0]).detach() - watched).abs().flatten()[:4096]
             metrics.update(param_delta_mean=float(delta.mean()), param_delta_max=float(delta.max()))
         return metrics
@@ -432,13 +358,11 @@ class GRPOTrainer:
     def _build_validator(self) -> Validator:
         """The validation step (:mod:`sage_grpo.pipeline.validation`): sampling, then the training reward and its
         sub-rewards on the videos (where the reward lives, on the main process), then the held-out metrics."""
-        cfg = self.cfg
-        size = validation_size(cfg)
-        settings = ValidationSettings(tuple(self.validation_items), cfg.validation.validate_video_length, cfg.rollout.video_fps,
+        size = self.plan.schedule.validation
+        settings = ValidationSettings(tuple(self.validation_items), size.frames, self.cfg.rollout.video_fps,
                                       lambda item: self._video_size(item, validation=True) if item.task == "i2v"
-                                      else size)
-        sampler = self.validation_sampler or self.sampler.with_schedule(cfg.validation.validation_num_inference_steps,
-                                                                        validation_flow_shift(cfg))
+                                      else (size.height, size.width))
+        sampler = self.validation_sampler or validation_sampler_of(self.cfg, self.sampler)
         validator = Validator(settings, sampler, self.models, is_main=self.is_main, encode=self._encode,
                               log_videos=partial(self.logger.log_videos, VALIDATION_VIDEOS))
         if self.reward_fn is not None:
@@ -451,7 +375,7 @@ class GRPOTrainer:
         """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/ and scored;
         the ``Validation/...`` metrics are logged as a row of their own at ``step``. Every rank calls it."""
         out_dir = self.run_dir / "samples" / f"step_{step:06d}"
-        with self.ema.applied() if self.cfg.validation.validate_ema else nullcontext():  # --validate_ema: the EMA weights
+        with self.ema.applied() if self.cfg.validation.validate_ema else nullcontext():  # --validate_ema
             result = self.validator.run(step, out_dir)
         added, alarms = self.sentinel.observe(step, result.metrics)
         self.logger.log_validation(step, {**result.metrics, **added})
@@ -482,15 +406,16 @@ class GRPOTrainer:
     def resume(self, path: Path) -> None:
         """Restore from the checkpoint :func:`~sage_grpo.resume.check_resume` accepted: a sharded one on any number
         of processes, a one-process one on one process."""
-        self.checkpoints.load(path, self.resume_check.training_state)
+        self.checkpoints.load(path, self.plan.resume.check.training_state)
         if self.is_main:
             truncate_metrics(self.run_dir, self.global_step)
         self.logger.info(f"resumed from {path} at step {self.global_step} (update {self.update_steps})")
 
 
-def run_training(cfg: TrainConfig) -> GRPOTrainer:
+def run_training(cfg, start: Optional[Startup] = None) -> GRPOTrainer:
+    """Train ``cfg`` (resolved here unless ``start`` holds its resolution) and end the process group."""
     try:
-        trainer = GRPOTrainer(cfg)
+        trainer = GRPOTrainer(cfg, start)
         with trainer.peers.guard("training"):  # a stopped or lost rank is named, within the collective timeout
             trainer.train()
             barrier(trainer.dims.device)  # every rank is done with every collective before the process group goes

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=20, help="operator/dtype rows to print")
     args, train_flags = parser.parse_known_args(argv)
-    from sage_grpo.config import TrainConfig
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.config.schema import parse_cli
     from sage_grpo.trainer import run_training
 

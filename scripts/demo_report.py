@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     args, train_flags = parser.parse_known_args(argv)
     run_dir = args.run_dir
     if run_dir is None:
-        from sage_grpo.config import TrainConfig
+        from sage_grpo.config.train import TrainConfig
         from sage_grpo.config.schema import parse_cli
 
         run_dir = parse_cli(TrainConfig, train_flags).output.output_dir

@@ -280,7 +280,8 @@ def parse_flags(config_class: str, args: Sequence[str]) -> Any:
 
 def check_config(config: Any, world_size: int) -> None:
     """The validity rules a run checks before any model loads (post_train.py's, at the launch's world size)."""
-    from sage_grpo.config import TrainConfig, validate_train_config
+    from sage_grpo.config import validate_train_config
+    from sage_grpo.config.train import TrainConfig
 
     if isinstance(config, TrainConfig):
         try:

@@ -4,7 +4,8 @@ comparison of every tracker category of every transformer phase with the plan's 
 import dataclasses
 from typing import Callable, Sequence, Tuple
 
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.plan.simulate import GIB, planner_groups, simulated_verdict, simulation_report
 from sage_grpo.plan.tracking import GROUPS
 

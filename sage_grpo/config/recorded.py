@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any, Dict, Union
 
 from sage_grpo.config.schema import explicit_fields, from_dict, load_yaml, to_dict
-from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import ConfigError, check_option_values
 
 PathLike = Union[str, Path]
 
 
-def read_run_config(path: PathLike) -> TrainConfig:
-    """The ``TrainConfig`` a run recorded in ``path`` (its keys; every other option at its default)."""
+def read_recorded(path: PathLike, cls: type) -> Any:
+    """The configuration of class ``cls`` a run recorded in ``path`` (its keys; every other option at its default).
+    The training configuration's reader is ``sage_grpo.config.train.read_run_config``."""
     what = f"{path} (the run's recorded settings)"
     try:
-        config = from_dict(TrainConfig, load_yaml(str(path), what), source=what)
+        config = from_dict(cls, load_yaml(str(path), what), source=what)
         check_option_values(config)
     except FileNotFoundError:
         raise
@@ -33,7 +33,7 @@ def read_run_config(path: PathLike) -> TrainConfig:
     return config
 
 
-def recorded_values(config: TrainConfig) -> Dict[str, Any]:
-    """``{option: value}`` of the options the file named (checked and typed), as :func:`read_run_config` read them."""
+def recorded_values(config: Any) -> Dict[str, Any]:
+    """``{option: value}`` of the options the file named (checked and typed), as :func:`read_recorded` read them."""
     named = explicit_fields(config) or frozenset()
     return {key: value for key, value in to_dict(config).items() if key in named}

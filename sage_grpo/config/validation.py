@@ -8,12 +8,15 @@ import dataclasses
 import functools
 import math
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 from sage_grpo.config.bounds import MAX_TOKENS, Bound
 from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.config.sections import flat_items, option_fields
-from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
+from sage_grpo.config.train.model import LoRAConfig, ModelConfig, ParallelConfig, ThroughputConfig
+from sage_grpo.config.train.objective import OptimConfig, TrustRegionConfig, UpdateConfig
+from sage_grpo.config.train.rollout import RESOLUTION_BUCKETS, DataConfig, RewardConfig, RolloutConfig
+from sage_grpo.config.train.run import DriftGuardConfig, ValidationConfig
 
 
 # HunyuanVideo-1.5's sampling flow shift per transformer version (its pipeline configs, and the scheduler/ of the
@@ -33,6 +36,32 @@ UNPUBLISHED_VERSIONS: Dict[str, str] = {
 }
 # Versions whose transformer predicts mean flows (use_meanflow: a second timestep at every step).
 MEANFLOW_VERSIONS = ("480p_i2v_step_distilled",)
+
+
+class TrainSections(Protocol):
+    """The sections of the training configuration (``sage_grpo.config.train.TrainConfig``) these rules read, declared
+    by shape so the rules take whatever holds them."""
+
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig
+    reward: RewardConfig
+    update: UpdateConfig
+    trust_region: TrustRegionConfig
+    optim: OptimConfig
+    lora: LoRAConfig
+    parallel: ParallelConfig
+    throughput: ThroughputConfig
+    validation: ValidationConfig
+    drift: DriftGuardConfig
+
+
+class VideoOptions(Protocol):
+    """What a run's video sizes and validation shift are decided from: its model, rollout and validation sections."""
+
+    model: ModelConfig
+    rollout: RolloutConfig
+    validation: ValidationConfig
 
 
 class ConfigError(ValueError):
@@ -64,7 +93,7 @@ def default_flow_shift(transformer_version: str, option: str) -> float:
     return FLOW_SHIFT_BY_VERSION[transformer_version]
 
 
-def validation_flow_shift(cfg: TrainConfig) -> float:
+def validation_flow_shift(cfg: VideoOptions) -> float:
     """``--validation_timestep_shift``, or when unset the shift of ``--pretrained_transformer_version``."""
     if cfg.validation.validation_timestep_shift is not None:
         return cfg.validation.validation_timestep_shift
@@ -136,7 +165,7 @@ def check_finite_options(config) -> None:
                   else "give a number, or leave it unset for its default")
 
 
-def trained_steps_per_sample(cfg: TrainConfig) -> int:
+def trained_steps_per_sample(cfg: TrainSections) -> int:
     """(sample, step) pairs trained per sample and pass: ``--timestep_fraction`` of the SDE window's steps (all N
     steps without a window), at least 1."""
     return max(int((cfg.rollout.sde_window_size or cfg.rollout.grpo_sampling_steps) * cfg.update.timestep_fraction), 1)
@@ -172,7 +201,7 @@ def check_bounds(config) -> None:
                                     else "leave it unset for its default"))
 
 
-def check_optimizer_updates(cfg: TrainConfig) -> None:
+def check_optimizer_updates(cfg: TrainSections) -> None:
     """One optimizer update is made every ``--gradient_accumulation_steps`` rollout batches, and a run trains
     ``--max_steps`` x ``--num_inner_epochs`` of them (one per inner epoch of each step, whatever ``--batch_size``): a
     run with fewer makes no update and learns nothing."""
@@ -186,7 +215,7 @@ def check_optimizer_updates(cfg: TrainConfig) -> None:
               f"{-(-cfg.optim.gradient_accumulation_steps // cfg.update.num_inner_epochs)} (or more)")
 
 
-def validate_train_config(cfg: TrainConfig, world_size: int = 1,
+def validate_train_config(cfg: TrainSections, world_size: int = 1,
                           num_attention_heads: Optional[int] = None) -> List[str]:
     """Check every rule that needs no model; returns human-readable notes (empty when nothing to say)."""
     notes = check_option_values(cfg)
@@ -204,7 +233,7 @@ def check_numbers(config) -> None:
     check_bounds(config)
 
 
-def check_option_values(cfg: TrainConfig) -> List[str]:
+def check_option_values(cfg: TrainSections) -> List[str]:
     """The rules of :func:`validate_train_config` that do not depend on the launch (world size, heads): what a
     checkpoint's recorded ``config.yaml`` is checked against too. Returns notes."""
     notes: List[str] = []
@@ -244,7 +273,7 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
     return notes + _kl_notes(cfg)
 
 
-def _kl_notes(cfg: TrainConfig) -> List[str]:
+def _kl_notes(cfg: TrainSections) -> List[str]:
     """What the adaptive β makes of --kl_coef and --kl_min_coef, as the reference does (sage_grpo/rl/kl_controller.py):
     a clamped floor, a floor of 0 read as --kl_coef, and a β that stays 0 (no KL, no reference model)."""
     if cfg.trust_region.kl_weight <= 0:
@@ -262,7 +291,7 @@ def _kl_notes(cfg: TrainConfig) -> List[str]:
     return []
 
 
-def _check_drift_options(cfg: TrainConfig) -> List[str]:
+def _check_drift_options(cfg: TrainSections) -> List[str]:
     """The drift proxy and guard (``sage_grpo.rl.drift_guard``) watch the validation points: without any they are off
     (a note says so: a config file may turn the guard on and a benchmark validation off)."""
     if not (cfg.drift.drift_proxy or cfg.drift.drift_guard != "off"):
@@ -289,13 +318,13 @@ def _check_reward_weights(text: str) -> None:
         raise ConfigError(str(err)) from None  # its messages name reward_weights and give an example
 
 
-def rollout_size(cfg: TrainConfig) -> Tuple[int, int]:
+def rollout_size(cfg: VideoOptions) -> Tuple[int, int]:
     """(height, width) of rollout videos: the explicit override, else the reference bucket table."""
     if cfg.rollout.rollout_height is not None:
         return cfg.rollout.rollout_height, cfg.rollout.rollout_width
     return RESOLUTION_BUCKETS[cfg.rollout.video_bucket_hw_base_size]
 
 
-def validation_size(cfg: TrainConfig) -> Tuple[int, int]:
+def validation_size(cfg: VideoOptions) -> Tuple[int, int]:
     """(height, width) of validation videos: ``--validation_fixed_size``, or the rollout size when it is none."""
     return parse_size(cfg.validation.validation_fixed_size, "--validation_fixed_size") or rollout_size(cfg)

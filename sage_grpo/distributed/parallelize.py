@@ -38,14 +38,15 @@ reference`` (default) ``--max_grad_norm`` means the reference's number and the f
 the full gradient at m (one process then reproduces an SP run with the same flags).
 """
 
-from typing import List, Optional
+from typing import List, Optional, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train.model import LoRAConfig, ModelConfig, ParallelConfig
+from sage_grpo.config.train.objective import OptimConfig
 from sage_grpo.distributed.collectives import average_gradients
 from sage_grpo.distributed.fsdp import apply_fsdp
 from sage_grpo.distributed.parallel_dims import ParallelDims
@@ -71,7 +72,15 @@ def shard_frozen(model: torch.nn.Module, mesh, *, offload: bool) -> torch.nn.Mod
     return model
 
 
-def policy_param_dtype(cfg: TrainConfig) -> torch.dtype:
+class PrecisionOptions(Protocol):
+    """What the policy's gathered dtype is decided from: the model, LoRA and parallel sections (declared by shape)."""
+
+    model: ModelConfig
+    lora: LoRAConfig
+    parallel: ParallelConfig
+
+
+def policy_param_dtype(cfg: PrecisionOptions) -> torch.dtype:
     """Dtype of the policy's all-gathered (compute) weights, ``--fsdp_param_dtype``; ``auto`` is ``--dtype``.
 
     Full fine-tune: the master weights stay in ``--master_weight_type`` (fp32) and are gathered in ``--dtype``
@@ -90,19 +99,20 @@ def policy_param_dtype(cfg: TrainConfig) -> torch.dtype:
     return DTYPES[cfg.parallel.fsdp_param_dtype]
 
 
-def parallelize_models(bundle, dims: ParallelDims, cfg: TrainConfig) -> None:
+def parallelize_models(bundle, dims: ParallelDims, parallel: ParallelConfig, param_dtype: torch.dtype) -> None:
     """SP, then FSDP2 when ``--enable_fsdp`` and world > 1, on ``bundle.policy``, ``bundle.reference`` and the drift
-    proxy's frozen ``bundle.base`` (in place; the base like the reference).
+    proxy's frozen ``bundle.base`` (in place; the base like the reference). ``parallel``: the configuration's
+    parallel section; ``param_dtype``: the policy's gathered dtype (:func:`policy_param_dtype`).
 
     Call on every rank after ``dims.build_meshes()`` and before building the optimizer.
     """
     frozen = [m for m in (bundle.separate_reference, bundle.base) if m is not None]  # LoRA's reference: the policy
     for model in (bundle.policy, *frozen):
         apply_sequence_parallel(model, dims.sp_group)
-    if not (dims.is_distributed and cfg.parallel.enable_fsdp):
+    if not (dims.is_distributed and parallel.enable_fsdp):
         return
-    apply_fsdp(bundle.policy, dims.fsdp_mesh, param_dtype=policy_param_dtype(cfg), reduce_dtype=torch.float32,
-               activation_checkpointing=cfg.parallel.enable_gradient_checkpointing)
+    apply_fsdp(bundle.policy, dims.fsdp_mesh, param_dtype=param_dtype, reduce_dtype=torch.float32,
+               activation_checkpointing=parallel.enable_gradient_checkpointing)
     for model in frozen:
         shard_frozen(model, dims.fsdp_mesh, offload=bundle.placement.reference_on_cpu)
     bundle.materialize()  # transformers built on the meta device: read each rank's shards now
@@ -116,9 +126,10 @@ def average_unsharded_gradients(params: List[torch.nn.Parameter], dims: Parallel
         average_gradients(params, dist.group.WORLD)
 
 
-def clip_threshold(cfg: TrainConfig) -> float:
-    """The norm of the full gradient at which it is clipped: ``--max_grad_norm`` in ``--max_grad_norm_units``."""
-    return cfg.optim.max_grad_norm * (cfg.parallel.sp_size if cfg.optim.max_grad_norm_units == "reference" else 1)
+def clip_threshold(optim: OptimConfig, sp_size: int) -> float:
+    """The norm of the full gradient at which it is clipped: ``--max_grad_norm`` in ``--max_grad_norm_units``
+    (``optim``: the configuration's optimizer section) at SP degree ``sp_size``."""
+    return optim.max_grad_norm * (sp_size if optim.max_grad_norm_units == "reference" else 1)
 
 
 def clip_gradients(params: List[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

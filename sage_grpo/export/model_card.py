@@ -176,7 +176,8 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
 def recorded_settings(checkpoint: Path) -> Dict[str, Any]:
     """The settings the run of ``checkpoint`` recorded in its ``config.yaml``, checked like the command line ({}
     when it has none)."""
-    from sage_grpo.config.recorded import read_run_config, recorded_values
+    from sage_grpo.config.recorded import recorded_values
+    from sage_grpo.config.train import read_run_config
 
     config_file = checkpoint / CONFIG_FILE
     return recorded_values(read_run_config(config_file)) if config_file.is_file() else {}

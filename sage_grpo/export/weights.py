@@ -153,7 +153,7 @@ def lora_config_of_checkpoint(checkpoint: Optional[Path], state: Dict[str, torch
     if checkpoint is None or not (checkpoint / CONFIG_FILE).is_file():
         raise FileNotFoundError("LoRA weights without their config: expected the checkpoint's lora/ folder or "
                                 "config.yaml next to transformer/model.safetensors")
-    from sage_grpo.config.recorded import read_run_config
+    from sage_grpo.config.train import read_run_config
 
     run = read_run_config(checkpoint / CONFIG_FILE)
     if run.lora.pretrained_lora_path and lora.is_adapter_folder(Path(run.lora.pretrained_lora_path)):

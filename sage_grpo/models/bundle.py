@@ -36,15 +36,17 @@ row names a reference image (SigLIP encoder offloaded with the text encoders; th
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from sage_grpo.checkpoint_layout import LORA_DIR
-from sage_grpo.config import TrainConfig
 from sage_grpo.config.launch_env import read_launch_env
+from sage_grpo.config.train.model import LoRAConfig, ModelConfig, ParallelConfig, ThroughputConfig
+from sage_grpo.config.train.rollout import DataConfig, RolloutConfig
+from sage_grpo.config.train.run import DriftGuardConfig, ValidationConfig
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models.lora import LoraTraining, check_lora_settings, reference_pass
 from sage_grpo.models.image_condition import ImageConditionEncoder
@@ -58,7 +60,28 @@ from sage_grpo.models.vae import decode_latents
 from sage_grpo.rl import KLMode, drift_watch_of
 
 
-def resolve_device(cfg: TrainConfig) -> torch.device:
+class ModelOptions(Protocol):
+    """The sections of the training configuration the models are built from (declared by shape): the model and its
+    adapters, where they run and how (``parallel``, ``throughput``), the adapters' seed (``data``), the negative
+    prompt (``rollout``) and whether the drift proxy needs a base copy (``drift``, ``validation``)."""
+
+    model: ModelConfig
+    lora: LoRAConfig
+    parallel: ParallelConfig
+    throughput: ThroughputConfig
+    data: DataConfig
+    rollout: RolloutConfig
+    drift: DriftGuardConfig
+    validation: ValidationConfig
+
+
+class DeviceOptions(Protocol):
+    """What the device is decided from: the configuration's ``parallel`` section (``--device``, ``--enable_fsdp``)."""
+
+    parallel: ParallelConfig
+
+
+def resolve_device(cfg: DeviceOptions) -> torch.device:
     """This process's device, decided once: ``--device``, else CUDA when available, else the CPU. A CUDA device
     always carries its index, this process's ``cuda:LOCAL_RANK`` when ``--device cuda`` names none: the NCCL barrier
     needs the index, and tensors report ``cuda:N``, which never equals a bare ``cuda``."""
@@ -71,14 +94,15 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def is_sharded_run(cfg: TrainConfig) -> bool:
+def is_sharded_run(cfg: DeviceOptions) -> bool:
     """Whether the transformers get FSDP-sharded: ``--enable_fsdp`` on several processes."""
     return cfg.parallel.enable_fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 @dataclass
 class ModelBundle:
-    cfg: TrainConfig
+    transformer_version: str  # --pretrained_transformer_version
+    neg_prompt: Optional[str]  # --neg_prompt: the unconditional branch's prompt
     device: torch.device
     policy: torch.nn.Module
     reference: Optional[torch.nn.Module]  # None without KL; with LoRA the policy module itself (see module doc)
@@ -108,11 +132,11 @@ class ModelBundle:
                size: Optional[Tuple[int, int]] = None) -> PromptEmbeds:
         """The prompts' embeddings on the device; with ``image_paths`` (one per prompt) the image condition of
         those reference images at video size ``size`` (H, W) too."""
-        embeds = self.encoder.encode(list(prompts), negative_prompt=self.cfg.rollout.neg_prompt).to(self.device)
+        embeds = self.encoder.encode(list(prompts), negative_prompt=self.neg_prompt).to(self.device)
         if not image_paths:
             return embeds
         if self.images is None:
-            raise ValueError(f"transformer version {self.cfg.model.pretrained_transformer_version!r} has no image encoder "
+            raise ValueError(f"transformer version {self.transformer_version!r} has no image encoder "
                              "for image-to-video prompts")
         return embeds.with_image(self.images.encode(image_paths, *size).to(self.device))
 
@@ -233,7 +257,7 @@ class ModelBundle:
             self.lora.save_folder(Path(checkpoint_dir) / LORA_DIR)
 
 
-def build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
+def build_lora(cfg: ModelOptions, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
     """``policy`` frozen with the run's adapters (``--lora_*``; the ``anchor`` too for the moving anchor), in place;
     also what ``python -m sage_grpo.plan --simulate`` builds its LoRA policy with."""
     return LoraTraining.create(
@@ -241,7 +265,7 @@ def build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, maste
         pretrained_path=cfg.lora.pretrained_lora_path, with_anchor=kl_mode.moving_anchor, seed=cfg.data.seed, dtype=master_dtype)
 
 
-def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> ModelBundle:
+def build_models(cfg: ModelOptions, kl_mode: KLMode, placement: Placement) -> ModelBundle:
     """The policy, the reference when ``kl_mode`` uses one (see the module docstring), the drift proxy's frozen base
     copy where the run's :class:`~sage_grpo.rl.drift_guard.DriftWatch` needs one, the VAE and the encoder, laid out as
     ``placement`` says (the memory plan's decision: :func:`sage_grpo.plan.memory.placement_of`)."""
@@ -284,11 +308,12 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> Mod
               if components.image_encoder is not None else None)
     base_copy = drift_watch_of(cfg.drift, cfg.validation.validation_interval, cfg.lora.use_lora, kl_mode).base_copy
     base = frozen_transformer(cfg, folder, placement, device, on_meta) if base_copy else None
-    return ModelBundle(cfg, device, policy, reference, components.vae, encoder, placement, lora,
+    return ModelBundle(cfg.model.pretrained_transformer_version, cfg.rollout.neg_prompt, device, policy, reference,
+                       components.vae, encoder, placement, lora,
                        weights_folder=folder if on_meta else None, images=images, base=base)
 
 
-def frozen_transformer(cfg: TrainConfig, folder: Path, placement: Placement, device: torch.device,
+def frozen_transformer(cfg: ModelOptions, folder: Path, placement: Placement, device: torch.device,
                        on_meta: bool) -> torch.nn.Module:
     """A frozen base transformer in ``--dtype`` (the KL reference, the drift proxy's base copy): on the meta device
     for a sharded run (``materialize`` reads its shards), else loaded where ``placement`` keeps the reference."""

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from sage_grpo.config import TrainConfig
-from sage_grpo.config.validation import ConfigError, rollout_size, validation_size
+from sage_grpo.config.validation import ConfigError, VideoOptions, rollout_size, validation_size
 from sage_grpo.models import layout
 from sage_grpo.models.config_fields import read_model_config
 
@@ -35,7 +34,7 @@ class ModelGeometry:
     video_tokens: Dict[str, int]  # "rollout" (and "validation" when validation runs) -> image tokens per video
 
 
-def _configs(cfg: TrainConfig) -> Optional[Tuple[Dict, Dict]]:
+def _configs(cfg: VideoOptions) -> Optional[Tuple[Dict, Dict]]:
     """(transformer, VAE) configs of the configured checkpoint; None when either file is missing."""
     root = Path(cfg.model.pretrained_model_root)
     transformer = _read_config(root / layout.transformer_layout(cfg.model.pretrained_transformer_version).subdir
@@ -44,7 +43,7 @@ def _configs(cfg: TrainConfig) -> Optional[Tuple[Dict, Dict]]:
     return None if transformer is None or vae is None else (transformer, vae)
 
 
-def video_tokens_at(cfg: TrainConfig, num_frames: int, height: int, width: int) -> Optional[int]:
+def video_tokens_at(cfg: VideoOptions, num_frames: int, height: int, width: int) -> Optional[int]:
     """Image tokens of one video of the configured checkpoint at this size (an image-to-video bucket); None when a
     config file is missing."""
     configs = _configs(cfg)
@@ -54,7 +53,7 @@ def video_tokens_at(cfg: TrainConfig, num_frames: int, height: int, width: int) 
     return video_tokens(vae, transformer, num_frames, height, width)
 
 
-def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
+def read_model_geometry(cfg: VideoOptions) -> Optional[ModelGeometry]:
     """The geometry of the configured checkpoint; None when a config file is missing (the loader then reports every
     missing file of the checkpoint at once)."""
     configs = _configs(cfg)
@@ -68,7 +67,7 @@ def read_model_geometry(cfg: TrainConfig) -> Optional[ModelGeometry]:
     return ModelGeometry(transformer.get("num_attention_heads", 16), tokens)
 
 
-def check_video_sizes(cfg: TrainConfig) -> None:
+def check_video_sizes(cfg: VideoOptions) -> None:
     """The rollout (and validation) size and frame count against the checkpoint's VAE compression and the
     transformer's patch size, from the config files: checked at start, before an earlier run is deleted or any model
     loads (the first rollout would otherwise be the first to see them). Nothing is checked when a config file is

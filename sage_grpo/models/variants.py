@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from sage_grpo.config.schema import is_explicit
-from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import ConfigError, default_flow_shift
 from sage_grpo.models import layout
 from sage_grpo.safe_io import read_json_object
@@ -126,19 +125,31 @@ def check_distilled_guidance(variant: VariantSampling, explicit: bool, option: s
                           f"download_weights.sh --variant {variant.version}`, or pass {option} explicitly")
 
 
-def resolve_train_sampling(cfg: TrainConfig) -> Tuple[TrainConfig, List[str], List[str]]:
-    """The run's config with the variant's guidance (``--cfg_scale``) and validation shift filled in where the user
-    set none, plus (warnings, notes). Checks the version name first; reads only config files, loads no model."""
-    root, version = cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version
+@dataclass(frozen=True)
+class TrainSampling:
+    """The run's guidance (``--cfg_scale``) and validation shift with the variant's filled in where the user set
+    none, and what the user is told about them."""
+
+    cfg_scale: float
+    validation_timestep_shift: Optional[float]  # None: the flag is unset and the variant ships no scheduler config
+    warnings: Tuple[str, ...] = ()
+    notes: Tuple[str, ...] = ()
+
+
+def resolve_train_sampling(model: Any, rollout: Any, validation: Any) -> TrainSampling:
+    """The variant's guidance and validation shift for the training configuration's ``model``, ``rollout`` and
+    ``validation`` sections, where the user set none, plus warnings and notes. Checks the version name first; reads
+    only config files, loads no model."""
+    root, version = model.pretrained_model_root, model.pretrained_transformer_version
     layout.check_transformer_version(Path(root), version, "--pretrained_transformer_version")
     variant = read_variant_sampling(root, version)
-    check_distilled_guidance(variant, is_explicit(cfg, "cfg_scale"), "--cfg_scale")
-    cfg_scale, guidance_warning = choose("--cfg_scale", cfg.rollout.cfg_scale, is_explicit(cfg, "cfg_scale"), variant,
-                                         "guidance_scale", same_guidance)
-    shift, shift_warning = choose("--validation_timestep_shift", cfg.validation.validation_timestep_shift,
-                                  cfg.validation.validation_timestep_shift is not None, variant, "flow_shift")
-    resolved = cfg.replace(cfg_scale=cfg_scale, validation_timestep_shift=shift)
-    return resolved, [w for w in (guidance_warning, shift_warning) if w], list(variant.notes)
+    explicit = is_explicit(rollout, "cfg_scale")
+    check_distilled_guidance(variant, explicit, "--cfg_scale")
+    cfg_scale, guidance_warning = choose("--cfg_scale", rollout.cfg_scale, explicit, variant, "guidance_scale",
+                                         same_guidance)
+    shift, shift_warning = choose("--validation_timestep_shift", validation.validation_timestep_shift,
+                                  validation.validation_timestep_shift is not None, variant, "flow_shift")
+    return TrainSampling(cfg_scale, shift, tuple(w for w in (guidance_warning, shift_warning) if w), variant.notes)
 
 
 def resolve_generation_sampling(model_path, version: str, guidance_scale: float, guidance_explicit: bool,

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sage_grpo import rl
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train.objective import TrustRegionConfig, UpdateConfig
 from sage_grpo.distributed import ParallelDims, gradient_sync, mean_tensor_over_world
 from sage_grpo.faults import fault_point
 from sage_grpo.models.bundle import ModelBundle
@@ -32,7 +32,10 @@ from sage_grpo.pipeline.sampler import Sampler
 
 @dataclass(frozen=True)
 class PolicyPass:
-    cfg: TrainConfig
+    update: UpdateConfig  # the configuration's update section: --clip_range, --adv_clip_max
+    trust_region: TrustRegionConfig  # --dual_kl_moving_weight, --dual_kl_step_weight
+    mini_batch_size: int  # --mini_batch_size_per_update
+    accumulation_steps: int  # --gradient_accumulation_steps: rollout batches per optimizer update
     sampler: Sampler
     models: ModelBundle
     dims: ParallelDims
@@ -52,17 +55,16 @@ class PolicyPass:
         ``rollout_weights``: no optimizer update since the rollout (the step-wise KL's π_prev is then the rollout's
         policy, else the current one, ``rl.kl``). Returns the means of the per-iteration metrics (β: its last value),
         with one device-to-host copy."""
-        cfg = self.cfg
         eq_scales = self.eq_scales
         if eq_scales is not None and self.window_equalizer:  # every row of order holds the window's steps
             eq_scales = rl.window_scales(eq_scales, order[0])
         stepwise_from_rollout = rollout_weights or self.kl_mode.stepwise_to_rollout
-        batch, micro = rollout.latents.shape[0], cfg.parallel.mini_batch_size_per_update
+        batch, micro = rollout.latents.shape[0], self.mini_batch_size
         group = self.models.placement.replay_group_size  # trained steps per forward and backward
         # One iteration per (mini-batch, trained step); dividing by the number of iterations of the whole
         # accumulation window makes the update the mean over samples and steps (reference GA = B * N for mb = 1).
         num_iterations = self.num_train_steps * (batch // micro)
-        iterations_per_update = cfg.optim.gradient_accumulation_steps * num_iterations
+        iterations_per_update = self.accumulation_steps * num_iterations
         iterations_done = 0
         history: Dict[str, List[torch.Tensor]] = {}  # per-iteration metrics, kept on the device until the end
         policy = self.models.policy
@@ -96,7 +98,7 @@ class PolicyPass:
         forward of g·mb rows (position-major); each position's metrics are appended to ``history``. ``eq_scales``:
         the equalizer's (N,) scales or None; ``stepwise_from_rollout``: the step-wise KL's π_prev is the rollout's
         log-probability (else the current policy's, detached)."""
-        cfg, micro, group = self.cfg, rows.numel(), steps.shape[1]
+        micro, group = rows.numel(), steps.shape[1]
         pair_rows, pair_steps = rows.repeat(group), steps.T.reshape(-1)  # (g·mb,): position j is rows j·mb..
         x = rollout.latents[pair_rows, pair_steps].to(self.device)  # only the rows this pass uses
         x_next = rollout.latents[pair_rows, pair_steps + 1].to(self.device)
@@ -109,15 +111,15 @@ class PolicyPass:
         for j in range(group):
             part = slice(j * micro, (j + 1) * micro)
             policy_loss, metrics = rl.ppo_clipped_loss(out.log_prob[part], old_lp[part],
-                                                       advantages[rows].to(self.device), cfg.update.clip_range,
-                                                       cfg.update.adv_clip_max, None if scale is None else scale[part])
+                                                       advantages[rows].to(self.device), self.update.clip_range,
+                                                       self.update.adv_clip_max, None if scale is None else scale[part])
             effective_kl = None
             if self.kl_controller is not None and ref_means is not None:
                 ref_mean = ref_means[pair_rows[part], pair_steps[part]].to(self.device)
                 std = out.std[part] if out.std.ndim else out.std
                 effective_kl, parts = rl.dual_kl(out.mean[part], ref_mean, std, previous_lp[part], out.log_prob[part],
-                                                 self.kl_mode.dual, cfg.trust_region.dual_kl_moving_weight,
-                                                 cfg.trust_region.dual_kl_step_weight)
+                                                 self.kl_mode.dual, self.trust_region.dual_kl_moving_weight,
+                                                 self.trust_region.dual_kl_step_weight)
                 metrics.update(kl_loss=effective_kl.detach(), **parts)
             terms.append((policy_loss, metrics, effective_kl))
         if terms[0][2] is not None:

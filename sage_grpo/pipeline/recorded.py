@@ -48,9 +48,10 @@ def run_config_file(weights_path: Optional[str]) -> Optional[Path]:
 
 def read_recorded_settings(weights_path: Optional[str]) -> Tuple[Dict[str, Any], Optional[Path]]:
     """{generate.py option: recorded value} of the checkpoint at ``weights_path``, and the file they come from. The
-    file is checked like the command line first (:func:`~sage_grpo.config.recorded.read_run_config`): a NaN
+    file is checked like the command line first (:func:`~sage_grpo.config.train.read_run_config`): a NaN
     ``cfg_scale`` there is refused naming the file, not sampled as guidance off."""
-    from sage_grpo.config.recorded import read_run_config, recorded_values
+    from sage_grpo.config.recorded import recorded_values
+    from sage_grpo.config.train import read_run_config
 
     source = run_config_file(weights_path)
     if source is None:

@@ -12,7 +12,7 @@ from typing import Dict, List
 
 import torch
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train.rollout import DataConfig
 from sage_grpo.data import PromptItem
 from sage_grpo.distributed import ParallelDims
 from sage_grpo.tracking.run_dir import MetricsLogger, prune_rollout_media
@@ -33,7 +33,9 @@ class RolloutSamples:
 
 @dataclass(frozen=True)
 class RolloutMedia:
-    cfg: TrainConfig
+    data: DataConfig  # the configuration's data section: --batch_size, --num_generations
+    video_fps: int  # --video_fps of the written videos
+    keep_rollout_steps: int  # --keep_rollout_steps: the newest steps' media kept
     dims: ParallelDims
     ranks_per_group: int  # DP ranks one prompt group spans
     logger: MetricsLogger
@@ -56,13 +58,13 @@ class RolloutMedia:
 
     def write_files(self, run_dir: Path, update_steps: int, samples: RolloutSamples) -> List[LoggedVideo]:
         """The files of :meth:`write` (and the pruning of old steps); returns the videos for the trackers."""
-        cfg, dp_rank, items, seeds = self.cfg, self.dims.dp_rank, samples.items, samples.seeds
+        data, dp_rank, items, seeds = self.data, self.dims.dp_rank, samples.items, samples.seeds
         step_dir = run_dir / "rl_samples" / f"{update_steps:07d}"
         spread = self.ranks_per_group > 1
-        group = cfg.data.batch_size if spread else cfg.data.num_generations  # members of one group on this rank
-        groups_per_rank = max(cfg.data.batch_size // cfg.data.num_generations, 1)
+        group = data.batch_size if spread else data.num_generations  # members of one group on this rank
+        groups_per_rank = max(data.batch_size // data.num_generations, 1)
         # position of this rank's first member in its group (samples are numbered across the group's ranks)
-        offset = (dp_rank % self.ranks_per_group) * cfg.data.batch_size
+        offset = (dp_rank % self.ranks_per_group) * data.batch_size
         logged: List[LoggedVideo] = []
         for first in range(0, len(items), group):
             group_index = (dp_rank // self.ranks_per_group if spread
@@ -74,7 +76,7 @@ class RolloutMedia:
                 item = items[slot]
                 name = (f"index_{item.index}_seed_{seeds[slot]}_dp_{dp_rank}_rank_{self.dims.rank}"
                         f"_sample_{offset + slot - first}_slot_{slot}.mp4")
-                write_video(group_dir / name, samples.videos[slot], cfg.rollout.video_fps)
+                write_video(group_dir / name, samples.videos[slot], self.video_fps)
                 record = {"prompt": item.prompt, "seed": seeds[slot], "video_path": str(group_dir / name),
                           "sample_idx": slot, "ranks_per_group": self.ranks_per_group,
                           "advantage": float(samples.advantages[slot])}
@@ -83,10 +85,10 @@ class RolloutMedia:
                 record.update({k: float(v[slot]) for k, v in samples.rewards.items()})
                 records.append(record)
                 logged.append(LoggedVideo(group_dir / name, f"{item.prompt} (seed {seeds[slot]}, reward "
-                                          f"{record['avg']:.4f}, advantage {record['advantage']:+.3f})", cfg.rollout.video_fps))
+                                          f"{record['avg']:.4f}, advantage {record['advantage']:+.3f})", self.video_fps))
             share = f"_dp_{dp_rank}" if spread else ""
             path = group_dir / f"index_{items[first].index}_group_{group_index}{share}_rewards.json"
             path.write_text(json.dumps(records, indent=2))
         if self.dims.is_main:
-            prune_rollout_media(run_dir, cfg.output.keep_rollout_steps)
+            prune_rollout_media(run_dir, self.keep_rollout_steps)
         return logged

@@ -8,13 +8,14 @@ schedule, the same model settings).
 """
 
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence, Union
+from typing import Optional, Protocol, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from sage_grpo import sde
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train.model import ModelConfig, ParallelConfig
+from sage_grpo.config.train.rollout import RolloutConfig
 from sage_grpo.dtypes import autocast_dtype_of
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.pipeline.replay import replay_step
@@ -111,7 +112,16 @@ class Sampler:
         return means
 
 
-def sampler_of(cfg: TrainConfig) -> Sampler:
+class SamplerOptions(Protocol):
+    """The sections of the training configuration the rollout sampler is built from (declared by shape): the SDE
+    and its schedule (``rollout``), the compute dtype and image tokens (``model``), the micro-batch (``parallel``)."""
+
+    model: ModelConfig
+    rollout: RolloutConfig
+    parallel: ParallelConfig
+
+
+def sampler_of(cfg: SamplerOptions) -> Sampler:
     """The rollout sampler of the run: ``--sde_type``, ``--eta``, ``--grpo_sampling_steps`` on the
     ``--infer_flow_shift_video`` schedule, ``--cfg_scale``; built once, before any model loads (a schedule the SDE
     cannot use is refused here)."""

@@ -50,7 +50,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train.run import ValidationConfig
 from sage_grpo.data import PromptItem, read_prompt_csvs
 from sage_grpo.distributed.collectives import broadcast_object_from_main
 from sage_grpo.models.bundle import ModelBundle
@@ -63,13 +63,14 @@ PREFIX = "Validation/"
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
 
 
-def validation_items(cfg: TrainConfig) -> List[PromptItem]:
-    """The validation prompts: ``--valid_video_csv`` (a row without a seed: ``--validation_global_seed``, spec §4.4),
-    else ``--validation_prompts``, else the reference's default prompt."""
-    if cfg.validation.valid_video_csv:
-        return read_prompt_csvs(cfg.validation.valid_video_csv, default_seed=cfg.validation.validation_global_seed)
-    prompts = cfg.validation.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
-    return [PromptItem(i, p, cfg.validation.validation_global_seed) for i, p in enumerate(prompts)]
+def validation_items(validation: ValidationConfig) -> List[PromptItem]:
+    """The validation prompts of the configuration's ``validation`` section: ``--valid_video_csv`` (a row without a
+    seed: ``--validation_global_seed``, spec §4.4), else ``--validation_prompts``, else the reference's default
+    prompt."""
+    if validation.valid_video_csv:
+        return read_prompt_csvs(validation.valid_video_csv, default_seed=validation.validation_global_seed)
+    prompts = validation.validation_prompts or [DEFAULT_VALIDATION_PROMPT]
+    return [PromptItem(i, p, validation.validation_global_seed) for i, p in enumerate(prompts)]
 
 
 @dataclass

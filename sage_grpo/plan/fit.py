@@ -19,7 +19,8 @@ state and activations are not counted), against:
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from sage_grpo.config import ConfigError, TrainConfig
+from sage_grpo.config import ConfigError
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.plan.memory import GIB
 from sage_grpo.plan.sizes import ModelSizes, read_model_sizes

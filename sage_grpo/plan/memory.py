@@ -65,7 +65,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.launch_env import read_launch_env
 from sage_grpo.config.validation import rollout_size, validation_size
 from sage_grpo.models.placement import Placement

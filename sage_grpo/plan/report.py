@@ -11,7 +11,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli, validate_train_config
+from sage_grpo.config import ConfigError, parse_cli, validate_train_config
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.sections import value_of
 from sage_grpo.config.validation import rollout_size
 from sage_grpo.plan.memory import (DEFAULT_GPU_MEMORY_GIB, GIB, MARGIN, MemoryPlan, Phase, device_memory_gib,

@@ -20,7 +20,7 @@ import functools
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.sections import value_of
 from sage_grpo.plan.sizes import ModelSizes, reward_forward_bytes
 from sage_grpo.safe_io import read_json_object

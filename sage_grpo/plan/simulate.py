@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.plan.tracking import (GROUPS, Phase, SimulatedPhase, forward_only_module_tracking,
                                      metadata_only_propagation, without)
 

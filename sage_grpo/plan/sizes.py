@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.models.config_fields import read_model_config
 
 # diffusers' HunyuanVideo-1.5 VAE tiles: 256-pixel squares overlapping by a quarter.

@@ -22,7 +22,7 @@ in the last bits while the CPU runs are pinned bit for bit.
 import dataclasses
 from typing import Callable, List
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import trained_steps_per_sample
 from sage_grpo.models.placement import Placement
 

@@ -4,11 +4,13 @@ held-out metrics of the scored validation (``--validation_metrics``: :mod:`sage_
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Protocol
 
 import torch
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train.model import ModelConfig
+from sage_grpo.config.train.rollout import RewardConfig, RolloutConfig
+from sage_grpo.config.train.run import ValidationConfig
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.config.reward_weights import parse_reward_weights
@@ -19,6 +21,16 @@ from sage_grpo.rewards.scorers import MetricPlan, Scorers, held_out, plan_metric
 from sage_grpo.rewards.remote import RemoteSettings
 from sage_grpo.rewards.videoalign_inputs import SamplingOverrides
 from sage_grpo.rl import RewardAggregation
+
+
+class RewardOptions(Protocol):
+    """The sections of the training configuration the reward is planned and built from (declared by shape): the
+    reward flags, the held-out metrics of validation, the model root and dtype, the videos' frame rate."""
+
+    model: ModelConfig
+    rollout: RolloutConfig
+    reward: RewardConfig
+    validation: ValidationConfig
 
 
 class RewardFailure(RuntimeError):
@@ -38,7 +50,7 @@ class RewardPlan:
     notes: tuple = ()
 
 
-def check_reward_config(cfg: TrainConfig) -> RewardPlan:
+def check_reward_config(cfg: RewardOptions) -> RewardPlan:
     """Parse and validate the reward configuration and resolve its names (plug-ins imported under the plug-in rule
     of :mod:`sage_grpo.rewards.registry`) without building any reward model; the scorers' folders are found."""
     try:
@@ -61,7 +73,7 @@ def check_reward_config(cfg: TrainConfig) -> RewardPlan:
     return RewardPlan(weights, sampling, remote, aggregation, models, held_out, tuple(notes))
 
 
-def _held_out_metrics(cfg: TrainConfig, trained: Dict[str, dict]):
+def _held_out_metrics(cfg: RewardOptions, trained: Dict[str, dict]):
     """``--validation_metrics`` planned (names checked, folders found), without those the training reward scores
     already (its sub-rewards are logged anyway); None when no validation runs or none is left."""
     kept, dropped = held_out(cfg.validation.validation_metrics or [], trained)
@@ -77,19 +89,19 @@ def _held_out_metrics(cfg: TrainConfig, trained: Dict[str, dict]):
     return plan, notes
 
 
-def reward_context(cfg: TrainConfig, sampling: SamplingOverrides, device) -> RewardContext:
+def reward_context(cfg: RewardOptions, sampling: SamplingOverrides, device) -> RewardContext:
     return RewardContext(cfg.model.pretrained_model_root, cfg.reward.reward_checkpoint_mode, device, DTYPES[cfg.model.dtype],
                          cfg.rollout.video_fps, cfg.reward.reward_from_mp4, sampling, cfg.reward.clip_model, cfg.reward.pickscore_model,
                          cfg.reward.pickscore_processor)
 
 
-def build_reward(cfg: TrainConfig, plan: RewardPlan, device: torch.device) -> Callable:
+def build_reward(cfg: RewardOptions, plan: RewardPlan, device: torch.device) -> Callable:
     return build_reward_fn(cfg.reward.reward_model, plan.weights, context=reward_context(cfg, plan.sampling, device),
                            batch_size=cfg.reward.reward_batch_size, reward_kwargs=cfg.reward.reward_kwargs,
                            extra_models=cfg.reward.extra_rewards, remote=plan.remote)
 
 
-def build_held_out_scorers(cfg: TrainConfig, plan: RewardPlan, device: torch.device) -> Optional[Scorers]:
+def build_held_out_scorers(cfg: RewardOptions, plan: RewardPlan, device: torch.device) -> Optional[Scorers]:
     """The held-out metrics' scorers (main process only), or None."""
     if plan.held_out is None:
         return None

@@ -27,7 +27,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from sage_grpo import sde
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.schema import from_dict, load_yaml
 from sage_grpo.config.validation import validation_flow_shift
 from sage_grpo.models.loading import load_transformer

@@ -128,11 +128,12 @@ class RunDirPlan:
     resume_updates: Optional[int] = None
 
     @classmethod
-    def of(cls, cfg: Any, check: Any = None, restart: bool = False, images: Iterable[str] = ()) -> "RunDirPlan":
-        """The plan of ``cfg``; ``check``: the resume's :class:`~sage_grpo.resume.ResumeCheck` (None: no resume)."""
+    def of(cls, output: Any, inputs: Dict[str, Path], check: Any = None, restart: bool = False) -> "RunDirPlan":
+        """The plan of the configuration's ``output`` section, reading ``inputs`` (:func:`config_inputs`);
+        ``check``: the resume's :class:`~sage_grpo.resume.ResumeCheck` (None: no resume)."""
         state = check.training_state if check is not None else {}
-        return cls(Path(cfg.output.output_dir), cfg.output.overwrite_output_dir, check is not None or restart, restart,
-                   cfg.output.keep_checkpoints, config_inputs(cfg, images), check.path if check is not None else None,
+        return cls(Path(output.output_dir), output.overwrite_output_dir, check is not None or restart, restart,
+                   output.keep_checkpoints, inputs, check.path if check is not None else None,
                    state.get("global_step"), state.get("update_steps"))
 
     def check(self) -> None:
@@ -196,14 +197,14 @@ class RunDirPlan:
         return self.run_dir
 
 
-def plan_run_dir(cfg: Any, dims: Any, check: Any, restart: bool, inputs: Dict[str, Any],
-                 items: Iterable[Any] = ()) -> RunDirPlan:
-    """Check the run directory on every rank before any model loads (:func:`check_run_dir`: another run's files,
-    an output inside ``inputs``, {flag: path}), then on the writing process what taking it would refuse
-    (:meth:`RunDirPlan.check`; every rank raises its refusal). ``items``: the prompts (their reference images are
-    inputs). Returns the plan :meth:`RunDirPlan.take` carries out."""
-    check_run_dir(cfg.output.output_dir, resuming=check is not None or restart, overwrite=cfg.output.overwrite_output_dir,
+def plan_run_dir(output: Any, dims: Any, check: Any, restart: bool, inputs: Dict[str, Any],
+                 read: Dict[str, Path]) -> RunDirPlan:
+    """Check the run directory (``output``: the configuration's output section) on every rank before any model
+    loads (:func:`check_run_dir`: another run's files, an output inside ``inputs``, {flag: path}), then on the
+    writing process what taking it would refuse (:meth:`RunDirPlan.check`; every rank raises its refusal). ``read``:
+    everything the run reads (:func:`config_inputs`). Returns the plan :meth:`RunDirPlan.take` carries out."""
+    check_run_dir(output.output_dir, resuming=check is not None or restart, overwrite=output.overwrite_output_dir,
                   inputs=inputs)
-    plan = RunDirPlan.of(cfg, check, restart, [item.ref_image_path for item in items])
+    plan = RunDirPlan.of(output, read, check, restart)
     run_on_main(plan.check, dims)
     return plan

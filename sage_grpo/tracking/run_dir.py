@@ -3,6 +3,7 @@
 Run directory (``--output_dir``)::
 
     run_config.yaml            resolved configuration (pass it back with --config to repeat the run)
+    run_plan.json              every decision the start-up made (sage_grpo/startup/plan.py), of the latest start
     train.log                  the console lines
     metrics.jsonl              one JSON object per step: {"step": ..., metric: value, ...}, and one per validation:
                                {"step": ..., "Validation/<key>": value, ...} (validation_rows / training_rows)
@@ -34,6 +35,7 @@ from sage_grpo.safe_io import atomic_write, check_output_outside_inputs
 from sage_grpo.tracking.trackers import RUN_IDS_FILE, LoggedVideo
 
 RUN_MARKER = "run_config.yaml"
+RUN_PLAN_FILE = "run_plan.json"  # the start-up's plan (sage_grpo.startup.plan.RunPlan.as_record)
 
 
 def check_run_dir(output_dir: str, *, resuming: bool, overwrite: bool, inputs: Optional[Dict] = None) -> None:
@@ -66,8 +68,8 @@ def prepare_run_dir(output_dir: str, *, resuming: bool, overwrite: bool) -> Path
 def overwrite_targets(run_dir: Path) -> List[Path]:
     """What ``--overwrite_output_dir`` deletes of an earlier run in ``run_dir`` (what a run writes; anything else
     there stays): its files and folders that exist."""
-    files = [run_dir / name for name in (RUN_MARKER, "train.log", "metrics.jsonl", "config_changes.yaml", RUN_IDS_FILE)
-             if (run_dir / name).is_file()]
+    files = [run_dir / name for name in (RUN_MARKER, RUN_PLAN_FILE, "train.log", "metrics.jsonl", "config_changes.yaml",
+                                         RUN_IDS_FILE) if (run_dir / name).is_file()]
     folders = [path for path in sorted(run_dir.iterdir()) if path.is_dir() and not path.is_symlink()
                and (path.name in ("tb", "wandb", "swanlog", "logs", "rl_samples", "samples", "abandoned")
                     or path.name.startswith(("checkpoint-", ".checkpoint-")))] if run_dir.is_dir() else []
@@ -113,21 +115,6 @@ def format_duration(seconds: float) -> str:
 def eta_text(done: int, total: int, elapsed: float) -> str:
     """``eta 3m05s`` for ``total - done`` more units at the mean pace of the ``done`` ones so far ("" before any)."""
     return f"eta {format_duration(elapsed / done * (total - done))}" if done > 0 else ""
-
-
-def startup_summary(cfg, dims, run_dir: Path, device) -> List[str]:
-    """The block printed once when a run starts: where it writes, what it trains, against what, on what."""
-    reward = (f"remote {cfg.reward.remote_reward_url} ({cfg.reward.reward_model})" if cfg.reward.remote_reward_url else
-              f"local {cfg.reward.reward_model}")
-    adapters = f", LoRA r {cfg.lora.lora_r}" if cfg.lora.use_lora else ""
-    return ["run summary:",
-            f"  run directory  {run_dir}",
-            f"  model root     {cfg.model.pretrained_model_root} (transformer {cfg.model.pretrained_transformer_version}{adapters})",
-            f"  reward         {reward}, weights {cfg.reward.reward_weights}"
-            + (f", plus {cfg.reward.extra_rewards}" if cfg.reward.extra_rewards else ""),
-            f"  world          {dims.world_size} process(es) = dp {dims.dp_size} x sp {dims.sp_size} on {device}",
-            f"  dtype          {cfg.model.dtype}",
-            f"  steps          to {cfg.optim.max_steps}, {cfg.data.batch_size * dims.dp_size} videos per step"]
 
 
 def console_line(step: int, metrics: Dict[str, float]) -> str:

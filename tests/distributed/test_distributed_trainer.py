@@ -39,7 +39,8 @@ from procs import run_group
 from safetensors.torch import load_file
 
 from sage_grpo.checkpoint_layout import DCP_DIR
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.distributed import ParallelDims
 from sage_grpo.models.geometry import read_model_geometry
 from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics

@@ -7,7 +7,8 @@ import pytest
 from model_fixtures import tiny_args
 from test_golden import FLAGS, GOLDEN, differences, machine
 
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.pipeline import drift
 from sage_grpo.safe_io import load_plain
 from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics, training_rows, validation_rows

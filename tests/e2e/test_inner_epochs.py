@@ -7,7 +7,8 @@ import pytest
 import torch
 from model_fixtures import tiny_args
 
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics
 from sage_grpo.trainer import GRPOTrainer
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import post_train
 from sage_grpo.models import lora
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import from_dict, load_yaml
 from sage_grpo.export.weights import export_checkpoint, read_trained_weights

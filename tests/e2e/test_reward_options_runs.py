@@ -6,7 +6,8 @@ import threading
 
 import torch
 
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.rewards.remote import RemoteReward
 from sage_grpo.rewards.serving import RewardService
 from sage_grpo.rewards.toys import ToySuiteReward

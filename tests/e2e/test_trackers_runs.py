@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-import sage_grpo.trainer as trainer_module
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+import sage_grpo.startup.build as startup_build
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.tracking.trackers import RUN_IDS_FILE
 from sage_grpo.tracking.run_dir import read_metrics, validation_rows
 from sage_grpo.trainer import GRPOTrainer
@@ -17,7 +18,7 @@ from trackers_support import needs_wandb, wandb_run_when_written
 
 def test_missing_tracker_package_fails_before_any_model_loads(tiny_root, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
-    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
+    monkeypatch.setattr(startup_build, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
     with pytest.raises(ConfigError, match="pip install wandb"):
         GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run", "--report_to", "wandb")))
     assert not (tmp_path / "run").exists()

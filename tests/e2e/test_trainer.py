@@ -9,8 +9,9 @@ from safetensors.torch import load_file
 from launch_flags import RUN_POST_TRAIN_FLAGS
 from model_fixtures import tiny_args
 
-import sage_grpo.trainer as trainer_module
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+import sage_grpo.startup.build as startup_build
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.tracking.run_dir import TIMING_METRICS, read_metrics, validation_rows
 from sage_grpo.trainer import GRPOTrainer
 
@@ -177,7 +178,7 @@ def test_errors_before_any_model_loads(tiny_root, tmp_path, monkeypatch, extra, 
     def no_models(cfg, kl_mode, placement):
         raise AssertionError("models must not load when the configuration is invalid")
 
-    monkeypatch.setattr(trainer_module, "build_models", no_models)
+    monkeypatch.setattr(startup_build, "build_models", no_models)
     with pytest.raises(ConfigError, match=match):
         make_trainer(tiny_root, tmp_path / "run", *extra)
 
@@ -185,6 +186,6 @@ def test_errors_before_any_model_loads(tiny_root, tmp_path, monkeypatch, extra, 
 def test_output_dir_holding_another_run_is_refused(tiny_root, tmp_path, monkeypatch):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "run_config.yaml").write_text("seed: 1\n")
-    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
+    monkeypatch.setattr(startup_build, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
     with pytest.raises(ConfigError, match="already holds a run"):
         make_trainer(tiny_root, tmp_path / "run")

@@ -9,7 +9,8 @@ import torch
 import yaml
 
 import sage_grpo.trainer as trainer_module
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.safe_io import CheckpointError
 from sage_grpo.tracking.run_dir import read_metrics
 from sage_grpo.trainer import GRPOTrainer

@@ -32,6 +32,7 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("toy.pretrain",),
     ("plan",),
     ("checkpoint", "resume"),
+    ("startup",),  # one start-up resolution (the RunPlan) and the trainer's parts built from it
     ("trainer",),
     ("cli", "toy", "evaluate", "__main__"),  # entry points (python -m sage_grpo), the toy study (toy.study runs the
     # trainer) and the evaluation

@@ -6,7 +6,8 @@ import pytest
 import torch
 from model_fixtures import TINY_IMAGE_TOKENS
 
-from sage_grpo.config import ConfigError, TrainConfig
+from sage_grpo.config import ConfigError
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.models import attention
 from sage_grpo.models.attention import check_attention_backend, install_joint_attention, remove_joint_attention
 from sage_grpo.pipeline import cfg_velocity
@@ -104,9 +105,11 @@ def test_trainer_refuses_a_missing_backend_before_loading(tiny_root, tmp_path, m
     from model_fixtures import tiny_args
 
     from sage_grpo import trainer as trainer_module
+
+    import sage_grpo.startup.build as startup_build
     from sage_grpo.config import parse_cli
 
-    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
+    monkeypatch.setattr(startup_build, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
     cfg = parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run", "--attention_backend", "flash"))
     with pytest.raises(ConfigError, match="--attention_backend: attention backend 'flash' is not usable"):
         trainer_module.GRPOTrainer(cfg)

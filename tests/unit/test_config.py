@@ -8,7 +8,8 @@ import pytest
 from launch_flags import RUN_POST_TRAIN_FLAGS
 from procs import run_group
 
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli, save_yaml, validate_train_config
+from sage_grpo.config import ConfigError, parse_cli, save_yaml, validate_train_config
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.schema import load_yaml, str_to_bool
 from sage_grpo.config.sections import value_of
 from sage_grpo.config.validation import group_layout, parse_size, validation_flow_shift

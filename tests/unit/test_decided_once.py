@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sage_grpo import sde
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.sections import fields_by_name
 from sage_grpo.pipeline.sampler import Sampler
 

@@ -19,7 +19,7 @@ import torch
 from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, TINY_VIDEO
 
 from sage_grpo import rl, sde
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.export.weights import export_checkpoint, read_trained_weights
 from sage_grpo.models.lora import LoraTraining
 from sage_grpo.models.attention import install_joint_attention
@@ -59,6 +59,7 @@ def bundle(request, tiny_root, device):
     assert models.device == device and models.policy.dtype == torch.float32
     assert models.reference.dtype == (torch.bfloat16 if request.param == "bf16" else torch.float32)
     assert_on(device, *models.policy.parameters(), *models.reference.parameters(), *models.vae.parameters())
+    models.cfg = cfg  # the tests read the run's configuration beside its models
     return models
 
 

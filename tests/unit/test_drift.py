@@ -189,7 +189,7 @@ class Validator:
 
 
 def sentinel(action: str, **flags):
-    from sage_grpo.config import TrainConfig
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.pipeline.drift import DriftSentinel
     from sage_grpo.rl import NO_KL
 
@@ -271,7 +271,7 @@ def test_without_the_proxy_the_sentinel_does_nothing_and_saves_no_state():
 
 
 def test_the_sentinel_registers_the_proxy_and_resumes_its_guard():
-    from sage_grpo.config import TrainConfig
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.pipeline.drift import DriftProxyMetric, DriftSentinel
     from sage_grpo.rl import NO_KL
 
@@ -316,7 +316,8 @@ def test_the_guard_watches_the_held_out_keys_it_is_given_and_they_are_checked_be
 
 
 def test_the_drift_flags_are_checked_and_decided_once():
-    from sage_grpo.config import TrainConfig, validate_train_config
+    from sage_grpo.config import validate_train_config
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.config.validation import ConfigError
     from sage_grpo.rl import kl_mode_of
 

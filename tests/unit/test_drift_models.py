@@ -4,7 +4,7 @@ import pytest
 import torch
 from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.data import PromptItem
 from sage_grpo.models.bundle import build_models, resolve_device
 from sage_grpo.pipeline.drift import DriftProxyMetric

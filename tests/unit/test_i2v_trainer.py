@@ -4,7 +4,8 @@ exact resume, and the errors raised before any model loads."""
 import pytest
 import torch
 
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.data import GroupedPromptSampler, PromptItem, read_prompt_csvs, video_size
 from sage_grpo.trainer import GRPOTrainer
 
@@ -49,7 +50,7 @@ def test_mixed_csv_batches_are_one_task_and_single_task_order_is_unchanged():
 
 def test_i2v_rows_need_an_i2v_transformer_before_any_model_loads(tiny_root, tmp_path, monkeypatch):
     csv = write_i2v_csv(tmp_path / "data", [("a red ball", "ball.png")])
-    monkeypatch.setattr("sage_grpo.trainer.build_models", lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setattr("sage_grpo.startup.build.build_models", lambda *a: pytest.fail("a model was loaded"))
     cfg = parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run", "--train_video_csv", str(csv)))
     with pytest.raises(ConfigError, match="needs an image-to-video transformer.*--pretrained_transformer_version "
                                           "480p_i2v"):

@@ -6,7 +6,8 @@ here, without a reference model."""
 import pytest
 
 from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import check_option_values
 from sage_grpo.rl import AdaptiveKLController, kl_mode_of
 

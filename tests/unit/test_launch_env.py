@@ -15,7 +15,7 @@ from model_fixtures import tiny_args
 from procs import run_group
 
 import sage_grpo.distributed.parallel_dims as parallel_dims
-import sage_grpo.trainer as trainer_module
+import sage_grpo.startup.build as startup_build
 from sage_grpo.cli import train as train_cli
 from sage_grpo.config import ConfigError
 from sage_grpo.config.launch_env import read_launch_env
@@ -37,7 +37,7 @@ def launch(monkeypatch):
     for name in VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(parallel_dims, "install_parent_death_signal", lambda: True)  # not on the test process
-    monkeypatch.setattr(trainer_module, "build_models", lambda *a: pytest.fail("models loaded"))
+    monkeypatch.setattr(startup_build, "build_models", lambda *a: pytest.fail("models loaded"))
 
     def set_env(**values):
         for name, value in values.items():

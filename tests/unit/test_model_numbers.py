@@ -11,7 +11,7 @@ import pytest
 from model_fixtures import tiny_args
 
 import sage_grpo.plan.fit as fit
-import sage_grpo.trainer as trainer_module
+import sage_grpo.startup.build as startup_build
 from sage_grpo.cli import generate as generate_cli
 from sage_grpo.cli import train as train_cli
 from sage_grpo.config import ConfigError
@@ -27,7 +27,7 @@ BIG = dict(num_layers=200, num_attention_heads=64, attention_head_dim=128, rope_
 
 @pytest.fixture
 def no_models(monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_models",
+    monkeypatch.setattr(startup_build, "build_models",
                         lambda *args: pytest.fail("models loaded although the input is invalid"))
 
 

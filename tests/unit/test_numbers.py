@@ -9,10 +9,11 @@ import pytest
 from launch_flags import RUN_POST_TRAIN_FLAGS
 from model_fixtures import tiny_args
 
-import sage_grpo.trainer as trainer_module
+import sage_grpo.startup.build as startup_build
 from sage_grpo.cli import generate as generate_cli
 from sage_grpo.cli import train as train_cli
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.bounds import Bound
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import from_dict, load_yaml
@@ -32,7 +33,7 @@ TINY_VIDEO = ["--fixed_size", "16x16", "--video_length", "5", "--num_inference_s
 
 @pytest.fixture
 def no_models(monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_models",
+    monkeypatch.setattr(startup_build, "build_models",
                         lambda *args: pytest.fail("models loaded although the input is invalid"))
 
 

@@ -8,7 +8,7 @@ import torch
 from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT, TINY_VIDEO
 
 from sage_grpo import rl, sde
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import parse_size
 from sage_grpo.models import PromptEncoder, load_components
 from sage_grpo.models.loading import load_transformer

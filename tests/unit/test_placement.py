@@ -8,7 +8,7 @@ import pytest
 import torch
 from model_fixtures import TINY_IMAGE_TOKENS
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.models import PromptEncoder
 from sage_grpo.models.vae import decode_latents
 from sage_grpo.pipeline.sampler import Sampler
@@ -126,7 +126,7 @@ def test_the_device_is_decided_once_and_a_cuda_device_has_its_index(monkeypatch,
     """--device cuda under torchrun is this process's cuda:LOCAL_RANK, for the models and the parallel layout alike
     (the NCCL barrier needs the index); checked on the CPU with a faked CUDA."""
     from sage_grpo.models.bundle import resolve_device
-    from sage_grpo.distributed.startup import start_processes
+    from sage_grpo.startup.processes import start_processes
 
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine: no set_device(3) below
@@ -134,8 +134,8 @@ def test_the_device_is_decided_once_and_a_cuda_device_has_its_index(monkeypatch,
     assert resolve_device(TrainConfig.of(device="cuda:1")) == torch.device("cuda", 1)
     assert resolve_device(TrainConfig.of(device="cpu")) == torch.device("cpu")
     assert resolve_device(TrainConfig.of()) == torch.device("cpu")
-    dims, _, _ = start_processes(TrainConfig.of(device="cuda", pretrained_model_root=str(tiny_root), sp_size=1,
-                                          num_generations=2))
+    cfg = TrainConfig.of(device="cuda", pretrained_model_root=str(tiny_root), sp_size=1, num_generations=2)
+    dims, _, _ = start_processes(cfg, resolve_device(cfg))
     assert dims.device == torch.device("cuda", 3)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device(TrainConfig.of()) == torch.device("cuda", 3)

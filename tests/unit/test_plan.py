@@ -16,7 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from sage_grpo.config import ConfigError, TrainConfig
+from sage_grpo.config import ConfigError
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.models.placement import Placement
 from sage_grpo.plan import memory as planner, report as plan_report, sizes as plan_sizes
 from sage_grpo.optim.optimizers import build_optimizer

@@ -3,7 +3,8 @@ CLIP models exactly (their released sizes, or the parameters of the folder's mod
 on and on rank 0 when held out, nothing twice and nothing when no validation runs."""
 import pytest
 
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.models.placement import Placement
 from sage_grpo.plan import memory as planner
 from sage_grpo.plan.scorers import held_out_rewards, local_rewards

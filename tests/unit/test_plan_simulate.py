@@ -163,7 +163,8 @@ def test_the_simulation_holds_the_drift_proxys_base_copy_sharded_like_the_refere
     this launch; docs/toy_study.md, "Drift proxy")."""
     from torch.distributed.fsdp import FSDPModule
 
-    from sage_grpo.config import TrainConfig, parse_cli
+    from sage_grpo.config import parse_cli
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.models.placement import Placement
     from sage_grpo.plan import memory as planner
     from sage_grpo.plan.simulate import build_sharded, fake_process_group, public_config

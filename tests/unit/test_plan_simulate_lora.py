@@ -7,7 +7,8 @@ import pytest
 
 from plan_simulate_support import (LAUNCH_FLAGS, assert_categories_agree, assert_verdict_agrees,
                                    simulate_two_blocks)
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.plan.simulate import simulation_report
 
 TOLERANCE = 0.05

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.models.placement import Placement
 from sage_grpo.plan import memory as planner, report as plan_report
 

@@ -5,7 +5,9 @@ import re
 from types import SimpleNamespace
 
 from sage_grpo.config.train import TrainConfig
-from sage_grpo.tracking.run_dir import MetricsLogger, eta_text, format_duration, show_progress_bars, startup_summary
+from sage_grpo.startup.plan import summary_lines
+from sage_grpo.startup.resolve import subject_of
+from sage_grpo.tracking.run_dir import MetricsLogger, eta_text, format_duration, show_progress_bars
 
 
 class Terminal(io.StringIO):
@@ -45,14 +47,18 @@ def test_startup_summary_names_run_model_reward_world_and_dtype(tmp_path):
                          pretrained_model_root="ckpts", pretrained_transformer_version="480p_t2v",
                          reward_weights='{"VQ": 1.0}', dtype="bf16", max_steps=100, batch_size=2,
                          extra_rewards=None)
-    dims = SimpleNamespace(world_size=8, dp_size=4, sp_size=2)
-    lines = startup_summary(cfg, dims, tmp_path, "cuda:0")
+    layout = SimpleNamespace(world_size=8, dp_size=4, sp_size=2, videos_per_step=8)  # the plan's, batch 2 x dp 4
+
+    def startup_summary(cfg, layout, run_dir, device):  # the first lines of the run's plan (RunPlan.lines)
+        return summary_lines(subject_of(cfg), layout, device, run_dir)
+
+    lines = startup_summary(cfg, layout, tmp_path, "cuda:0")
     assert lines == ["run summary:", f"  run directory  {tmp_path}",
                      "  model root     ckpts (transformer 480p_t2v, LoRA r 8)",
                      "  reward         local videoalign, weights {\"VQ\": 1.0}",
                      "  world          8 process(es) = dp 4 x sp 2 on cuda:0",
                      "  dtype          bf16", "  steps          to 100, 8 videos per step"]
     cfg.reward.extra_rewards = '{"clipscore": 0.5}'
-    assert startup_summary(cfg, dims, tmp_path, "cpu")[3].endswith(', plus {"clipscore": 0.5}')
+    assert startup_summary(cfg, layout, tmp_path, "cpu")[3].endswith(', plus {"clipscore": 0.5}')
     cfg.reward.remote_reward_url = "http://10.0.0.2:8765"
-    assert startup_summary(cfg, dims, tmp_path, "cpu")[3].startswith("  reward         remote http://10.0.0.2:8765 (")
+    assert startup_summary(cfg, layout, tmp_path, "cpu")[3].startswith("  reward         remote http://10.0.0.2:8765 (")

@@ -9,7 +9,8 @@ import pytest
 import torch
 from model_fixtures import TINY_IMAGE_TOKENS
 
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import validate_train_config
 from sage_grpo.pipeline.sampler import Sampler
 from sage_grpo.plan import memory as planner

@@ -12,21 +12,22 @@ The checkpoints are written as the trainer writes them, with stand-in tensors of
 """
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 from model_fixtures import tiny_args
 
+import sage_grpo.startup.build as startup_build
 import sage_grpo.trainer as trainer_module
 from sage_grpo.checkpoint import write_checkpoint_files
 from sage_grpo.cli.train import main as train_main
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli, to_dict
+from sage_grpo.config import ConfigError, parse_cli, to_dict
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.data import read_prompt_csvs
-from sage_grpo.resume import CONFIG_CHANGES_FILE, check_resume, layout_record
-from sage_grpo.rl.kl import kl_mode_of
-from sage_grpo.tracking.run_claim import RunDirPlan
+from sage_grpo.resume import CONFIG_CHANGES_FILE, layout_record
+from sage_grpo.startup import resolve
+from sage_grpo.startup.run_files import take_run_dir
 
 pytestmark = pytest.mark.unit
 LORA = ["--use_lora", "true", "--lora_r", "4", "--lora_alpha", "8"]
@@ -36,7 +37,7 @@ ADAPTER = {"transformer_blocks.0.attn.to_q.lora_A.weight": torch.zeros(4, 32),
 
 @pytest.fixture
 def no_models(monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_models",
+    monkeypatch.setattr(startup_build, "build_models",
                         lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
 
 
@@ -50,7 +51,7 @@ def _checkpoint(args, weights, *, record_prompts: bool = True) -> Path:
     cfg = parse_cli(TrainConfig, args)
     items = read_prompt_csvs(cfg.data.train_video_csv, notes=[]) if record_prompts else None
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
-             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg, 1, 1, 1, items)}
+             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg.model, 1, 1, 1, cfg.data.batch_size, items)}
     path = Path(cfg.output.output_dir) / "checkpoint-2"
     write_checkpoint_files(path, model_state=weights, optimizer_state={"state": {}}, training_state=state,
                            config_yaml=yaml.safe_dump(to_dict(cfg)))
@@ -101,11 +102,9 @@ def test_run_config_holds_what_the_resumed_run_uses(tiny_root, tmp_path):
                              {"prompt data --train_video_csv (other rows: 2 -> 2 prompts)": {
                                  "checkpoint": [first], "now": [other]}})):
         cfg = parse_cli(TrainConfig, args + resume + extra)
-        items = read_prompt_csvs(cfg.data.train_video_csv, notes=[])
-        check = check_resume(cfg, kl_mode_of(cfg.trust_region), distributed=False, prompts=items)
-        trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[],
-                                  run_claim=RunDirPlan.of(cfg, check))
-        run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)
+        start = resolve(cfg)  # the trainer's start-up: what the run writes once its models have loaded
+        check = start.plan.resume.check
+        run_dir = take_run_dir(start.cfg, start.plan, start.run_claim, [])
         written = yaml.safe_load((run_dir / "run_config.yaml").read_text())
         assert {key: written[key] for key in ("max_steps", "log_interval", "train_video_csv")} == \
             {"max_steps": cfg.optim.max_steps, "log_interval": cfg.output.log_interval, "train_video_csv": cfg.data.train_video_csv}

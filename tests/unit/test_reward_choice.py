@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from sage_grpo.cli.train import main as train_main
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.rewards import build_reward_fn
 from sage_grpo.rewards.registry import RewardContext
 from sage_grpo.rewards.setup import check_reward_config
@@ -24,12 +25,12 @@ def scorer_root(tmp_path_factory):
 
 def refused(capsys, monkeypatch, tmp_path, *flags) -> str:
     """post_train.py's one-line error, with the model build replaced by a failure (so nothing may load first)."""
-    import sage_grpo.trainer as trainer_module
+    import sage_grpo.startup.build as startup_build
 
     def no_models(*args):
         raise AssertionError("models must not load")
 
-    monkeypatch.setattr(trainer_module, "build_models", no_models)
+    monkeypatch.setattr(startup_build, "build_models", no_models)
     csv = tmp_path / "train.csv"
     csv.write_text("prompt\na red disk\n")
     with pytest.raises(SystemExit) as stop:

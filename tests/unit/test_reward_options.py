@@ -11,7 +11,8 @@ import warnings
 import pytest
 import torch
 
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.rewards import avg_term_weights, build_reward_fn, plan_reward_models
 from sage_grpo.rewards.registry import RewardContext

@@ -15,7 +15,8 @@ from bench_support import benchmark_module
 from procs import eventually, scaled
 from reward_options_support import ServerThread
 
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.rewards.remote import RemoteSettings, redact_secrets
 from sage_grpo.rewards.serving import RewardService, ServerLimits, exposure_warning

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from sage_grpo.config import TrainConfig, parse_cli
+from sage_grpo.config import parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.rl import (
     AdaptiveKLController,
     AnchorMeans,

@@ -25,10 +25,11 @@ from safetensors import SafetensorError
 
 import sage_grpo.checkpoint.files as checkpoint_files
 import sage_grpo.tracking.run_lock as run_lock
-import sage_grpo.trainer as trainer_module
+import sage_grpo.startup.build as startup_build
 from sage_grpo.checkpoint import CheckpointManager, list_checkpoints, prune_checkpoints
 from sage_grpo.cli import train as train_cli
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.distributed import ParallelDims
 from sage_grpo.rl import MovingAnchorSchedule
 from sage_grpo.safe_io import DiskFullError
@@ -43,7 +44,7 @@ SAFETENSORS_ENOSPC = "Error while serializing: I/O error: No space left on devic
 
 @pytest.fixture
 def no_models(monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_models",
+    monkeypatch.setattr(startup_build, "build_models",
                         lambda *args: pytest.fail("models loaded although the start must be refused"))
 
 

@@ -80,17 +80,21 @@ def test_a_failed_write_surfaces_on_the_training_thread():
 
 
 def test_a_cpu_run_gets_one_thread_unless_told(monkeypatch):
-    from sage_grpo.cli.train import apply_cpu_thread_policy
-    from sage_grpo.config import TrainConfig, parse_cli
+    from sage_grpo.config import parse_cli
+    from sage_grpo.config.train import TrainConfig
+    from sage_grpo.startup.threads import apply_cpu_thread_policy
+
+    def apply(flags):
+        return apply_cpu_thread_policy(parse_cli(TrainConfig, flags).parallel, torch.device("cpu"))
 
     before = torch.get_num_threads()
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        assert "CPU threads: 1," in apply_cpu_thread_policy(parse_cli(TrainConfig, ["--device", "cpu"]))
+        assert "CPU threads: 1," in apply(["--device", "cpu"])
         assert torch.get_num_threads() == 1
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
-        assert "2, from OMP_NUM_THREADS" in apply_cpu_thread_policy(parse_cli(TrainConfig, ["--device", "cpu"]))
-        line = apply_cpu_thread_policy(parse_cli(TrainConfig, ["--device", "cpu", "--cpu_threads", "3"]))
+        assert "2, from OMP_NUM_THREADS" in apply(["--device", "cpu"])
+        line = apply(["--device", "cpu", "--cpu_threads", "3"])
         assert "3, from --cpu_threads" in line and torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)

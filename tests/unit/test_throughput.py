@@ -10,7 +10,8 @@ import pytest
 import torch
 from model_fixtures import tiny_args
 
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli, validate_train_config
+from sage_grpo.config import ConfigError, parse_cli, validate_train_config
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.distributed import ParallelDims
 from sage_grpo.rewards.step_rewards import StepRewards
 from sage_grpo.trainer import GRPOTrainer

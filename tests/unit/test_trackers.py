@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.tracking.trackers import (RUN_IDS_FILE, LoggedVideo, TensorBoardTracker, TrackerRun,
                                          check_report_to, parse_report_to, start_trackers)
 from sage_grpo.tracking.run_dir import MetricsLogger, read_metrics

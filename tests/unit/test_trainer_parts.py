@@ -7,7 +7,7 @@ import torch
 
 from sage_grpo.checkpoint import (CheckpointManager, capture_rng_state, list_checkpoints, resolve_resume_path,
                                   restore_rng_state, write_checkpoint_files)
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.data import GroupedPromptSampler, read_prompt_csvs, sample_seeds
 from sage_grpo.distributed import ParallelDims
@@ -44,7 +44,7 @@ def test_csv_reader_rules_shared_with_generate(tmp_path):
 
 def test_validation_rows_without_a_seed_get_the_validation_seed(tmp_path):
     cfg = TrainConfig.of(valid_video_csv=[_csv(tmp_path, "prompt,seed\nfirst,5\nsecond,\n")], validation_global_seed=930)
-    items = validation_items(cfg)
+    items = validation_items(cfg.validation)
     assert [(i.prompt, i.seed) for i in items] == [("first", 5), ("second", 930)]
 
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 import yaml
 
-import sage_grpo.trainer as trainer_module
+import sage_grpo.startup.build as startup_build
 from sage_grpo.checkpoint import write_checkpoint_files
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli, to_dict
+from sage_grpo.config import ConfigError, parse_cli, to_dict
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.schema import from_dict
 from sage_grpo.data import read_prompt_csvs
 from sage_grpo.export.weights import read_dcp_state_dict
@@ -143,7 +144,7 @@ def test_plugins_need_the_reward_plugin_mark(tmp_path, monkeypatch, marker):
 
 
 def test_a_config_naming_popen_is_refused_before_models_load(tmp_path, monkeypatch, marker):
-    monkeypatch.setattr(trainer_module, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
+    monkeypatch.setattr(startup_build, "build_models", lambda cfg, kl_mode, placement: pytest.fail("models loaded"))
     config = tmp_path / "evil.yaml"
     config.write_text(yaml.safe_dump({"reward_model": "subprocess:Popen", "reward_weights": "{}",
                                       "reward_kwargs": f'{{"args": "touch {marker}", "shell": true}}'}))
@@ -156,7 +157,7 @@ def test_a_config_naming_popen_is_refused_before_models_load(tmp_path, monkeypat
 
 @pytest.fixture
 def no_models(monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_models",
+    monkeypatch.setattr(startup_build, "build_models",
                         lambda cfg, kl_mode, placement: pytest.fail("models loaded although the input is invalid"))
 
 
@@ -259,5 +260,5 @@ def test_max_steps_defines_the_run_only_under_a_decaying_lr_schedule():
 
     for schedule, defines in (("constant", False), ("constant_with_warmup", False), ("cosine", True)):
         saved = to_dict(TrainConfig.of(lr_scheduler=schedule, max_steps=100))
-        differences = config_differences(saved, TrainConfig.of(lr_scheduler=schedule, max_steps=200))
+        differences = config_differences(saved, to_dict(TrainConfig.of(lr_scheduler=schedule, max_steps=200)))
         assert differences == ({"max_steps": (100, 200)} if defines else {}), schedule

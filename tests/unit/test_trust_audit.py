@@ -471,7 +471,8 @@ def test_seeds_beyond_the_generators_range_are_refused_before_any_model_loads(ti
     """Before: torch's generators refused them ("Overflow when unpacking long long") after the models had loaded."""
     from model_fixtures import tiny_args
 
-    from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+    from sage_grpo.config import ConfigError, parse_cli
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.config.generate import GenerateConfig
     from sage_grpo.config.validation import check_option_values
     from sage_grpo.data import read_prompt_csvs

@@ -5,11 +5,11 @@ without a word, so a run could train on another column or setting than the one t
 import pytest
 from model_fixtures import tiny_args
 
-import sage_grpo.trainer as trainer_module
+import sage_grpo.startup.build as startup_build
 from sage_grpo.cli.generate import main as generate_main
 from sage_grpo.cli.train import main as train_main
 from sage_grpo.config.launcher import main as launcher_main
-from sage_grpo.config.recorded import read_run_config
+from sage_grpo.config.train import read_run_config
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.evaluate import main as evaluate_main
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 def no_models(monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_models",
+    monkeypatch.setattr(startup_build, "build_models",
                         lambda cfg, kl_mode, placement: pytest.fail("models loaded although the input is invalid"))
 
 

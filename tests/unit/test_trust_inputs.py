@@ -27,10 +27,12 @@ import sage_grpo.checkpoint.files as checkpoint_files
 import sage_grpo.checkpoint.manager as checkpoint_manager
 import sage_grpo.safe_io as safe_io
 import sage_grpo.trainer as trainer_module
+import sage_grpo.startup.build as startup_build
 from sage_grpo.checkpoint import write_checkpoint_files
 from sage_grpo.cli import generate as generate_cli
 from sage_grpo.cli import train as train_cli
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import MAX_ECHO_CHARS, from_dict, shorten
 from sage_grpo.data import read_prompt_csvs
@@ -46,7 +48,7 @@ TINY_VIDEO = ["--fixed_size", "16x16", "--video_length", "5", "--num_inference_s
 
 @pytest.fixture
 def no_models(monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_models",
+    monkeypatch.setattr(startup_build, "build_models",
                         lambda *args: pytest.fail("models loaded although the input is invalid"))
 
 
@@ -234,7 +236,7 @@ def test_torch_save_on_a_full_disk_is_named_too(tmp_path, monkeypatch):
 
 
 def test_disk_full_ends_a_run_in_one_line(tiny_root, tmp_path, monkeypatch, capsys):
-    def run_training(cfg):
+    def run_training(cfg, start=None):
         write_checkpoint_files(Path(cfg.output.output_dir) / ".checkpoint-1.tmp", model_state={"w": torch.zeros(2)},
                                training_state={})
 
@@ -378,7 +380,8 @@ def test_a_bad_video_reward_checkpoint_is_one_named_error(video_reward_root, tmp
         build(LORA_STEP)
 
     # the training command ends in one line (the reward is built at start, after the models)
-    monkeypatch.setattr(trainer_module, "run_training", lambda cfg: build(FULL_STEP))
+    monkeypatch.setattr("sage_grpo.startup.resolve", lambda cfg, set_threads=False: None)  # no model root here
+    monkeypatch.setattr(trainer_module, "run_training", lambda cfg, start=None: build(FULL_STEP))
     with pytest.raises(SystemExit) as ended:
         train_cli.main(["--device", "cpu", "--sp_size", "1", "--batch_size", "2", "--num_generations", "2",
                         "--output_dir", str(tmp_path / "run")])
@@ -426,7 +429,7 @@ def _checkpoint_of(tiny_root, tmp_path) -> Path:
 
     cfg = parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run"))
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
-             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg, 1, 1, 1)}
+             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg.model, 1, 1, 1, cfg.data.batch_size)}
     path = tmp_path / "run" / "checkpoint-2"
     weights = {name: torch.zeros(shape) for name, shape in  # a full fine-tune's: every parameter, in its shape
                transformer_shapes(tiny_root, cfg.model.pretrained_transformer_version, parameters_only=True).items()}
@@ -442,9 +445,9 @@ def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_ro
 
     import yaml
 
-    from sage_grpo.resume import CONFIG_CHANGES_FILE, check_resume
-    from sage_grpo.rl.kl import kl_mode_of
-    from sage_grpo.tracking.run_claim import RunDirPlan
+    from sage_grpo.resume import CONFIG_CHANGES_FILE
+    from sage_grpo.startup import resolve
+    from sage_grpo.startup.run_files import take_run_dir
 
     path = _checkpoint_of(tiny_root, tmp_path)
     resume = ["--resume_from_checkpoint", str(path)]
@@ -461,16 +464,14 @@ def test_resuming_on_other_weights_is_refused_unless_allowed(tiny_root, other_ro
     cfg = parse_cli(TrainConfig, other + ["--allow_config_change", "true"])
     with pytest.raises(pytest.fail.Exception, match="models loaded"):  # allowed: the preflight passes
         trainer_module.GRPOTrainer(cfg)
-    check = check_resume(cfg, kl_mode_of(cfg.trust_region), distributed=False)
-    trainer = SimpleNamespace(cfg=cfg, resume_check=check, restart=False, notes=[],
-                              run_claim=RunDirPlan.of(cfg, check))
-    run_dir = trainer_module.GRPOTrainer._prepare_run_dir(trainer)
+    start, notes = resolve(cfg), []
+    run_dir = take_run_dir(start.cfg, start.plan, start.run_claim, notes)
     assert yaml.safe_load((run_dir / "run_config.yaml").read_text())["pretrained_model_root"] == str(other_root)
     (recorded,) = yaml.safe_load((run_dir / CONFIG_CHANGES_FILE).read_text())
     (key,) = recorded["changes"]
     assert key.startswith("model root") and recorded["changes"][key] == {"checkpoint": str(tiny_root),
                                                                          "now": str(other_root)}
-    assert any("--allow_config_change" in note and "model root" in note for note in trainer.notes)  # the log
+    assert any("--allow_config_change" in note and "model root" in note for note in notes)  # the log
 
 
 def test_the_fingerprint_reads_no_weight_file_whole(tiny_root, monkeypatch):

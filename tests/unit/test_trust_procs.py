@@ -324,7 +324,7 @@ def test_a_fault_names_its_rank_and_fires_on_the_first_attempt_only(monkeypatch)
 
 
 def test_the_collective_timeout_is_bounded_and_checked():
-    from sage_grpo.config import TrainConfig
+    from sage_grpo.config.train import TrainConfig
     from sage_grpo.distributed.liveness import PeerWatch, collective_timeout
 
     assert TrainConfig.of().parallel.collective_timeout_minutes == 30.0  # the reference waits 120

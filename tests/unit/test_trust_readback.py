@@ -22,14 +22,17 @@ from eval_support import linked_root
 from model_fixtures import tiny_args
 from trust_support import alias_bomb, write_module
 
+import sage_grpo.startup.build as startup_build
 import sage_grpo.trainer as trainer_module
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli, to_dict
+from sage_grpo.config import ConfigError, parse_cli, to_dict
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import MAX_ECHO_CHARS, save_yaml
 from sage_grpo.models import revisions
 from sage_grpo.pipeline.generation import plan_generation
 from sage_grpo.safe_io import CheckpointError
-from sage_grpo.tracking.run_claim import RunDirPlan
+from sage_grpo.startup import resolve
+from sage_grpo.startup.run_files import take_run_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -38,7 +41,7 @@ REPO = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"
 
 @pytest.fixture
 def no_models(monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_models",
+    monkeypatch.setattr(startup_build, "build_models",
                         lambda *args: pytest.fail("models loaded although the input is invalid"))
 
 
@@ -331,9 +334,9 @@ def test_a_requeue_before_the_first_checkpoint_starts_the_run_again(tiny_root, t
     with pytest.raises(ConfigError, match=r"run_config.yaml \(the run's recorded settings\): reward_kwargs: expected"):
         trainer_module.GRPOTrainer(parse_cli(TrainConfig, args))
     cfg = parse_cli(TrainConfig, args)
-    trainer = SimpleNamespace(cfg=cfg, resume_check=None, restart=True, notes=[],
-                              run_claim=RunDirPlan.of(cfg, None, restart=True))
-    save_yaml(trainer.cfg, run / "run_config.yaml")
-    trainer_module.GRPOTrainer._prepare_run_dir(trainer)
+    save_yaml(cfg, run / "run_config.yaml")
+    start = resolve(cfg)
+    assert start.plan.resume.restart and start.plan.resume.check is None
+    take_run_dir(start.cfg, start.plan, start.run_claim, [])
     assert (run / "metrics.jsonl").read_text() == ""  # the steps the restart takes again are logged once
 

@@ -11,7 +11,8 @@ import pytest
 from model_fixtures import tiny_args
 
 import post_train
-from sage_grpo.config import ConfigError, TrainConfig, parse_cli
+from sage_grpo.config import ConfigError, parse_cli
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import explicit_fields, from_dict, is_explicit
 from sage_grpo.models.layout import UnknownTransformerVersion, variant_config_files
@@ -45,7 +46,11 @@ def _train(root, *flags, yaml_path=None) -> TrainConfig:
 
 
 def _resolve(root, *flags, yaml_path=None):
-    return resolve_train_sampling(_train(root, *flags, yaml_path=yaml_path))
+    """(the config with the variant's sampling filled in, warnings, notes)."""
+    cfg = _train(root, *flags, yaml_path=yaml_path)
+    chosen = resolve_train_sampling(cfg.model, cfg.rollout, cfg.validation)
+    return (cfg.replace(cfg_scale=chosen.cfg_scale, validation_timestep_shift=chosen.validation_timestep_shift),
+            list(chosen.warnings), list(chosen.notes))
 
 
 # ------------------------------------------------------------------ explicit-from-default

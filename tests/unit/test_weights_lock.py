@@ -11,7 +11,7 @@ import pytest
 import yaml
 from procs import run_group
 
-from sage_grpo.config import TrainConfig
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.schema import parse_cli, save_yaml
 from sage_grpo.export.model_card import model_card
 from sage_grpo.models import revisions

@@ -11,7 +11,8 @@ handed the sections it uses.
 """
 
 from dataclasses import dataclass, field
-from typing import Tuple
+from pathlib import Path
+from typing import Tuple, Union
 
 from sage_grpo.config.sections import build, names_where, owners, with_values
 
@@ -67,3 +68,12 @@ class TrainConfig:
 # What an option is, read from its declaration (config_field's metadata), never listed by hand:
 RUN_DEFINING: Tuple[str, ...] = names_where(TrainConfig, "defines_run")  # a resume refuses to change these
 CARD_OPTIONS: Tuple[str, ...] = names_where(TrainConfig, "on_card")  # an exported model's card records these
+
+
+def read_run_config(path: Union[str, Path]) -> TrainConfig:
+    """The ``TrainConfig`` a run recorded in ``path`` (``run_config.yaml``, a checkpoint's ``config.yaml``), checked
+    like the command line (:func:`sage_grpo.config.recorded.read_recorded`)."""
+    # imported here: the reader checks with config.validation, whose rules import this package's sections
+    from sage_grpo.config.recorded import read_recorded
+
+    return read_recorded(path, TrainConfig)

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from safetensors.torch import load_file  # noqa: E402
 
 from sage_grpo.checkpoint import gather_to_main, resolve_resume_path  # noqa: E402
-from sage_grpo.config import TrainConfig, parse_cli  # noqa: E402
+from sage_grpo.config import parse_cli  # noqa: E402
+from sage_grpo.config.train import TrainConfig
 from sage_grpo.distributed import GradientReductionCounter, barrier, destroy_distributed  # noqa: E402
 from sage_grpo.distributed.parallelize import is_sharded  # noqa: E402
 import sage_grpo.pipeline.policy_update as policy_update_module  # noqa: E402

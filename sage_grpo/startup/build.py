@@ -1,0 +1,100 @@
+"""The trainer's parts, built from a resolved start (:class:`~sage_grpo.startup.resolve.Startup`) once every check
+has passed: the models (seeded alike on every rank, then laid out by the parallel plan), the reward and the held-out
+scorers, the optimizer and its EMA, the KL controller, the moving anchor's schedule, the step's reward worker and the
+policy pass. Each part gets the configuration sections and plan entries it uses.
+
+The order is the run's: every rank builds the models under ``--seed`` (identical replicas, e.g. a random LoRA init),
+then the global RNGs are seeded ``seed + dp_rank`` as in the reference, then the rest.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from sage_grpo import rl
+from sage_grpo.checkpoint import seed_everything
+from sage_grpo.config.train.objective import TrustRegionConfig
+from sage_grpo.distributed.parallelize import parallelize_models, policy_param_dtype
+from sage_grpo.models.bundle import ModelBundle, build_models
+from sage_grpo.optim.ema import PolicyEMA
+from sage_grpo.optim.optimizers import build_optimizer
+from sage_grpo.pipeline.policy_update import PolicyPass
+from sage_grpo.pipeline.sampler import Sampler
+from sage_grpo.rewards.scorers import Scorers
+from sage_grpo.rewards.setup import build_held_out_scorers, build_reward
+from sage_grpo.rewards.step_rewards import StepRewards
+from sage_grpo.startup.resolve import Startup
+from sage_grpo.tracking.run_dir import show_progress_bars
+
+
+@dataclass
+class TrainingParts:
+    """What the trainer trains with (module docstring)."""
+
+    models: ModelBundle
+    reward_fn: Optional[Callable]  # on SP leaders only
+    held_out: Optional[Scorers]  # --validation_metrics, on the main process only
+    optimizer: Any
+    ema: Optional[PolicyEMA]  # --ema_decay > 0
+    kl_controller: Optional[rl.AdaptiveKLController]  # None without a KL reference
+    anchor: rl.MovingAnchorSchedule
+    rewards: StepRewards
+    reference_sampler: Sampler  # the rollout's sampler at --reference_batch_size transitions per forward
+    policy_pass: PolicyPass
+
+
+def kl_controller_of(trust_region: TrustRegionConfig, kl_mode: rl.KLMode,
+                     device: torch.device) -> Optional[rl.AdaptiveKLController]:
+    """The adaptive KL controller of ``--kl_weight``/``--kl_coef``/``--kl_min_coef``; None without a KL reference.
+    β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward."""
+    if not kl_mode.uses_reference:
+        return None
+    return rl.AdaptiveKLController.from_flags(trust_region.kl_weight, trust_region.kl_coef, trust_region.kl_min_coef,
+                                              device=device)
+
+
+def build_models_of(start: Startup) -> ModelBundle:
+    """The models on every rank under ``--seed``, laid out by the parallel plan (SP, then FSDP2), then the global
+    RNGs seeded ``seed + dp_rank``."""
+    cfg, plan, dims = start.cfg, start.plan, start.dims
+    dims.build_meshes()
+    seed_everything(cfg.data.seed)  # identical replicas: every rank builds the models under the same seed
+    models = build_models(cfg, plan.kl_mode, plan.placement)
+    parallelize_models(models, dims, cfg.parallel, policy_param_dtype(cfg))
+    seed_everything(cfg.data.seed + dims.dp_rank)
+    return models
+
+
+def build_parts(start: Startup) -> TrainingParts:
+    """Every part of :class:`TrainingParts`, in the run's order (module docstring)."""
+    cfg, plan, dims = start.cfg, start.plan, start.dims
+    models = build_models_of(start)
+    device = models.device
+    reward_fn = build_reward(cfg, plan.reward, device) if dims.is_sp_leader else None
+    # the held-out validation metrics load on the main process only, and only when asked (--validation_metrics)
+    held_out = build_held_out_scorers(cfg, plan.reward, device) if dims.is_main else None
+    optimizer = build_optimizer(models.trainable_named_parameters(), use_muon=cfg.optim.use_muon,
+                                lr=cfg.optim.learning_rate, weight_decay=cfg.optim.weight_decay)
+    ema = PolicyEMA(models.trainable_state_dict(), cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
+    kl_controller = kl_controller_of(cfg.trust_region, plan.kl_mode, device)
+    anchor = rl.MovingAnchorSchedule(plan.kl_mode.moving_anchor, cfg.trust_region.update_ref_model_step)
+    rewards = StepRewards(reward_fn, dims, plan.layout.ranks_per_group, device, plan.placement.async_reward)
+    return TrainingParts(models, reward_fn, held_out, optimizer, ema, kl_controller, anchor, rewards,
+                         start.sampler.with_micro_batch(plan.placement.reference_batch_size),
+                         policy_pass_of(start, models, kl_controller))
+
+
+def policy_pass_of(start: Startup, models: ModelBundle,
+                   kl_controller: Optional[rl.AdaptiveKLController]) -> PolicyPass:
+    """The policy pass: the update and trust-region sections, the micro-batch and accumulation, the sampler, the KL
+    mode and controller, the equalizer's scales (``--use_grad_balancing``; renormalised over the SDE window with
+    ``--sde_window_equalizer window``) and the trained steps per sample."""
+    cfg, plan = start.cfg, start.plan
+    eq_scales = start.sampler.grad_balance_scales() if cfg.update.use_grad_balancing else None
+    window_equalizer = cfg.update.sde_window_equalizer == "window" and plan.schedule.window.enabled
+    show_bar = show_progress_bars(start.dims.is_main, cfg.output.quiet)  # main process, terminal, no --quiet
+    return PolicyPass(cfg.update, cfg.trust_region, cfg.parallel.mini_batch_size_per_update,
+                      cfg.optim.gradient_accumulation_steps, start.sampler, models, start.dims, models.device,
+                      plan.kl_mode, kl_controller, eq_scales, plan.schedule.trained_steps_per_sample,
+                      show_bar, window_equalizer)
