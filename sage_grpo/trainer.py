@@ -56,8 +56,8 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
   by each SP leader (names carry the dp rank and the global rank); checkpoints by every rank together (DCP shards,
   ``CheckpointManager.save``). Every collective, the end-of-training checkpoint included, is entered by every rank
   (the reference's rank-0-only final save deadlocks, spec §10.5).
-* Seeds: the models are built under ``--seed`` on every rank (identical replicas, e.g. a random LoRA init), then the
-  global RNGs are seeded ``seed + dp_rank`` as in the reference.
+* Seeds: the models are built under ``--seed`` on every rank, then the global RNGs are seeded ``seed + dp_rank``
+  (:mod:`sage_grpo.startup.build`).
 """
 
 import time
@@ -71,8 +71,7 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from sage_grpo import rl
-from sage_grpo.checkpoint import CheckpointManager, list_checkpoints
-from sage_grpo.config.schema import config_to_yaml
+from sage_grpo.checkpoint import list_checkpoints
 from sage_grpo.config.validation import ConfigError, parse_size
 from sage_grpo.data import GroupedPromptSampler, PromptItem, sample_seeds, video_size
 from sage_grpo.distributed import barrier, destroy_distributed, mean_over_world
@@ -85,15 +84,13 @@ from sage_grpo.models.layout import MissingCheckpointError
 from sage_grpo.pipeline.drift import DriftGuardStop, DriftSentinel
 from sage_grpo.pipeline.failed_steps import count_failed_step, finite_update, step_failures
 from sage_grpo.pipeline.rollout_media import RolloutMedia, RolloutSamples
-from sage_grpo.pipeline.validation import ValidationResult, ValidationSettings, Validator, VideoScoreMetric, per_video
-from sage_grpo.resume import layout_record
+from sage_grpo.pipeline.validation import ValidationResult
 from sage_grpo.rewards.remote import RemoteRewardError
 from sage_grpo.rewards.setup import RewardFailure
 from sage_grpo.rl.inner_epochs import derived_seed, pass_seed, run_inner_epochs, shuffled_pairs
 from sage_grpo.safe_io import CheckpointError, DiskFullError
 from sage_grpo.startup import Startup, resolve
-from sage_grpo.startup.build import build_parts
-from sage_grpo.startup.checks import validation_sampler_of
+from sage_grpo.startup.build import build_parts, checkpoints_of, validator_of
 from sage_grpo.startup.run_files import open_logger, take_run_dir
 from sage_grpo.tracking.run_claim import release_run_locks
 from sage_grpo.tracking.run_dir import show_progress_bars, truncate_metrics
@@ -155,20 +152,11 @@ class GRPOTrainer:
         self.logger = open_logger(self.cfg, self.plan, start.report_to, self.run_dir, self.is_main)
         self.rollout_media = RolloutMedia(data, self.cfg.rollout.video_fps, self.cfg.output.keep_rollout_steps,
                                           self.dims, self.plan.layout.ranks_per_group, self.logger, BackgroundWriter())
-        self.validator = self._build_validator()
+        self.validator = validator_of(start, parts, partial(self._video_size, validation=True), self._encode,
+                                      partial(self.logger.log_videos, VALIDATION_VIDEOS))
         self.sentinel = DriftSentinel(self.plan.drift_watch, self.validator, self.logger.info)
-        self.checkpoints = self._build_checkpoints()
+        self.checkpoints = checkpoints_of(start, parts, self, self.run_dir, self.logger.info)
         self.logger.info_lines(self.plan.lines(self.run_dir) + [f"note: {note}" for note in self.notes])
-
-    def _build_checkpoints(self) -> CheckpointManager:
-        layout = self.plan.layout
-        record = layout_record(self.cfg.model, layout.world_size, layout.dp_size, layout.sp_size,
-                               layout.videos_per_step, self.items)
-        return CheckpointManager(
-            models=self.models, optimizer=self.optimizer, kl_controller=self.kl_controller,
-            anchor_schedule=self.anchor, counters=self, dims=self.dims, run_dir=self.run_dir,
-            keep_checkpoints=self.cfg.output.keep_checkpoints, layout=record,
-            config_yaml=partial(config_to_yaml, self.cfg), log=self.logger.info, ema=self.ema)
 
     # ------------------------------------------------------------------ outer loop
     def train(self) -> None:
@@ -355,22 +343,6 @@ class GRPOTrainer:
             self.logger.info(f"moving anchor refreshed from the policy at update {self.update_steps}")
 
     # ------------------------------------------------------------------ validation
-    def _build_validator(self) -> Validator:
-        """The validation step (:mod:`sage_grpo.pipeline.validation`): sampling, then the training reward and its
-        sub-rewards on the videos (where the reward lives, on the main process), then the held-out metrics."""
-        size = self.plan.schedule.validation
-        settings = ValidationSettings(tuple(self.validation_items), size.frames, self.cfg.rollout.video_fps,
-                                      lambda item: self._video_size(item, validation=True) if item.task == "i2v"
-                                      else (size.height, size.width))
-        sampler = self.validation_sampler or validation_sampler_of(self.cfg, self.sampler)
-        validator = Validator(settings, sampler, self.models, is_main=self.is_main, encode=self._encode,
-                              log_videos=partial(self.logger.log_videos, VALIDATION_VIDEOS))
-        if self.reward_fn is not None:
-            validator.add_metric(VideoScoreMetric("reward", per_video(self.reward_fn)))
-        if self.held_out is not None:
-            validator.add_metric(VideoScoreMetric("held_out", self.held_out))
-        return validator
-
     def validate(self, step: int) -> ValidationResult:
         """Deterministic (ODE) samples of the validation prompts, written to samples/step_{step:06d}/ and scored;
         the ``Validation/...`` metrics are logged as a row of their own at ``step``. Every rank calls it."""

@@ -8,22 +8,29 @@ then the global RNGs are seeded ``seed + dp_rank`` as in the reference, then the
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
 from sage_grpo import rl
-from sage_grpo.checkpoint import seed_everything
+from sage_grpo.checkpoint import CheckpointManager, seed_everything
+from sage_grpo.config.schema import config_to_yaml
 from sage_grpo.config.train.objective import TrustRegionConfig
 from sage_grpo.distributed.parallelize import parallelize_models, policy_param_dtype
 from sage_grpo.models.bundle import ModelBundle, build_models
 from sage_grpo.optim.ema import PolicyEMA
 from sage_grpo.optim.optimizers import build_optimizer
+from sage_grpo.data import PromptItem
 from sage_grpo.pipeline.policy_update import PolicyPass
 from sage_grpo.pipeline.sampler import Sampler
+from sage_grpo.pipeline.validation import ValidationSettings, Validator, VideoScoreMetric, per_video
+from sage_grpo.resume import layout_record
 from sage_grpo.rewards.scorers import Scorers
 from sage_grpo.rewards.setup import build_held_out_scorers, build_reward
 from sage_grpo.rewards.step_rewards import StepRewards
+from sage_grpo.startup.checks import validation_sampler_of
 from sage_grpo.startup.resolve import Startup
 from sage_grpo.tracking.run_dir import show_progress_bars
 
@@ -98,3 +105,34 @@ def policy_pass_of(start: Startup, models: ModelBundle,
                       cfg.optim.gradient_accumulation_steps, start.sampler, models, start.dims, models.device,
                       plan.kl_mode, kl_controller, eq_scales, plan.schedule.trained_steps_per_sample,
                       show_bar, window_equalizer)
+
+
+def validator_of(start: Startup, parts: TrainingParts, i2v_size: Callable[[PromptItem], Tuple[int, int]],
+                 encode: Callable, log_videos: Callable) -> Validator:
+    """The validation step (:mod:`sage_grpo.pipeline.validation`): sampling at the validation size (an
+    image-to-video item at ``i2v_size``), then the training reward and its sub-rewards on the videos (where the
+    reward lives, on the main process), then the held-out metrics."""
+    size = start.plan.schedule.validation
+    settings = ValidationSettings(tuple(start.validation_items), size.frames, start.cfg.rollout.video_fps,
+                                  lambda item: i2v_size(item) if item.task == "i2v" else (size.height, size.width))
+    sampler = start.validation_sampler or validation_sampler_of(start.cfg, start.sampler)
+    validator = Validator(settings, sampler, parts.models, is_main=start.dims.is_main, encode=encode,
+                          log_videos=log_videos)
+    if parts.reward_fn is not None:
+        validator.add_metric(VideoScoreMetric("reward", per_video(parts.reward_fn)))
+    if parts.held_out is not None:
+        validator.add_metric(VideoScoreMetric("held_out", parts.held_out))
+    return validator
+
+
+def checkpoints_of(start: Startup, parts: TrainingParts, counters: Any, run_dir: Path,
+                   log: Callable[[str], None]) -> CheckpointManager:
+    """The checkpoint manager of what the trainer owns (``counters``: the trainer, for its counters), recording the
+    run's layout (the parallel layout, the model root's fingerprint, the prompts) and its configuration."""
+    layout = start.plan.layout
+    record = layout_record(start.cfg.model, layout.world_size, layout.dp_size, layout.sp_size,
+                           layout.videos_per_step, start.items)
+    return CheckpointManager(models=parts.models, optimizer=parts.optimizer, kl_controller=parts.kl_controller,
+                             anchor_schedule=parts.anchor, counters=counters, dims=start.dims, run_dir=run_dir,
+                             keep_checkpoints=start.cfg.output.keep_checkpoints, layout=record,
+                             config_yaml=partial(config_to_yaml, start.cfg), log=log, ema=parts.ema)

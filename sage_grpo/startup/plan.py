@@ -17,7 +17,6 @@ import torch
 
 from sage_grpo.models.placement import Placement
 from sage_grpo.resume import ResumeCheck
-from sage_grpo.rewards.remote import redact_secrets
 from sage_grpo.rewards.setup import RewardPlan
 from sage_grpo.rl import KLMode
 from sage_grpo.rl.drift_guard import DriftWatch
@@ -140,15 +139,13 @@ class RunPlan:
 
     def as_record(self) -> Dict[str, Any]:
         """The plan as JSON-able data (``run_plan.json``): every entry's fields; of the resume what was resumed and
-        what changed (not the training state), of a remote reward its URL without credentials."""
+        what changed (not the training state)."""
         record = {field.name: plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
         check = self.resume.check
         record["resume"] = {"restart": self.resume.restart, "checkpoint": str(check.path) if check else None,
                             "sharded": check.sharded if check else None,
                             "at_step": check.training_state["global_step"] if check else None,
                             "differences": {k: plain(v) for k, v in check.differences.items()} if check else {}}
-        if self.reward.remote is not None:
-            record["reward"]["remote"]["url"] = redact_secrets(self.reward.remote.url)
         return record
 
     def lines(self, run_dir: Path) -> List[str]:
