@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchmarks.common as bench  # noqa: E402
 from benchmarks.benchmark_step import trainer_flags  # noqa: E402
 from sage_grpo.config import parse_cli  # noqa: E402
-from sage_grpo.config.train import TrainConfig
+from sage_grpo.config.train import TrainConfig  # noqa: E402
 from sage_grpo.models import layout  # noqa: E402
 from sage_grpo.models.real_width import (REAL_TRANSFORMER_CONFIG, REAL_VAE_CONFIG, _byt5_encoder,  # noqa: E402
                                          _text_encoder)

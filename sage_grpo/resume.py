@@ -303,7 +303,8 @@ def check_resume(cfg: ResumeOptions, kl_mode: KLMode, *, distributed: bool, dp_s
     # the KL reference, the VAE and the encoders come from the model root: other weights make another run
     check.differences.update(model_root_difference((saved or {}).get("pretrained_model_root"), layout, cfg.model))
     check.differences.update(prompts_difference(saved, layout, cfg.data.train_video_csv, prompts))
-    check_resume_shapes(path, sharded, saved or {}, cfg.model, cfg.lora, check.differences)  # what no allowed change can load
+    # what no allowed change can load
+    check_resume_shapes(path, sharded, saved or {}, cfg.model, cfg.lora, check.differences)
     if any(key.startswith("prompt data") or key == "train_video_csv" for key in check.differences):
         step = training["global_step"]
         check.notes.append(f"--train_video_csv: other prompts from step {step} on. The sampler keeps no state but "

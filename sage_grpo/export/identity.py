@@ -144,7 +144,8 @@ def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, options) 
 
 def check_resume_shapes(checkpoint: Path, sharded: bool, saved: Dict, model, options, differences: Dict) -> None:
     """Refuse (one ConfigError line, before any model loads) a resume of ``checkpoint`` whose trainable tensors
-    cannot load into the run builds (``model``, ``options``: its model and LoRA sections), whatever ``--allow_config_change`` says: full weights into a LoRA run
+    cannot load into the run builds (``model``, ``options``: its model and LoRA sections), whatever
+    ``--allow_config_change`` says: full weights into a LoRA run
     or the reverse, an adapter of another rank or other target modules, weights of another transformer's shapes
     (checked when the transformer version or the model root is among ``differences``). ``saved``: the checkpoint's
     recorded settings. LoRA alpha and dropout shape no tensor: they may change like any allowed setting."""

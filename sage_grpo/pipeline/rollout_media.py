@@ -85,7 +85,8 @@ class RolloutMedia:
                 record.update({k: float(v[slot]) for k, v in samples.rewards.items()})
                 records.append(record)
                 logged.append(LoggedVideo(group_dir / name, f"{item.prompt} (seed {seeds[slot]}, reward "
-                                          f"{record['avg']:.4f}, advantage {record['advantage']:+.3f})", self.video_fps))
+                                          f"{record['avg']:.4f}, advantage {record['advantage']:+.3f})",
+                                          self.video_fps))
             share = f"_dp_{dp_rank}" if spread else ""
             path = group_dir / f"index_{items[first].index}_group_{group_index}{share}_rewards.json"
             path.write_text(json.dumps(records, indent=2))

@@ -195,11 +195,12 @@ def decision_lines(plan: RunPlan) -> List[str]:
     resume = plan.resume
     resumed = (f"resuming {resume.check.path} at step {resume.check.training_state['global_step']}" if resume.check
                else "restarting from step 0 (a run without a checkpoint yet)" if resume.restart else "a new run")
-    lines = [f"  sampling       guidance {plan.sampling.cfg_scale:g}, validation shift {plan.sampling.validation_shift:g}",
+    sampling, kl_mode = plan.sampling, plan.kl_mode
+    lines = [f"  sampling       guidance {sampling.cfg_scale:g}, validation shift {sampling.validation_shift:g}",
              f"  videos         rollout {schedule.rollout.text()}, {validation}; "
              f"{schedule.trained_steps_per_sample} trained step(s) per sample, SDE window {window}, "
              f"{schedule.total_updates} optimizer updates",
-             f"  KL             {plan.kl_mode.name} (reference model {'used' if plan.kl_mode.uses_reference else 'none'})",
+             f"  KL             {kl_mode.name} (reference model {'used' if kl_mode.uses_reference else 'none'})",
              f"  drift watch    {watched}",
              f"  placement      gradient reduction {'per_backward' if place.reduce_per_backward else 'per_update'}, "
              f"reference on {'cpu' if place.reference_on_cpu else 'device'} ({place.reference_batch_size} "

@@ -45,16 +45,17 @@ def test_paper_config_is_valid_and_says_what_it_is(path):
     assert (cfg.data.batch_size, cfg.rollout.sample_n_frames, cfg.rollout.grpo_sampling_steps) == (2, 81, 20)  # the paper's own values
     assert "leaves unstated" in path.read_text()
     # the reference's --max_grad_norm 1.0 at sp 2 clips its gradient, half the full one's norm, at 1.0: the full at 2.0
-    assert (cfg.optim.max_grad_norm, cfg.parallel.sp_size, clip_threshold(cfg.optim, cfg.parallel.sp_size)) == (1.0, 2, 2.0)
+    assert (cfg.optim.max_grad_norm, cfg.parallel.sp_size, clip_threshold(*_clip_options(cfg))) == (1.0, 2, 2.0)
 
 
 def test_reference_launch_clips_where_the_reference_does():
     """The reference's gradient norm under --sp_size sp is 1/sp of the full gradient's (docs/differences.md), so its
     --max_grad_norm m clips the full gradient at m x sp; --max_grad_norm_units full clips it at m."""
     cfg = parse_cli(TrainConfig, RUN_POST_TRAIN_FLAGS)
-    assert (cfg.optim.max_grad_norm, cfg.parallel.sp_size, clip_threshold(cfg.optim, cfg.parallel.sp_size)) == (1.0, 2, 2.0)
+    assert (cfg.optim.max_grad_norm, cfg.parallel.sp_size, clip_threshold(*_clip_options(cfg))) == (1.0, 2, 2.0)
     assert clip_threshold(*_clip_options(parse_cli(TrainConfig, [*RUN_POST_TRAIN_FLAGS, "--sp_size", "4"]))) == 4.0
-    assert clip_threshold(*_clip_options(parse_cli(TrainConfig, [*RUN_POST_TRAIN_FLAGS, "--max_grad_norm_units", "full"]))) == 1.0
+    full = parse_cli(TrainConfig, [*RUN_POST_TRAIN_FLAGS, "--max_grad_norm_units", "full"])
+    assert clip_threshold(*_clip_options(full)) == 1.0
     assert clip_threshold(*_clip_options(parse_cli(TrainConfig, ["--sp_size", "1", "--max_grad_norm", "0.5"]))) == 0.5
 
 

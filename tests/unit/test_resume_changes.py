@@ -50,8 +50,9 @@ def _checkpoint(args, weights, *, record_prompts: bool = True) -> Path:
     """checkpoint-2 of the run ``args`` define, as the trainer writes it (``weights``: its trainable tensors)."""
     cfg = parse_cli(TrainConfig, args)
     items = read_prompt_csvs(cfg.data.train_video_csv, notes=[]) if record_prompts else None
+    layout = layout_record(cfg.model, 1, 1, 1, cfg.data.batch_size, items)  # one process: batch_size videos a step
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
-             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg.model, 1, 1, 1, cfg.data.batch_size, items)}
+             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout}
     path = Path(cfg.output.output_dir) / "checkpoint-2"
     write_checkpoint_files(path, model_state=weights, optimizer_state={"state": {}}, training_state=state,
                            config_yaml=yaml.safe_dump(to_dict(cfg)))

@@ -428,8 +428,9 @@ def _checkpoint_of(tiny_root, tmp_path) -> Path:
     from sage_grpo.export.identity import transformer_shapes
 
     cfg = parse_cli(TrainConfig, tiny_args(tiny_root, tmp_path / "run"))
+    layout = layout_record(cfg.model, 1, 1, 1, cfg.data.batch_size)  # one process: batch_size videos a step
     state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
-             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout_record(cfg.model, 1, 1, 1, cfg.data.batch_size)}
+             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout}
     path = tmp_path / "run" / "checkpoint-2"
     weights = {name: torch.zeros(shape) for name, shape in  # a full fine-tune's: every parameter, in its shape
                transformer_shapes(tiny_root, cfg.model.pretrained_transformer_version, parameters_only=True).items()}

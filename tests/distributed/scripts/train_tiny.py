@@ -21,6 +21,7 @@ and ``DIR/anchor.pt``: the full reference (anchor) weights at the end of the run
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -34,11 +35,12 @@ from safetensors.torch import load_file  # noqa: E402
 
 from sage_grpo.checkpoint import gather_to_main, resolve_resume_path  # noqa: E402
 from sage_grpo.config import parse_cli  # noqa: E402
-from sage_grpo.config.train import TrainConfig
+from sage_grpo.config.train import TrainConfig  # noqa: E402
 from sage_grpo.distributed import GradientReductionCounter, barrier, destroy_distributed  # noqa: E402
 from sage_grpo.distributed.parallelize import is_sharded  # noqa: E402
 import sage_grpo.pipeline.policy_update as policy_update_module  # noqa: E402
 import sage_grpo.trainer as trainer_module  # noqa: E402
+from sage_grpo.startup.plan import ResumeDecision  # noqa: E402
 from sage_grpo.trainer import GRPOTrainer  # noqa: E402
 
 
@@ -88,7 +90,7 @@ def resume_errors(trainer: GRPOTrainer, previous: Path) -> dict:
     """Resume now (instead of inside ``train``) and compare the restored weights with the checkpointed run's."""
     path = resolve_resume_path(trainer.cfg.output.resume_from_checkpoint, trainer.run_dir)
     trainer.resume(path)
-    trainer.cfg.output.resume_from_checkpoint = None
+    trainer.plan = dataclasses.replace(trainer.plan, resume=ResumeDecision(None, False))  # train() resumes no more
     policy, anchor = trained_and_anchor(trainer)
     ema = gather_to_main(trainer.ema.state_dict(), trainer.is_main) if trainer.ema is not None else None
     if not trainer.is_main:
