@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from sage_grpo import rl
 from sage_grpo.config.train.objective import TrustRegionConfig, UpdateConfig
-from sage_grpo.distributed import ParallelDims, gradient_sync, mean_tensor_over_world
+from sage_grpo.distributed import gradient_sync, mean_tensor_over_world
 from sage_grpo.faults import fault_point
 from sage_grpo.models.bundle import ModelBundle
 from sage_grpo.pipeline.sampler import Sampler
@@ -38,14 +38,16 @@ class PolicyPass:
     accumulation_steps: int  # --gradient_accumulation_steps: rollout batches per optimizer update
     sampler: Sampler
     models: ModelBundle
-    dims: ParallelDims
-    device: torch.device
     kl_mode: rl.KLMode
     kl_controller: Optional[rl.AdaptiveKLController]  # None without a KL reference
     eq_scales: Optional[torch.Tensor]  # (N,) equalizer scales; None with --use_grad_balancing off
     num_train_steps: int  # steps trained per sample (--timestep_fraction of the N steps)
     show_bar: bool = False  # a tqdm bar over the backward passes (main process on a terminal, no --quiet)
     window_equalizer: bool = False  # --sde_window_equalizer window with a window on: scales renormalised over it
+
+    @property
+    def device(self) -> torch.device:
+        return self.models.device
 
     def backward(self, rollout, embeds, advantages: torch.Tensor, ref_means: Optional[torch.Tensor],
                  shuffle: torch.Tensor, order: torch.Tensor, closes_window: bool, step: int,

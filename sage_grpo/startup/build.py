@@ -102,9 +102,8 @@ def policy_pass_of(start: Startup, models: ModelBundle,
     window_equalizer = cfg.update.sde_window_equalizer == "window" and plan.schedule.window.enabled
     show_bar = show_progress_bars(start.dims.is_main, cfg.output.quiet)  # main process, terminal, no --quiet
     return PolicyPass(cfg.update, cfg.trust_region, cfg.parallel.mini_batch_size_per_update,
-                      cfg.optim.gradient_accumulation_steps, start.sampler, models, start.dims, models.device,
-                      plan.kl_mode, kl_controller, eq_scales, plan.schedule.trained_steps_per_sample,
-                      show_bar, window_equalizer)
+                      cfg.optim.gradient_accumulation_steps, start.sampler, models, plan.kl_mode, kl_controller,
+                      eq_scales, plan.schedule.trained_steps_per_sample, show_bar, window_equalizer)
 
 
 def validator_of(start: Startup, parts: TrainingParts, i2v_size: Callable[[PromptItem], Tuple[int, int]],

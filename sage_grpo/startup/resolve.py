@@ -94,10 +94,11 @@ def resolve(cfg: TrainConfig, *, set_threads: bool = False) -> Startup:
     schedule = schedule_of(cfg)
     sampler, validation_sampler = samplers_of(cfg, schedule.validates)
     lr_schedule = lr_schedule_of(cfg.optim, schedule.total_updates)
-    plan = RunPlan(device, layout_of(cfg, dims), SamplingPlan(chosen.cfg_scale, validation_flow_shift(cfg),
-                                                              chosen.warnings, chosen.notes),
-                   kl_mode, drift_watch, reward, placement_of(cfg, device), attention_of(cfg, device), schedule,
-                   resume, threads, memory, subject_of(cfg), tuple(notes))
+    sampling = SamplingPlan(chosen.cfg_scale, validation_flow_shift(cfg), chosen.warnings, chosen.notes)
+    plan = RunPlan(device=device, layout=layout_of(cfg, dims), sampling=sampling, kl_mode=kl_mode,
+                   drift_watch=drift_watch, reward=reward, placement=placement_of(cfg, device),
+                   attention=attention_of(cfg, device), schedule=schedule, resume=resume, cpu_threads=threads,
+                   memory=memory, subject=subject_of(cfg), notes=tuple(notes))
     return Startup(cfg, plan, dims, peers, items, validation_items, run_claim, sampler, validation_sampler,
                    lr_schedule, report_to)
 
