@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, LORA_DIR, TRANSFORMER_FILE
-from sage_grpo.models import lora
+from sage_grpo.models import lora, lora_folder
 from sage_grpo.safe_io import CheckpointError, shard_names
 
 PathLike = Union[str, Path]
@@ -62,8 +62,8 @@ def stored_shapes(located: Path) -> Shapes:
     from sage_grpo.export.weights import DCP_NESTING, is_dcp_folder
     from sage_grpo.safe_io import read_dcp_metadata
 
-    if lora.is_adapter_folder(located):
-        return lora.strip_key_prefix(_safetensors_shapes(located / lora.ADAPTER_WEIGHTS_FILE))
+    if lora_folder.is_adapter_folder(located):
+        return lora_folder.strip_key_prefix(_safetensors_shapes(located / lora_folder.ADAPTER_WEIGHTS_FILE))
     if is_dcp_folder(located):
         tensors = {key: tuple(meta.size) for key, meta in read_dcp_metadata(located).state_dict_metadata.items()
                    if isinstance(meta, TensorStorageMetadata)}
@@ -113,7 +113,7 @@ _NO_RESHAPE = "tensors of other shapes cannot load, not even with --allow_config
 
 def _run_rank(cfg) -> int:
     """The LoRA rank a run builds: its --pretrained_lora_path adapter's, else --lora_r."""
-    return lora.check_adapter_folder(Path(cfg.lora.pretrained_lora_path))["r"] if cfg.lora.pretrained_lora_path else cfg.lora.lora_r
+    return lora_folder.check_adapter_folder(Path(cfg.lora.pretrained_lora_path))["r"] if cfg.lora.pretrained_lora_path else cfg.lora.lora_r
 
 
 def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, cfg) -> None:
@@ -191,7 +191,8 @@ def _identity_files(path: Path, located: Path) -> Iterator[Path]:
         yield located
     for folder in (path, path.parent, path.parent.parent):
         if (folder / CONFIG_FILE).is_file() or (folder / LORA_DIR).is_dir():
-            yield from (p for p in (folder / CONFIG_FILE, folder / LORA_DIR / lora.ADAPTER_CONFIG_FILE) if p.is_file())
+            yield from (p for p in (folder / CONFIG_FILE, folder / LORA_DIR / lora_folder.ADAPTER_CONFIG_FILE)
+                        if p.is_file())
             break
 
 

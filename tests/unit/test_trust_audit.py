@@ -274,7 +274,7 @@ def test_a_crafted_adapter_config_is_one_line_before_any_model_loads(tmp_path, c
 
 
 def test_adapter_files_that_are_not_lora_settings_or_hold_nan(tmp_path):
-    from sage_grpo.models.lora import check_adapter_folder, read_adapter_folder
+    from sage_grpo.models.lora_folder import check_adapter_folder, read_adapter_folder
 
     assert check_adapter_folder(_adapter(tmp_path / "ok"))["r"] == 4
     folder = _adapter(tmp_path / "deep")
