@@ -8,12 +8,12 @@ import dataclasses
 import functools
 import math
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 from sage_grpo.config.bounds import MAX_TOKENS, Bound
 from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.config.sections import flat_items, option_fields
-from sage_grpo.config.train import RESOLUTION_BUCKETS, TrainConfig
+from sage_grpo.config.train import RESOLUTION_BUCKETS, RolloutConfig, TrainConfig, ValidationConfig
 
 
 # HunyuanVideo-1.5's sampling flow shift per transformer version (its pipeline configs, and the scheduler/ of the
@@ -289,13 +289,25 @@ def _check_reward_weights(text: str) -> None:
         raise ConfigError(str(err)) from None  # its messages name reward_weights and give an example
 
 
-def rollout_size(cfg: TrainConfig) -> Tuple[int, int]:
+class RolloutSizeOptions(Protocol):
+    """What the rollout size is read from: the configuration's ``rollout`` section (declared by shape)."""
+
+    rollout: RolloutConfig
+
+
+class VideoSizeOptions(RolloutSizeOptions, Protocol):
+    """What the rollout and validation sizes are read from: the ``rollout`` and ``validation`` sections."""
+
+    validation: ValidationConfig
+
+
+def rollout_size(cfg: RolloutSizeOptions) -> Tuple[int, int]:
     """(height, width) of rollout videos: the explicit override, else the reference bucket table."""
     if cfg.rollout.rollout_height is not None:
         return cfg.rollout.rollout_height, cfg.rollout.rollout_width
     return RESOLUTION_BUCKETS[cfg.rollout.video_bucket_hw_base_size]
 
 
-def validation_size(cfg: TrainConfig) -> Tuple[int, int]:
+def validation_size(cfg: VideoSizeOptions) -> Tuple[int, int]:
     """(height, width) of validation videos: ``--validation_fixed_size``, or the rollout size when it is none."""
     return parse_size(cfg.validation.validation_fixed_size, "--validation_fixed_size") or rollout_size(cfg)

@@ -13,9 +13,10 @@ which is why it is taken once per checkpoint and evaluation, not per video.
 
 import hashlib
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Protocol, Tuple, Union
 
 from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, LORA_DIR, TRANSFORMER_FILE
+from sage_grpo.config.train import LoRAConfig, ModelConfig
 from sage_grpo.models import lora, lora_folder
 from sage_grpo.safe_io import CheckpointError, shard_names
 
@@ -111,36 +112,48 @@ def adapter_rank(shapes: Shapes) -> Optional[int]:
 _NO_RESHAPE = "tensors of other shapes cannot load, not even with --allow_config_change"
 
 
-def _run_rank(cfg) -> int:
+class ResumeShapeOptions(Protocol):
+    """What the shapes a run builds are read from: the configuration's ``lora`` section (LoRA or not, the rank, the
+    targets) and its ``model`` section (the transformer), declared by shape."""
+
+    lora: LoRAConfig
+    model: ModelConfig
+
+
+def _run_rank(options: LoRAConfig) -> int:
     """The LoRA rank a run builds: its --pretrained_lora_path adapter's, else --lora_r."""
-    return lora_folder.check_adapter_folder(Path(cfg.lora.pretrained_lora_path))["r"] if cfg.lora.pretrained_lora_path else cfg.lora.lora_r
+    if options.pretrained_lora_path:
+        return lora_folder.check_adapter_folder(Path(options.pretrained_lora_path))["r"]
+    return options.lora_r
 
 
-def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, cfg) -> None:
-    """The LoRA side of :func:`check_resume_shapes`: LoRA or not, the rank, the target modules."""
+def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, options: LoRAConfig) -> None:
+    """The LoRA side of :func:`check_resume_shapes` (``options``: the run's ``lora`` section): LoRA or not, the rank,
+    the target modules."""
     from sage_grpo.config.validation import ConfigError
 
     adapter = checkpoint / LORA_DIR
-    if (rank is not None) != cfg.lora.use_lora:
-        raise ConfigError(f"resuming {checkpoint} with --use_lora {cfg.lora.use_lora}: it holds "
+    if (rank is not None) != options.use_lora:
+        raise ConfigError(f"resuming {checkpoint} with --use_lora {options.use_lora}: it holds "
                           f"{'a LoRA adapter' if rank is not None else 'full transformer weights'} ({_NO_RESHAPE}). "
                           f"Resume with --use_lora {rank is not None}, or start a new run in a new --output_dir")
     if rank is None:
         return
-    if rank != _run_rank(cfg):
-        given = "its --pretrained_lora_path adapter's" if cfg.lora.pretrained_lora_path else f"--lora_r {cfg.lora.lora_r}"
-        raise ConfigError(f"resuming {checkpoint} with LoRA rank {_run_rank(cfg)} ({given}): its adapter has rank "
+    if rank != _run_rank(options):
+        given = "its --pretrained_lora_path adapter's" if options.pretrained_lora_path else f"--lora_r {options.lora_r}"
+        raise ConfigError(f"resuming {checkpoint} with LoRA rank {_run_rank(options)} ({given}): its adapter has rank "
                           f"{rank}, and an adapter's shapes cannot change ({_NO_RESHAPE}). Resume with --lora_r "
                           f"{rank}, or start a new run from this adapter: --pretrained_lora_path {adapter}")
-    targets = saved.get("lora_target_modules", cfg.lora.lora_target_modules)
-    if not cfg.lora.pretrained_lora_path and targets != cfg.lora.lora_target_modules:
-        raise ConfigError(f"resuming {checkpoint} with --lora_target_modules {cfg.lora.lora_target_modules}: its adapter "
-                          f"adapts the layers of {targets}, and its tensors cannot move to other layers "
+    targets = saved.get("lora_target_modules", options.lora_target_modules)
+    if not options.pretrained_lora_path and targets != options.lora_target_modules:
+        raise ConfigError(f"resuming {checkpoint} with --lora_target_modules {options.lora_target_modules}: its "
+                          f"adapter adapts the layers of {targets}, and its tensors cannot move to other layers "
                           f"({_NO_RESHAPE}). Resume with its targets, or start a new run from this adapter: "
                           f"--pretrained_lora_path {adapter}")
 
 
-def check_resume_shapes(checkpoint: Path, sharded: bool, saved: Dict, cfg, differences: Dict) -> None:
+def check_resume_shapes(checkpoint: Path, sharded: bool, saved: Dict, cfg: ResumeShapeOptions,
+                        differences: Dict) -> None:
     """Refuse (one ConfigError line, before any model loads) a resume of ``checkpoint`` whose trainable tensors
     cannot load into the run ``cfg`` builds, whatever ``--allow_config_change`` says: full weights into a LoRA run
     or the reverse, an adapter of another rank or other target modules, weights of another transformer's shapes
@@ -149,17 +162,18 @@ def check_resume_shapes(checkpoint: Path, sharded: bool, saved: Dict, cfg, diffe
     from sage_grpo.config.validation import ConfigError
 
     stored = training_shapes(checkpoint, sharded)
-    _check_adapter(checkpoint, adapter_rank(stored), saved, cfg)
+    _check_adapter(checkpoint, adapter_rank(stored), saved, cfg.lora)
     changed = [key for key in differences if key == "pretrained_transformer_version" or key.startswith("model root")]
     if not changed:
         return
-    problems = mismatches(stored, transformer_shapes(cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version,
+    model = cfg.model
+    problems = mismatches(stored, transformer_shapes(model.pretrained_model_root, model.pretrained_transformer_version,
                                                      parameters_only=True))
     if problems:
         raise ConfigError(f"resuming {checkpoint} with another {' and '.join(changed)}: its trainable weights do not "
-                          f"fit the transformer {cfg.model.pretrained_transformer_version} of {cfg.model.pretrained_model_root} "
-                          f"({'; '.join(problems[:2])}; {_NO_RESHAPE}). Resume with the checkpoint's model root and "
-                          "transformer version, or start a new run in a new --output_dir")
+                          f"fit the transformer {model.pretrained_transformer_version} of "
+                          f"{model.pretrained_model_root} ({'; '.join(problems[:2])}; {_NO_RESHAPE}). Resume with the "
+                          "checkpoint's model root and transformer version, or start a new run in a new --output_dir")
 
 
 def check_loadable(path: PathLike, expected: Shapes, option: str) -> Path:

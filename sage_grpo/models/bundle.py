@@ -36,7 +36,7 @@ row names a reference image (SigLIP encoder offloaded with the text encoders; th
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from torch.distributed.fsdp import FSDPModule
 from sage_grpo.checkpoint_layout import LORA_DIR
 from sage_grpo.config import TrainConfig
 from sage_grpo.config.launch_env import read_launch_env
+from sage_grpo.config.train import DataConfig, LoRAConfig, ModelConfig, ParallelConfig, ThroughputConfig
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.models.lora import LoraTraining, check_lora_settings, reference_pass
 from sage_grpo.models.image_condition import ImageConditionEncoder
@@ -58,7 +59,28 @@ from sage_grpo.models.vae import decode_latents
 from sage_grpo.rl import KLMode, drift_watch_of
 
 
-def resolve_device(cfg: TrainConfig) -> torch.device:
+class ParallelOptions(Protocol):
+    """Where a process computes and whether it shards: the configuration's ``parallel`` section (by shape)."""
+
+    parallel: ParallelConfig
+
+
+class LoraOptions(Protocol):
+    """A run's adapters: the ``lora`` section, and the ``data`` section's seed their initialisation draws from."""
+
+    lora: LoRAConfig
+    data: DataConfig
+
+
+class FrozenTransformerOptions(Protocol):
+    """A frozen base transformer: the ``model`` section (which, in which dtype, its attention) and the ``throughput``
+    section (``--mixed_length_attention``)."""
+
+    model: ModelConfig
+    throughput: ThroughputConfig
+
+
+def resolve_device(cfg: ParallelOptions) -> torch.device:
     """This process's device, decided once: ``--device``, else CUDA when available, else the CPU. A CUDA device
     always carries its index, this process's ``cuda:LOCAL_RANK`` when ``--device cuda`` names none: the NCCL barrier
     needs the index, and tensors report ``cuda:N``, which never equals a bare ``cuda``."""
@@ -71,7 +93,7 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def is_sharded_run(cfg: TrainConfig) -> bool:
+def is_sharded_run(cfg: ParallelOptions) -> bool:
     """Whether the transformers get FSDP-sharded: ``--enable_fsdp`` on several processes."""
     return cfg.parallel.enable_fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -233,7 +255,7 @@ class ModelBundle:
             self.lora.save_folder(Path(checkpoint_dir) / LORA_DIR)
 
 
-def build_lora(cfg: TrainConfig, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
+def build_lora(cfg: LoraOptions, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
     """``policy`` frozen with the run's adapters (``--lora_*``; the ``anchor`` too for the moving anchor), in place;
     also what ``python -m sage_grpo.plan --simulate`` builds its LoRA policy with."""
     return LoraTraining.create(
@@ -288,7 +310,7 @@ def build_models(cfg: TrainConfig, kl_mode: KLMode, placement: Placement) -> Mod
                        weights_folder=folder if on_meta else None, images=images, base=base)
 
 
-def frozen_transformer(cfg: TrainConfig, folder: Path, placement: Placement, device: torch.device,
+def frozen_transformer(cfg: FrozenTransformerOptions, folder: Path, placement: Placement, device: torch.device,
                        on_meta: bool) -> torch.nn.Module:
     """A frozen base transformer in ``--dtype`` (the KL reference, the drift proxy's base copy): on the meta device
     for a sharded run (``materialize`` reads its shards), else loaded where ``placement`` keeps the reference."""
