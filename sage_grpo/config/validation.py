@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Protocol, Tuple
 from sage_grpo.config.bounds import MAX_TOKENS, Bound
 from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.config.sections import flat_items, option_fields
-from sage_grpo.config.train import RESOLUTION_BUCKETS, RolloutConfig, TrainConfig, ValidationConfig
+from sage_grpo.config.train import (RESOLUTION_BUCKETS, DriftGuardConfig, ModelConfig, OptimConfig, RolloutConfig,
+                                    TrainConfig, TrustRegionConfig, UpdateConfig, ValidationConfig)
 
 
 # HunyuanVideo-1.5's sampling flow shift per transformer version (its pipeline configs, and the scheduler/ of the
@@ -64,7 +65,14 @@ def default_flow_shift(transformer_version: str, option: str) -> float:
     return FLOW_SHIFT_BY_VERSION[transformer_version]
 
 
-def validation_flow_shift(cfg: TrainConfig) -> float:
+class FlowShiftOptions(Protocol):
+    """What the validation shift is read from: the ``validation`` and ``model`` sections (declared by shape)."""
+
+    validation: ValidationConfig
+    model: ModelConfig
+
+
+def validation_flow_shift(cfg: FlowShiftOptions) -> float:
     """``--validation_timestep_shift``, or when unset the shift of ``--pretrained_transformer_version``."""
     if cfg.validation.validation_timestep_shift is not None:
         return cfg.validation.validation_timestep_shift
@@ -136,7 +144,14 @@ def check_finite_options(config) -> None:
                   else "give a number, or leave it unset for its default")
 
 
-def trained_steps_per_sample(cfg: TrainConfig) -> int:
+class TrainedStepsOptions(Protocol):
+    """What the trained steps per sample are read from: the ``rollout`` and ``update`` sections (declared by shape)."""
+
+    rollout: RolloutConfig
+    update: UpdateConfig
+
+
+def trained_steps_per_sample(cfg: TrainedStepsOptions) -> int:
     """(sample, step) pairs trained per sample and pass: ``--timestep_fraction`` of the SDE window's steps (all N
     steps without a window), at least 1."""
     return max(int((cfg.rollout.sde_window_size or cfg.rollout.grpo_sampling_steps) * cfg.update.timestep_fraction), 1)
@@ -172,18 +187,18 @@ def check_bounds(config) -> None:
                                     else "leave it unset for its default"))
 
 
-def check_optimizer_updates(cfg: TrainConfig) -> None:
+def check_optimizer_updates(optim: OptimConfig, update: UpdateConfig) -> None:
     """One optimizer update is made every ``--gradient_accumulation_steps`` rollout batches, and a run trains
     ``--max_steps`` x ``--num_inner_epochs`` of them (one per inner epoch of each step, whatever ``--batch_size``): a
     run with fewer makes no update and learns nothing."""
-    batches = cfg.optim.max_steps * cfg.update.num_inner_epochs
-    if batches < cfg.optim.gradient_accumulation_steps:
-        epochs = f" x --num_inner_epochs {cfg.update.num_inner_epochs}" if cfg.update.num_inner_epochs > 1 else ""
-        _fail("no-optimizer-update", f"--gradient_accumulation_steps {cfg.optim.gradient_accumulation_steps} with "
-              f"--max_steps {cfg.optim.max_steps}{epochs} makes no optimizer update: one is made every "
-              f"{cfg.optim.gradient_accumulation_steps} rollout batches and the run trains {batches}",
+    batches = optim.max_steps * update.num_inner_epochs
+    if batches < optim.gradient_accumulation_steps:
+        epochs = f" x --num_inner_epochs {update.num_inner_epochs}" if update.num_inner_epochs > 1 else ""
+        _fail("no-optimizer-update", f"--gradient_accumulation_steps {optim.gradient_accumulation_steps} with "
+              f"--max_steps {optim.max_steps}{epochs} makes no optimizer update: one is made every "
+              f"{optim.gradient_accumulation_steps} rollout batches and the run trains {batches}",
               f"use --gradient_accumulation_steps {batches} (or less), or --max_steps "
-              f"{-(-cfg.optim.gradient_accumulation_steps // cfg.update.num_inner_epochs)} (or more)")
+              f"{-(-optim.gradient_accumulation_steps // update.num_inner_epochs)} (or more)")
 
 
 def validate_train_config(cfg: TrainConfig, world_size: int = 1,
@@ -222,7 +237,7 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
     if not 0 <= cfg.throughput.replay_group_size <= trained_steps_per_sample(cfg):
         _fail("replay-group", f"--replay_group_size {cfg.throughput.replay_group_size} must be in [0, the trained steps per "
               f"sample, {trained_steps_per_sample(cfg)}]", "use 0 (auto) or 1 (one step per forward, the reference)")
-    check_optimizer_updates(cfg)
+    check_optimizer_updates(cfg.optim, cfg.update)
     if cfg.validation.validate_ema and cfg.optim.ema_decay == 0.0:
         _fail("validate-ema-needs-ema", "--validate_ema true but --ema_decay is 0: there is no EMA to validate",
               "add --ema_decay 0.999, or drop --validate_ema")
@@ -238,46 +253,48 @@ def check_option_values(cfg: TrainConfig) -> List[str]:
         if validation_flow_shift(cfg) <= 0:
             _fail("validation-shift-positive", f"--validation_timestep_shift {cfg.validation.validation_timestep_shift} must be "
                   "> 0", "leave it unset for the model version's shift (480p_t2v: 5.0, 720p_t2v: 9.0)")
-    notes += _check_drift_options(cfg)
+    notes += _check_drift_options(cfg.drift, cfg.validation.validation_interval)
     if cfg.lora.pretrained_lora_path and not cfg.lora.use_lora:
         _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
-    return notes + _kl_notes(cfg)
+    return notes + _kl_notes(cfg.trust_region)
 
 
-def _kl_notes(cfg: TrainConfig) -> List[str]:
+def _kl_notes(trust_region: TrustRegionConfig) -> List[str]:
     """What the adaptive β makes of --kl_coef and --kl_min_coef, as the reference does (sage_grpo/rl/kl_controller.py):
     a clamped floor, a floor of 0 read as --kl_coef, and a β that stays 0 (no KL, no reference model)."""
-    if cfg.trust_region.kl_weight <= 0:
+    kl_weight, kl_coef, kl_min_coef = trust_region.kl_weight, trust_region.kl_coef, trust_region.kl_min_coef
+    if kl_weight <= 0:
         return []
-    if cfg.trust_region.kl_coef == 0 and cfg.trust_region.kl_min_coef == 0:
+    if kl_coef == 0 and kl_min_coef == 0:
         return [f"--kl_coef 0 with --kl_min_coef 0: the KL weight beta stays 0 for the whole run (the reference "
-                f"computes the KL only while beta > 0), so --kl_weight {cfg.trust_region.kl_weight} adds no KL term and no "
+                f"computes the KL only while beta > 0), so --kl_weight {kl_weight} adds no KL term and no "
                 "reference model is loaded; for a KL term set --kl_coef > 0"]
-    if cfg.trust_region.kl_min_coef == 0:
-        return [f"--kl_min_coef 0 means --kl_coef {cfg.trust_region.kl_coef} (the reference's 'kl_min_coef or kl_coef'): beta's "
+    if kl_min_coef == 0:
+        return [f"--kl_min_coef 0 means --kl_coef {kl_coef} (the reference's 'kl_min_coef or kl_coef'): beta's "
                 "floor and the start of its warm-up"]
-    if cfg.trust_region.kl_min_coef > cfg.trust_region.kl_weight:
-        return [f"--kl_min_coef {cfg.trust_region.kl_min_coef} > --kl_weight {cfg.trust_region.kl_weight}: the controller clamps it to "
-                f"{cfg.trust_region.kl_weight} (as the reference does)"]
+    if kl_min_coef > kl_weight:
+        return [f"--kl_min_coef {kl_min_coef} > --kl_weight {kl_weight}: the controller clamps it to "
+                f"{kl_weight} (as the reference does)"]
     return []
 
 
-def _check_drift_options(cfg: TrainConfig) -> List[str]:
+def _check_drift_options(drift: DriftGuardConfig, validation_interval: int) -> List[str]:
     """The drift proxy and guard (``sage_grpo.rl.drift_guard``) watch the validation points: without any they are off
     (a note says so: a config file may turn the guard on and a benchmark validation off)."""
-    if not (cfg.drift.drift_proxy or cfg.drift.drift_guard != "off"):
+    if not (drift.drift_proxy or drift.drift_guard != "off"):
         return []
-    if cfg.validation.validation_interval <= 0:
-        flag = "--drift_proxy true" if cfg.drift.drift_guard == "off" else f"--drift_guard {cfg.drift.drift_guard}"
+    if validation_interval <= 0:
+        flag = "--drift_proxy true" if drift.drift_guard == "off" else f"--drift_guard {drift.drift_guard}"
         return [f"{flag} is measured at the validation points and --validation_interval is "
-                f"{cfg.validation.validation_interval}: the drift proxy and guard are off"]
-    if not cfg.drift.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in cfg.drift.drift_proxy_sigmas):
-        _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {cfg.drift.drift_proxy_sigmas} must be one or more noise levels "
-              "in (0, 1)", "use --drift_proxy_sigmas 0.5 0.75 0.9 (the default)")
-    if cfg.drift.drift_guard_window < 2 or cfg.drift.drift_guard_proxy_ratio <= 1 or cfg.drift.drift_guard_heldout_fall < 0:
-        _fail("drift-guard-bounds", f"--drift_guard_window {cfg.drift.drift_guard_window} must be >= 2, "
-              f"--drift_guard_proxy_ratio {cfg.drift.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
-              f"and --drift_guard_heldout_fall {cfg.drift.drift_guard_heldout_fall} >= 0", "use the defaults (3, 4.0, 0.05)")
+                f"{validation_interval}: the drift proxy and guard are off"]
+    if not drift.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in drift.drift_proxy_sigmas):
+        _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {drift.drift_proxy_sigmas} must be one or more noise "
+              "levels in (0, 1)", "use --drift_proxy_sigmas 0.5 0.75 0.9 (the default)")
+    if drift.drift_guard_window < 2 or drift.drift_guard_proxy_ratio <= 1 or drift.drift_guard_heldout_fall < 0:
+        _fail("drift-guard-bounds", f"--drift_guard_window {drift.drift_guard_window} must be >= 2, "
+              f"--drift_guard_proxy_ratio {drift.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
+              f"and --drift_guard_heldout_fall {drift.drift_guard_heldout_fall} >= 0",
+              "use the defaults (3, 4.0, 0.05)")
     return []
 
 
