@@ -246,7 +246,7 @@ def simulate(cfg: TrainConfig, world_size: int, placement, config: Dict, video_t
     from sage_grpo.dtypes import DTYPES
     from sage_grpo.dtypes import autocast_dtype_of
     from sage_grpo.optim.optimizers import build_optimizer, optimizer_parts
-    from sage_grpo.pipeline.velocity import cfg_velocity
+    from sage_grpo.models.velocity import cfg_velocity
     from sage_grpo.rl import kl_mode_of
 
     started = time.perf_counter()
