@@ -194,8 +194,7 @@ class GRPOTrainer:
                                          lr=cfg.optim.learning_rate, weight_decay=cfg.optim.weight_decay)
         self.ema = PolicyEMA(self.models.trainable_state_dict(), cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
         # β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward
-        self.kl_controller = (rl.AdaptiveKLController.from_flags(cfg.trust_region.kl_weight, cfg.trust_region.kl_coef, cfg.trust_region.kl_min_coef,
-                                                                 device=self.device)
+        self.kl_controller = (rl.build_kl_controller(cfg.trust_region.kl_controller, cfg.trust_region, self.device)
                               if self.kl_mode.uses_reference else None)
         self.anchor = rl.MovingAnchorSchedule(self.kl_mode.moving_anchor, cfg.trust_region.update_ref_model_step)
         self.ranks_per_group, _ = group_layout(cfg.data.batch_size, cfg.data.num_generations)

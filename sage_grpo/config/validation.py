@@ -263,7 +263,7 @@ def _kl_notes(trust_region: TrustRegionConfig) -> List[str]:
     """What the adaptive β makes of --kl_coef and --kl_min_coef, as the reference does (sage_grpo/rl/kl_controller.py):
     a clamped floor, a floor of 0 read as --kl_coef, and a β that stays 0 (no KL, no reference model)."""
     kl_weight, kl_coef, kl_min_coef = trust_region.kl_weight, trust_region.kl_coef, trust_region.kl_min_coef
-    if kl_weight <= 0:
+    if kl_weight <= 0 or trust_region.kl_controller != "adaptive":
         return []
     if kl_coef == 0 and kl_min_coef == 0:
         return [f"--kl_coef 0 with --kl_min_coef 0: the KL weight beta stays 0 for the whole run (the reference "
