@@ -8,9 +8,9 @@ Modules: ``base`` (contract, failure policy), ``builtins`` (the table of built-i
 table, the one resolver of names, the composite), ``plugins`` (the plug-in rule of dotted paths), ``scorers`` (the
 table of held-out metrics: the evaluation's and the scored validation's), ``toys``, ``videoalign`` (the reward
 callable) with ``videoalign_checkpoint`` (files, key remapping, loading), ``videoalign_model`` (network, pooling),
-``videoalign_inputs`` (batch assembly), ``video_preprocess`` (torch-only frame sampling/resize/patchify, mp4 IO), ``prompt_templates``, ``tiny`` (tiny checkpoints),
-``clip_score`` / ``pick_score`` (the evaluation's CLIPScore and PickScore), and
-``remote`` / ``serving`` (the ``--remote_reward_url`` client and the reward server behind it).
+``videoalign_inputs`` (batch assembly), ``video_preprocess`` (torch-only frame sampling/resize/patchify, mp4 IO),
+``prompt_templates``, ``tiny`` (tiny checkpoints), ``clip_score`` / ``pick_score`` (the evaluation's CLIPScore and
+PickScore), and ``remote`` / ``serving`` (the ``--remote_reward_url`` client and the reward server behind it).
 ``videoalign``, ``clip_score``, ``pick_score`` and ``tiny`` import transformers/peft and are not imported here.
 """
 
