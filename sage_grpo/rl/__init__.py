@@ -4,7 +4,7 @@ The names below are imported when first used (PEP 562): the configuration reads 
 (``rl.kl_controllers``) without importing torch.
 """
 
-import importlib
+from sage_grpo import lazy_exports
 
 _EXPORTS = {
     "REWARD_AGGREGATIONS": "advantages",
@@ -38,14 +38,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
