@@ -38,7 +38,7 @@ def main() -> None:
     from sage_grpo.models import PromptEncoder, TextEncoderSettings, load_components, write_tiny_hunyuan
     from sage_grpo.pipeline import latent_shape
     from sage_grpo.pipeline.sampler import Sampler
-    from sage_grpo.toy.pretrain import TOY_TRANSFORMER_CONFIG, TOY_VAE_CONFIG
+    from sage_grpo.studies.pretrain import TOY_TRANSFORMER_CONFIG, TOY_VAE_CONFIG
 
     configs = (dict(transformer_config=TOY_TRANSFORMER_CONFIG, vae_config=TOY_VAE_CONFIG)
                if args.geometry == "toy" else {})

@@ -4,7 +4,7 @@ conditioning of the real shapes, the analytic FLOP count of the transformer, dev
 Geometries (:data:`GEOMETRIES`):
 
 * ``tiny``: the test checkpoint's configs (``sage_grpo.models.tiny``), 2 blocks of width 16;
-* ``toy``: the toy world's (``sage_grpo.toy.pretrain``), 2 blocks of width 64;
+* ``toy``: the toy world's (``sage_grpo.studies.pretrain``), 2 blocks of width 64;
 * ``real``: HunyuanVideo-1.5's ``480p_t2v`` transformer (54 dual-stream blocks, hidden 2048 = 16 heads x 128, MLP
   ratio 4, 2 refiner layers, Qwen2.5-VL 3584-wide text, byT5 1472-wide glyphs, SigLIP 1152-wide image slots; 8.33B
   parameters) with 1000 MLLM + 256 byT5 + 729 image text slots, at the reference launch's 81 x 352 x 624 rollout
@@ -37,7 +37,7 @@ from sage_grpo.dtypes import DTYPES
 from sage_grpo.models.real_width import NARROW_VAE_CONFIG, REAL_TRANSFORMER_CONFIG, VAE_CONFIGS
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.models.tiny import TINY_TRANSFORMER_CONFIG, TINY_VAE_CONFIG
-from sage_grpo.toy.pretrain import TOY_TRANSFORMER_CONFIG, TOY_VAE_CONFIG
+from sage_grpo.studies.pretrain import TOY_TRANSFORMER_CONFIG, TOY_VAE_CONFIG
 
 # HunyuanVideo-1.5 480p_t2v's transformer; the real VAE's latent channels and ratios on narrow layers (a shape source)
 REAL_SHAPE_VAE_CONFIG: Dict = NARROW_VAE_CONFIG

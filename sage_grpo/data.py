@@ -107,57 +107,8 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
     skipped and reported in ``notes`` (a list the caller logs), or as a warning when no list is given."""
     items: List[PromptItem] = []
     for path in paths or [DEFAULT_TRAIN_CSV]:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"prompt CSV {path!r} does not exist. Pass an existing file, e.g. {DEFAULT_TRAIN_CSV}")
-        try:
-            text = file.read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError as err:
-            line = file.read_bytes()[:err.start].count(b"\n") + 1
-            raise ConfigError(f"prompt CSV {path!r}, line {line}: not UTF-8 text ({err.reason} at byte {err.start}). "
-                              "Save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-        skipped, first, done = [], len(items), 0  # done: the last line of the last complete record
-        try:
-            # strict: a quote that never closes (or stray text after a closing quote) is an error, not a prompt that
-            # swallows the rows after it
-            reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
-            reader.fieldnames = columns = [name.strip() for name in reader.fieldnames or []]
-            done = reader.line_num
-            twice = next((name for index, name in enumerate(columns) if name in columns[:index]), None)
-            if twice is not None:  # DictReader would keep the last such column and drop the others silently
-                raise ConfigError(f"prompt CSV {path!r}, line {done}: the header names column {twice!r} twice "
-                                  f"(columns: {columns}). Keep one, or rename the other")
-            if "prompt" not in columns:
-                raise ConfigError(f"prompt CSV {path!r} has no 'prompt' column (columns: {columns}). The first line "
-                                  "must be a header such as: prompt,seed")
-            if require_seed and "seed" not in columns:
-                raise ConfigError(f"prompt CSV {path!r} needs a 'seed' column")
-            for row in reader:
-                done = reader.line_num
-                where = f"{path}, row {reader.line_num}"
-                prompt = (row.get("prompt") or "").strip()
-                if not prompt:
-                    skipped.append(reader.line_num)
-                    continue
-                if len(prompt.encode("utf-8")) > MAX_PROMPT_BYTES:
-                    raise ConfigError(f"{where}: the prompt is {len(prompt.encode('utf-8'))} bytes long, over the "
-                                      f"{MAX_PROMPT_BYTES}-byte limit (is a column separator missing?). Shorten it")
-                try:
-                    index = int(row["index"]) if row.get("index") not in (None, "") else len(items)
-                    seed = int(row["seed"]) if row.get("seed") not in (None, "") else default_seed
-                except ValueError as err:
-                    raise ConfigError(f"{where}: index and seed must be integers ({err})") from None
-                if not 0 <= seed < SEED_LIMIT:  # torch's generators stopped the run on it after the models loaded
-                    raise ConfigError(f"{where}: seed {seed} must be in [0, 2**63)")
-                image = (row.get("ref_image_path") or "").strip()
-                if image:
-                    image = check_image(image, file.parent, where)
-                items.append(PromptItem(index, prompt, seed, image))
-        except csv.Error as err:
-            hint = (" (a quoted field opens on this line and never closes)" if "unexpected end of data" in str(err)
-                    else "")
-            raise ConfigError(f"prompt CSV {path!r}, line {done + 1}: {err}{hint}. Fix the quoting: a field that "
-                              'starts with " ends with ", and a " inside it is written ""') from None
+        first = len(items)
+        skipped = _read_prompt_csv(path, items, default_seed, require_seed)
         if skipped:
             shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
             message = f"prompt CSV {path}: {len(skipped)} row(s) with an empty prompt skipped (line {shown})"
@@ -168,6 +119,81 @@ def read_prompt_csvs(paths: Optional[Sequence[str]], *, default_seed: int = DEFA
         if len(items) == first:
             raise ConfigError(f"prompt CSV {path!r} holds no prompts. Add rows under the 'prompt' header.")
     return items
+
+
+def _csv_text(path: str) -> str:
+    """The text of the prompt CSV ``path`` (UTF-8, a byte-order mark dropped): a missing file or one that is not
+    UTF-8 is one ConfigError naming it (and the line)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"prompt CSV {path!r} does not exist. Pass an existing file, e.g. {DEFAULT_TRAIN_CSV}")
+    try:
+        return file.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = file.read_bytes()[:err.start].count(b"\n") + 1
+        raise ConfigError(f"prompt CSV {path!r}, line {line}: not UTF-8 text ({err.reason} at byte {err.start}). "
+                          "Save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def _read_prompt_csv(path: str, items: List[PromptItem], default_seed: int, require_seed: bool) -> List[int]:
+    """Append the prompts of the CSV ``path`` to ``items``; returns the lines of the rows skipped for an empty
+    prompt."""
+    text = _csv_text(path)
+    skipped, done = [], 0  # done: the last line of the last complete record
+    try:
+        # strict: a quote that never closes (or stray text after a closing quote) is an error, not a prompt that
+        # swallows the rows after it
+        reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+        _check_header(reader, path, require_seed)
+        done = reader.line_num
+        for row in reader:
+            done = reader.line_num
+            prompt = (row.get("prompt") or "").strip()
+            if not prompt:
+                skipped.append(reader.line_num)
+                continue
+            items.append(_prompt_item(row, prompt, f"{path}, row {reader.line_num}", len(items), default_seed,
+                                      Path(path).parent))
+    except csv.Error as err:
+        hint = (" (a quoted field opens on this line and never closes)" if "unexpected end of data" in str(err)
+                else "")
+        raise ConfigError(f"prompt CSV {path!r}, line {done + 1}: {err}{hint}. Fix the quoting: a field that "
+                          'starts with " ends with ", and a " inside it is written ""') from None
+    return skipped
+
+
+def _check_header(reader: csv.DictReader, path: str, require_seed: bool) -> None:
+    """Read the header of ``reader``, its names stripped of spaces, and check it: no column twice, a ``prompt``
+    column, and a ``seed`` column when ``require_seed``."""
+    reader.fieldnames = columns = [name.strip() for name in reader.fieldnames or []]
+    twice = next((name for index, name in enumerate(columns) if name in columns[:index]), None)
+    if twice is not None:  # DictReader would keep the last such column and drop the others silently
+        raise ConfigError(f"prompt CSV {path!r}, line {reader.line_num}: the header names column {twice!r} twice "
+                          f"(columns: {columns}). Keep one, or rename the other")
+    if "prompt" not in columns:
+        raise ConfigError(f"prompt CSV {path!r} has no 'prompt' column (columns: {columns}). The first line "
+                          "must be a header such as: prompt,seed")
+    if require_seed and "seed" not in columns:
+        raise ConfigError(f"prompt CSV {path!r} needs a 'seed' column")
+
+
+def _prompt_item(row: dict, prompt: str, where: str, position: int, default_seed: int, folder: Path) -> PromptItem:
+    """The item of one CSV row with a non-empty ``prompt`` (``where`` names the file and row): its index (else
+    ``position``), its seed (else ``default_seed``) and its reference image (relative to ``folder``), each checked."""
+    if len(prompt.encode("utf-8")) > MAX_PROMPT_BYTES:
+        raise ConfigError(f"{where}: the prompt is {len(prompt.encode('utf-8'))} bytes long, over the "
+                          f"{MAX_PROMPT_BYTES}-byte limit (is a column separator missing?). Shorten it")
+    try:
+        index = int(row["index"]) if row.get("index") not in (None, "") else position
+        seed = int(row["seed"]) if row.get("seed") not in (None, "") else default_seed
+    except ValueError as err:
+        raise ConfigError(f"{where}: index and seed must be integers ({err})") from None
+    if not 0 <= seed < SEED_LIMIT:  # torch's generators stopped the run on it after the models loaded
+        raise ConfigError(f"{where}: seed {seed} must be in [0, 2**63)")
+    image = (row.get("ref_image_path") or "").strip()
+    if image:
+        image = check_image(image, folder, where)
+    return PromptItem(index, prompt, seed, image)
 
 
 def prompts_record(items: Sequence[PromptItem]) -> dict:

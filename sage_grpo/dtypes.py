@@ -1,7 +1,7 @@
 """The one table from the precision names the flags take (``--dtype``, ``--master_weight_type``, the export's
 ``--dtype``) to torch dtypes, and the dtype a model computes with."""
 
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 
@@ -10,7 +10,18 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 _COMPUTE_DTYPE_ATTR = "_sage_compute_dtype"
 
 
-def autocast_dtype_of(cfg) -> Optional[torch.dtype]:
+class _Precision(Protocol):
+    dtype: str  # --dtype: "bf16" or "fp32"
+
+
+class PrecisionOptions(Protocol):
+    """What the compute dtype is read from: the configuration's ``model`` section, declared by shape (this module
+    sits below the configuration and imports none of it)."""
+
+    model: _Precision
+
+
+def autocast_dtype_of(cfg: PrecisionOptions) -> Optional[torch.dtype]:
     """The transformer's compute dtype under autocast for a run configured by ``cfg`` (its ``--dtype``): bf16 with
     ``--dtype bf16`` (fp32 master weights), else none."""
     return torch.bfloat16 if cfg.model.dtype == "bf16" else None

@@ -32,6 +32,7 @@ from sage_grpo.config.validation import ConfigError
 from sage_grpo.data import PromptItem, prompts_record
 from sage_grpo.export.identity import check_resume_shapes
 from sage_grpo.rl import KLMode
+from sage_grpo.rl.kl_controllers import STATE_KEY, saved_controller, state_checks
 from sage_grpo.safe_io import CheckpointError, atomic_write, load_plain, read_dcp_metadata
 
 # RUN_DEFINING: the settings whose change makes the continued run a different experiment (the optimizer state, the
@@ -122,23 +123,19 @@ def check_training_state(training: Any, file: Path) -> None:
     _check_small_states(training, file)
 
 
-def _number(value: Any) -> bool:
-    return type(value) in (int, float)
-
-
 def _check_small_states(training: Dict[str, Any], file: Path) -> None:
     """The KL controller's and the anchor schedule's states and the RNG states, as this version restores them: a
     NaN or inf beta would make every loss NaN, a garbled RNG state failed only after the models had loaded."""
     controller = training.get("kl_controller") or {}
     if controller:
-        coef, history = controller.get("kl_coef"), controller.get("history")
-        if not _number(coef) or not 0 <= coef < float("inf"):
-            raise CheckpointError(f"{file}: kl_controller.kl_coef must be a finite number >= 0, got {shorten(coef)}")
-        if type(controller.get("num_updates")) is not int or controller["num_updates"] < 0:
-            raise CheckpointError(f"{file}: kl_controller.num_updates must be a non-negative integer, got "
-                                  f"{shorten(controller.get('num_updates'))}")
-        if not isinstance(history, list) or len(history) > 100_000 or not all(map(_number, history)):
-            raise CheckpointError(f"{file}: kl_controller.history must be a list of numbers, got {shorten(history)}")
+        try:
+            checks = state_checks(saved_controller(controller))
+        except ValueError as err:
+            raise CheckpointError(f"{file}: kl_controller.{STATE_KEY} {err}, got "
+                                  f"{shorten(controller.get(STATE_KEY))}") from None
+        for key, (valid, what) in checks.items():  # the controller's own checks of what it restores
+            if not valid(controller.get(key)):
+                raise CheckpointError(f"{file}: kl_controller.{key} must be {what}, got {shorten(controller.get(key))}")
     schedule = training.get("anchor_schedule")
     if not isinstance(schedule, dict) or "last_refreshed_at" not in schedule:
         raise CheckpointError(f"{file}: anchor_schedule must be a mapping with last_refreshed_at, got "
@@ -259,6 +256,19 @@ def prompts_difference(saved: Optional[Dict[str, Any]], layout: Optional[dict], 
     return {}
 
 
+def _check_controller(training: dict, name: str, kl_mode: KLMode, path: Path) -> None:
+    """A KL controller continues only its own state: one line when the checkpoint holds another controller's (even
+    under ``--allow_config_change``, which cannot make one controller's state another's)."""
+    state = training.get("kl_controller")
+    if not state or not kl_mode.uses_reference:  # no KL then or now: nothing is restored
+        return
+    saved = saved_controller(state)
+    if saved != name:
+        raise ConfigError(f"{path} holds the state of the {saved!r} KL controller, and this run asks for "
+                          f"--kl_controller {name}: a controller cannot continue another's state. Resume with "
+                          f"--kl_controller {saved}, or start a new run")
+
+
 def describe_setting(key: str) -> str:
     return key if " " in key else f"--{key}"
 
@@ -276,6 +286,7 @@ def check_resume(cfg: ResumeOptions, kl_mode: KLMode, *, distributed: bool, dp_s
     stored = _check_parts(path, sharded)
     training = load_plain(path / TRAINING_STATE_FILE, "training state")
     check_training_state(training, path / TRAINING_STATE_FILE)
+    _check_controller(training, cfg.trust_region.kl_controller, kl_mode, path)
     check = ResumeCheck(path, sharded, training)
 
     anchor_moved = (training.get("anchor_schedule") or {}).get("last_refreshed_at") is not None
@@ -304,7 +315,7 @@ def check_resume(cfg: ResumeOptions, kl_mode: KLMode, *, distributed: bool, dp_s
     check.differences.update(model_root_difference((saved or {}).get("pretrained_model_root"), layout, cfg.model))
     check.differences.update(prompts_difference(saved, layout, cfg.data.train_video_csv, prompts))
     # what no allowed change can load
-    check_resume_shapes(path, sharded, saved or {}, cfg.model, cfg.lora, check.differences)
+    check_resume_shapes(path, sharded, saved or {}, cfg, check.differences)
     if any(key.startswith("prompt data") or key == "train_video_csv" for key in check.differences):
         step = training["global_step"]
         check.notes.append(f"--train_video_csv: other prompts from step {step} on. The sampler keeps no state but "

@@ -12,7 +12,8 @@ true manifold error (``sage_grpo.toy.manifold``: the ground truth, which a real 
 the candidates, all computed from the policy, the frozen base model and the
 samples only: the base model's denoising error at several noise levels, the path KL to the base policy along the
 validation trajectories (the training SDE on the validation schedule), the paired RMS distance to the base model's
-own samples of the same prompts and seeds (latents and pixels) and the energy distance between the two sets.
+own samples of the same prompts and seeds (latents and pixels), the energy distance between the two sets, and every
+proxy of the drift-proxy table (``sage_grpo/pipeline/drift_proxies.py``) at the run's ``--drift_proxy_sigmas``.
 
 Writes the raw rows (one per validation sample) to ``<runs>/drift_proxy_study.json`` and prints the Spearman rank
 correlation of each candidate with the true manifold error: over the validation points (each the mean over its
@@ -26,7 +27,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -38,9 +38,10 @@ from sage_grpo.config.validation import validation_size  # noqa: E402
 from sage_grpo.data import read_prompt_csvs  # noqa: E402
 from sage_grpo.models.loading import load_transformer  # noqa: E402
 from sage_grpo.pipeline.drift import base_denoising_errors, trajectory_path_kl  # noqa: E402
+from sage_grpo.pipeline.drift_proxies import DRIFT_PROXIES, drift_proxy  # noqa: E402
 from sage_grpo.rl.drift import energy_distance, paired_rms, spearman  # noqa: E402
 from sage_grpo.toy.manifold import fit_manifold  # noqa: E402
-from sage_grpo.toy.study import base_config  # noqa: E402
+from sage_grpo.studies.study import base_config  # noqa: E402
 from sage_grpo.tracking.run_dir import read_metrics, validation_rows  # noqa: E402
 from sage_grpo.trainer import GRPOTrainer  # noqa: E402
 
@@ -103,10 +104,13 @@ class Probe:
         for i, item in enumerate(items):
             errors = base_denoising_errors(self.base, sampler, finals[i:i + 1], embeds[i], [item.seed], LEVELS)[0]
             path_kl = trajectory_path_kl(policy, self.base, sampler, trajectories[i], embeds[i])
+            sigmas = trainer.cfg.drift.drift_proxy_sigmas  # every proxy of the table, at the run's noise levels
+            table = {f"proxy_{name}": float(drift_proxy(name)(self.base, sampler, finals[i:i + 1], embeds[i],
+                                                               [item.seed], sigmas).mean()) for name in DRIFT_PROXIES}
             self.rows.append({**self.tags, "step": step, "sample": i, "manifold_error": float(truth[i]),
                               "reward": float(rewards[i]), "path_kl": float(path_kl[0]),
                               "paired_rms_latent": float(latent_rms[i]), "paired_rms_pixel": float(pixel_rms[i]),
-                              **{f"denoise_{s}": float(e) for s, e in zip(LEVELS, errors)}, **point})
+                              **{f"denoise_{s}": float(e) for s, e in zip(LEVELS, errors)}, **table, **point})
         policy.train()
         print(f"  step {step}: manifold error {truth.mean():.4f}, reward {rewards.mean():.3f}, "
               f"{time.perf_counter() - start:.1f} s", flush=True)
@@ -126,6 +130,7 @@ CANDIDATES = {
     "paired RMS to base samples (pixels)": lambda row: row["paired_rms_pixel"],
     "energy distance to base samples (latent)": lambda row: row["energy_latent"],
     "energy distance to base samples (pixels)": lambda row: row["energy_pixel"],
+    **{f"table proxy {name}": (lambda row, name=name: row[f"proxy_{name}"]) for name in DRIFT_PROXIES},
 }
 
 
@@ -200,8 +205,8 @@ def run_study(args) -> Tuple[List[Dict], List[Dict]]:
             print(f"[{time.strftime('%H:%M:%S')}] {arm}, seed {seed}", flush=True)
             probe.tags = {"arm": arm, "seed": seed}
             steps = base_cfg.optim.max_steps if arm == "demo" else args.steps
-            cfg = replace(base_cfg, seed=seed, output_dir=str(Path(args.runs) / f"{arm}-seed{seed}"), max_steps=steps,
-                          save_interval=steps, **ARMS[arm])
+            cfg = base_cfg.replace(seed=seed, output_dir=str(Path(args.runs) / f"{arm}-seed{seed}"), max_steps=steps,
+                                   save_interval=steps, **ARMS[arm])
             torch.manual_seed(seed)
             trainer = ProbedTrainer(cfg, probe)
             with trainer.peers.guard("training"):

@@ -1,5 +1,5 @@
-"""Train the toy-world checkpoint (sage_grpo/toy): the real HunyuanVideo-1.5 classes in the real layout, pretrained
-from scratch on the CPU on videos of one moving disk.
+"""Train the toy-world checkpoint (sage_grpo/studies/pretrain.py): the real HunyuanVideo-1.5 classes in the real layout,
+pretrained from scratch on the CPU on videos of one moving disk (sage_grpo/toy).
 
     python scripts/make_toy_checkpoint.py --output ckpts/toy [--seed 0] [--vae_steps 900 --flow_steps 1000]
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sage_grpo.toy.pretrain import COMPLETE_MARKER, PretrainSettings, write_toy_checkpoint  # noqa: E402
+from sage_grpo.studies.pretrain import COMPLETE_MARKER, PretrainSettings, write_toy_checkpoint  # noqa: E402
 
 
 def main(argv=None) -> int:

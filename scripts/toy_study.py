@@ -6,7 +6,7 @@
 Needs the toy checkpoint (built by ``bash scripts/demo_cpu.sh`` or ``python scripts/make_toy_checkpoint.py``; built
 here if missing). Writes ``docs/toy_study.md`` (``docs/toy_study_quick.md`` with --quick), the PNG curves next to it
 and the raw numbers as JSON; runs go to ``outputs/toy_study/``. An existing report keeps everything outside its
-generated sections (the hand-written verdict and time-to-reward section; ``sage_grpo.toy.study.write_report``).
+generated sections (the hand-written verdict and time-to-reward section; ``sage_grpo.studies.study.write_report``).
 """
 
 import argparse
@@ -15,7 +15,6 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from sage_grpo import sde  # noqa: E402
 from sage_grpo.data import read_prompt_csvs  # noqa: E402
 from sage_grpo.tracking.plots import Panel, Series, plot_panels  # noqa: E402
 from sage_grpo.toy import analytic  # noqa: E402
-from sage_grpo.toy.study import (ablation_arms, base_config, check_report, mean_spread, run_key,  # noqa: E402
+from sage_grpo.studies.study import (ablation_arms, base_config, check_report, mean_spread, run_key,  # noqa: E402
                                   run_one, write_report)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +103,7 @@ def run_ablations(args, prompts, log) -> dict:
     for arm in arms:
         for seed in args.seeds:
             name = f"{arm.ablation}-{arm.name.replace(' ', '_')}-seed{seed}"
-            cfg = replace(base, seed=seed, output_dir=str(Path(args.runs) / name), **arm.overrides)
+            cfg = base.replace(seed=seed, output_dir=str(Path(args.runs) / name), **arm.overrides)
             key = run_key(cfg)
             if key not in done:
                 log(f"[{time.strftime('%H:%M:%S')}] {arm.ablation}: {arm.name}, seed {seed}")

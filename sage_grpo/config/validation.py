@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Protocol, Tuple
 from sage_grpo.config.bounds import MAX_TOKENS, Bound
 from sage_grpo.config.reward_weights import parse_reward_weights
 from sage_grpo.config.sections import flat_items, option_fields
+# the sections' own modules, not the package: the package's reader of recorded configurations checks with these rules
 from sage_grpo.config.train.model import LoRAConfig, ModelConfig, ParallelConfig, ThroughputConfig
 from sage_grpo.config.train.objective import OptimConfig, TrustRegionConfig, UpdateConfig
 from sage_grpo.config.train.rollout import RESOLUTION_BUCKETS, DataConfig, RewardConfig, RolloutConfig
@@ -39,8 +40,8 @@ MEANFLOW_VERSIONS = ("480p_i2v_step_distilled",)
 
 
 class TrainSections(Protocol):
-    """The sections of the training configuration (``sage_grpo.config.train.TrainConfig``) these rules read, declared
-    by shape so the rules take whatever holds them."""
+    """The sections of the training configuration (``sage_grpo.config.train.TrainConfig``) the whole-configuration
+    rules read, declared by shape so the rules take whatever holds them."""
 
     model: ModelConfig
     data: DataConfig
@@ -54,14 +55,6 @@ class TrainSections(Protocol):
     throughput: ThroughputConfig
     validation: ValidationConfig
     drift: DriftGuardConfig
-
-
-class VideoOptions(Protocol):
-    """What a run's video sizes and validation shift are decided from: its model, rollout and validation sections."""
-
-    model: ModelConfig
-    rollout: RolloutConfig
-    validation: ValidationConfig
 
 
 class ConfigError(ValueError):
@@ -93,7 +86,14 @@ def default_flow_shift(transformer_version: str, option: str) -> float:
     return FLOW_SHIFT_BY_VERSION[transformer_version]
 
 
-def validation_flow_shift(cfg: VideoOptions) -> float:
+class FlowShiftOptions(Protocol):
+    """What the validation shift is read from: the ``validation`` and ``model`` sections (declared by shape)."""
+
+    validation: ValidationConfig
+    model: ModelConfig
+
+
+def validation_flow_shift(cfg: FlowShiftOptions) -> float:
     """``--validation_timestep_shift``, or when unset the shift of ``--pretrained_transformer_version``."""
     if cfg.validation.validation_timestep_shift is not None:
         return cfg.validation.validation_timestep_shift
@@ -165,7 +165,14 @@ def check_finite_options(config) -> None:
                   else "give a number, or leave it unset for its default")
 
 
-def trained_steps_per_sample(cfg: TrainSections) -> int:
+class TrainedStepsOptions(Protocol):
+    """What the trained steps per sample are read from: the ``rollout`` and ``update`` sections (declared by shape)."""
+
+    rollout: RolloutConfig
+    update: UpdateConfig
+
+
+def trained_steps_per_sample(cfg: TrainedStepsOptions) -> int:
     """(sample, step) pairs trained per sample and pass: ``--timestep_fraction`` of the SDE window's steps (all N
     steps without a window), at least 1."""
     return max(int((cfg.rollout.sde_window_size or cfg.rollout.grpo_sampling_steps) * cfg.update.timestep_fraction), 1)
@@ -201,18 +208,18 @@ def check_bounds(config) -> None:
                                     else "leave it unset for its default"))
 
 
-def check_optimizer_updates(cfg: TrainSections) -> None:
+def check_optimizer_updates(optim: OptimConfig, update: UpdateConfig) -> None:
     """One optimizer update is made every ``--gradient_accumulation_steps`` rollout batches, and a run trains
     ``--max_steps`` x ``--num_inner_epochs`` of them (one per inner epoch of each step, whatever ``--batch_size``): a
     run with fewer makes no update and learns nothing."""
-    batches = cfg.optim.max_steps * cfg.update.num_inner_epochs
-    if batches < cfg.optim.gradient_accumulation_steps:
-        epochs = f" x --num_inner_epochs {cfg.update.num_inner_epochs}" if cfg.update.num_inner_epochs > 1 else ""
-        _fail("no-optimizer-update", f"--gradient_accumulation_steps {cfg.optim.gradient_accumulation_steps} with "
-              f"--max_steps {cfg.optim.max_steps}{epochs} makes no optimizer update: one is made every "
-              f"{cfg.optim.gradient_accumulation_steps} rollout batches and the run trains {batches}",
+    batches = optim.max_steps * update.num_inner_epochs
+    if batches < optim.gradient_accumulation_steps:
+        epochs = f" x --num_inner_epochs {update.num_inner_epochs}" if update.num_inner_epochs > 1 else ""
+        _fail("no-optimizer-update", f"--gradient_accumulation_steps {optim.gradient_accumulation_steps} with "
+              f"--max_steps {optim.max_steps}{epochs} makes no optimizer update: one is made every "
+              f"{optim.gradient_accumulation_steps} rollout batches and the run trains {batches}",
               f"use --gradient_accumulation_steps {batches} (or less), or --max_steps "
-              f"{-(-cfg.optim.gradient_accumulation_steps // cfg.update.num_inner_epochs)} (or more)")
+              f"{-(-optim.gradient_accumulation_steps // update.num_inner_epochs)} (or more)")
 
 
 def validate_train_config(cfg: TrainSections, world_size: int = 1,
@@ -251,7 +258,7 @@ def check_option_values(cfg: TrainSections) -> List[str]:
     if not 0 <= cfg.throughput.replay_group_size <= trained_steps_per_sample(cfg):
         _fail("replay-group", f"--replay_group_size {cfg.throughput.replay_group_size} must be in [0, the trained steps per "
               f"sample, {trained_steps_per_sample(cfg)}]", "use 0 (auto) or 1 (one step per forward, the reference)")
-    check_optimizer_updates(cfg)
+    check_optimizer_updates(cfg.optim, cfg.update)
     if cfg.validation.validate_ema and cfg.optim.ema_decay == 0.0:
         _fail("validate-ema-needs-ema", "--validate_ema true but --ema_decay is 0: there is no EMA to validate",
               "add --ema_decay 0.999, or drop --validate_ema")
@@ -267,46 +274,48 @@ def check_option_values(cfg: TrainSections) -> List[str]:
         if validation_flow_shift(cfg) <= 0:
             _fail("validation-shift-positive", f"--validation_timestep_shift {cfg.validation.validation_timestep_shift} must be "
                   "> 0", "leave it unset for the model version's shift (480p_t2v: 5.0, 720p_t2v: 9.0)")
-    notes += _check_drift_options(cfg)
+    notes += _check_drift_options(cfg.drift, cfg.validation.validation_interval)
     if cfg.lora.pretrained_lora_path and not cfg.lora.use_lora:
         _fail("lora-path-needs-lora", "--pretrained_lora_path is set but --use_lora is false", "add --use_lora true")
-    return notes + _kl_notes(cfg)
+    return notes + _kl_notes(cfg.trust_region)
 
 
-def _kl_notes(cfg: TrainSections) -> List[str]:
+def _kl_notes(trust_region: TrustRegionConfig) -> List[str]:
     """What the adaptive β makes of --kl_coef and --kl_min_coef, as the reference does (sage_grpo/rl/kl_controller.py):
     a clamped floor, a floor of 0 read as --kl_coef, and a β that stays 0 (no KL, no reference model)."""
-    if cfg.trust_region.kl_weight <= 0:
+    kl_weight, kl_coef, kl_min_coef = trust_region.kl_weight, trust_region.kl_coef, trust_region.kl_min_coef
+    if kl_weight <= 0 or trust_region.kl_controller != "adaptive":
         return []
-    if cfg.trust_region.kl_coef == 0 and cfg.trust_region.kl_min_coef == 0:
+    if kl_coef == 0 and kl_min_coef == 0:
         return [f"--kl_coef 0 with --kl_min_coef 0: the KL weight beta stays 0 for the whole run (the reference "
-                f"computes the KL only while beta > 0), so --kl_weight {cfg.trust_region.kl_weight} adds no KL term and no "
+                f"computes the KL only while beta > 0), so --kl_weight {kl_weight} adds no KL term and no "
                 "reference model is loaded; for a KL term set --kl_coef > 0"]
-    if cfg.trust_region.kl_min_coef == 0:
-        return [f"--kl_min_coef 0 means --kl_coef {cfg.trust_region.kl_coef} (the reference's 'kl_min_coef or kl_coef'): beta's "
+    if kl_min_coef == 0:
+        return [f"--kl_min_coef 0 means --kl_coef {kl_coef} (the reference's 'kl_min_coef or kl_coef'): beta's "
                 "floor and the start of its warm-up"]
-    if cfg.trust_region.kl_min_coef > cfg.trust_region.kl_weight:
-        return [f"--kl_min_coef {cfg.trust_region.kl_min_coef} > --kl_weight {cfg.trust_region.kl_weight}: the controller clamps it to "
-                f"{cfg.trust_region.kl_weight} (as the reference does)"]
+    if kl_min_coef > kl_weight:
+        return [f"--kl_min_coef {kl_min_coef} > --kl_weight {kl_weight}: the controller clamps it to "
+                f"{kl_weight} (as the reference does)"]
     return []
 
 
-def _check_drift_options(cfg: TrainSections) -> List[str]:
+def _check_drift_options(drift: DriftGuardConfig, validation_interval: int) -> List[str]:
     """The drift proxy and guard (``sage_grpo.rl.drift_guard``) watch the validation points: without any they are off
     (a note says so: a config file may turn the guard on and a benchmark validation off)."""
-    if not (cfg.drift.drift_proxy or cfg.drift.drift_guard != "off"):
+    if not (drift.drift_proxy or drift.drift_guard != "off"):
         return []
-    if cfg.validation.validation_interval <= 0:
-        flag = "--drift_proxy true" if cfg.drift.drift_guard == "off" else f"--drift_guard {cfg.drift.drift_guard}"
+    if validation_interval <= 0:
+        flag = "--drift_proxy true" if drift.drift_guard == "off" else f"--drift_guard {drift.drift_guard}"
         return [f"{flag} is measured at the validation points and --validation_interval is "
-                f"{cfg.validation.validation_interval}: the drift proxy and guard are off"]
-    if not cfg.drift.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in cfg.drift.drift_proxy_sigmas):
-        _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {cfg.drift.drift_proxy_sigmas} must be one or more noise levels "
-              "in (0, 1)", "use --drift_proxy_sigmas 0.5 0.75 0.9 (the default)")
-    if cfg.drift.drift_guard_window < 2 or cfg.drift.drift_guard_proxy_ratio <= 1 or cfg.drift.drift_guard_heldout_fall < 0:
-        _fail("drift-guard-bounds", f"--drift_guard_window {cfg.drift.drift_guard_window} must be >= 2, "
-              f"--drift_guard_proxy_ratio {cfg.drift.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
-              f"and --drift_guard_heldout_fall {cfg.drift.drift_guard_heldout_fall} >= 0", "use the defaults (3, 4.0, 0.05)")
+                f"{validation_interval}: the drift proxy and guard are off"]
+    if not drift.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in drift.drift_proxy_sigmas):
+        _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {drift.drift_proxy_sigmas} must be one or more noise "
+              "levels in (0, 1)", "use --drift_proxy_sigmas 0.5 0.75 0.9 (the default)")
+    if drift.drift_guard_window < 2 or drift.drift_guard_proxy_ratio <= 1 or drift.drift_guard_heldout_fall < 0:
+        _fail("drift-guard-bounds", f"--drift_guard_window {drift.drift_guard_window} must be >= 2, "
+              f"--drift_guard_proxy_ratio {drift.drift_guard_proxy_ratio} > 1 (the step-0 point is 1 by definition) "
+              f"and --drift_guard_heldout_fall {drift.drift_guard_heldout_fall} >= 0",
+              "use the defaults (3, 4.0, 0.05)")
     return []
 
 
@@ -318,13 +327,25 @@ def _check_reward_weights(text: str) -> None:
         raise ConfigError(str(err)) from None  # its messages name reward_weights and give an example
 
 
-def rollout_size(cfg: VideoOptions) -> Tuple[int, int]:
+class RolloutSizeOptions(Protocol):
+    """What the rollout size is read from: the configuration's ``rollout`` section (declared by shape)."""
+
+    rollout: RolloutConfig
+
+
+class VideoSizeOptions(RolloutSizeOptions, Protocol):
+    """What the rollout and validation sizes are read from: the ``rollout`` and ``validation`` sections."""
+
+    validation: ValidationConfig
+
+
+def rollout_size(cfg: RolloutSizeOptions) -> Tuple[int, int]:
     """(height, width) of rollout videos: the explicit override, else the reference bucket table."""
     if cfg.rollout.rollout_height is not None:
         return cfg.rollout.rollout_height, cfg.rollout.rollout_width
     return RESOLUTION_BUCKETS[cfg.rollout.video_bucket_hw_base_size]
 
 
-def validation_size(cfg: VideoOptions) -> Tuple[int, int]:
+def validation_size(cfg: VideoSizeOptions) -> Tuple[int, int]:
     """(height, width) of validation videos: ``--validation_fixed_size``, or the rollout size when it is none."""
     return parse_size(cfg.validation.validation_fixed_size, "--validation_fixed_size") or rollout_size(cfg)

@@ -13,10 +13,11 @@ which is why it is taken once per checkpoint and evaluation, not per video.
 
 import hashlib
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Protocol, Tuple, Union
 
 from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, LORA_DIR, TRANSFORMER_FILE
-from sage_grpo.models import lora
+from sage_grpo.config.train import LoRAConfig, ModelConfig
+from sage_grpo.models import lora, lora_folder
 from sage_grpo.safe_io import CheckpointError, shard_names
 
 PathLike = Union[str, Path]
@@ -62,8 +63,8 @@ def stored_shapes(located: Path) -> Shapes:
     from sage_grpo.export.weights import DCP_NESTING, is_dcp_folder
     from sage_grpo.safe_io import read_dcp_metadata
 
-    if lora.is_adapter_folder(located):
-        return lora.strip_key_prefix(_safetensors_shapes(located / lora.ADAPTER_WEIGHTS_FILE))
+    if lora_folder.is_adapter_folder(located):
+        return lora_folder.strip_key_prefix(_safetensors_shapes(located / lora_folder.ADAPTER_WEIGHTS_FILE))
     if is_dcp_folder(located):
         tensors = {key: tuple(meta.size) for key, meta in read_dcp_metadata(located).state_dict_metadata.items()
                    if isinstance(meta, TensorStorageMetadata)}
@@ -111,15 +112,24 @@ def adapter_rank(shapes: Shapes) -> Optional[int]:
 _NO_RESHAPE = "tensors of other shapes cannot load, not even with --allow_config_change"
 
 
-def _run_rank(options) -> int:
-    """The LoRA rank a run builds (``options``: its LoRA section): its --pretrained_lora_path adapter's, else
-    --lora_r."""
-    return lora.check_adapter_folder(Path(options.pretrained_lora_path))["r"] if options.pretrained_lora_path \
-        else options.lora_r
+class ResumeShapeOptions(Protocol):
+    """What the shapes a run builds are read from: the configuration's ``lora`` section (LoRA or not, the rank, the
+    targets) and its ``model`` section (the transformer), declared by shape."""
+
+    lora: LoRAConfig
+    model: ModelConfig
 
 
-def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, options) -> None:
-    """The LoRA side of :func:`check_resume_shapes`: LoRA or not, the rank, the target modules."""
+def _run_rank(options: LoRAConfig) -> int:
+    """The LoRA rank a run builds: its --pretrained_lora_path adapter's, else --lora_r."""
+    if options.pretrained_lora_path:
+        return lora_folder.check_adapter_folder(Path(options.pretrained_lora_path))["r"]
+    return options.lora_r
+
+
+def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, options: LoRAConfig) -> None:
+    """The LoRA side of :func:`check_resume_shapes` (``options``: the run's ``lora`` section): LoRA or not, the rank,
+    the target modules."""
     from sage_grpo.config.validation import ConfigError
 
     adapter = checkpoint / LORA_DIR
@@ -136,33 +146,34 @@ def _check_adapter(checkpoint: Path, rank: Optional[int], saved: Dict, options) 
                           f"{rank}, or start a new run from this adapter: --pretrained_lora_path {adapter}")
     targets = saved.get("lora_target_modules", options.lora_target_modules)
     if not options.pretrained_lora_path and targets != options.lora_target_modules:
-        raise ConfigError(f"resuming {checkpoint} with --lora_target_modules {options.lora_target_modules}: its adapter "
-                          f"adapts the layers of {targets}, and its tensors cannot move to other layers "
+        raise ConfigError(f"resuming {checkpoint} with --lora_target_modules {options.lora_target_modules}: its "
+                          f"adapter adapts the layers of {targets}, and its tensors cannot move to other layers "
                           f"({_NO_RESHAPE}). Resume with its targets, or start a new run from this adapter: "
                           f"--pretrained_lora_path {adapter}")
 
 
-def check_resume_shapes(checkpoint: Path, sharded: bool, saved: Dict, model, options, differences: Dict) -> None:
+def check_resume_shapes(checkpoint: Path, sharded: bool, saved: Dict, cfg: ResumeShapeOptions,
+                        differences: Dict) -> None:
     """Refuse (one ConfigError line, before any model loads) a resume of ``checkpoint`` whose trainable tensors
-    cannot load into the run builds (``model``, ``options``: its model and LoRA sections), whatever
-    ``--allow_config_change`` says: full weights into a LoRA run
+    cannot load into the run ``cfg`` builds, whatever ``--allow_config_change`` says: full weights into a LoRA run
     or the reverse, an adapter of another rank or other target modules, weights of another transformer's shapes
     (checked when the transformer version or the model root is among ``differences``). ``saved``: the checkpoint's
     recorded settings. LoRA alpha and dropout shape no tensor: they may change like any allowed setting."""
     from sage_grpo.config.validation import ConfigError
 
     stored = training_shapes(checkpoint, sharded)
-    _check_adapter(checkpoint, adapter_rank(stored), saved, options)
+    _check_adapter(checkpoint, adapter_rank(stored), saved, cfg.lora)
     changed = [key for key in differences if key == "pretrained_transformer_version" or key.startswith("model root")]
     if not changed:
         return
+    model = cfg.model
     problems = mismatches(stored, transformer_shapes(model.pretrained_model_root, model.pretrained_transformer_version,
                                                      parameters_only=True))
     if problems:
         raise ConfigError(f"resuming {checkpoint} with another {' and '.join(changed)}: its trainable weights do not "
-                          f"fit the transformer {model.pretrained_transformer_version} of {model.pretrained_model_root} "
-                          f"({'; '.join(problems[:2])}; {_NO_RESHAPE}). Resume with the checkpoint's model root and "
-                          "transformer version, or start a new run in a new --output_dir")
+                          f"fit the transformer {model.pretrained_transformer_version} of "
+                          f"{model.pretrained_model_root} ({'; '.join(problems[:2])}; {_NO_RESHAPE}). Resume with the "
+                          "checkpoint's model root and transformer version, or start a new run in a new --output_dir")
 
 
 def check_loadable(path: PathLike, expected: Shapes, option: str) -> Path:
@@ -194,7 +205,8 @@ def _identity_files(path: Path, located: Path) -> Iterator[Path]:
         yield located
     for folder in (path, path.parent, path.parent.parent):
         if (folder / CONFIG_FILE).is_file() or (folder / LORA_DIR).is_dir():
-            yield from (p for p in (folder / CONFIG_FILE, folder / LORA_DIR / lora.ADAPTER_CONFIG_FILE) if p.is_file())
+            yield from (p for p in (folder / CONFIG_FILE, folder / LORA_DIR / lora_folder.ADAPTER_CONFIG_FILE)
+                        if p.is_file())
             break
 
 

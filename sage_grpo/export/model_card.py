@@ -123,15 +123,7 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
     step = _checkpoint_step(checkpoint)
     rows = [row for row in training_rows(read_metrics(checkpoint.parent)) if step is None or row["step"] <= step]
     base_model, transformer, origin = _base(config, base_config)
-    if export_format == "lora":
-        what = f"a LoRA adapter (peft) for {transformer}"
-    elif merged_lora:
-        what = f"{transformer} with a trained LoRA adapter merged into its weights"
-    else:
-        what = f"{transformer}, fully fine-tuned"
-    if ema:
-        decay = code_span(config.get("ema_decay"))
-        what += f" (the exponential moving average of the trained weights, --ema_decay {decay})"
+    what = _what(transformer, export_format, merged_lora, code_span(config.get("ema_decay")) if ema else None)
     tags = ["text-to-video", "hunyuanvideo-1.5", "grpo", "sage-grpo", "reinforcement-learning"]
     header = {"base_model": base_model, "library_name": "peft" if export_format == "lora" else "diffusers",
               "pipeline_tag": "text-to-video", "tags": tags}
@@ -139,21 +131,6 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
         del header["base_model"]
     shown = [key for key in CARD_OPTIONS if key in config and (config.get("use_lora") or not key.startswith("lora_"))]
     settings = [f"| `--{key}` | {code_span(config[key])} |" for key in shown]
-    if pipeline_record is not None:
-        from sage_grpo.export.pipeline import attribute_overrides, loading_code
-
-        overrides = attribute_overrides(pipeline_record["pipeline_attributes"])
-        loading = (f"```python\n{loading_code(pipeline_record['task'], overrides)}\n```\n"
-                   f"Sampled as generate.py samples it: guidance scale {pipeline_record['guidance_scale']}, flow "
-                   f"shift {pipeline_record['flow_shift']} (guider/ and scheduler/ of this folder).")
-    elif export_format == "lora":
-        loading = ("```python\nfrom peft import PeftModel\n"
-                   "# base_transformer: HunyuanVideo15Transformer3DModel.from_pretrained(...)\n"
-                   "transformer = PeftModel.from_pretrained(base_transformer, \"<this folder>\")\n```")
-    else:
-        loading = ("```python\nfrom diffusers import HunyuanVideo15Transformer3DModel\n"
-                   "transformer = HunyuanVideo15Transformer3DModel.from_pretrained(\"<this folder>\")\n```\n"
-                   "or `python generate.py --checkpoint_path <this folder>` with sage-grpo.")
     parts = [
         "---\n" + yaml.safe_dump(header, sort_keys=False) + "---",
         f"# {what[0].upper()}{what[1:]}",
@@ -168,9 +145,41 @@ def model_card(checkpoint: Path, *, export_format: str, dtype: str, merged_lora:
         "## Base weights",
         _weights_lines(checkpoint),
         "## Loading",
-        loading,
+        _loading(export_format, pipeline_record),
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def _what(transformer: str, export_format: str, merged_lora: bool, ema_decay: Optional[str]) -> str:
+    """What the export holds, as the card's title says it (``ema_decay``: the recorded ``--ema_decay`` as a code span
+    when the export is the exponential moving average of the trained weights, else None)."""
+    if export_format == "lora":
+        what = f"a LoRA adapter (peft) for {transformer}"
+    elif merged_lora:
+        what = f"{transformer} with a trained LoRA adapter merged into its weights"
+    else:
+        what = f"{transformer}, fully fine-tuned"
+    if ema_decay is not None:
+        what += f" (the exponential moving average of the trained weights, --ema_decay {ema_decay})"
+    return what
+
+
+def _loading(export_format: str, pipeline_record: Optional[Dict[str, Any]]) -> str:
+    """The card's "Loading" section: the code that loads this export."""
+    if pipeline_record is not None:
+        from sage_grpo.export.pipeline import attribute_overrides, loading_code
+
+        overrides = attribute_overrides(pipeline_record["pipeline_attributes"])
+        return (f"```python\n{loading_code(pipeline_record['task'], overrides)}\n```\n"
+                f"Sampled as generate.py samples it: guidance scale {pipeline_record['guidance_scale']}, flow "
+                f"shift {pipeline_record['flow_shift']} (guider/ and scheduler/ of this folder).")
+    if export_format == "lora":
+        return ("```python\nfrom peft import PeftModel\n"
+                "# base_transformer: HunyuanVideo15Transformer3DModel.from_pretrained(...)\n"
+                "transformer = PeftModel.from_pretrained(base_transformer, \"<this folder>\")\n```")
+    return ("```python\nfrom diffusers import HunyuanVideo15Transformer3DModel\n"
+            "transformer = HunyuanVideo15Transformer3DModel.from_pretrained(\"<this folder>\")\n```\n"
+            "or `python generate.py --checkpoint_path <this folder>` with sage-grpo.")
 
 
 def recorded_settings(checkpoint: Path) -> Dict[str, Any]:

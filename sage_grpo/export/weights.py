@@ -23,7 +23,8 @@ Export (``scripts/export_checkpoint.py``):
 * ``--format transformer``: a diffusers ``save_pretrained`` folder (config.json + safetensors), merged for LoRA runs,
   cast to ``--dtype`` (default fp32, lossless for the trained fp32 master weights). Load it with
   ``HunyuanVideo15Transformer3DModel.from_pretrained(folder)`` and pass it to ``HunyuanVideo15Pipeline``.
-* ``--format lora`` (LoRA runs only): the peft adapter folder (see :mod:`sage_grpo.models.lora` for the loading calls).
+* ``--format lora`` (LoRA runs only): the peft adapter folder (see :mod:`sage_grpo.models.lora_folder` for the loading
+  calls).
 * ``--format pipeline``: the transformer folder as ``transformer/`` of a whole diffusers pipeline folder
   (:mod:`sage_grpo.export.pipeline`), which ``HunyuanVideo15Pipeline.from_pretrained`` loads.
 
@@ -37,7 +38,7 @@ from typing import Dict, Optional, Union
 
 import torch
 
-from sage_grpo.models import lora
+from sage_grpo.models import lora, lora_folder
 from sage_grpo.checkpoint_layout import CONFIG_FILE, DCP_DIR, DCP_MODEL, LORA_DIR, TRANSFORMER_FILE
 from sage_grpo.dtypes import DTYPES
 from sage_grpo.export.model_card import recorded_settings, write_model_card
@@ -103,7 +104,7 @@ def _checkpoint_dir_of(path: Path) -> Optional[Path]:
 
 def _locate(path: Path) -> Path:
     """The file, DCP folder or adapter folder holding the weights at ``path``."""
-    if path.is_dir() and (lora.is_adapter_folder(path) or is_dcp_folder(path)):
+    if path.is_dir() and (lora_folder.is_adapter_folder(path) or is_dcp_folder(path)):
         return path
     if path.is_dir() and is_dcp_folder(path / DCP_DIR) and not (path / TRANSFORMER_FILE).is_file():
         return path / DCP_DIR
@@ -112,7 +113,7 @@ def _locate(path: Path) -> Path:
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{err} Also accepted: a torch.distributed.checkpoint folder (with {DCP_METADATA}), "
                                 f"a checkpoint-N dir holding {DCP_DIR}/, or a LoRA adapter folder "
-                                f"({lora.ADAPTER_CONFIG_FILE} + {lora.ADAPTER_WEIGHTS_FILE}).") from None
+                                f"({lora_folder.ADAPTER_CONFIG_FILE} + {lora_folder.ADAPTER_WEIGHTS_FILE}).") from None
 
 
 def locate_trained_weights(path: PathLike) -> Path:
@@ -122,13 +123,13 @@ def locate_trained_weights(path: PathLike) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     located = _locate(path)
-    if lora.is_adapter_folder(located) and not (located / lora.ADAPTER_WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"{located} is a LoRA adapter folder without {lora.ADAPTER_WEIGHTS_FILE} (found: "
-                                f"{', '.join(sorted(p.name for p in located.iterdir())[:10])}); only safetensors "
-                                "weights are read. Save the adapter with peft's save_pretrained(safe_serialization="
-                                "True), or pass a checkpoint-N folder")
-    if lora.is_adapter_folder(located):
-        lora.check_adapter_folder(located)  # its adapter_config.json, before any model loads
+    if lora_folder.is_adapter_folder(located) and not (located / lora_folder.ADAPTER_WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{located} is a LoRA adapter folder without {lora_folder.ADAPTER_WEIGHTS_FILE} "
+                                f"(found: {', '.join(sorted(p.name for p in located.iterdir())[:10])}); only "
+                                "safetensors weights are read. Save the adapter with peft's "
+                                "save_pretrained(safe_serialization=True), or pass a checkpoint-N folder")
+    if lora_folder.is_adapter_folder(located):
+        lora_folder.check_adapter_folder(located)  # its adapter_config.json, before any model loads
     return located
 
 
@@ -136,8 +137,8 @@ def read_trained_weights(path: PathLike) -> TrainedWeights:
     """Read any accepted weights location (see the module docstring)."""
     path = Path(path)
     located = locate_trained_weights(path)
-    if lora.is_adapter_folder(located):
-        config, state = lora.read_adapter_folder(located)
+    if lora_folder.is_adapter_folder(located):
+        config, state = lora_folder.read_adapter_folder(located)
         return TrainedWeights("lora", state, located, config)
     state = read_dcp_state_dict(located) if is_dcp_folder(located) else _read_safetensors(located)
     if not any(lora.is_adapter_key(key) for key in state):
@@ -148,16 +149,16 @@ def read_trained_weights(path: PathLike) -> TrainedWeights:
 
 def lora_config_of_checkpoint(checkpoint: Optional[Path], state: Dict[str, torch.Tensor]):
     """The LoraConfig of a LoRA training checkpoint: its lora/ folder, else its run config plus the tensors."""
-    if checkpoint is not None and lora.is_adapter_folder(checkpoint / LORA_DIR):
-        return lora.read_adapter_folder(checkpoint / LORA_DIR)[0]
+    if checkpoint is not None and lora_folder.is_adapter_folder(checkpoint / LORA_DIR):
+        return lora_folder.read_adapter_folder(checkpoint / LORA_DIR)[0]
     if checkpoint is None or not (checkpoint / CONFIG_FILE).is_file():
         raise FileNotFoundError("LoRA weights without their config: expected the checkpoint's lora/ folder or "
                                 "config.yaml next to transformer/model.safetensors")
     from sage_grpo.config.train import read_run_config
 
     run = read_run_config(checkpoint / CONFIG_FILE)
-    if run.lora.pretrained_lora_path and lora.is_adapter_folder(Path(run.lora.pretrained_lora_path)):
-        return lora.read_adapter_folder(Path(run.lora.pretrained_lora_path))[0]
+    if run.lora.pretrained_lora_path and lora_folder.is_adapter_folder(Path(run.lora.pretrained_lora_path)):
+        return lora_folder.read_adapter_folder(Path(run.lora.pretrained_lora_path))[0]
     modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
     rank = next(v.shape[0] for k, v in state.items() if k.endswith("lora_A.weight"))
     return lora.make_lora_config(rank, run.lora.lora_alpha, run.lora.lora_dropout, modules)
@@ -224,7 +225,7 @@ def export_checkpoint(checkpoint: PathLike, model_root: PathLike, output: PathLi
         if not weights.is_lora:
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter; use --format transformer")
         state = {k: v.to(DTYPES[dtype]) for k, v in weights.state.items()}
-        lora.write_adapter_folder(output, weights.lora_config, state)
+        lora_folder.write_adapter_folder(output, weights.lora_config, state)
     else:
         transformer = load_transformer(model_root, version, dtype=torch.float32, device="cpu")
         apply_trained_weights(transformer, weights)  # merged in fp32, then cast once

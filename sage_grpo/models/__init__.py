@@ -6,7 +6,7 @@ the functions that need them: ``python -m sage_grpo.cli.verify`` and ``python -m
 ``download_weights.sh`` runs for every repository, import neither torch nor diffusers.
 """
 
-import importlib
+from sage_grpo import lazy_exports
 
 _EXPORTS = {
     "DEFAULT_TRANSFORMER_VERSION": "layout",
@@ -27,14 +27,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -60,6 +60,27 @@ from sage_grpo.models.vae import decode_latents
 from sage_grpo.rl import KLMode, drift_watch_of
 
 
+class ParallelOptions(Protocol):
+    """Where a process computes and whether it shards: the configuration's ``parallel`` section (by shape)."""
+
+    parallel: ParallelConfig
+
+
+class LoraOptions(Protocol):
+    """A run's adapters: the ``lora`` section, and the ``data`` section's seed their initialisation draws from."""
+
+    lora: LoRAConfig
+    data: DataConfig
+
+
+class FrozenTransformerOptions(Protocol):
+    """A frozen base transformer: the ``model`` section (which, in which dtype, its attention) and the ``throughput``
+    section (``--mixed_length_attention``)."""
+
+    model: ModelConfig
+    throughput: ThroughputConfig
+
+
 class ModelOptions(Protocol):
     """The sections of the training configuration the models are built from (declared by shape): the model and its
     adapters, where they run and how (``parallel``, ``throughput``), the adapters' seed (``data``), the negative
@@ -75,13 +96,7 @@ class ModelOptions(Protocol):
     validation: ValidationConfig
 
 
-class DeviceOptions(Protocol):
-    """What the device is decided from: the configuration's ``parallel`` section (``--device``, ``--enable_fsdp``)."""
-
-    parallel: ParallelConfig
-
-
-def resolve_device(cfg: DeviceOptions) -> torch.device:
+def resolve_device(cfg: ParallelOptions) -> torch.device:
     """This process's device, decided once: ``--device``, else CUDA when available, else the CPU. A CUDA device
     always carries its index, this process's ``cuda:LOCAL_RANK`` when ``--device cuda`` names none: the NCCL barrier
     needs the index, and tensors report ``cuda:N``, which never equals a bare ``cuda``."""
@@ -94,7 +109,7 @@ def resolve_device(cfg: DeviceOptions) -> torch.device:
     return torch.device("cpu")
 
 
-def is_sharded_run(cfg: DeviceOptions) -> bool:
+def is_sharded_run(cfg: ParallelOptions) -> bool:
     """Whether the transformers get FSDP-sharded: ``--enable_fsdp`` on several processes."""
     return cfg.parallel.enable_fsdp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -257,7 +272,7 @@ class ModelBundle:
             self.lora.save_folder(Path(checkpoint_dir) / LORA_DIR)
 
 
-def build_lora(cfg: ModelOptions, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
+def build_lora(cfg: LoraOptions, kl_mode: KLMode, policy: torch.nn.Module, master_dtype: torch.dtype) -> LoraTraining:
     """``policy`` frozen with the run's adapters (``--lora_*``; the ``anchor`` too for the moving anchor), in place;
     also what ``python -m sage_grpo.plan --simulate`` builds its LoRA policy with."""
     return LoraTraining.create(
@@ -313,7 +328,7 @@ def build_models(cfg: ModelOptions, kl_mode: KLMode, placement: Placement) -> Mo
                        weights_folder=folder if on_meta else None, images=images, base=base)
 
 
-def frozen_transformer(cfg: ModelOptions, folder: Path, placement: Placement, device: torch.device,
+def frozen_transformer(cfg: FrozenTransformerOptions, folder: Path, placement: Placement, device: torch.device,
                        on_meta: bool) -> torch.nn.Module:
     """A frozen base transformer in ``--dtype`` (the KL reference, the drift proxy's base copy): on the meta device
     for a sharded run (``materialize`` reads its shards), else loaded where ``placement`` keeps the reference."""

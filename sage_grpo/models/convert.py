@@ -37,6 +37,7 @@ conversion script records (the qkv split and the adaLN swap); the code is our ow
 """
 
 import re
+import shutil
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -332,9 +333,33 @@ def convert_reference_checkpoint(reference_root, output, *, versions: Optional[S
     write must not exist unless ``overwrite`` (then it is replaced); other contents of ``output`` (``VideoReward/``,
     a README) are left alone.
     """
-    import shutil
-
     reference_root, output = Path(reference_root), Path(output)
+    versions = _checked_request(reference_root, output, versions, components, overwrite, glyph_dir)
+    staging = output / ".convert.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    steps = [(f"transformer {v}", lambda v=v: convert_transformer(reference_root, v, staging)) for v in versions
+             if "transformer" in components]
+    steps += [(name, step) for name, step in (
+        ("vae", lambda: convert_vae(reference_root, staging)),
+        ("text_encoder", lambda: convert_llm(reference_root, staging)),
+        ("text_encoder_2", lambda: convert_byt5(reference_root, staging, glyph_dir and Path(glyph_dir))),
+        ("scheduler", lambda: write_scheduler(versions[0], staging))) if name in components]
+    try:
+        for name, step in steps:
+            log(f"[convert] {name}")
+            step()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _move_into_place(staging, output, output_folders(versions, components))
+    return output
+
+
+def _checked_request(reference_root: Path, output: Path, versions: Optional[Sequence[str]],
+                     components: Sequence[str], overwrite: bool, glyph_dir) -> List[str]:
+    """The transformer versions to convert (default: every one under the reference root), once the request is
+    checked: the root exists, the components are known, the versions are there, ``output`` is neither the root nor
+    inside an input, and it holds none of the folders the conversion writes unless ``overwrite``."""
     if not reference_root.is_dir():
         raise ConversionError(f"reference root {reference_root} is not a directory")
     unknown = sorted(set(components) - set(COMPONENTS))
@@ -357,23 +382,12 @@ def convert_reference_checkpoint(reference_root, output, *, versions: Optional[S
     if existing and not overwrite:
         raise ConversionError(f"{output} already holds {existing}; pass --overwrite to replace them, or choose "
                               "another --output")
-    staging = output / ".convert.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    steps = [(f"transformer {v}", lambda v=v: convert_transformer(reference_root, v, staging)) for v in versions
-             if "transformer" in components]
-    steps += [(name, step) for name, step in (
-        ("vae", lambda: convert_vae(reference_root, staging)),
-        ("text_encoder", lambda: convert_llm(reference_root, staging)),
-        ("text_encoder_2", lambda: convert_byt5(reference_root, staging, glyph_dir and Path(glyph_dir))),
-        ("scheduler", lambda: write_scheduler(versions[0], staging))) if name in components]
-    try:
-        for name, step in steps:
-            log(f"[convert] {name}")
-            step()
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    for folder in output_folders(versions, components):
+    return versions
+
+
+def _move_into_place(staging: Path, output: Path, folders: Sequence[str]) -> None:
+    """Replace each of ``folders`` of ``output`` with the converted one in ``staging``, then remove ``staging``."""
+    for folder in folders:
         target = output / folder
         if target.is_symlink():  # download_weights.sh links the folders into .hf/ snapshots: replace the link only
             target.unlink()
@@ -382,4 +396,3 @@ def convert_reference_checkpoint(reference_root, output, *, versions: Optional[S
         target.parent.mkdir(parents=True, exist_ok=True)
         (staging / folder).rename(target)
     shutil.rmtree(staging)
-    return output

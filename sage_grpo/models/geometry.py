@@ -2,13 +2,17 @@
 
 ``sage_grpo/distributed/`` decides how to split the models; this module, which knows the checkpoint's layout, tells
 it the number of attention heads (Ulysses splits them) and the image tokens of one video (Ulysses splits those too).
+
+Its functions read the ``model`` section (which checkpoint), and for the run's video sizes the ``rollout`` and
+``validation`` sections, of the configuration they are handed (:class:`ModelOptions`, :class:`GeometryOptions`).
 """
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Protocol, Tuple
 
-from sage_grpo.config.validation import ConfigError, VideoOptions, rollout_size, validation_size
+from sage_grpo.config.train import ModelConfig
+from sage_grpo.config.validation import ConfigError, VideoSizeOptions, rollout_size, validation_size
 from sage_grpo.models import layout
 from sage_grpo.models.config_fields import read_model_config
 
@@ -34,40 +38,51 @@ class ModelGeometry:
     video_tokens: Dict[str, int]  # "rollout" (and "validation" when validation runs) -> image tokens per video
 
 
-def _configs(cfg: VideoOptions) -> Optional[Tuple[Dict, Dict]]:
-    """(transformer, VAE) configs of the configured checkpoint; None when either file is missing."""
-    root = Path(cfg.model.pretrained_model_root)
-    transformer = _read_config(root / layout.transformer_layout(cfg.model.pretrained_transformer_version).subdir
+class ModelOptions(Protocol):
+    """What names the checkpoint: the configuration's ``model`` section (declared by shape)."""
+
+    model: ModelConfig
+
+
+class GeometryOptions(ModelOptions, VideoSizeOptions, Protocol):
+    """The checkpoint and the run's video sizes: the ``model``, ``rollout`` and ``validation`` sections."""
+
+
+def _configs(model: ModelConfig) -> Optional[Tuple[Dict, Dict]]:
+    """(transformer, VAE) configs of the checkpoint ``model`` names; None when either file is missing."""
+    root = Path(model.pretrained_model_root)
+    transformer = _read_config(root / layout.transformer_layout(model.pretrained_transformer_version).subdir
                                / "config.json", "transformer")
     vae = _read_config(root / layout.VAE.subdir / "config.json", "vae")
     return None if transformer is None or vae is None else (transformer, vae)
 
 
-def video_tokens_at(cfg: VideoOptions, num_frames: int, height: int, width: int) -> Optional[int]:
+def video_tokens_at(cfg: ModelOptions, num_frames: int, height: int, width: int) -> Optional[int]:
     """Image tokens of one video of the configured checkpoint at this size (an image-to-video bucket); None when a
     config file is missing."""
-    configs = _configs(cfg)
+    configs = _configs(cfg.model)
     if configs is None:
         return None
     transformer, vae = configs
     return video_tokens(vae, transformer, num_frames, height, width)
 
 
-def read_model_geometry(cfg: VideoOptions) -> Optional[ModelGeometry]:
+def read_model_geometry(cfg: GeometryOptions) -> Optional[ModelGeometry]:
     """The geometry of the configured checkpoint; None when a config file is missing (the loader then reports every
     missing file of the checkpoint at once)."""
-    configs = _configs(cfg)
+    configs = _configs(cfg.model)
     if configs is None:
         return None
     transformer, vae = configs
     height, width = rollout_size(cfg)
     tokens = {"rollout": video_tokens(vae, transformer, cfg.rollout.sample_n_frames, height, width)}
     if cfg.validation.validation_interval > 0 or cfg.validation.validate_at_step0:
-        tokens["validation"] = video_tokens(vae, transformer, cfg.validation.validate_video_length, *validation_size(cfg))
+        tokens["validation"] = video_tokens(vae, transformer, cfg.validation.validate_video_length,
+                                            *validation_size(cfg))
     return ModelGeometry(transformer.get("num_attention_heads", 16), tokens)
 
 
-def check_video_sizes(cfg: VideoOptions) -> None:
+def check_video_sizes(cfg: GeometryOptions) -> None:
     """The rollout (and validation) size and frame count against the checkpoint's VAE compression and the
     transformer's patch size, from the config files: checked at start, before an earlier run is deleted or any model
     loads (the first rollout would otherwise be the first to see them). Nothing is checked when a config file is
@@ -76,7 +91,7 @@ def check_video_sizes(cfg: VideoOptions) -> None:
 
     from sage_grpo.models.vae import latent_shape  # the one rule of sizes and frame counts (imports torch)
 
-    configs = _configs(cfg)
+    configs = _configs(cfg.model)
     if configs is None:
         return
     transformer, vae = configs

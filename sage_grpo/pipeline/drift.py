@@ -1,6 +1,7 @@
 """The drift proxies of :mod:`sage_grpo.rl.drift` on real models (the base transformer's velocity as the callable
 the pure functions take, the path KL along a stored trajectory through the sampler's own replay), the validation
-metric the trainer logs (:class:`DriftProxyMetric`) and the drift guard's actions (:class:`DriftSentinel`).
+metric the trainer logs (:class:`DriftProxyMetric`, a proxy of the table :mod:`.drift_proxies`) and the drift guard's
+actions (:class:`DriftSentinel`).
 
 The base model's velocity for the denoising error is its *conditional* velocity (no classifier-free guidance): the
 denoiser of the data distribution the base model learnt, and one forward per level instead of two.
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.models.text_encoding import PromptEmbeds
+from sage_grpo.pipeline.drift_proxies import DEFAULT_DRIFT_PROXY, drift_proxy
 from sage_grpo.pipeline.validation import PREFIX as VALIDATION_PREFIX
 from sage_grpo.pipeline.velocity import cfg_velocity
 from sage_grpo.rewards.scorers import MetricPlan, held_out_key_test
@@ -61,21 +63,22 @@ def trajectory_path_kl(policy, base, sampler, trajectory: Tensor, embeds: Prompt
 
 class DriftProxyMetric:
     """The validation metric ``Validation/drift_proxy`` (:mod:`sage_grpo.pipeline.validation`): the mean over the
-    validation samples of the base model's denoising error of each final latent, averaged over the noise levels. It
-    runs on every rank: the base model's forwards are collectives under FSDP and SP, as the sampling's are."""
+    validation samples of a drift proxy of the table (:mod:`.drift_proxies`; the default, the base model's denoising
+    error of each final latent averaged over the noise levels). It runs on every rank: the base model's forwards are
+    collectives under FSDP and SP, as the sampling's are."""
 
     name, main_only, needs_trajectories = "drift_proxy", False, False
 
-    def __init__(self, sigmas: Sequence[float]):
-        self.sigmas = tuple(sigmas)
+    def __init__(self, sigmas: Sequence[float], proxy: str = DEFAULT_DRIFT_PROXY):
+        self.sigmas, self.measure = tuple(sigmas), drift_proxy(proxy)
 
     @torch.no_grad()
     def __call__(self, samples) -> Dict[str, float]:
         errors = []
         with samples.models.base_on_device() as base:
             for sample in samples.samples:
-                errors.append(base_denoising_errors(base, samples.sampler, sample.latents[:, -1], sample.embeds,
-                                                    [sample.item.seed], self.sigmas).mean())
+                errors.append(self.measure(base, samples.sampler, sample.latents[:, -1], sample.embeds,
+                                           [sample.item.seed], self.sigmas).mean())
         return {"drift_proxy": float(torch.stack(errors).mean())}
 
 

@@ -39,7 +39,7 @@ class PolicyPass:
     sampler: Sampler
     models: ModelBundle
     kl_mode: rl.KLMode
-    kl_controller: Optional[rl.AdaptiveKLController]  # None without a KL reference
+    kl_controller: Optional[rl.KLController]  # None without a KL reference
     eq_scales: Optional[torch.Tensor]  # (N,) equalizer scales; None with --use_grad_balancing off
     num_train_steps: int  # steps trained per sample (--timestep_fraction of the N steps)
     show_bar: bool = False  # a tqdm bar over the backward passes (main process on a terminal, no --quiet)

@@ -33,7 +33,7 @@ Departures from the reference:
 """
 
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional, Sequence, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -148,6 +148,25 @@ def rollout(
         sde.check_schedule(kernel, sigmas, eta)
     device = next(transformer.parameters()).device
 
+    noise, generators = _starting_noise(seeds, shape, initial_latents, sde_generators)
+    all_latents = torch.empty(num_samples, num_steps + 1, *shape, dtype=torch.float32, device=device)
+    all_log_probs = torch.empty(num_samples, num_steps, dtype=torch.float32, device=device)
+    all_latents[:, 0] = noise.to(device)
+    sde_noise = draw_sde_noise(generators, flags, shape, micro_batch_size).to(device)  # (B, S, *shape)
+    _denoise(sampler, transformer, embeds, sigmas, flags, sde_noise, all_latents, all_log_probs, progress)
+
+    videos = decode_latents(vae, all_latents[:, -1]) if decode else None
+    return RolloutOutput(videos=videos, latents=all_latents, log_probs=all_log_probs, sigmas=sigmas,
+                         timesteps=sde.timesteps_from_sigmas(sigmas), seeds=[int(s) for s in seeds],
+                         deterministic=flags, micro_batch_size=micro_batch_size)
+
+
+def _starting_noise(seeds: Sequence[int], shape: Sequence[int], initial_latents: Optional[Tensor],
+                    sde_generators: Optional[Sequence[torch.Generator]]) -> Tuple[Tensor, List[torch.Generator]]:
+    """(x_0 (B, *shape) fp32 on the CPU, the generators of the SDE noise): the seeded initial noise is always drawn
+    (so the SDE noise of a seed is the same whether ``initial_latents`` replaces x_0 or not), then ``sde_generators``
+    take over the SDE noise where given."""
+    num_samples = len(seeds)
     generators = sample_generators(seeds)
     noise = draw_initial_noise(generators, shape)
     if sde_generators is not None:
@@ -159,11 +178,16 @@ def rollout(
             raise ValueError(f"initial_latents must have shape {(num_samples, *shape)}, "
                              f"got {tuple(initial_latents.shape)}")
         noise = initial_latents.detach().float().cpu()
+    return noise, generators
 
-    all_latents = torch.empty(num_samples, num_steps + 1, *shape, dtype=torch.float32, device=device)
-    all_log_probs = torch.empty(num_samples, num_steps, dtype=torch.float32, device=device)
-    all_latents[:, 0] = noise.to(device)
-    sde_noise = draw_sde_noise(generators, flags, shape, micro_batch_size).to(device)  # (B, S, *shape)
+
+def _denoise(sampler, transformer, embeds: PromptEmbeds, sigmas: Tensor, flags: List[bool], sde_noise: Tensor,
+             all_latents: Tensor, all_log_probs: Tensor, progress: bool) -> None:
+    """Every step of every micro-batch: CFG velocity, then the SDE (or Euler) step with its column of ``sde_noise``;
+    each latent and log-prob is written into ``all_latents[:, k + 1]`` and ``all_log_probs[:, k]`` (x_0 is in
+    ``all_latents[:, 0]``)."""
+    num_samples, num_steps, device = all_latents.shape[0], len(flags), all_latents.device
+    micro_batch_size, kernel, eta = sampler.micro_batch_size, sampler.kernel, sampler.eta
     slots = {k: slot for slot, k in enumerate(k for k, flag in enumerate(flags) if not flag)}  # k -> sde_noise column
     bar = tqdm(total=num_steps * -(-num_samples // micro_batch_size), desc="denoising", unit="step", leave=False,
                disable=not progress)
@@ -184,8 +208,3 @@ def rollout(
             all_log_probs[rows, k] = out.log_prob
             bar.update()
     bar.close()
-
-    videos = decode_latents(vae, all_latents[:, -1]) if decode else None
-    return RolloutOutput(videos=videos, latents=all_latents, log_probs=all_log_probs, sigmas=sigmas,
-                         timesteps=sde.timesteps_from_sigmas(sigmas), seeds=[int(s) for s in seeds],
-                         deterministic=flags, micro_batch_size=micro_batch_size)

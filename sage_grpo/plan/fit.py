@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from sage_grpo.config import ConfigError
-from sage_grpo.config.train import TrainConfig
 from sage_grpo.dtypes import DTYPES
-from sage_grpo.plan.memory import GIB
+from sage_grpo.plan.breakdown import GIB
+from sage_grpo.plan.options import PlanOptions
 from sage_grpo.plan.sizes import ModelSizes, read_model_sizes
 
 # The fields each model's size grows with, named in the message (dotted: inside a section).
@@ -133,13 +133,14 @@ def _root_sizes(root, version: str, with_reward: bool) -> Optional[ModelSizes]:
     return read_model_sizes(str(root), version, with_reward)
 
 
-def check_train_weights_fit(cfg: TrainConfig) -> None:
+def check_train_weights_fit(cfg: PlanOptions) -> None:
     """``post_train.py``'s check, before any model loads (its configs' fields are checked as they are read)."""
     from sage_grpo.models.bundle import resolve_device
     from sage_grpo.plan.memory import device_memory_gib, launch_world_size
     from sage_grpo.plan.scorers import needs_videoalign
 
-    sizes = _root_sizes(cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version, needs_videoalign(cfg))
+    sizes = _root_sizes(cfg.model.pretrained_model_root, cfg.model.pretrained_transformer_version,
+                        needs_videoalign(cfg))
     if sizes is None:
         return
     device = resolve_device(cfg).type

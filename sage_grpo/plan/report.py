@@ -15,8 +15,10 @@ from sage_grpo.config import ConfigError, parse_cli, validate_train_config
 from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.sections import value_of
 from sage_grpo.config.validation import rollout_size
-from sage_grpo.plan.memory import (DEFAULT_GPU_MEMORY_GIB, GIB, MARGIN, MemoryPlan, Phase, device_memory_gib,
-                                   launch_world_size, plan_launch, sizes_of)
+from sage_grpo.plan.breakdown import GIB, MemoryPlan, Phase
+from sage_grpo.plan.memory import (DEFAULT_GPU_MEMORY_GIB, MARGIN, device_memory_gib, launch_world_size, plan_launch,
+                                   sizes_of)
+from sage_grpo.plan.options import PlanOptions
 from sage_grpo.plan.sizes import ModelSizes, text_token_count, video_token_count
 
 
@@ -34,7 +36,7 @@ def plan_table(plan: MemoryPlan, phase: Optional[Phase] = None) -> str:
 
 # ====================================================================== what fits
 
-def _fits(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: ModelSizes, **changes) -> bool:
+def _fits(cfg: PlanOptions, world_size: int, gpu_memory_gib: float, sizes: ModelSizes, **changes) -> bool:
     changed = cfg.replace(**changes)
     try:
         validate_train_config(changed, world_size=world_size)
@@ -49,19 +51,20 @@ def _fits(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: Model
 # What the CLI searches: (flag, candidate values of cfg); memory grows with each, and the plan says which fit.
 SEARCHES = (
     ("batch_size", lambda cfg: range(1, 65)),
-    ("mini_batch_size_per_update", lambda cfg: [d for d in range(1, cfg.data.batch_size + 1) if cfg.data.batch_size % d == 0]),
+    ("mini_batch_size_per_update",
+     lambda cfg: [d for d in range(1, cfg.data.batch_size + 1) if cfg.data.batch_size % d == 0]),
     ("sample_n_frames", lambda cfg: range(1, 482, 4)),
 )
 
 
-def largest_fitting(cfg: TrainConfig, world_size: int, gpu_memory_gib: float, sizes: ModelSizes, flag: str,
+def largest_fitting(cfg: PlanOptions, world_size: int, gpu_memory_gib: float, sizes: ModelSizes, flag: str,
                     candidates: Sequence[int]) -> Optional[int]:
     """The largest layout-valid value of ``flag`` among ``candidates`` whose plan fits, or None."""
     fitting = [v for v in candidates if _fits(cfg, world_size, gpu_memory_gib, sizes, **{flag: v})]
     return max(fitting) if fitting else None
 
 
-def report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> str:
+def report(cfg: PlanOptions, world_size: int, gpu_memory_gib: float) -> str:
     """The CLI's text: sources, decisions, the table, what fits, and the last line ``peak per GPU: <GB> GB``."""
     sizes = sizes_of(cfg)
     plan = plan_launch(cfg, world_size, gpu_memory_gib, sizes)
@@ -70,14 +73,16 @@ def report(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> str:
     height, width = rollout_size(cfg)
     tokens = video_token_count(sizes, cfg.rollout.sample_n_frames, height, width)
     lines = [
-        f"memory plan: {world_size} GPUs of {gpu_memory_gib:g} GB, dp {world_size // cfg.parallel.sp_size} x sp {cfg.parallel.sp_size}, "
+        f"memory plan: {world_size} GPUs of {gpu_memory_gib:g} GB, dp {world_size // cfg.parallel.sp_size} x sp "
+        f"{cfg.parallel.sp_size}, "
         f"FSDP shard {world_size // cfg.parallel.dp_replicate if cfg.parallel.enable_fsdp and world_size > 1 else 1}",
         f"transformer {t.num_params / 1e9:.2f}B ({t.config['num_layers']} blocks, hidden {t.hidden}); VAE "
         f"{sizes.vae_params / 1e9:.2f}B; text encoders {sizes.text_encoder_params / 1e9:.2f}B + "
         f"{sizes.byt5_params / 1e9:.2f}B; reward {sizes.reward_params / 1e9:.2f}B",
         "configs: " + ", ".join(f"{k} from {v}" for k, v in sizes.sources.items()),
-        f"video {cfg.rollout.sample_n_frames}x{height}x{width}: {tokens} latent tokens, {tokens // cfg.parallel.sp_size} per SP rank "
-        f"+ {text_token_count(cfg)} text tokens",
+        f"video {cfg.rollout.sample_n_frames}x{height}x{width}: {tokens} latent tokens, "
+        f"{tokens // cfg.parallel.sp_size} per SP rank "
+        f"+ {text_token_count(cfg.model)} text tokens",
         f"decisions: gradient_reduction {'per_backward' if placement.reduce_per_backward else 'per_update'}, "
         f"reference {'cpu' if placement.reference_on_cpu else 'device'} ({placement.reference_batch_size} "
         f"transitions per forward), replay {placement.replay_group_size} trained step(s) per forward, reward "
@@ -106,7 +111,7 @@ MEMORY_FIXES = (("reference_placement", "cpu"), ("gradient_reduction", "per_back
                 ("mini_batch_size_per_update", 1))
 
 
-def memory_fixes(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> List[str]:
+def memory_fixes(cfg: PlanOptions, world_size: int, gpu_memory_gib: float) -> List[str]:
     """``--flag value (peak N GB)`` for each single change of :data:`MEMORY_FIXES` with which the plan fits."""
     sizes = sizes_of(cfg)
     fixes = []
@@ -119,13 +124,13 @@ def memory_fixes(cfg: TrainConfig, world_size: int, gpu_memory_gib: float) -> Li
     return fixes
 
 
-def check_memory_plan(cfg: TrainConfig) -> Optional[MemoryPlan]:
+def check_memory_plan(cfg: PlanOptions) -> Optional[MemoryPlan]:
     """``post_train.py``'s check before any model loads, on CUDA devices only (a CPU run has no GPU budget): a
     ``ConfigError`` naming the flags that would make it fit, with the table, when the launch does not fit, unless
     ``--ignore_memory_plan``; a warning on stderr when it fits with less than ``MARGIN`` of the GPU free (what the
     plan cannot see, allocator fragmentation and NCCL buffers, may then not fit; refusing would stop launches that
     run)."""
-    device = torch.device(cfg.parallel.device) if cfg.parallel.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(cfg.parallel.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" or cfg.parallel.ignore_memory_plan:
         return None
     world_size = launch_world_size()
@@ -181,9 +186,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.exit(1)  # the tables say why; a script can test the status
 
 
-def check_layout(cfg: TrainConfig, world_size: int) -> None:
-    """The trainer's checks before any model loads (``distributed.startup.start_processes``): the configuration and parallel layout with
-    the transformer's head count, and every video's latent tokens split evenly over the SP ranks (``ConfigError``)."""
+def check_layout(cfg: PlanOptions, world_size: int) -> None:
+    """The trainer's checks before any model loads (``distributed.startup.start_processes``): the configuration and
+    parallel layout with the transformer's head count, and every video's latent tokens split evenly over the SP ranks
+    (``ConfigError``)."""
     from sage_grpo.config.validation import check_sequence_parallel_tokens, validation_size
 
     sizes = sizes_of(cfg)

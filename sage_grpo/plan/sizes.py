@@ -1,5 +1,5 @@
 """Sizes the memory plan (:mod:`sage_grpo.plan.memory`) counts: the parameters of every model a run loads, and the
-elements of the activations and the VAE decode, as formulas of the configuration.
+elements of the activations and the VAE decode, as formulas of the video, the text slots and the layout.
 
 **Model sizes** are exact: each model is instantiated on the ``meta`` device (no memory) from the configs under
 ``--pretrained_model_root`` when it holds them, else from the known released configs (HunyuanVideo-1.5's
@@ -8,9 +8,11 @@ Qwen2.5-VL-7B text model, 7.07B; the byT5-small glyph encoder, 0.22B; VideoAlign
 
 **Activations** are counted in elements per sample on one SP rank (the plan multiplies by the bytes per element and
 the samples per call), save by save: :func:`block_saved_elements` for one dual-stream block,
-:func:`checkpointed_block_elements` for one under activation checkpointing, :func:`outside_saved_elements` for the
+:func:`checkpointed_block_elements` for one under activation checkpointing, :func:`saved_outside_blocks` for the
 embedders and output layers, :func:`no_grad_forward_elements` for a no-grad forward; :func:`vae_decode_bytes` is the
-peak of a VAE decode. The symbols are those of :mod:`sage_grpo.plan.memory`'s docstring.
+peak of a VAE decode. They take the text slots (:class:`TextTokens`); :func:`forward_saved_elements` and
+:func:`outside_saved_elements` read them, and the adapters, off a run's configuration. The symbols are those of
+:mod:`sage_grpo.plan.components`' docstring.
 """
 
 import functools
@@ -20,8 +22,9 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from sage_grpo.config.train import TrainConfig
+from sage_grpo.config.train import LoRAConfig, ModelConfig
 from sage_grpo.models.config_fields import read_model_config
+from sage_grpo.plan.options import PlanOptions
 
 # diffusers' HunyuanVideo-1.5 VAE tiles: 256-pixel squares overlapping by a quarter.
 VAE_TILE_PIXELS, VAE_TILE_OVERLAP = 256, 0.25
@@ -45,9 +48,6 @@ REAL_REWARD_CONFIG = dict(  # VideoAlign's base, Qwen2-VL-2B-Instruct
                        spatial_merge_size=2, temporal_patch_size=2),
     tie_word_embeddings=True)
 BYT5_PROJECTION_WIDTH = 2048  # HunyuanVideo15ByT5TextProjection's hidden width (fixed in diffusers)
-REWARD_FRAME_PIXELS, REWARD_FPS = 240 * 320, 2.0  # VideoAlign's max_frame_pixels and fps defaults
-REWARD_PATCH, REWARD_MERGE = 14, 2  # Qwen2-VL: 14-pixel patches, 2x2 of them merged into one token
-REWARD_TEXT_TOKENS = 256  # the prompt template and prompt around the video tokens
 
 
 # ====================================================================== model sizes
@@ -193,6 +193,27 @@ def _reward_base_config(root: Path, sources: Dict[str, str]) -> Dict:
 
 # ====================================================================== activations
 
+@dataclass(frozen=True)
+class TextTokens:
+    """The text slots of one prompt as the blocks see them at their worst (every MLLM and byT5 slot valid):
+    L_mllm, L_byt5 and the image slots L_img (zero embeddings for text-to-video, trimmed as padding)."""
+
+    mllm: int  # L_mllm
+    byt5: int  # L_byt5
+    image: int  # L_img
+
+    @property
+    def total(self) -> int:  # T = L_mllm + L_byt5: the text tokens the blocks attend to
+        return self.mllm + self.byt5
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> "TextTokens":
+        from sage_grpo.models.text_encoding import TextEncoderSettings
+
+        return cls(model.text_max_length or TextEncoderSettings.max_length, model.byt5_max_length,
+                   model.vision_num_semantic_tokens)
+
+
 def video_token_count(sizes: ModelSizes, num_frames: int, height: int, width: int) -> int:
     """L: latent tokens of one video (the VAE's latent grid over the transformer's patches)."""
     from sage_grpo.models.geometry import video_tokens
@@ -200,13 +221,10 @@ def video_token_count(sizes: ModelSizes, num_frames: int, height: int, width: in
     return video_tokens(sizes.vae_config, sizes.transformer.config, num_frames, height, width)
 
 
-def text_token_count(cfg: TrainConfig) -> int:
+def text_token_count(model: ModelConfig) -> int:
     """T = L_mllm + L_byt5: the text slots the blocks attend to after the padding is trimmed (models/attention.py),
     at their worst (every MLLM and byT5 slot valid); text-to-video's L_image zero image slots are padding, trimmed."""
-    from sage_grpo.models.text_encoding import TextEncoderSettings
-
-    mllm = cfg.model.text_max_length or TextEncoderSettings.max_length
-    return mllm + cfg.model.byt5_max_length
+    return TextTokens.of(model).total
 
 
 def block_saved_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
@@ -229,34 +247,39 @@ def block_saved_elements(t: TransformerSizes, video_tokens: int, text_tokens: in
     return streams + attention + seq
 
 
-def outside_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int) -> int:
+def outside_saved_elements(t: TransformerSizes, video_tokens: int, cfg: PlanOptions, sp: int) -> int:
+    """Elements saved outside the dual-stream blocks, per sample, for the run ``cfg``: :func:`saved_outside_blocks`
+    of its text slots (``--text_max_length``, ``--byt5_max_length``, ``--vision_num_semantic_tokens``) and adapters."""
+    return saved_outside_blocks(t, video_tokens, TextTokens.of(cfg.model), lora_in_blocks_only(cfg.lora), sp)
+
+
+def saved_outside_blocks(t: TransformerSizes, video_tokens: int, text: TextTokens, frozen_outside: bool,
+                         sp: int) -> int:
     """Elements saved outside the dual-stream blocks, per sample: the patch embedding's input (C_in·L), the RoPE
     tables (2·n·h_d, shared by all blocks), the output norm and projection (3·D + 2 per token), the byT5 projection
     (its norm's input and output, 2·E2 + 2, and two GELUs' inputs and outputs, 4·2048), the image projection
     (4·E3 + D + 4) and the token refiner (its input, E1, and per refiner layer 10 D-wide and 2 F-wide saves, the
-    statistics and the L_mllm² mask). With LoRA in the blocks only (:func:`lora_in_blocks_only`) the frozen
-    embedders and refiner save nothing: the RoPE tables and the output layers' saves remain."""
-    from sage_grpo.models.text_encoding import TextEncoderSettings
-
+    statistics and the L_mllm² mask). With LoRA in the blocks only (``frozen_outside``, :func:`lora_in_blocks_only`)
+    the frozen embedders and refiner save nothing: the RoPE tables and the output layers' saves remain."""
     c = t.config
     d, f, heads, n = t.hidden, t.mlp_hidden, c["num_attention_heads"], video_tokens // sp
-    mllm = cfg.model.text_max_length or TextEncoderSettings.max_length
-    if lora_in_blocks_only(cfg):  # frozen and upstream of every adapter: the embedders and refiner save nothing
+    mllm = text.mllm
+    if frozen_outside:  # frozen and upstream of every adapter: the embedders and refiner save nothing
         return 2 * n * c["attention_head_dim"] + n * (3 * d + 2)
     embed = c["in_channels"] * video_tokens + 2 * n * c["attention_head_dim"] + n * (3 * d + 2)
-    byt5 = cfg.model.byt5_max_length * (2 * c["text_embed_2_dim"] + 2 + 4 * BYT5_PROJECTION_WIDTH)
-    image = cfg.model.vision_num_semantic_tokens * (4 * c["image_embed_dim"] + d + 4)
+    byt5 = text.byt5 * (2 * c["text_embed_2_dim"] + 2 + 4 * BYT5_PROJECTION_WIDTH)
+    image = text.image * (4 * c["image_embed_dim"] + d + 4)
     refiner = mllm * c["text_embed_dim"] + c["num_refiner_layers"] * (mllm * (10 * d + 2 * f + 4 + heads) + mllm * mllm)
     return embed + byt5 + image + refiner
 
 
-def lora_in_blocks_only(cfg: TrainConfig) -> bool:
+def lora_in_blocks_only(lora: LoRAConfig) -> bool:
     """Whether a LoRA run's adapters sit only in the dual-stream blocks (the default ``all-linear`` targets,
     ``sage_grpo.models.lora``): then nothing upstream of the blocks takes part in the backward. Other targets (plain
     names reach the refiner's layers too) are planned as a full fine-tune's saves outside the blocks, an upper bound."""
     from sage_grpo.models.lora import ALL_LINEAR, check_targets
 
-    return cfg.lora.use_lora and check_targets(cfg.lora.lora_target_modules) in ([], [ALL_LINEAR])
+    return lora.use_lora and check_targets(lora.lora_target_modules) in ([], [ALL_LINEAR])
 
 
 def checkpointed_block_elements(t: TransformerSizes, video_tokens: int, text_tokens: int, sp: int) -> int:
@@ -264,35 +287,42 @@ def checkpointed_block_elements(t: TransformerSizes, video_tokens: int, text_tok
     return (video_tokens // sp + text_tokens) * t.hidden
 
 
-def forward_saved_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
+def forward_saved_elements(t: TransformerSizes, video_tokens: int, cfg: PlanOptions, sp: int,
                            checkpointing: bool) -> Tuple[int, int]:
+    """:func:`saved_for_backward` for the run ``cfg``: its text slots and adapters."""
+    return saved_for_backward(t, video_tokens, TextTokens.of(cfg.model), lora_in_blocks_only(cfg.lora), sp,
+                              checkpointing)
+
+
+def saved_for_backward(t: TransformerSizes, video_tokens: int, text: TextTokens, frozen_outside: bool, sp: int,
+                       checkpointing: bool) -> Tuple[int, int]:
     """What one training forward keeps for its backward, per sample, as (elements kept as they are, in the compute
     dtype; elements autograd saves, some in fp32 under autocast): with checkpointing every block's two stream inputs
     (:func:`checkpointed_block_elements`), where block 0's are views of the whole patch embedding output (L·D, not
     n·D, under SP) and of the stacked text slots (the L_img image slots too); without it every block's saves. Both
-    with the saves outside the blocks.
+    with the saves outside the blocks (:func:`saved_outside_blocks`).
 
     The checkpointed inputs are plain tensors of the compute dtype (slope per block of the simulated launch: exactly
     (n + T)·D·c at 2, 8 and 54 blocks, ``sage_grpo/plan/simulate.py``)."""
-    text, depth = text_token_count(cfg), t.config["num_layers"]
-    outside = outside_saved_elements(t, video_tokens, cfg, sp)
+    depth = t.config["num_layers"]
+    outside = saved_outside_blocks(t, video_tokens, text, frozen_outside, sp)
     if not checkpointing:
-        return 0, depth * block_saved_elements(t, video_tokens, text, sp) + outside
-    block_zero = (video_tokens - video_tokens // sp + cfg.model.vision_num_semantic_tokens) * t.hidden
-    return depth * checkpointed_block_elements(t, video_tokens, text, sp) + block_zero, outside
+        return 0, depth * block_saved_elements(t, video_tokens, text.total, sp) + outside
+    block_zero = (video_tokens - video_tokens // sp + text.image) * t.hidden
+    return depth * checkpointed_block_elements(t, video_tokens, text.total, sp) + block_zero, outside
 
 
-def training_activation_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
-                                 checkpointing: bool) -> Tuple[int, int]:
-    """Activations at their peak, the start of the backward, per sample, split as :func:`forward_saved_elements`:
-    the forward's, plus with checkpointing one block's saves while it is recomputed."""
-    kept, saved = forward_saved_elements(t, video_tokens, cfg, sp, checkpointing)
-    recomputed = block_saved_elements(t, video_tokens, text_token_count(cfg), sp) if checkpointing else 0
+def training_activation_elements(t: TransformerSizes, video_tokens: int, text: TextTokens, frozen_outside: bool,
+                                 sp: int, checkpointing: bool) -> Tuple[int, int]:
+    """Activations at their peak, the start of the backward, per sample, split as :func:`saved_for_backward`: the
+    forward's, plus with checkpointing one block's saves while it is recomputed."""
+    kept, saved = saved_for_backward(t, video_tokens, text, frozen_outside, sp, checkpointing)
+    recomputed = block_saved_elements(t, video_tokens, text.total, sp) if checkpointing else 0
     return kept, saved + recomputed
 
 
-def no_grad_forward_elements(t: TransformerSizes, video_tokens: int, cfg: TrainConfig, sp: int,
-                             cfg_batch: bool, adapters_active: Optional[bool] = None) -> int:
+def no_grad_forward_elements(t: TransformerSizes, video_tokens: int, text: TextTokens, sp: int, cfg_batch: bool,
+                             adapters_active: bool) -> int:
     """Elements live at the peak of a no-grad transformer forward, per sample on one SP rank, in the compute dtype
     (the RoPE tables, fp32 and per call, are :func:`rope_table_elements`); read off the live tensors at the peak of
     the simulated rollout (``sage_grpo/plan/simulate.py``, the same at 8 and 32 ranks, sp 2 and 4).
@@ -308,25 +338,21 @@ def no_grad_forward_elements(t: TransformerSizes, video_tokens: int, cfg: TrainC
 
     With LoRA (the default targets adapt the MLP's first projection) the moment is that projection's out-of-place
     sum in peft: the base output, the scaled adapter output and their sum, one F-wide tensor more per token
-    (``adapters_active``, default ``--use_lora``; a LoRA run's fixed reference runs with its adapters disabled).
+    (``adapters_active``: ``--use_lora``, but a LoRA run's fixed reference runs with its adapters disabled).
 
     At both: the joint text input, (T + L_img)·D twice (diffusers stacks the per-sample concatenations of the
     [byT5, MLLM, image] slots and keeps the list), the three embedders' outputs (L_mllm + L_byt5 + L_img)·D, the zero
-    image embeddings L_img·E3, the latent input C_in·L, and in a CFG batch the concatenated prompt embeddings
-    L_mllm·E1 + L_byt5·E2 (without CFG they are the step's own, counted with the inputs).
+    image embeddings L_img·E3, the latent input C_in·L, and in a CFG batch (``cfg_batch``) the concatenated prompt
+    embeddings L_mllm·E1 + L_byt5·E2 (without CFG they are the step's own, counted with the inputs).
     """
-    from sage_grpo.models.text_encoding import TextEncoderSettings
-
     c = t.config
     d, f, n, length = t.hidden, t.mlp_hidden, video_tokens // sp, video_tokens
-    mllm, byt5, image = (cfg.model.text_max_length or TextEncoderSettings.max_length), cfg.model.byt5_max_length, \
-        cfg.model.vision_num_semantic_tokens
-    text = mllm + byt5
+    mllm, byt5, image, total = text.mllm, text.byt5, text.image, text.total
     # LoRA on the MLP's first projection adds out of place (peft: base + B(A(x))·scale): three F-wide tensors there
-    lora = f if (cfg.lora.use_lora if adapters_active is None else adapters_active) else 0
-    image_mlp = 3 * n * d + 2 * n * f + n * lora + 3 * text * d
-    text_mlp = 4 * n * d + 2 * text * f + text * lora + 3 * text * d
-    outside = (length * d + 2 * (text + image) * d + (mllm + byt5 + image) * d + image * c["image_embed_dim"]
+    lora = f if adapters_active else 0
+    image_mlp = 3 * n * d + 2 * n * f + n * lora + 3 * total * d
+    text_mlp = 4 * n * d + 2 * total * f + total * lora + 3 * total * d
+    outside = (length * d + 2 * (total + image) * d + (mllm + byt5 + image) * d + image * c["image_embed_dim"]
                + c["in_channels"] * length)
     prompts = mllm * c["text_embed_dim"] + byt5 * c["text_embed_2_dim"] if cfg_batch else 0
     return max(image_mlp, text_mlp) + outside + prompts
@@ -335,41 +361,6 @@ def no_grad_forward_elements(t: TransformerSizes, video_tokens: int, cfg: TrainC
 def rope_table_elements(t: TransformerSizes, video_tokens: int) -> int:
     """The RoPE cos and sin tables of one transformer call, fp32: 2·L·h_d (the SP rank's rows are views of them)."""
     return 2 * video_tokens * t.config["attention_head_dim"]
-
-
-def prompt_embedding_bytes(t: TransformerSizes, cfg: TrainConfig, dtype_bytes: int) -> int:
-    """The step's prompt embeddings as the trainer keeps them: ``--batch_size`` rows, positive and negative, of both
-    streams (L_mllm·E1 + L_byt5·E2 in ``--dtype``) and their int64 masks."""
-    from sage_grpo.models.text_encoding import TextEncoderSettings
-
-    mllm = cfg.model.text_max_length or TextEncoderSettings.max_length
-    per_row = (mllm * t.config["text_embed_dim"] + cfg.model.byt5_max_length * t.config["text_embed_2_dim"]) * dtype_bytes \
-        + (mllm + cfg.model.byt5_max_length) * 8
-    return 2 * cfg.data.batch_size * per_row
-
-
-def lora_muon_step_bytes(t: TransformerSizes, r: int, master_bytes: int) -> int:
-    """Muon's temporaries on LoRA adapters (every adapter tensor is a matrix, one at a time): the largest is r x c, c
-    the widest side of the blocks' layers (the modulation's 6·D output), in the master dtype, with Newton-Schulz's
-    two bf16 iterates and its r² Gram matrix and polynomial (the step drops each matrix's gathered update before the
-    next one's; checked on the simulated step, ``sage_grpo/plan/simulate.py``)."""
-    c = t.largest_linear_side
-    return r * c * (master_bytes + 2 * 2) + 2 * r * r * 2
-
-
-def reward_forward_bytes(cfg: TrainConfig, reward_shape: Tuple[int, int]) -> Tuple[int, int]:
-    """(tokens, bytes) of VideoAlign on ``--reward_batch_size`` videos: one layer's activations over the sampled
-    video's and the prompt's tokens, bf16."""
-    from sage_grpo.rewards.video_preprocess import num_sampled_frames
-
-    hidden, intermediate = reward_shape
-    try:
-        frames = num_sampled_frames(cfg.rollout.sample_n_frames, cfg.rollout.video_fps, fps=REWARD_FPS)
-    except ValueError:  # a video too short to sample: the reward sees it whole
-        frames = cfg.rollout.sample_n_frames
-    video_tokens = frames // 2 * REWARD_FRAME_PIXELS // (REWARD_PATCH * REWARD_MERGE) ** 2
-    tokens = cfg.reward.reward_batch_size * (video_tokens + REWARD_TEXT_TOKENS)
-    return tokens, tokens * (4 * hidden + 3 * intermediate) * 2
 
 
 # ====================================================================== VAE decode

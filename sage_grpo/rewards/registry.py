@@ -17,34 +17,23 @@ so the default ``videoalign_local`` with ``{"VQ": 0.5, "MQ": 0.5, "TA": 1.0}`` g
 ``weight``; a lone model must have weight 1.0) and additionally rejects what it silently ignored: metric names a
 model does not produce, invalid JSON, unknown entry keys.
 
-Names resolve through one explicit table (``BUILTIN_REWARDS``), then ``register_reward`` registrations, then
-dotted paths ``"package.module:attr"`` / ``"package.module.attr"`` (a class is instantiated with the entry's
-``kwargs``, a function is used as it is). ``video_align`` / ``video_score2`` are stubs returning None in the
-reference and are rejected. With ``remote`` settings the primary model is a :class:`.remote.RemoteReward` scoring on
-a reward server instead. ``avg_term_weights`` gives the weight of every output key in ``avg`` (what
-``--reward_aggregation advantage`` weighs the per-term advantages with).
-
-Plug-in rule (a config file is untrusted input, and it names the plug-in): a dotted path loads only a function or
-class marked with :func:`reward_plugin` in its own module. Before anything is imported, the module is located
-without importing it (nor its parent packages) and its source is parsed (``ast``, nothing runs): the named function
-or class must be defined there decorated with ``@reward_plugin`` (or assigned ``name = reward_plugin(...)`` at module
-level; a comment or string mentioning reward_plugin declares nothing). After the import the named object must carry
-the mark itself (not inherit it). So a config can pick among the reward plug-ins installed on the
-machine, never an arbitrary callable such as ``subprocess:Popen``, and never makes a module import that is not a
-reward module. ``kwargs`` / ``--reward_kwargs`` are JSON data (strings, numbers, booleans, null, lists, objects)
-passed to that one reward's constructor (or bound to that function) only.
+Names resolve one way (:func:`resolve_reward`): the reward table (:data:`REWARDS`: the built-ins of
+``BUILTIN_REWARDS``, then what :func:`register_reward` adds), then the plug-in rule (:mod:`.plugins`: a dotted path
+``"package.module:attr"`` / ``"package.module.attr"`` to a function or class marked ``@reward_plugin``; a class is
+instantiated with the entry's ``kwargs``, a function is used as it is). ``video_align`` / ``video_score2`` are stubs
+returning None in the reference and are rejected. With ``remote`` settings the primary model is a
+:class:`.remote.RemoteReward` scoring on a reward server instead. ``avg_term_weights`` gives the weight of every output
+key in ``avg`` (what ``--reward_aggregation advantage`` weighs the per-term advantages with). ``kwargs`` /
+``--reward_kwargs`` are JSON data (strings, numbers, booleans, null, lists, objects) passed to that one reward's
+constructor (or bound to that function) only.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
-import importlib
 import json
 import math
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import torch
 
@@ -53,130 +42,24 @@ from sage_grpo.config.schema import shorten
 
 from .base import RewardFn, metric_names_of, score_with_fallback
 from .builtins import BUILTIN_REWARDS, DEFAULT_VIDEOALIGN_WEIGHTS, RewardContext, RewardSpec
+from .plugins import import_object, is_dotted_path
 from .remote import RemoteReward, RemoteSettings
 
 REMOTE_STUBS = ("video_align", "video_score2")
 ENTRY_KEYS = ("weight", "sub_reward", "kwargs")
-_REGISTERED: dict[str, str | Callable] = {}
-
-
-def _is_dotted_path(name: str) -> bool:
-    return ":" in name or "." in name
+# The reward table: name -> a built-in's RewardSpec, or a registered plug-in (a callable, a class, or a dotted path
+# loaded under the plug-in rule when the name is first resolved).
+REWARDS: dict[str, RewardSpec | str | Callable] = dict(BUILTIN_REWARDS)
 
 
 def register_reward(name: str, target: str | Callable) -> None:
-    """Make ``name`` usable as a ``reward_model``: ``target`` is a reward callable, a class, or a dotted path."""
-    if not name or _is_dotted_path(name):
+    """Add the line ``name -> target`` to the reward table: ``target`` is a reward callable, a class, or a dotted
+    path; ``name`` is then a ``reward_model`` like the built-ins."""
+    if not name or is_dotted_path(name):
         raise ValueError(f"reward name {name!r} must be non-empty and contain no '.' or ':' (those mark paths)")
     if name in BUILTIN_REWARDS or name in REMOTE_STUBS:
         raise ValueError(f"{name!r} is a built-in reward name; register the plug-in under another name")
-    _REGISTERED[name] = target
-
-
-PLUGIN_MARK = "__sage_grpo_reward_plugin__"
-
-
-def reward_plugin(obj):
-    """Mark a reward function or class as loadable by dotted path from a config (see the module docstring)::
-
-        from sage_grpo.rewards import reward_plugin
-
-        @reward_plugin
-        def my_reward(videos, prompts):   # videos (B, 3, F, H, W) in [0, 1]
-            return {"score": videos.mean(dim=(1, 2, 3, 4))}
-    """
-    if not callable(obj):
-        raise TypeError(f"@reward_plugin marks functions and classes, not {type(obj).__name__}")
-    setattr(obj, PLUGIN_MARK, True)
-    return obj
-
-
-def _find_spec_without_import(name: str):
-    """The import spec of module ``name``, found without importing it or any parent package (None if absent)."""
-    if name in sys.modules:
-        return getattr(sys.modules[name], "__spec__", None)
-    parent, _, _ = name.rpartition(".")
-    search_path = None
-    if parent:
-        parent_spec = _find_spec_without_import(parent)
-        if parent_spec is None or parent_spec.submodule_search_locations is None:
-            return None
-        search_path = list(parent_spec.submodule_search_locations)
-    for finder in sys.meta_path:
-        find_spec = getattr(finder, "find_spec", None)
-        spec = find_spec(name, search_path) if find_spec is not None else None
-        if spec is not None:
-            return spec
-    return None
-
-
-def _split_plugin_path(path: str) -> tuple[str, str]:
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"plug-in path {path!r} must look like 'package.module:function' or 'package.module.Class'")
-    return module_name, attr
-
-
-def _decorator_name(node: ast.expr) -> str:
-    """``reward_plugin`` for ``@reward_plugin``, ``@rewards.reward_plugin`` and ``@reward_plugin(...)``."""
-    node = node.func if isinstance(node, ast.Call) else node
-    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
-
-
-def declares_plugin(source: str, attr: str) -> bool | None:
-    """Whether module ``source`` declares ``attr`` a reward plug-in where it defines it, read with ``ast`` (nothing
-    runs): a ``def`` or ``class`` named ``attr`` (a dotted ``attr`` through the classes' bodies) decorated with
-    ``@reward_plugin``, or a module-level assignment ``attr = reward_plugin(...)``. A comment or a string mentioning
-    reward_plugin declares nothing. None: the source defines no ``attr`` at all."""
-    body = ast.parse(source).body
-    *outer, name = attr.split(".")
-    for part in outer:
-        body = next((node.body for node in body if isinstance(node, ast.ClassDef) and node.name == part), [])
-    found = None
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            found = any(_decorator_name(d) == "reward_plugin" for d in node.decorator_list)
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            found = (not outer and isinstance(node.value, ast.Call) and _decorator_name(node.value) == "reward_plugin")
-    return found
-
-
-def import_object(path: str):
-    """Import the reward plug-in ``"package.module:attr"`` or ``"package.module.attr"`` (``attr`` may be dotted after
-    ``:``), enforcing the plug-in rule of the module docstring: the module's source must declare ``attr`` a plug-in
-    (:func:`declares_plugin`, checked without importing anything) before it is imported."""
-    module_name, attr = _split_plugin_path(path)
-    spec = _find_spec_without_import(module_name)
-    if spec is None:
-        raise ImportError(f"cannot import reward plug-in {path!r}: no module named {module_name!r} (is its package "
-                          "installed, or its folder on PYTHONPATH?)")
-    origin = Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
-    try:
-        declared = origin is not None and declares_plugin(origin.read_text(encoding="utf-8"), attr)
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
-        declared = False  # unreadable, or not Python source: never imported
-    if declared is None:
-        raise ImportError(f"cannot import reward plug-in {path!r}: {module_name!r} has no attribute {attr!r} of its "
-                          "own (a plug-in is defined, and marked with @reward_plugin, in the module it is named by)")
-    if not declared:
-        raise ImportError(f"refusing reward plug-in {path!r}: {attr!r} is not marked with @reward_plugin where "
-                          f"{module_name!r} defines it (checked in its source, without running it). Decorate the "
-                          f"reward with @sage_grpo.rewards.reward_plugin, or use a built-in reward: "
-                          f"{sorted(BUILTIN_REWARDS)}")
-    try:
-        obj = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(f"cannot import reward plug-in {path!r}: {type(exc).__name__}: {exc}") from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ImportError(f"cannot import reward plug-in {path!r}: {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if getattr(obj, "__dict__", {}).get(PLUGIN_MARK) is not True:
-        raise ImportError(f"refusing reward plug-in {path!r}: it is not marked with @reward_plugin in "
-                          f"{module_name!r}")
-    return obj
+    REWARDS[name] = target
 
 
 def _check_json_data(value, label: str) -> None:
@@ -206,25 +89,19 @@ def _instantiate(obj, kwargs: dict, label: str) -> RewardFn:
 
 
 def resolve_reward(name: str) -> RewardSpec | Callable:
-    """What ``name`` refers to, without building it: a built-in's spec, or the registered / dotted-path plug-in
-    object (imported under the plug-in rule)."""
-    if name in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[name]
+    """What ``name`` refers to, without building it: its line in the reward table (a built-in's spec, a registered
+    plug-in), else a dotted path under the plug-in rule (:func:`~.plugins.import_object`)."""
     if name in REMOTE_STUBS:
         raise ValueError(
             f"reward model {name!r} is a remote service that the reference only stubs (it returns None); it is "
             "not supported. Use 'videoalign_local' (local VideoReward) or register your own reward callable."
         )
-    if name in _REGISTERED:
-        target = _REGISTERED[name]
-        return import_object(target) if isinstance(target, str) else target
-    if _is_dotted_path(name):
-        return import_object(name)
-    known = sorted(BUILTIN_REWARDS) + sorted(_REGISTERED)
-    raise ValueError(
-        f"unknown reward model {name!r}; known: {known}, or give a dotted path 'package.module:function' to a "
-        "function or class marked with @reward_plugin"
-    )
+    target = REWARDS.get(name, name if is_dotted_path(name) else None)
+    if target is None:
+        known = sorted(BUILTIN_REWARDS) + sorted(set(REWARDS) - set(BUILTIN_REWARDS))
+        raise ValueError(f"unknown reward model {name!r}; known: {known}, or give a dotted path "
+                         "'package.module:function' to a function or class marked with @reward_plugin")
+    return import_object(target) if isinstance(target, str) else target
 
 
 def make_reward(name: str, ctx: RewardContext, kwargs: dict | None = None) -> RewardFn:

@@ -1,12 +1,13 @@
 """Held-out metrics by name: one implementation for the evaluation command (``python -m sage_grpo.evaluate
 --metrics``) and the trainer's scored validation (``post_train.py --validation_metrics``).
 
-Names: ``videoalign`` (VQ, MQ, TA, ``Overall`` = VQ + MQ + TA, the paper's Table 2, and ``Weighted`` =
-sum_m w_m * metric_m), ``clipscore`` (``clipscore``, ``clip_flowgrpo``, ``clip_cosine``), ``pickscore``
-(``pickscore``, ``pickscore_cosine``), or any reward the registry resolves (a built-in, a registered name, a
-``@reward_plugin`` path) under the trainer's keys (``<model>_<metric>``, a metric named like its model under the bare name:
-``toy_red``, ``toy_red_manifold_error``). Every scorer is the registry's own reward (:func:`make_reward`), so a metric
-scores the same whether it is trained on, held out during training or evaluated.
+Names: the held-out scorer table (:data:`HELD_OUT_SCORERS`): ``videoalign`` (VQ, MQ, TA, ``Overall`` = VQ + MQ + TA,
+the paper's Table 2, and ``Weighted`` = sum_m w_m * metric_m), ``clipscore`` (``clipscore``, ``clip_flowgrpo``,
+``clip_cosine``), ``pickscore`` (``pickscore``, ``pickscore_cosine``), each reporting its metrics under their own
+keys; then any reward the registry resolves (a built-in, a registered name, a ``@reward_plugin`` path) under the
+trainer's keys (``<model>_<metric>``, a metric named like its model under the bare name: ``toy_red``,
+``toy_red_manifold_error``). Every scorer is the registry's own reward (:func:`make_reward`), so a metric scores the
+same whether it is trained on, held out during training or evaluated.
 
 :func:`plan_metrics` checks the names and finds the scorers' model folders without loading anything (one line naming
 the flag on a bad name or a missing folder); :class:`Scorers` builds them and scores one video at a time.
@@ -28,9 +29,43 @@ from .base import metric_names_of, score_with_fallback
 from .builtins import BUILTIN_REWARDS, DEFAULT_VIDEOALIGN_WEIGHTS, VIDEOALIGN_METRICS, RewardContext
 from .registry import make_reward, output_key, resolve_reward
 
-VIDEOALIGN_NAMES = ("videoalign", "videoalign_local")
-SCORER_NAMES = ("clipscore", "pickscore")
 WEIGHTED = "Weighted"
+
+
+def _videoalign_folder(context: RewardContext, flag: str) -> dict:
+    if not (Path(context.model_root) / "VideoReward").is_dir():
+        raise FileNotFoundError(f"{flag} videoalign needs {Path(context.model_root) / 'VideoReward'} "
+                                "(bash download_weights.sh)")
+    return {}
+
+
+def _clip_folder(context: RewardContext, flag: str) -> dict:
+    return {"clip_model": resolve_model_folder(context.clip_model, context.model_root, "--clip_model")}
+
+
+def _pickscore_folders(context: RewardContext, flag: str) -> dict:
+    return {"pickscore_model": (resolve_model_folder(context.pickscore_model, context.model_root, "--pickscore_model"),
+                                resolve_model_folder(context.pickscore_processor, context.model_root,
+                                                     "--pickscore_processor"))}
+
+
+@dataclass(frozen=True)
+class HeldOutScorer:
+    """A held-out metric of the table: the reward that scores it, reporting its metrics under their own keys."""
+
+    reward: str  # the reward table's name (:func:`~.registry.make_reward`)
+    folders: Optional[Callable[[RewardContext, str], dict]] = None  # its model folders found without loading
+    # (or FileNotFoundError naming the flag), as MetricPlan fields
+    weighted: bool = False  # it adds the 'Weighted' column: sum_m w_m * metric_m with --reward_weights
+
+
+HELD_OUT_SCORERS: Dict[str, HeldOutScorer] = {  # any other name: a reward of the registry, under <name>_<metric>
+    "videoalign": HeldOutScorer("videoalign_local", _videoalign_folder, weighted=True),
+    "videoalign_local": HeldOutScorer("videoalign_local", _videoalign_folder, weighted=True),
+    "clipscore": HeldOutScorer("clipscore", _clip_folder),
+    "pickscore": HeldOutScorer("pickscore", _pickscore_folders),
+}
+VIDEOALIGN_NAMES = tuple(name for name, scorer in HELD_OUT_SCORERS.items() if scorer.weighted)
 
 
 @dataclass(frozen=True)
@@ -42,9 +77,17 @@ class MetricPlan:
     rewards: Tuple[str, ...] = ()  # any other reward name the registry resolves
 
 
+def _first_names() -> Tuple[str, ...]:
+    """The table's names, one per scorer (``videoalign``, not also its alias ``videoalign_local``)."""
+    first: Dict[HeldOutScorer, str] = {}
+    for name, scorer in HELD_OUT_SCORERS.items():
+        first.setdefault(scorer, name)
+    return tuple(first.values())
+
+
 def registry_name(metric: str) -> str:
     """The reward model that scores metric ``metric`` (``videoalign`` is ``videoalign_local``)."""
-    return "videoalign_local" if metric in VIDEOALIGN_NAMES else metric
+    return HELD_OUT_SCORERS[metric].reward if metric in HELD_OUT_SCORERS else metric
 
 
 def metric_names(values: Sequence[str]) -> Tuple[str, ...]:
@@ -69,27 +112,23 @@ def plan_metrics(names: Sequence[str], *, model_root: str, clip_model: str, pick
     if not names:
         raise ValueError(f"{flag} is empty: e.g. {flag} videoalign,clipscore,pickscore")
     rewards = []
-    for name in names:
-        if name in VIDEOALIGN_NAMES or name in SCORER_NAMES:
-            continue
+    for name in (name for name in names if name not in HELD_OUT_SCORERS):
         try:
             resolve_reward(name)
         except (ValueError, ImportError) as err:
-            raise ValueError(f"{flag}: unknown metric {name!r}: use videoalign, clipscore, pickscore or a reward "
+            raise ValueError(f"{flag}: unknown metric {name!r}: use {', '.join(_first_names())} or a reward "
                              f"name ({str(err).splitlines()[0]})") from None
         rewards.append(name)
     weights = parse_reward_weights(reward_weights) or dict(DEFAULT_VIDEOALIGN_WEIGHTS)
     unknown = sorted(set(weights) - set(VIDEOALIGN_METRICS))
     if unknown:
         raise ValueError(f"--reward_weights: {unknown} are not VideoAlign metrics; use {list(VIDEOALIGN_METRICS)}")
-    if any(name in VIDEOALIGN_NAMES for name in names) and not (Path(model_root) / "VideoReward").is_dir():
-        raise FileNotFoundError(f"{flag} videoalign needs {Path(model_root) / 'VideoReward'} "
-                                "(bash download_weights.sh)")
-    clip = resolve_model_folder(clip_model, model_root, "--clip_model") if "clipscore" in names else None
-    pick = (resolve_model_folder(pickscore_model, model_root, "--pickscore_model"),
-            resolve_model_folder(pickscore_processor, model_root, "--pickscore_processor")) \
-        if "pickscore" in names else None
-    return MetricPlan(names, weights, clip, pick, tuple(rewards))
+    context = RewardContext(model_root=model_root, clip_model=clip_model, pickscore_model=pickscore_model,
+                            pickscore_processor=pickscore_processor)
+    folders = {}
+    for scorer in dict.fromkeys(HELD_OUT_SCORERS[name] for name in names if name in HELD_OUT_SCORERS):
+        folders.update(scorer.folders(context, flag) if scorer.folders is not None else {})
+    return MetricPlan(names, weights, rewards=tuple(rewards), **folders)
 
 
 class Scorers:
@@ -104,7 +143,7 @@ class Scorers:
                            pickscore_processor=str(metrics.pickscore_model[1]))
         context = RewardContext(model_root=model_root, device=device, dtype=videoalign_dtype, **folders)
         for name in metrics.names:
-            fixed_keys = name in VIDEOALIGN_NAMES or name in SCORER_NAMES
+            fixed_keys = name in HELD_OUT_SCORERS
             self.parts.append(("" if fixed_keys else name, make_reward(registry_name(name), context)))
 
     @torch.no_grad()
@@ -120,7 +159,7 @@ class Scorers:
                 scores[output_key(name, metric) if name else metric] = float(value[0])
             if not part:  # it failed before naming any metric: counted under its own name
                 scores[name or type(fn).__name__] = math.nan
-        if "VQ" in scores:
+        if "VQ" in scores:  # VideoAlign's metrics: the 'Weighted' column
             scores[WEIGHTED] = sum(w * scores[m] for m, w in self.metrics.videoalign_weights.items())
         return scores
 
@@ -132,13 +171,13 @@ def held_out_key_test(plan: Optional[MetricPlan]) -> Callable[[str], bool]:
     lacks). ``plan`` None (no ``--validation_metrics``): no key is."""
     keys, prefixes = set(), []
     for name in plan.names if plan is not None else ():
-        fixed = name in VIDEOALIGN_NAMES or name in SCORER_NAMES
+        scorer = HELD_OUT_SCORERS.get(name)
         spec = BUILTIN_REWARDS.get(registry_name(name))
         if spec is None:
             prefixes.append(name)
         else:
-            keys.update(metric if fixed else output_key(name, metric) for metric in spec.metric_names)
-        if name in VIDEOALIGN_NAMES:
+            keys.update(metric if scorer else output_key(name, metric) for metric in spec.metric_names)
+        if scorer is not None and scorer.weighted:
             keys.add(WEIGHTED)
 
     def test(key: str) -> bool:

@@ -37,6 +37,7 @@ from ..video_io import read_video_frames, write_video
 from .video_preprocess import PROCESSOR_MAX_PIXELS, PROCESSOR_MIN_PIXELS
 from .videoalign_checkpoint import (
     CHECKPOINT_MODES,
+    LoraSettings,
     ResolvedCheckpoint,
     load_checkpoint_weights,
     resolve_checkpoint,
@@ -104,7 +105,7 @@ def build_reward_model(
         pad_token_id=tokenizer.pad_token_id,
         position_mode=position_mode,
     )
-    from transformers import AutoConfig, Qwen2VLForConditionalGeneration
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(resolved.base_dir), local_files_only=True)
     with torch.device(device):
@@ -112,36 +113,48 @@ def build_reward_model(
             config, dtype=dtype, attn_implementation=attn_implementation, **init_kwargs
         )
     if resolved.form == "lora":
-        # Load through the parent class: transformers' legacy-key conversion for Qwen2-VL checkpoints is
-        # registered under that class name, not under subclasses.
-        base = Qwen2VLForConditionalGeneration.from_pretrained(
-            str(resolved.base_dir), dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
-        )
-        result = model.load_state_dict(base.state_dict(), strict=False)
-        if result.unexpected_keys or set(result.missing_keys) != {"rm_head.weight"}:
-            raise RuntimeError(
-                f"base model {resolved.base_dir} does not fit VideoRewardModel: missing {result.missing_keys}, "
-                f"unexpected {result.unexpected_keys}"
-            )
-        del base
+        _load_base_weights(model, resolved.base_dir, dtype, attn_implementation)
     if cfg.use_special_tokens:
         model.resize_token_embeddings(len(tokenizer))
     model.to(device=device, dtype=dtype)
     if cfg.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        lora = cfg.lora
-        model = get_peft_model(model, LoraConfig(
-            target_modules=lora_target_modules(model, lora.namespan_exclude, lora.num_lora_modules),
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            task_type=lora.task_type,
-            use_rslora=lora.use_rslora,
-            bias="none",
-            modules_to_save=list(lora.modules_to_save) if lora.modules_to_save else None,
-        ))
+        model = _with_lora(model, cfg.lora)
     return model
+
+
+def _load_base_weights(model: torch.nn.Module, base_dir: Path, dtype: torch.dtype, attn_implementation: str) -> None:
+    """The LoRA form's starting point: the base Qwen2-VL weights copied into ``model``, every tensor but
+    ``rm_head`` (which stays randomly initialised until the checkpoint loads, as in VideoAlign)."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    # Load through the parent class: transformers' legacy-key conversion for Qwen2-VL checkpoints is
+    # registered under that class name, not under subclasses.
+    base = Qwen2VLForConditionalGeneration.from_pretrained(
+        str(base_dir), dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
+    )
+    result = model.load_state_dict(base.state_dict(), strict=False)
+    if result.unexpected_keys or set(result.missing_keys) != {"rm_head.weight"}:
+        raise RuntimeError(
+            f"base model {base_dir} does not fit VideoRewardModel: missing {result.missing_keys}, "
+            f"unexpected {result.unexpected_keys}"
+        )
+
+
+def _with_lora(model: torch.nn.Module, lora: LoraSettings) -> torch.nn.Module:
+    """``model`` wrapped with the checkpoint's PEFT LoRA (``lora``: its config's ``lora`` settings) on
+    VideoAlign's targets (:func:`lora_target_modules`)."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(
+        target_modules=lora_target_modules(model, lora.namespan_exclude, lora.num_lora_modules),
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        task_type=lora.task_type,
+        use_rslora=lora.use_rslora,
+        bias="none",
+        modules_to_save=list(lora.modules_to_save) if lora.modules_to_save else None,
+    ))
 
 
 def processor_pixel_budget(base_dir: Path) -> tuple[int, int]:

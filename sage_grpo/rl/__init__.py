@@ -1,37 +1,41 @@
-"""The GRPO math as pure functions and small resumable state: advantages, PPO loss, KL terms and control."""
-from sage_grpo.rl.advantages import (REWARD_AGGREGATIONS, RewardAggregation, clip_advantages, group_advantages,
-                                     local_advantages, reward_statistics, zero_spread_fraction)
-from sage_grpo.rl.anchor import AnchorMeans, MovingAnchorSchedule
-from sage_grpo.rl.drift_guard import DriftGuard, DriftWatch, drift_watch_of
-from sage_grpo.rl.kl import (KL_MODES, NO_KL, KLMode, dual_kl, kl_mode, kl_mode_of, mean_matching_kl, resolve_kl_mode,
-                             stepwise_kl)
-from sage_grpo.rl.grad_balance import window_scales
-from sage_grpo.rl.kl_controller import AdaptiveKLController
-from sage_grpo.rl.ppo import ppo_clipped_loss
+"""The GRPO math as pure functions and small resumable state: advantages, PPO loss, KL terms and control.
 
-__all__ = [
-    "KL_MODES",
-    "REWARD_AGGREGATIONS",
-    "NO_KL",
-    "AdaptiveKLController",
-    "AnchorMeans",
-    "DriftGuard",
-    "DriftWatch",
-    "KLMode",
-    "MovingAnchorSchedule",
-    "RewardAggregation",
-    "clip_advantages",
-    "drift_watch_of",
-    "dual_kl",
-    "group_advantages",
-    "kl_mode",
-    "kl_mode_of",
-    "local_advantages",
-    "mean_matching_kl",
-    "ppo_clipped_loss",
-    "resolve_kl_mode",
-    "reward_statistics",
-    "stepwise_kl",
-    "window_scales",
-    "zero_spread_fraction",
-]
+The names below are imported when first used (PEP 562): the configuration reads the KL-controller table's names
+(``rl.kl_controllers``) without importing torch.
+"""
+
+from sage_grpo import lazy_exports
+
+_EXPORTS = {
+    "REWARD_AGGREGATIONS": "advantages",
+    "RewardAggregation": "advantages",
+    "clip_advantages": "advantages",
+    "group_advantages": "advantages",
+    "local_advantages": "advantages",
+    "reward_statistics": "advantages",
+    "zero_spread_fraction": "advantages",
+    "AnchorMeans": "anchor",
+    "MovingAnchorSchedule": "anchor",
+    "DriftGuard": "drift_guard",
+    "DriftWatch": "drift_guard",
+    "drift_watch_of": "drift_guard",
+    "KL_MODES": "kl",
+    "NO_KL": "kl",
+    "KLMode": "kl",
+    "dual_kl": "kl",
+    "kl_mode": "kl",
+    "kl_mode_of": "kl",
+    "mean_matching_kl": "kl",
+    "resolve_kl_mode": "kl",
+    "stepwise_kl": "kl",
+    "window_scales": "grad_balance",
+    "AdaptiveKLController": "kl_controller",
+    "KL_CONTROLLERS": "kl_controllers",
+    "KLController": "kl_controllers",
+    "build_kl_controller": "kl_controllers",
+    "ppo_clipped_loss": "ppo",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -31,8 +31,7 @@ from typing import Protocol, Union
 
 from torch import Tensor
 
-from sage_grpo.rl.kl_controller import beta_stays_zero
-
+from sage_grpo.rl.kl_controllers import stays_zero
 
 
 class KLOptions(Protocol):
@@ -45,6 +44,7 @@ class KLOptions(Protocol):
     use_moving_KL: bool
     use_dual_kl: bool
     stepwise_kl_reference: str
+    kl_controller: str
 
 KL_STD_EPS = 1e-6
 
@@ -81,9 +81,10 @@ def resolve_kl_mode(kl_weight: float, use_moving_kl: bool, use_dual_kl: bool) ->
 def kl_mode_of(options: KLOptions) -> KLMode:
     """The run's KL mode from ``--kl_weight``, ``--use_moving_KL`` and ``--use_dual_kl``: decided once (the trainer,
     the memory plan) and handed to everything that depends on it (model building, resume checks, the update).
-    ``--kl_coef 0 --kl_min_coef 0`` is "none" too: β stays 0 for the whole run, and the reference computes the KL only
-    while β > 0 (``kl_controller.beta_stays_zero``); it still loads its reference model, which goes unused."""
-    if beta_stays_zero(options.kl_weight, options.kl_coef, options.kl_min_coef):
+    A controller whose β stays 0 for the whole run is "none" too (``--kl_controller adaptive`` with ``--kl_coef 0
+    --kl_min_coef 0``: the reference computes the KL only while β > 0, ``kl_controller.beta_stays_zero``; it still
+    loads its reference model, which goes unused)."""
+    if stays_zero(options):
         return NO_KL
     mode = resolve_kl_mode(options.kl_weight, options.use_moving_KL, options.use_dual_kl)
     return replace(mode, stepwise_to_rollout=options.stepwise_kl_reference == "rollout") if mode.dual else mode

@@ -30,7 +30,11 @@ Departures from the reference (TVRL ``grpo_commons.py``; the SAGE copy is not pu
 - the warm-up length is ``horizon`` (the reference hard-codes 100, its default horizon) and the averaging
   window is a parameter (hard-coded 10 there); with the defaults the behaviour is identical;
 - ``state_dict``/``load_state_dict`` make it resumable; the reference does not checkpoint it (spec §10.29).
+
+``--kl_controller adaptive`` (the default) in the KL-controller table (:mod:`sage_grpo.rl.kl_controllers`): this module
+gives the table :func:`build`, :func:`stays_zero` and the checks of a saved state (:data:`STATE_CHECKS`).
 """
+import math
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Optional, Tuple, Union
@@ -148,3 +152,25 @@ def beta_stays_zero(kl_weight: float, kl_coef: float, kl_min_coef: float) -> boo
     """A KL weight whose β is 0 for the whole run (``kl_coef`` 0 and ``kl_min_coef`` 0): the reference then never
     computes the KL (it does only while β > 0), so the run has no KL term."""
     return kl_weight > 0 and reference_coefs(kl_weight, kl_coef, kl_min_coef)[1] == 0
+
+
+def build(options, device) -> AdaptiveKLController:
+    """The table's entry: the controller of ``--kl_weight``, ``--kl_coef`` and ``--kl_min_coef`` with β on ``device``."""
+    return AdaptiveKLController.from_flags(options.kl_weight, options.kl_coef, options.kl_min_coef, device=device)
+
+
+def stays_zero(options) -> bool:
+    """The table's entry: β 0 for the whole run (:func:`beta_stays_zero`)."""
+    return beta_stays_zero(options.kl_weight, options.kl_coef, options.kl_min_coef)
+
+
+def _number(value) -> bool:
+    return type(value) in (int, float)
+
+
+# What a resume checks of a saved state before any model loads: a NaN or inf β would make every loss NaN.
+STATE_CHECKS = {
+    "kl_coef": (lambda v: _number(v) and 0 <= v < math.inf, "a finite number >= 0"),
+    "num_updates": (lambda v: type(v) is int and v >= 0, "a non-negative integer"),
+    "history": (lambda v: isinstance(v, list) and len(v) <= 100_000 and all(map(_number, v)), "a list of numbers"),
+}

@@ -10,7 +10,7 @@ Notation (paper §3.2.1; spec §2.5), all float32:
 
 A kernel is three pure functions of the step's sigmas and η: the noise scales, the transition mean μ and the
 per-element log density of x' under N(μ, noise_std²). Each of ``sage_grpo.py``, ``dance_grpo.py``,
-``flow_grpo.py`` and ``cps.py`` builds one ``SDEKernel``; ``registry.py`` maps names to them.
+``flow_grpo.py`` and ``cps.py`` builds one ``SDEKernel``; ``registry.py`` maps names to their modules.
 """
 import math
 from dataclasses import dataclass

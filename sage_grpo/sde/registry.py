@@ -1,18 +1,31 @@
-"""The one table from ``sde_type`` name to its kernel; the names are the config's ``SDE_TYPES`` (``--sde_type``
-choices of the reference), each kernel known by its own ``name``."""
-from sage_grpo.config.train import SDE_TYPES
-from sage_grpo.sde import cps, dance_grpo, flow_grpo, sage_grpo
-from sage_grpo.sde.base import SDEKernel
+"""The SDE table: ``--sde_type`` name -> the module that defines its kernel (``KERNEL``, an :class:`~.base.SDEKernel`
+named like its entry). The configuration reads its choices here (:data:`SDE_TYPES`, a live view of the table), so this
+module imports no torch: a kernel's module is imported when the kernel is first looked up (:func:`get_kernel`).
 
-_BY_NAME = {kernel.name: kernel for kernel in (sage_grpo.KERNEL, dance_grpo.KERNEL, flow_grpo.KERNEL, cps.KERNEL)}
-if set(_BY_NAME) != set(SDE_TYPES):  # a kernel without a --sde_type choice, or a choice without a kernel
-    raise ImportError(f"SDE kernels {sorted(_BY_NAME)} do not match the config's SDE_TYPES {sorted(SDE_TYPES)}")
-SDE_KERNELS: dict[str, SDEKernel] = {name: _BY_NAME[name] for name in SDE_TYPES}
+Adding an SDE is one new file in ``sage_grpo/sde/`` that builds ``KERNEL = SDEKernel(name="my_sde", ...)`` and one
+line here, ``"my_sde": "sage_grpo.sde.my_sde"``; ``--sde_type my_sde`` then selects it everywhere (rollouts, replay,
+the equalizer, the toy world's analytic errors).
+"""
+import importlib
+
+SDE_KERNELS: dict = {  # the reference's four, in its order (the first is the default)
+    "sage_grpo": "sage_grpo.sde.sage_grpo",
+    "dance_grpo": "sage_grpo.sde.dance_grpo",
+    "flow_grpo": "sage_grpo.sde.flow_grpo",
+    "cps": "sage_grpo.sde.cps",
+}
+SDE_TYPES = SDE_KERNELS.keys()  # the names, as the table holds them now (a line added later is a choice too)
 
 
-def get_kernel(sde_type: str) -> SDEKernel:
-    """The kernel for ``sde_type``; ValueError naming the valid choices otherwise."""
+def get_kernel(sde_type: str):
+    """The :class:`~sage_grpo.sde.base.SDEKernel` of ``sde_type`` (its module imported on first use); ValueError
+    naming the valid choices otherwise."""
     try:
-        return SDE_KERNELS[sde_type]
+        module = SDE_KERNELS[sde_type]
     except KeyError:
-        raise ValueError(f"unknown sde_type {sde_type!r}; valid choices: {', '.join(SDE_TYPES)}") from None
+        raise ValueError(f"unknown sde_type {sde_type!r}; valid choices: {', '.join(SDE_KERNELS)}") from None
+    kernel = importlib.import_module(module).KERNEL
+    if kernel.name != sde_type:
+        raise ValueError(f"the SDE table names {module}'s kernel {sde_type!r}, but it calls itself {kernel.name!r}; "
+                         "give the table line the kernel's own name")
+    return kernel

@@ -44,7 +44,7 @@ class TrainingParts:
     held_out: Optional[Scorers]  # --validation_metrics, on the main process only
     optimizer: Any
     ema: Optional[PolicyEMA]  # --ema_decay > 0
-    kl_controller: Optional[rl.AdaptiveKLController]  # None without a KL reference
+    kl_controller: Optional[rl.KLController]  # None without a KL reference
     anchor: rl.MovingAnchorSchedule
     rewards: StepRewards
     reference_sampler: Sampler  # the rollout's sampler at --reference_batch_size transitions per forward
@@ -52,13 +52,12 @@ class TrainingParts:
 
 
 def kl_controller_of(trust_region: TrustRegionConfig, kl_mode: rl.KLMode,
-                     device: torch.device) -> Optional[rl.AdaptiveKLController]:
-    """The adaptive KL controller of ``--kl_weight``/``--kl_coef``/``--kl_min_coef``; None without a KL reference.
+                     device: torch.device) -> Optional[rl.KLController]:
+    """The run's KL controller (``--kl_controller``, from the trust-region section); None without a KL reference.
     β lives on the device from the start (a 0-d fp64 tensor): decided here, never re-tested per backward."""
     if not kl_mode.uses_reference:
         return None
-    return rl.AdaptiveKLController.from_flags(trust_region.kl_weight, trust_region.kl_coef, trust_region.kl_min_coef,
-                                              device=device)
+    return rl.build_kl_controller(trust_region.kl_controller, trust_region, device)
 
 
 def build_models_of(start: Startup) -> ModelBundle:
@@ -92,8 +91,7 @@ def build_parts(start: Startup) -> TrainingParts:
                          policy_pass_of(start, models, kl_controller))
 
 
-def policy_pass_of(start: Startup, models: ModelBundle,
-                   kl_controller: Optional[rl.AdaptiveKLController]) -> PolicyPass:
+def policy_pass_of(start: Startup, models: ModelBundle, kl_controller: Optional[rl.KLController]) -> PolicyPass:
     """The policy pass: the update and trust-region sections, the micro-batch and accumulation, the sampler, the KL
     mode and controller, the equalizer's scales (``--use_grad_balancing``; renormalised over the SDE window with
     ``--sde_window_equalizer window``) and the trained steps per sample."""

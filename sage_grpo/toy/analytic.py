@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 import torch
 
 from sage_grpo import sde
+from sage_grpo.sde.schedule import all_step_sigmas
 
 OFF_MANIFOLD_STD = 0.01
 
@@ -107,7 +108,7 @@ def sde_step(mixture: GaussianMixture, kernel: sde.SDEKernel, eta: float, sigmas
 
 def noise_std_per_step(sde_type: str, eta: float, sigmas: torch.Tensor) -> List[float]:
     """The std of the noise each step injects (what the log density divides by)."""
-    _, noise_std = sde.get_kernel(sde_type).stds(sde.schedule.all_step_sigmas(sigmas), eta)
+    _, noise_std = sde.get_kernel(sde_type).stds(all_step_sigmas(sigmas), eta)
     return [float(v) for v in noise_std]
 
 

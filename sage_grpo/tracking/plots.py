@@ -142,12 +142,7 @@ def plot_bars(panels: Sequence[BarPanel], path, *, title: str = "", columns: int
     legend = 16 * len(names) + 8
     top = (30 if title else 10) + legend
     rows = max(1, math.ceil(len(panels) / columns))
-    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    shown_columns = min(columns, max(len(panels), 1))
-    panel_width = max([panel_width] + [70 + math.ceil(measure.textlength(panel.title)) for panel in panels])
-    width = max([panel_width * shown_columns, 20 + math.ceil(measure.textlength(title))]
-                + [38 + math.ceil(measure.textlength(name)) for name in names])
-    panel_width = width // shown_columns  # the panels share any room the legend asked for
+    width, panel_width = _bar_widths(panels, names, title, columns, panel_width)
     image = Image.new("RGB", (width, top + panel_height * rows), "white")
     draw = ImageDraw.Draw(image)
     if title:
@@ -158,39 +153,66 @@ def plot_bars(panels: Sequence[BarPanel], path, *, title: str = "", columns: int
         draw.text((28, y), name, fill="black")
     for index, panel in enumerate(panels):
         x0, y0 = (index % columns) * panel_width, top + (index // columns) * panel_height
-        box = (x0 + 60, y0 + 24, x0 + panel_width - 10, y0 + panel_height - 16)
-        errors = panel.errors or [0.0] * len(panel.values)
-        finite = [(v, e if math.isfinite(e) else 0.0) for v, e in zip(panel.values, errors) if math.isfinite(v)]
-        low = min([0.0] + [v - e for v, e in finite])
-        high = max([0.0] + [v + e for v, e in finite])
-        pad = 0.05 * (high - low or 1.0)
-        low, high = low - (pad if low < 0 else 0), high + (pad if high > 0 else 0)
-        high = high if high > low else low + 1.0  # every value 0.0, or none finite: a 0 to 1 axis
-
-        def to_py(y):
-            return box[3] - (y - low) / (high - low) * (box[3] - box[1])
-
-        draw.text((box[0], y0 + 6), panel.title, fill="black")
-        draw.rectangle(box, outline=(90, 90, 90))
-        for tick in _ticks(low, high):
-            draw.line((box[0] - 4, to_py(tick), box[2], to_py(tick)), fill=(225, 225, 225))
-            draw.text((x0 + 6, to_py(tick) - 6), _format(tick), fill="black")
-        draw.line((box[0], to_py(0.0), box[2], to_py(0.0)), fill=(90, 90, 90))
-        slot = (box[2] - box[0]) / max(len(panel.values), 1)
-        for number, (name, value, error) in enumerate(zip(panel.names, panel.values, errors)):
-            left = box[0] + number * slot + 0.15 * slot
-            right = box[0] + (number + 1) * slot - 0.15 * slot
-            if not math.isfinite(value):  # no value to draw (e.g. a metric that failed on every sample): named
-                zero = to_py(0.0)
-                draw.text(((left + right) / 2 - 9, zero - 14 if zero - 14 > box[1] else zero + 2), "NaN",
-                          fill=NAN_COLOUR)
-                continue
-            draw.rectangle((left, min(to_py(value), to_py(0.0)), right, max(to_py(value), to_py(0.0))),
-                           fill=COLOURS[names.index(name) % len(COLOURS)])
-            if math.isfinite(error) and error > 0:
-                middle = (left + right) / 2
-                draw.line((middle, to_py(value - error), middle, to_py(value + error)), fill="black", width=1)
+        _draw_bar_panel(draw, panel, (x0 + 60, y0 + 24, x0 + panel_width - 10, y0 + panel_height - 16), x0, names)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path)
     return path
+
+
+def _bar_widths(panels: Sequence[BarPanel], names: List[str], title: str, columns: int,
+                panel_width: int) -> Tuple[int, int]:
+    """(the picture's width, a panel's width): at least ``panel_width`` a panel, widened until the title, every
+    legend name and every panel title fit whole (the panels share any room the legend asked for)."""
+    from PIL import Image, ImageDraw
+
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    shown_columns = min(columns, max(len(panels), 1))
+    panel_width = max([panel_width] + [70 + math.ceil(measure.textlength(panel.title)) for panel in panels])
+    width = max([panel_width * shown_columns, 20 + math.ceil(measure.textlength(title))]
+                + [38 + math.ceil(measure.textlength(name)) for name in names])
+    return width, width // shown_columns
+
+
+def _bar_axis(values: Sequence[float], errors: Sequence[float]) -> Tuple[float, float]:
+    """The (low, high) of a bar panel's value axis: 0 and every finite value with its whisker, padded on the side
+    away from 0; every value 0.0, or none finite: 0 to 1."""
+    finite = [(v, e if math.isfinite(e) else 0.0) for v, e in zip(values, errors) if math.isfinite(v)]
+    low = min([0.0] + [v - e for v, e in finite])
+    high = max([0.0] + [v + e for v, e in finite])
+    pad = 0.05 * (high - low or 1.0)
+    low, high = low - (pad if low < 0 else 0), high + (pad if high > 0 else 0)
+    high = high if high > low else low + 1.0  # every value 0.0, or none finite: a 0 to 1 axis
+    return low, high
+
+
+def _draw_bar_panel(draw, panel: BarPanel, box: Tuple[float, float, float, float], x0: float,
+                    names: List[str]) -> None:
+    """One metric's panel in ``box`` (its axis labels left of it, from ``x0``): title, ticks, a bar per name coloured
+    as ``names`` orders them, whiskers, and "NaN" where a value is not finite."""
+    errors = panel.errors or [0.0] * len(panel.values)
+    low, high = _bar_axis(panel.values, errors)
+
+    def to_py(y):
+        return box[3] - (y - low) / (high - low) * (box[3] - box[1])
+
+    draw.text((box[0], box[1] - 18), panel.title, fill="black")
+    draw.rectangle(box, outline=(90, 90, 90))
+    for tick in _ticks(low, high):
+        draw.line((box[0] - 4, to_py(tick), box[2], to_py(tick)), fill=(225, 225, 225))
+        draw.text((x0 + 6, to_py(tick) - 6), _format(tick), fill="black")
+    draw.line((box[0], to_py(0.0), box[2], to_py(0.0)), fill=(90, 90, 90))
+    slot = (box[2] - box[0]) / max(len(panel.values), 1)
+    for number, (name, value, error) in enumerate(zip(panel.names, panel.values, errors)):
+        left = box[0] + number * slot + 0.15 * slot
+        right = box[0] + (number + 1) * slot - 0.15 * slot
+        if not math.isfinite(value):  # no value to draw (e.g. a metric that failed on every sample): named
+            zero = to_py(0.0)
+            draw.text(((left + right) / 2 - 9, zero - 14 if zero - 14 > box[1] else zero + 2), "NaN",
+                      fill=NAN_COLOUR)
+            continue
+        draw.rectangle((left, min(to_py(value), to_py(0.0)), right, max(to_py(value), to_py(0.0))),
+                       fill=COLOURS[names.index(name) % len(COLOURS)])
+        if math.isfinite(error) and error > 0:
+            middle = (left + right) / 2
+            draw.line((middle, to_py(value - error), middle, to_py(value + error)), fill="black", width=1)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
-from eval_support import make_eval_setup, scores_only
+from eval_support import PROMPTS, make_eval_setup, scores_only
 from procs import run_group, scaled
 
 from sage_grpo.evaluate import main
@@ -43,5 +43,6 @@ def test_two_processes_equal_one(tiny_root, tiny_reward_root, tmp_path):
     assert scores_only(two) == scores_only(one)
     records = [json.loads(path.read_text()) for path in (tmp_path / "two" / "cache").rglob("*_seed*.json")]
     assert len(records) == 24  # every unit sampled once, prompt i by rank i mod 2
-    assert all(record["rank"] == record["prompt_index"] % 2 for record in records)
+    row_of = {prompt: row for row, prompt in enumerate(PROMPTS)}  # the cache names a unit by its prompt's text
+    assert all(record["rank"] == row_of[record["prompt"]] % 2 for record in records)
     assert len(list((tmp_path / "two" / "side_by_side").glob("*.png"))) == 4

@@ -12,7 +12,8 @@ import generate
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.models import load_transformer
-from sage_grpo.pipeline.generation import Acceleration, VideoGenerator, plan_generation
+from sage_grpo.pipeline.acceleration import Acceleration
+from sage_grpo.pipeline.generation import VideoGenerator, plan_generation
 
 from procs import run_group
 from generate_support import write_csv

@@ -14,7 +14,7 @@ from model_fixtures import TINY_IMAGE_TOKENS, TINY_TEXT
 from safetensors.torch import load_file
 
 import post_train
-from sage_grpo.models import lora
+from sage_grpo.models import lora, lora_folder
 from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import from_dict, load_yaml
@@ -142,12 +142,12 @@ def test_trainer_checkpoint_has_the_peft_adapter_folder(runs):
     checkpoint = runs / "lora" / "checkpoint-2"
     state = load_file(str(checkpoint / "transformer" / "model.safetensors"))
     folder = checkpoint / "lora"
-    assert lora.is_adapter_folder(folder), "CheckpointManager.save must call models.save_extras"
+    assert lora_folder.is_adapter_folder(folder), "CheckpointManager.save must call models.save_extras"
     config = json.loads((folder / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8, "LORA")
     adapter = load_file(str(folder / "adapter_model.safetensors"))
-    assert adapter.keys() == {lora.PEFT_PREFIX + k for k in state}
-    assert all(torch.equal(adapter[lora.PEFT_PREFIX + k], v) for k, v in state.items())
+    assert adapter.keys() == {lora_folder.PEFT_PREFIX + k for k in state}
+    assert all(torch.equal(adapter[lora_folder.PEFT_PREFIX + k], v) for k, v in state.items())
 
 
 def test_lora_resume_gives_identical_adapter_weights(runs):
@@ -216,8 +216,8 @@ def test_lora_export_reproduces_generate(runs, tiny_root, tmp_path):
 
     adapter = export_checkpoint(checkpoint, tiny_root, tmp_path / "adapter", export_format="lora")
     with_adapter = load_transformer(tiny_root, dtype=torch.float32)
-    with_adapter.load_lora_adapter(str(adapter), weight_name=lora.ADAPTER_WEIGHTS_FILE, prefix="base_model.model",
-                                   adapter_name="default")
+    with_adapter.load_lora_adapter(str(adapter), weight_name=lora_folder.ADAPTER_WEIGHTS_FILE,
+                                   prefix="base_model.model", adapter_name="default")
     assert with_adapter.peft_config["default"].lora_alpha == 8
     assert_same_video(diffusers_video(tiny_root, with_adapter), ours)
     # generate.py with the adapter folder on the base model is the same merged model, so the same video exactly
@@ -230,12 +230,12 @@ def test_peft_loads_the_adapter_folder(runs, tiny_root, tmp_path):
     folder = export_checkpoint(runs / "lora" / "checkpoint-2", tiny_root, tmp_path / "adapter", export_format="lora")
     peft_model = PeftModel.from_pretrained(load_transformer(tiny_root, dtype=torch.float32), str(folder))
     merged = read_trained_weights(runs / "lora" / "checkpoint-2")
-    expected = {lora.PEFT_PREFIX + k for k in merged.state}
+    expected = {lora_folder.PEFT_PREFIX + k for k in merged.state}
     loaded = {k.replace(".default.", ".") for k, _ in peft_model.named_parameters() if ".lora_" in k}
     assert loaded == expected
     for name, param in peft_model.named_parameters():
         if ".lora_" in name:
-            assert torch.equal(param, merged.state[name.replace(".default.", ".")[len(lora.PEFT_PREFIX):]])
+            assert torch.equal(param, merged.state[name.replace(".default.", ".")[len(lora_folder.PEFT_PREFIX):]])
 
 
 def test_full_finetune_export_round_trips(runs, tiny_root, tmp_path):

@@ -11,7 +11,7 @@ from toy_support import ON_MANIFOLD_MAX
 @pytest.fixture(scope="module")
 def reduced_toy(tmp_path_factory):
     """The toy checkpoint writer at a reduced size (a few training steps): the layout, not the learning."""
-    from sage_grpo.toy.pretrain import PretrainSettings, write_toy_checkpoint
+    from sage_grpo.studies.pretrain import PretrainSettings, write_toy_checkpoint
 
     root = tmp_path_factory.mktemp("toy") / "toy"
     settings = PretrainSettings(vae_steps=2, vae_batch=2, flow_steps=2, flow_batch=4, flow_dataset=8, eval_samples=2,

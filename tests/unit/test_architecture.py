@@ -1,5 +1,6 @@
-"""The package's shape (issue 23): no import cycle between modules, no lower layer importing a higher one, a package
-root of at most 10 modules, no file over 500 lines and no function over 12 parameters.
+"""The package's shape: no import cycle between modules, no lower layer importing a higher one, folders that form a
+tree of layers (none split across layers, no loop of folders), a package root of at most 10 modules, no file over 500
+lines and no function over 12 parameters.
 
 The layer order is written down here, once (:data:`LAYERS`). Imports are read with ``ast`` from every module of
 ``sage_grpo``, those inside functions included (a lazy import is still a dependency), so nothing is imported.
@@ -13,29 +14,28 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "sage_grpo"
 
 # Low to high: a module may import modules of its own layer and of the layers below it, never above. Entries are
-# module prefixes below the package (the longest matching prefix places a module), so one folder can span layers where
-# it honestly does: the toy world is scored by the rewards, the toy study drives the trainer.
+# module prefixes below the package (the longest matching prefix places a module); each is a whole folder or a root
+# module, never a part of a folder (test_no_folder_is_split_across_layers): the folders form a tree of layers.
 LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("dtypes", "safe_io", "faults", "video_io", "checkpoint_layout"),  # what every layer shares
-    ("config",),
-    ("sde",),  # SDE kernels and the schedule
-    ("rl",),  # advantages, PPO loss, KL, anchor, controller, the equalizer
+    ("sde",),  # SDE kernels, the SDE table (torch-free: the config reads its names) and the schedule
+    ("rl",),  # advantages, PPO loss, KL, anchor, the KL-controller table, the equalizer, the drift math
+    ("config",),  # the sections; --sde_type's and --kl_controller's choices are the tables' names
     ("models",),  # HunyuanVideo-1.5: loading, encoding, attention, LoRA, VAE decode, Placement
     ("distributed",),  # ParallelDims, FSDP2, Ulysses SP
     ("optim",),
-    ("toy.world", "toy.manifold", "toy.analytic"),  # the toy world the toy rewards score
+    ("toy",),  # the toy world the toy rewards score: rendering, manifold error, analytic velocities
     ("rewards",),
     ("data",),
     ("tracking",),
     ("export",),  # generation reads trained weights through export.weights
     ("pipeline",),  # rollout, replay, the Sampler, generation
-    ("toy.pretrain",),
     ("plan",),
     ("checkpoint", "resume"),
     ("startup",),  # one start-up resolution (the RunPlan) and the trainer's parts built from it
     ("trainer",),
-    ("cli", "toy", "evaluate", "__main__"),  # entry points (python -m sage_grpo), the toy study (toy.study runs the
-    # trainer) and the evaluation
+    ("cli", "studies", "evaluate", "__main__"),  # entry points (python -m sage_grpo), the toy world's studies (they
+    # pretrain through the pipeline and run the trainer) and the evaluation
 )
 MAX_ROOT_MODULES, MAX_LINES, MAX_PARAMETERS = 10, 500, 12
 # Part B of issue 23 (branch `decide`) shrinks these; each entry names what it exceeds. Remove an entry once it fits.
@@ -156,6 +156,42 @@ def upward_imports(graph: Dict[str, Set[str]], package_name: str,
     return problems
 
 
+def folder_of(module: str, package_name: str) -> str:
+    """The folder (or root module) directly below the package that ``module`` belongs to: ``pkg.models.bundle`` ->
+    ``models``, ``pkg.trainer`` -> ``trainer`` ("" for the package itself)."""
+    return module[len(package_name) + 1:].split(".")[0] if module != package_name else ""
+
+
+def folder_graph(graph: Dict[str, Set[str]], package_name: str) -> Dict[str, Set[str]]:
+    """Folder -> the other folders its modules import (:func:`folder_of`)."""
+    folders: Dict[str, Set[str]] = {}
+    for module, targets in graph.items():
+        source = folder_of(module, package_name)
+        if source:
+            folders.setdefault(source, set()).update(
+                t for t in map(lambda m: folder_of(m, package_name), targets) if t and t != source)
+    return folders
+
+
+def folder_problems(graph: Dict[str, Set[str]], package_name: str, layers: Sequence[Sequence[str]]) -> List[str]:
+    """What keeps the folders from being a tree of layers: a folder whose modules sit in more than one layer, a loop
+    of folders importing each other, and a folder importing one of a higher layer."""
+    placed: Dict[str, Set[int]] = {}
+    for module in graph:
+        level = layer_of(module, package_name, layers)
+        if folder_of(module, package_name) and level is not None:
+            placed.setdefault(folder_of(module, package_name), set()).add(level)
+    problems = [f"{folder}: split across layers {sorted(levels)}" for folder, levels in sorted(placed.items())
+                if len(levels) > 1]
+    folders = folder_graph(graph, package_name)
+    problems += [f"folder loop: {' <-> '.join(cycle)}" for cycle in find_cycles(folders)]
+    for source, targets in sorted(folders.items()):
+        problems += [f"{source} (layer {min(placed[source])}) -> {target} (layer {min(placed[target])})"
+                     for target in sorted(targets)
+                     if source in placed and target in placed and min(placed[target]) > max(placed[source])]
+    return problems
+
+
 def long_signatures(package: Path) -> Dict[str, int]:
     """``file:function`` -> its parameter count, for every function (methods included, ``self`` not counted) with
     more than :data:`MAX_PARAMETERS`."""
@@ -189,6 +225,12 @@ def test_no_import_cycle(graph):
 
 def test_no_lower_layer_imports_a_higher_one(graph):
     assert upward_imports(graph, PACKAGE.name, LAYERS) == []
+
+
+def test_the_folders_form_a_tree_of_layers(graph):
+    """No folder split across layers, no loop of folders, no folder importing a higher one: a folder can be read, moved
+    or replaced knowing only the folders below it."""
+    assert folder_problems(graph, PACKAGE.name, LAYERS) == []
 
 
 def test_every_layer_prefix_names_a_module(graph):
@@ -266,6 +308,27 @@ def test_the_checker_places_a_module_by_its_longest_prefix():
     assert layer_of("pkg.toy.world", "pkg", layers) == 0
     assert layer_of("pkg.toy.study", "pkg", layers) == 2
     assert layer_of("pkg.toyland", "pkg", layers) is None  # a prefix matches whole names only
+
+
+def test_the_checker_reports_folders_that_loop_through_a_split_layer(tmp_path):
+    """Module by module all is well (no cycle, nothing upward) when a folder is split across layers, yet its folders
+    import each other: the folder-level check is what reports it."""
+    package = _fake_package(tmp_path, {
+        "__init__.py": "",
+        "low/__init__.py": "",
+        "low/a.py": "w = 1\n",
+        "low/b.py": "from fakepkg.high.x import v\n",
+        "high/__init__.py": "",
+        "high/x.py": "from fakepkg.low.a import w\nv = w\n",
+    })
+    graph = import_graph(package)
+    split = (("low.a", "low"), ("high",), ("low.b",))  # low.b placed above high: each module import goes down
+    assert find_cycles(graph) == [] and upward_imports(graph, "fakepkg", split) == []
+    assert folder_graph(graph, "fakepkg") == {"low": {"high"}, "high": {"low"}}
+    assert folder_problems(graph, "fakepkg", split) == ["low: split across layers [0, 2]",
+                                                        "folder loop: high <-> low"]
+    assert folder_problems(graph, "fakepkg", (("low",), ("high",))) == [
+        "folder loop: high <-> low", "low (layer 0) -> high (layer 1)"]
 
 
 def test_the_checker_counts_parameters_without_self(tmp_path):

@@ -3,14 +3,19 @@ import pytest
 import torch
 
 from sage_grpo import sde
+from sage_grpo.sde import registry
 from sage_grpo.config.train import TrainConfig
 from sage_grpo.config.sections import fields_by_name
 from sage_grpo.pipeline.sampler import Sampler
 
 
 def test_the_sde_names_are_listed_once():
+    """--sde_type's choices are the SDE table's names (a live view: a table line is a choice), each kernel known by
+    its own name."""
     choices = fields_by_name(TrainConfig)["sde_type"].metadata["choices"]
-    assert choices is sde.SDE_TYPES and sde.SDE_TYPES == tuple(sde.SDE_KERNELS)
+    assert choices is sde.SDE_TYPES and list(choices) == list(sde.SDE_KERNELS) == ["sage_grpo", "dance_grpo",
+                                                                                  "flow_grpo", "cps"]
+    assert [sde.get_kernel(name).name for name in choices] == list(choices)
 
 
 def test_a_sampler_with_an_unknown_sde_fails_at_construction():
@@ -20,8 +25,8 @@ def test_a_sampler_with_an_unknown_sde_fails_at_construction():
 
 def test_the_sampler_holds_the_kernel_and_steps_never_look_it_up(monkeypatch):
     sampler = Sampler.build("cps", 0.5, 4, 5.0, 6.0)
-    assert sampler.kernel is sde.SDE_KERNELS["cps"] and sampler.sde_type == "cps"
-    monkeypatch.setattr(sde.registry, "SDE_KERNELS", {})  # any lookup by name would now fail
+    assert sampler.kernel is sde.get_kernel("cps") and sampler.sde_type == "cps"
+    monkeypatch.setattr(registry, "SDE_KERNELS", {})  # any lookup by name would now fail
     x, v = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
     out = sde.step(sampler.kernel, v, x, sampler.sigmas, 1, sampler.eta, generator=torch.Generator().manual_seed(0))
     assert out.prev_sample.shape == x.shape and torch.isfinite(out.log_prob).all()

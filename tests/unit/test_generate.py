@@ -6,7 +6,8 @@ import generate
 
 from sage_grpo.config.generate import GenerateConfig
 from sage_grpo.config.schema import parse_cli
-from sage_grpo.pipeline.generation import Acceleration, parse_block_ids, plan_generation
+from sage_grpo.pipeline.acceleration import Acceleration, parse_block_ids
+from sage_grpo.pipeline.generation import plan_generation
 from sage_grpo.video_io import sanitize_name
 
 from generate_support import write_csv
@@ -103,7 +104,7 @@ def test_cuda_speed_flags_follow_the_gpu_memory(monkeypatch):
     reference's rule), model offloading when asked; explicit flags win."""
     from types import SimpleNamespace
 
-    from sage_grpo.pipeline.generation import GROUP_OFFLOAD_BELOW_BYTES, plan_acceleration
+    from sage_grpo.pipeline.acceleration import GROUP_OFFLOAD_BELOW_BYTES, plan_acceleration
 
     asked = []
 

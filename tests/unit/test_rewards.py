@@ -16,7 +16,7 @@ from sage_grpo.rewards import build_reward_fn, register_reward
 from sage_grpo.rewards.base import score_with_fallback
 from sage_grpo.rewards.prompt_templates import DETAILED_SPECIAL_TEMPLATE, REWARD_TOKENS, build_prompt
 from sage_grpo.rewards.builtins import BUILTIN_REWARDS, VIDEOALIGN_METRICS, RewardContext
-from sage_grpo.rewards.registry import import_object
+from sage_grpo.rewards.plugins import import_object
 from sage_grpo.rewards.tiny import FULL_STEP, LORA_STEP, RELEASED_NORM_STATS, write_tiny_video_reward
 from sage_grpo.rewards.tiny import gradient_videos as smooth_videos
 from sage_grpo.rewards.toys import TargetColorReward, TemporalSmoothnessReward

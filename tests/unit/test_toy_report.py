@@ -1,11 +1,11 @@
-"""The toy study's report (scripts/toy_study.py -> sage_grpo.toy.study.write_report, issue 28): a re-run rewrites
+"""The toy study's report (scripts/toy_study.py -> sage_grpo.studies.study.write_report, issue 28): a re-run rewrites
 only the generated sections and keeps every hand-written line (the verdict, the "Time to reward" section)."""
 
 from pathlib import Path
 
 import pytest
 
-from sage_grpo.toy.study import check_report, write_report
+from sage_grpo.studies.study import check_report, write_report
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

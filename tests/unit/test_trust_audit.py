@@ -274,7 +274,7 @@ def test_a_crafted_adapter_config_is_one_line_before_any_model_loads(tmp_path, c
 
 
 def test_adapter_files_that_are_not_lora_settings_or_hold_nan(tmp_path):
-    from sage_grpo.models.lora import check_adapter_folder, read_adapter_folder
+    from sage_grpo.models.lora_folder import check_adapter_folder, read_adapter_folder
 
     assert check_adapter_folder(_adapter(tmp_path / "ok"))["r"] == 4
     folder = _adapter(tmp_path / "deep")
@@ -452,7 +452,7 @@ def test_make_tiny_refuses_a_model_root_it_did_not_write(tmp_path, capsys, monke
 
 def test_make_toy_checkpoint_refuses_to_replace_what_is_not_a_toy_checkpoint(tmp_path, capsys, monkeypatch):
     """Before: --output ckpts (a typo for ckpts/toy) trained for four minutes, then deleted the whole folder."""
-    import sage_grpo.toy.pretrain as pretrain
+    import sage_grpo.studies.pretrain as pretrain
 
     monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
     monkeypatch.setattr(pretrain, "write_toy_checkpoint", lambda *a, **k: pytest.fail("trained before refusing"))

@@ -186,11 +186,11 @@ def test_the_output_folder_is_checked_before_anything_loads(setup, capsys):
 def test_each_writer_has_its_own_temporary_names(tmp_path, monkeypatch):
     import numpy as np
 
-    import sage_grpo.safe_io as safe_io
+    from sage_grpo.safe_io import writing
     from sage_grpo.evaluate.runner import write_unit
 
     renamed = []
     real_replace = os.replace
-    monkeypatch.setattr(safe_io.os, "replace", lambda a, b: renamed.append(os.path.basename(a)) or real_replace(a, b))
+    monkeypatch.setattr(writing.os, "replace", lambda a, b: renamed.append(os.path.basename(a)) or real_replace(a, b))
     write_unit(tmp_path / "unit.json", {"scores": {}}, np.zeros((4, 4, 3), dtype=np.uint8))
     assert renamed == [f".unit.png.tmp-{os.getpid()}", f".unit.json.tmp-{os.getpid()}"]  # was one shared .partial

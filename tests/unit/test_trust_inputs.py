@@ -25,9 +25,9 @@ from trust_support import snapshot as _snapshot
 import sage_grpo.checkpoint as checkpoint_module
 import sage_grpo.checkpoint.files as checkpoint_files
 import sage_grpo.checkpoint.manager as checkpoint_manager
-import sage_grpo.safe_io as safe_io
-import sage_grpo.trainer as trainer_module
 import sage_grpo.startup.build as startup_build
+import sage_grpo.trainer as trainer_module
+from sage_grpo.safe_io import writing as safe_writing
 from sage_grpo.checkpoint import write_checkpoint_files
 from sage_grpo.cli import generate as generate_cli
 from sage_grpo.cli import train as train_cli
@@ -226,11 +226,11 @@ def test_torch_save_on_a_full_disk_is_named_too(tmp_path, monkeypatch):
         raise RuntimeError("basic_ios::clear: iostream error")
 
     monkeypatch.setattr(checkpoint_files.torch, "save", failing_save)
-    monkeypatch.setattr(safe_io.shutil, "disk_usage", lambda path: Usage(free=1024))
+    monkeypatch.setattr(safe_writing.shutil, "disk_usage", lambda path: Usage(free=1024))
     with pytest.raises(DiskFullError, match=r"optimizer.pt: it needs about"):
         write_checkpoint_files(tmp_path / "c", model_state={"w": torch.zeros(2)}, training_state={},
                                optimizer_state={"state": {0: {"m": torch.zeros(4096)}}})
-    monkeypatch.setattr(safe_io.shutil, "disk_usage", lambda path: Usage(free=1 << 40))
+    monkeypatch.setattr(safe_writing.shutil, "disk_usage", lambda path: Usage(free=1 << 40))
     with pytest.raises(RuntimeError, match="iostream"):  # with space left it is some other failure: unchanged
         write_checkpoint_files(tmp_path / "d", model_state={"w": torch.zeros(2)}, training_state={})
 

@@ -19,7 +19,7 @@ from sage_grpo.config.sections import build, names_where, owners, with_values
 from sage_grpo.config.train.model import (ATTENTION_BACKENDS, MIXED_LENGTH_ATTENTION, LoRAConfig, ModelConfig,
                                           ParallelConfig, ThroughputConfig)
 from sage_grpo.config.train.rollout import (DEFAULT_CLIP_MODEL, DEFAULT_REWARD_WEIGHTS, PICKSCORE_MODEL,
-                                            PICKSCORE_PROCESSOR, RESOLUTION_BUCKETS, SDE_TYPES, DataConfig,
+                                            PICKSCORE_PROCESSOR, RESOLUTION_BUCKETS, DataConfig,
                                             RewardConfig, RolloutConfig)
 from sage_grpo.config.train.objective import OptimConfig, TrustRegionConfig, UpdateConfig
 from sage_grpo.config.train.run import (DRIFT_GUARD_ACTIONS, CompatConfig, DriftGuardConfig, OutputConfig,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sage_grpo.config.bounds import AT_LEAST_1, KL_COEFFICIENT, NON_NEGATIVE, POSITIVE, Bound
 from sage_grpo.config.schema import config_field
 from sage_grpo.config.sections import section
+from sage_grpo.rl.kl_controllers import KL_CONTROLLER_NAMES  # the KL-controller table's names (torch-free)
 
 
 @section("GRPO update", "advantages, the clipped ratio, the gradient-norm equalizer and the trained steps")
@@ -47,6 +48,11 @@ class TrustRegionConfig:
         1e-7, "Lower bound of the adaptive KL coefficient and start of its warm-up; 0 means --kl_coef (the "
         "reference's 'kl_min_coef or kl_coef')", defines_run=True,
         bound=KL_COEFFICIENT)
+    kl_controller: str = config_field(
+        "adaptive", "How the KL coefficient beta moves: adaptive (the reference's: a warm-up from --kl_min_coef to "
+        "--kl_weight over 100 updates, then x0.9 / x1.1 keeping the KL near --kl_weight) or constant (beta = "
+        "--kl_weight at every update; --kl_coef and --kl_min_coef unused)", choices=KL_CONTROLLER_NAMES,
+        defines_run=True)
     use_moving_KL: bool = config_field(
         True, "Moving anchor: copy the policy into the reference periodically", defines_run=True, on_card=True)
     update_ref_model_step: int = config_field(

@@ -7,10 +7,7 @@ from typing import Any, Dict, List, Optional
 from sage_grpo.config.bounds import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SEED, Bound
 from sage_grpo.config.schema import config_field
 from sage_grpo.config.sections import section
-
-# The one list of SDE names (``--sde_type`` choices of the reference); sde/registry.py maps each to its kernel. It
-# lives here, below sde, so that the config needs no torch.
-SDE_TYPES = ("sage_grpo", "dance_grpo", "flow_grpo", "cps")
+from sage_grpo.sde.registry import SDE_TYPES  # the SDE table's names (torch-free): --sde_type's choices
 # The reference's 16:9 resolution buckets (reference_spec §2.4): bucket base size -> (height, width). The one bucket
 # table: rollouts (--video_bucket_hw_base_size) and generate.py's --resolution both read it.
 RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (544, 960), 960: (720, 1280),
