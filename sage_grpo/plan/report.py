@@ -187,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 def check_layout(cfg: PlanOptions, world_size: int) -> None:
-    """The trainer's checks before any model loads (``distributed.startup.start_processes``): the configuration and
+    """The trainer's checks before any model loads (``startup.processes.start_processes``): the configuration and
     parallel layout with the transformer's head count, and every video's latent tokens split evenly over the SP ranks
     (``ConfigError``)."""
     from sage_grpo.config.validation import check_sequence_parallel_tokens, validation_size
