@@ -55,3 +55,22 @@ def test_grpo_raises_a_toy_reward_in_a_few_steps(reduced_toy, tmp_path):
     reward = [row["gathered_avg_reward_mean"] for row in rows]
     assert len(rows) == 6 and all("gathered_toy_redness_manifold_error_reward_mean" in row for row in rows)
     assert sum(reward[-2:]) / 2 > sum(reward[:2]) / 2 + 0.01, reward
+
+
+def test_the_demo_starts_from_the_committed_checkpoints_numbers(tmp_path):
+    """The demo (configs/toy_cpu.yaml) on the committed toy checkpoint: its first step's rollouts score what
+    docs/demo.md measured under every kernel setting (0.41239 and 0.06830, within 6e-7 of each other there), so the
+    checkpoint, the sampler and the reward still give the README's run. A step-1 drift means the README's table and
+    docs/demo.md need measuring again."""
+    import post_train
+    from sage_grpo.toy.committed import COMMITTED, install
+    from sage_grpo.tracking.run_dir import read_metrics
+
+    install(tmp_path / "toy", COMMITTED)
+    out = tmp_path / "run"
+    post_train.main(["--config", "configs/toy_cpu.yaml", "--pretrained_model_root", str(tmp_path / "toy"),
+                     "--output_dir", str(out), "--max_steps", "1", "--save_interval", "1",
+                     "--validation_interval", "0", "--save_rollout_videos", "false", "--cpu_threads", "1"])
+    (row,) = [row for row in read_metrics(out) if "gathered_avg_reward_mean" in row]
+    assert row["gathered_avg_reward_mean"] == pytest.approx(0.412385, abs=1e-4)
+    assert row["gathered_toy_large_manifold_error_reward_mean"] == pytest.approx(0.068301, abs=1e-5)
