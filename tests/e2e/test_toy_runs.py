@@ -63,7 +63,7 @@ def test_the_demo_starts_from_the_committed_checkpoints_numbers(tmp_path):
     checkpoint, the sampler and the reward still give the README's run. A step-1 drift means the README's table and
     docs/demo.md need measuring again."""
     import post_train
-    from sage_grpo.toy.committed import COMMITTED, install
+    from sage_grpo.studies.committed import COMMITTED, install
     from sage_grpo.tracking.run_dir import read_metrics
 
     install(tmp_path / "toy", COMMITTED)
