@@ -1,6 +1,7 @@
 """The toy world end to end: GRPO raises a toy reward in a few steps; the toy checkpoint writer at a reduced size."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,3 +75,32 @@ def test_the_demo_starts_from_the_committed_checkpoints_numbers(tmp_path):
     (row,) = [row for row in read_metrics(out) if "gathered_avg_reward_mean" in row]
     assert row["gathered_avg_reward_mean"] == pytest.approx(0.412385, abs=1e-4)
     assert row["gathered_toy_large_manifold_error_reward_mean"] == pytest.approx(0.068301, abs=1e-5)
+
+
+def test_a_trained_checkpoint_packs_and_installs_as_the_same_model(reduced_toy, tmp_path, capsys, monkeypatch):
+    """--commit_to's packing and --committed's install round trip: the byT5 projection left out of the committed
+    form (its recorded shapes only), every other tensor and file as trained; a --commit_to that would record other
+    settings than the checkpoint was trained with is refused."""
+    import sys
+
+    from safetensors.torch import load_file
+
+    from sage_grpo.studies.committed import WEIGHTS, install, pack
+
+    root, _ = reduced_toy
+    packed, installed = tmp_path / "toy_ckpt", tmp_path / "toy"
+    record = pack(root, packed, "python scripts/make_toy_checkpoint.py --output x --commit_to y")
+    assert set(record["zero_tensors"]) == {n for n in load_file(root / WEIGHTS) if n.startswith("context_embedder_2.")}
+    assert not any(n.startswith("context_embedder_2.") for n in load_file(packed / WEIGHTS))
+    install(installed, packed)
+    trained, back = load_file(root / WEIGHTS), load_file(installed / WEIGHTS)
+    assert sorted(trained) == sorted(back) and all(torch.equal(trained[n], back[n]) for n in trained)
+    assert (installed / "vae" / "config.json").read_bytes() == (root / "vae" / "config.json").read_bytes()
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.modules.pop("make_toy_checkpoint", None)
+    import make_toy_checkpoint
+
+    assert make_toy_checkpoint.main(["--output", str(root), "--commit_to", str(tmp_path / "again")]) == 2
+    assert f"error: {root} was trained with other settings" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()
+    sys.modules.pop("make_toy_checkpoint", None)
