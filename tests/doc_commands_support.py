@@ -1,8 +1,8 @@
 """Every command block of the documentation, checked: tests/unit/test_doc_commands.py (markers, parsing, dry runs)
 and tests/e2e/test_doc_commands_run.py (the blocks run for real).
 
-Each fenced block of README.md, ckpts/README.md and docs/*.md has a marker on the line before it saying how it is
-checked (docs/testing.md, "Documented commands"):
+Each fenced block of README.md, CONTRIBUTING.md, ckpts/README.md and docs/*.md has a marker on the line before it
+saying how it is checked (docs/testing.md, "Documented commands"):
 
     <!-- check: run -->              its commands run for real on the CPU (tests/e2e), cheaply: post_train.py runs get
                                      RUN_OVERRIDES (one step, small videos) and ckpts/tiny is the session's tiny root
@@ -13,6 +13,11 @@ checked (docs/testing.md, "Documented commands"):
                                      validation accept it, a shell script exists and ``bash -n`` accepts it
     <!-- check: skip: REASON -->     not a command (output, a CSV, a module map, a Python session)
     <!-- check: file PATH -->        the content of file PATH, written into the sandbox of the page's commands
+    <!-- check: line FILE TABLE -->  the block's lines, inserted into FILE (of the sandbox) as the first entries of the
+                                     table literal TABLE (a line ``TABLE ... = {``): a recipe's one table line
+    <!-- check: copy-run -->         run for real by bash, as written, in a sandbox holding its own copy of the
+                                     package with the page's file and line blocks applied (the contributor recipes:
+                                     a new module plus a table line, then a tiny run that uses it; tests/e2e)
 
 The block's shell text is expanded by bash itself (variables, ``source``, loops, quoting) with python, torchrun, bash,
 sbatch and pip replaced by functions that record their argv and environment (PATH is empty, so nothing else runs);
@@ -26,6 +31,7 @@ import os
 import re
 import runpy
 import shlex
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -36,7 +42,7 @@ from unittest import mock
 from procs import run_group
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MARKER = re.compile(r"<!-- check: (run|dry-run|parse|skip|file)(?::? (.*?))? -->$")
+MARKER = re.compile(r"<!-- check: (run|dry-run|parse|skip|file|line|copy-run)(?::? (.*?))? -->$")
 FENCE = re.compile(r"^```(\S*)\s*$")
 INDENTED_COMMAND = re.compile(r"^    (python3?|bash|torchrun|sbatch|pip|[A-Z_]+=\S*) ")
 # post_train.py flags that make a documented run cheap: one step on small videos, nothing else written
@@ -88,7 +94,8 @@ class Command:
 
 
 def doc_files(root: Path = REPO_ROOT) -> List[Path]:
-    return [root / "README.md", root / "ckpts" / "README.md", *sorted((root / "docs").glob("*.md"))]
+    pages = [root / "README.md", root / "CONTRIBUTING.md", root / "ckpts" / "README.md"]
+    return [page for page in pages if page.is_file()] + sorted((root / "docs").glob("*.md"))
 
 
 def read_blocks(path: Path, text: Optional[str] = None, root: Path = REPO_ROOT) -> Tuple[List[Block], List[str]]:
@@ -115,8 +122,8 @@ def read_blocks(path: Path, text: Optional[str] = None, root: Path = REPO_ROOT) 
             problems.append(f"{name}:{index + 1}: a fenced block without a check marker: put <!-- check: run | dry-run "
                             "| parse: REASON | skip: REASON | file PATH --> on the line before it (tests/"
                             "doc_commands_support.py)")
-        elif marker.group(1) in ("parse", "skip", "file") and not marker.group(2):
-            what = "the file's path" if marker.group(1) == "file" else "the reason"
+        elif marker.group(1) in ("parse", "skip", "file", "line") and not marker.group(2):
+            what = {"file": "the file's path", "line": "the file and the table"}.get(marker.group(1), "the reason")
             problems.append(f"{name}:{index + 1}: <!-- check: {marker.group(1)} --> needs {what}")
         else:
             blocks.append(Block(name, index + 1, opening.group(1), "\n".join(lines[index + 1:end]), marker.group(1),
@@ -423,6 +430,14 @@ def check_block(block: Block, cwd: Path = REPO_ROOT) -> int:
         if block.detail.endswith(".py"):
             compile(block.text, block.detail, "exec")  # a SyntaxError names the file and line
         return 0
+    if block.mode == "line":
+        insert_table_lines(cwd, block, dry_run=True)  # the file and its table exist
+        return 0
+    if block.mode == "copy-run":  # it needs its page's recipes in a copy of the package: run in tests/e2e
+        proc = run_group(["/bin/bash", "-n", "-c", block.text], timeout=30)
+        if proc.returncode:
+            raise CommandFailed(f"{block.id}: bash -n: {proc.stderr.strip()}")
+        return 1
     commands = record_commands(block, cwd)
     if not commands:
         raise CommandFailed(f"{block.id}: a {block.mode} block without a command (mark it skip, with the reason)")
@@ -444,17 +459,58 @@ def check_block(block: Block, cwd: Path = REPO_ROOT) -> int:
     return len(commands)
 
 
+def insert_table_lines(root: Path, block: Block, dry_run: bool = False) -> None:
+    """Insert a ``line FILE TABLE`` block's lines into ``root/FILE`` right after the line opening the table literal
+    ``TABLE`` (its first entries); :class:`CommandFailed` when the file or the table is not there."""
+    file, _, table = block.detail.partition(" ")
+    path = root / file
+    if not path.is_file() or not table:
+        raise CommandFailed(f"{block.id}: <!-- check: line {block.detail} --> names no file of the repository")
+    lines = path.read_text().splitlines(keepends=True)
+    opening = re.compile(rf"^{re.escape(table)}\b[^=]*=.*[{{(\[]\s*$")
+    found = [i for i, text in enumerate(lines) if opening.match(text)]
+    if len(found) != 1:
+        raise CommandFailed(f"{block.id}: {file} has {len(found)} lines opening the table {table}, not one")
+    if not dry_run:
+        path.write_text("".join(lines[:found[0] + 1]) + block.text.rstrip("\n") + "\n" + "".join(lines[found[0] + 1:]))
+
+
 def page_sandbox(folder: Path, block: Block, blocks: Sequence[Block], tiny_root: Path) -> Path:
     """``folder`` as a checkout to run ``block``'s commands in: links to the repository's files, ckpts/tiny the
-    session's tiny checkpoint, and the ``file`` blocks of the block's page written in."""
+    session's tiny checkpoint, and the ``file`` blocks of the block's page written in. A ``copy-run`` block gets its
+    own copy of the package instead of a link, with its page's ``file`` and ``line`` blocks applied."""
     folder.mkdir(parents=True, exist_ok=True)
+    copied = ("sage_grpo",) if block.mode == "copy-run" else ()
     for entry in REPO_ROOT.iterdir():
-        if entry.name not in (".git", ".venv", "ckpts", "outputs"):
+        if entry.name in copied:
+            shutil.copytree(entry, folder / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif entry.name not in (".git", ".venv", "ckpts", "outputs"):
             (folder / entry.name).symlink_to(entry)
     (folder / "ckpts").mkdir()
     (folder / "ckpts" / "tiny").symlink_to(tiny_root)
     for other in blocks:
-        if other.path == block.path and other.mode == "file":
+        if other.path != block.path or other.mode not in ("file", "line"):
+            continue
+        if (folder / other.detail.split("/")[0]).is_symlink():  # a linked folder: never written through
+            continue
+        if other.mode == "line":
+            insert_table_lines(folder, other)
+        else:
             (folder / other.detail).parent.mkdir(parents=True, exist_ok=True)
             (folder / other.detail).write_text(other.text + "\n")
     return folder
+
+
+def run_copied(block: Block, sandbox: Path, timeout: float) -> str:
+    """Run a ``copy-run`` block as written, by bash, in ``sandbox`` (its own copy of the package first on the path;
+    ``python`` is this interpreter); returns its output, :class:`CommandFailed` on a failure."""
+    bin_dir = sandbox / ".doc_bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '')}", PYTHONPATH=str(sandbox),
+               HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = run_group(["/bin/bash", "--noprofile", "--norc", "-e", "-c", block.text], cwd=sandbox, env=env,
+                     timeout=timeout)
+    if proc.returncode:
+        raise CommandFailed(f"{block.id}: exit status {proc.returncode}: {(proc.stdout + proc.stderr)[-3000:]}")
+    return proc.stdout + proc.stderr

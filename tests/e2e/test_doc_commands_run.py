@@ -6,13 +6,14 @@ import json
 import sys
 
 import pytest
-from doc_commands_support import all_blocks, check_block, page_sandbox
+from doc_commands_support import all_blocks, check_block, page_sandbox, run_copied
 
 BLOCKS, _ = all_blocks()
 RUN = {}  # a block documented on several pages runs once
 for found in BLOCKS:
     if found.mode == "run":
         RUN.setdefault(found.text, found)
+COPY_RUN = [found for found in BLOCKS if found.mode == "copy-run"]
 
 
 @pytest.mark.parametrize("block", list(RUN.values()), ids=[block.id for block in RUN.values()])
@@ -26,3 +27,11 @@ def test_documented_command_runs(block, tiny_root, tmp_path):
         assert row["step"] == 1 and 0.0 < score < 1.0 and row["gathered_avg_reward_mean"] == score  # weight 1.0
         assert (run / "checkpoint-1").is_dir()
         assert not [name for name in sys.modules if name.startswith("mypkg")]  # the plug-in left with its sandbox
+
+
+@pytest.mark.parametrize("block", COPY_RUN, ids=[block.id for block in COPY_RUN])
+def test_documented_recipe_runs_in_a_copy_of_the_package(block, tiny_root, tmp_path):
+    """A contributor recipe (a new module plus one table line) applied to a copy of the package, then its run: the
+    new entries are used by a tiny training run (CONTRIBUTING.md)."""
+    sandbox = page_sandbox(tmp_path / "checkout", block, BLOCKS, tiny_root)
+    run_copied(block, sandbox, timeout=600)

@@ -35,14 +35,10 @@ FLAGS = ("--max_steps", "3", "--update_ref_model_step", "2", "--use_muon", "true
 
 
 def processor() -> str:
-    """The processor's model name (Linux's /proc/cpuinfo), or "unknown"."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    """The processor's model name (Linux's /proc/cpuinfo; elsewhere what ``platform`` says)."""
+    from sage_grpo.studies.pretrain import cpu_name
+
+    return cpu_name()
 
 
 def machine() -> dict:
