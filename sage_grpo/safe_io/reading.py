@@ -69,7 +69,7 @@ def load_plain(path: PathLike, what: str, fix: str = _PLAIN_FIX) -> Any:
 def check_finite(tensors: Any, source: str, name: str = "") -> None:
     """Refuse weights (a mapping or sequence of tensors, nested as an optimizer state is) holding NaN or inf, naming
     ``source`` and the first such tensor: sampled or trained on, they give NaN videos and NaN updates, never a clear
-    error. A DTensor is checked on this rank's shard (no collective: ``checkpoint.py`` makes the ranks agree)."""
+    error. A DTensor is checked on this rank's shard (no collective: ``sage_grpo.checkpoint`` makes the ranks agree)."""
     import torch
     from torch.distributed.tensor import DTensor
 
