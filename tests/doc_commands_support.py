@@ -467,7 +467,7 @@ def insert_table_lines(root: Path, block: Block, dry_run: bool = False) -> None:
     if not path.is_file() or not table:
         raise CommandFailed(f"{block.id}: <!-- check: line {block.detail} --> names no file of the repository")
     lines = path.read_text().splitlines(keepends=True)
-    opening = re.compile(rf"^{re.escape(table)}\b[^=]*=.*[{{(\[]\s*$")
+    opening = re.compile(rf"^{re.escape(table)}\b[^=]*=.*[{{(\[]\s*(#.*)?$")
     found = [i for i, text in enumerate(lines) if opening.match(text)]
     if len(found) != 1:
         raise CommandFailed(f"{block.id}: {file} has {len(found)} lines opening the table {table}, not one")
@@ -480,10 +480,12 @@ def page_sandbox(folder: Path, block: Block, blocks: Sequence[Block], tiny_root:
     session's tiny checkpoint, and the ``file`` blocks of the block's page written in. A ``copy-run`` block gets its
     own copy of the package instead of a link, with its page's ``file`` and ``line`` blocks applied."""
     folder.mkdir(parents=True, exist_ok=True)
-    copied = ("sage_grpo",) if block.mode == "copy-run" else ()
+    copy = block.mode == "copy-run"  # python puts a script's real folder first on the path: entry scripts copied too
     for entry in REPO_ROOT.iterdir():
-        if entry.name in copied:
+        if copy and entry.name == "sage_grpo":
             shutil.copytree(entry, folder / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif copy and entry.suffix == ".py":
+            shutil.copy(entry, folder / entry.name)
         elif entry.name not in (".git", ".venv", "ckpts", "outputs"):
             (folder / entry.name).symlink_to(entry)
     (folder / "ckpts").mkdir()
@@ -506,7 +508,9 @@ def run_copied(block: Block, sandbox: Path, timeout: float) -> str:
     ``python`` is this interpreter); returns its output, :class:`CommandFailed` on a failure."""
     bin_dir = sandbox / ".doc_bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "python").symlink_to(sys.executable)
+    wrapper = bin_dir / "python"  # a script, not a link: a linked interpreter would not find its virtual environment
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '')}", PYTHONPATH=str(sandbox),
                HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     proc = run_group(["/bin/bash", "--noprofile", "--norc", "-e", "-c", block.text], cwd=sandbox, env=env,

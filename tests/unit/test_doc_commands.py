@@ -11,7 +11,7 @@ from doc_commands_support import CommandFailed, all_blocks, check_block, read_bl
 
 BLOCKS, PROBLEMS = all_blocks()
 CHECKED = [block if block.mode != "run" else dataclasses.replace(block, mode="dry-run")  # run for real in e2e
-           for block in BLOCKS if block.mode in ("run", "dry-run", "parse", "file")]
+           for block in BLOCKS if block.mode in ("run", "dry-run", "parse", "file", "line", "copy-run")]
 
 
 def test_every_block_is_marked_and_every_command_fenced():
