@@ -15,6 +15,8 @@ saying how it is checked (docs/testing.md, "Documented commands"):
     <!-- check: file PATH -->        the content of file PATH, written into the sandbox of the page's commands
     <!-- check: line FILE TABLE -->  the block's lines, inserted into FILE (of the sandbox) as the first entries of the
                                      table literal TABLE (a line ``TABLE ... = {``): a recipe's one table line
+    <!-- check: message NAME -->     the one-line message a user meets (docs/faq.md), ``…`` standing for its variable
+                                     parts: tests/unit/test_faq.py produces message NAME and matches it
     <!-- check: copy-run -->         run for real by bash, as written, in a sandbox holding its own copy of the
                                      package with the page's file and line blocks applied (the contributor recipes:
                                      a new module plus a table line, then a tiny run that uses it; tests/e2e)
@@ -42,7 +44,7 @@ from unittest import mock
 from procs import run_group
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MARKER = re.compile(r"<!-- check: (run|dry-run|parse|skip|file|line|copy-run)(?::? (.*?))? -->$")
+MARKER = re.compile(r"<!-- check: (run|dry-run|parse|skip|file|line|copy-run|message)(?::? (.*?))? -->$")
 FENCE = re.compile(r"^```(\S*)\s*$")
 INDENTED_COMMAND = re.compile(r"^    (python3?|bash|torchrun|sbatch|pip|[A-Z_]+=\S*) ")
 # post_train.py flags that make a documented run cheap: one step on small videos, nothing else written
@@ -122,8 +124,9 @@ def read_blocks(path: Path, text: Optional[str] = None, root: Path = REPO_ROOT) 
             problems.append(f"{name}:{index + 1}: a fenced block without a check marker: put <!-- check: run | dry-run "
                             "| parse: REASON | skip: REASON | file PATH --> on the line before it (tests/"
                             "doc_commands_support.py)")
-        elif marker.group(1) in ("parse", "skip", "file", "line") and not marker.group(2):
-            what = {"file": "the file's path", "line": "the file and the table"}.get(marker.group(1), "the reason")
+        elif marker.group(1) in ("parse", "skip", "file", "line", "message") and not marker.group(2):
+            what = {"file": "the file's path", "line": "the file and the table",
+                    "message": "the message's name"}.get(marker.group(1), "the reason")
             problems.append(f"{name}:{index + 1}: <!-- check: {marker.group(1)} --> needs {what}")
         else:
             blocks.append(Block(name, index + 1, opening.group(1), "\n".join(lines[index + 1:end]), marker.group(1),
@@ -424,7 +427,7 @@ def pip_command(argv: Sequence[str]) -> None:
 def check_block(block: Block, cwd: Path = REPO_ROOT) -> int:
     """Check every command of ``block`` as its marker says; returns how many there were. Raises
     :class:`CommandFailed` naming the block and the command."""
-    if block.mode == "skip":
+    if block.mode in ("skip", "message"):  # a message is matched by tests/unit/test_faq.py
         return 0
     if block.mode == "file":
         if block.detail.endswith(".py"):

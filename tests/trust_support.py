@@ -1,6 +1,9 @@
-"""Helpers shared by the trust tests (unit/test_trust*.py, unit/test_run_dir_claims.py and e2e/test_trust_runs.py)."""
+"""Helpers shared by the trust tests (unit/test_trust*.py, unit/test_run_dir_claims.py and e2e/test_trust_runs.py)
+and the FAQ's messages (unit/test_faq.py)."""
 import hashlib
 from pathlib import Path
+
+import yaml
 
 
 def snapshot(root: Path) -> dict:
@@ -60,3 +63,23 @@ def nan_outside_fingerprint(weights: Path) -> str:
             weights.write_bytes(bytes(data))
             return name
     raise ValueError(f"{weights}: every tensor overlaps a sampled block")
+
+
+def write_checkpoint_two(args, weights, *, record_prompts: bool = True) -> Path:
+    """checkpoint-2 of the run ``args`` define, as the trainer writes it (``weights``: its trainable tensors)."""
+    from sage_grpo.checkpoint import write_checkpoint_files  # the package only when a test writes a checkpoint
+    from sage_grpo.config import parse_cli, to_dict
+    from sage_grpo.config.train import TrainConfig
+    from sage_grpo.data import read_prompt_csvs
+    from sage_grpo.resume import layout_record
+
+    cfg = parse_cli(TrainConfig, args)
+    items = read_prompt_csvs(cfg.data.train_video_csv, notes=[]) if record_prompts else None
+    layout = layout_record(cfg.model, 1, 1, 1, cfg.data.batch_size, items)  # one process: batch_size videos a step
+    state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
+             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout}
+    path = Path(cfg.output.output_dir) / "checkpoint-2"
+    write_checkpoint_files(path, model_state=weights, optimizer_state={"state": {}}, training_state=state,
+                           config_yaml=yaml.safe_dump(to_dict(cfg)))
+    (path.parent / "run_config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    return path

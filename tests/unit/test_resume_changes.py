@@ -17,15 +17,14 @@ import pytest
 import torch
 import yaml
 from model_fixtures import tiny_args
+from trust_support import write_checkpoint_two
 
 import sage_grpo.startup.build as startup_build
 import sage_grpo.trainer as trainer_module
-from sage_grpo.checkpoint import write_checkpoint_files
 from sage_grpo.cli.train import main as train_main
-from sage_grpo.config import ConfigError, parse_cli, to_dict
+from sage_grpo.config import ConfigError, parse_cli
 from sage_grpo.config.train import TrainConfig
-from sage_grpo.data import read_prompt_csvs
-from sage_grpo.resume import CONFIG_CHANGES_FILE, layout_record
+from sage_grpo.resume import CONFIG_CHANGES_FILE
 from sage_grpo.startup import resolve
 from sage_grpo.startup.run_files import take_run_dir
 
@@ -46,20 +45,6 @@ def _prompts(path: Path, *rows: str) -> str:
     return str(path)
 
 
-def _checkpoint(args, weights, *, record_prompts: bool = True) -> Path:
-    """checkpoint-2 of the run ``args`` define, as the trainer writes it (``weights``: its trainable tensors)."""
-    cfg = parse_cli(TrainConfig, args)
-    items = read_prompt_csvs(cfg.data.train_video_csv, notes=[]) if record_prompts else None
-    layout = layout_record(cfg.model, 1, 1, 1, cfg.data.batch_size, items)  # one process: batch_size videos a step
-    state = {"global_step": 2, "update_steps": 2, "micro_steps": 2, "kl_controller": None,
-             "anchor_schedule": {"last_refreshed_at": None}, "layout": layout}
-    path = Path(cfg.output.output_dir) / "checkpoint-2"
-    write_checkpoint_files(path, model_state=weights, optimizer_state={"state": {}}, training_state=state,
-                           config_yaml=yaml.safe_dump(to_dict(cfg)))
-    (path.parent / "run_config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
-    return path
-
-
 def _preflight_passes(args) -> None:
     with pytest.raises(pytest.fail.Exception, match="models loaded"):
         trainer_module.GRPOTrainer(parse_cli(TrainConfig, args))
@@ -68,7 +53,7 @@ def _preflight_passes(args) -> None:
 def test_other_prompts_or_text_lengths_are_run_defining(tiny_root, tmp_path, no_models):
     first = _prompts(tmp_path / "train.csv", "a red disk", "a blue square")
     args = tiny_args(tiny_root, tmp_path / "run", "--train_video_csv", first)
-    resume = ["--resume_from_checkpoint", str(_checkpoint(args, {"w": torch.ones(2)}))]
+    resume = ["--resume_from_checkpoint", str(write_checkpoint_two(args, {"w": torch.ones(2)}))]
     other = _prompts(tmp_path / "other.csv", "a red disk", "a blue square", "a green ring")
     with pytest.raises(ConfigError, match=r"prompt data --train_video_csv \(other rows: 2 -> 3 prompts\) "
                                           r"\['.*/train.csv'\] -> \['.*/other.csv'\]"):
@@ -86,7 +71,7 @@ def test_other_prompts_or_text_lengths_are_run_defining(tiny_root, tmp_path, no_
 
     older = tmp_path / "older"  # a checkpoint of an earlier version records no prompts: the paths are compared
     older_args = tiny_args(tiny_root, older, "--train_video_csv", first)
-    older_resume = ["--resume_from_checkpoint", str(_checkpoint(older_args, {"w": torch.ones(2)},
+    older_resume = ["--resume_from_checkpoint", str(write_checkpoint_two(older_args, {"w": torch.ones(2)},
                                                                 record_prompts=False))]
     with pytest.raises(ConfigError, match=r"--train_video_csv \['.*/train.csv'\] -> \['.*/moved/train.csv'\]"):
         trainer_module.GRPOTrainer(parse_cli(TrainConfig, older_args + older_resume + ["--train_video_csv",
@@ -96,7 +81,7 @@ def test_other_prompts_or_text_lengths_are_run_defining(tiny_root, tmp_path, no_
 def test_run_config_holds_what_the_resumed_run_uses(tiny_root, tmp_path):
     first = _prompts(tmp_path / "train.csv", "a red disk", "a blue square")
     args = tiny_args(tiny_root, tmp_path / "run", "--train_video_csv", first, "--max_steps", "2")
-    resume = ["--resume_from_checkpoint", str(_checkpoint(args, {"w": torch.ones(2)}))]
+    resume = ["--resume_from_checkpoint", str(write_checkpoint_two(args, {"w": torch.ones(2)}))]
     other = _prompts(tmp_path / "other.csv", "a green ring", "a white cross")
     for extra, recorded in ((["--max_steps", "5", "--log_interval", "3"], {}),  # free: no config_changes entry
                             (["--max_steps", "6", "--train_video_csv", other, "--allow_config_change"],
@@ -117,7 +102,7 @@ def test_run_config_holds_what_the_resumed_run_uses(tiny_root, tmp_path):
 
 def test_a_lora_rank_that_cannot_load_is_refused_in_one_line(tiny_root, tmp_path, no_models, capsys):
     args = tiny_args(tiny_root, tmp_path / "run", *LORA)
-    path = _checkpoint(args, ADAPTER)
+    path = write_checkpoint_two(args, ADAPTER)
     resume = ["--resume_from_checkpoint", str(path), "--allow_config_change"]
     with pytest.raises(SystemExit) as stop:  # before: a KeyError traceback once every model had loaded
         train_main(args + resume + ["--lora_r", "8"])
@@ -130,7 +115,7 @@ def test_a_lora_rank_that_cannot_load_is_refused_in_one_line(tiny_root, tmp_path
 
 def test_changes_that_leave_the_tensors_unloadable_are_refused(tiny_root, other_root, tmp_path, no_models):
     args = tiny_args(tiny_root, tmp_path / "run", *LORA)
-    resume = ["--resume_from_checkpoint", str(_checkpoint(args, ADAPTER)), "--allow_config_change"]
+    resume = ["--resume_from_checkpoint", str(write_checkpoint_two(args, ADAPTER)), "--allow_config_change"]
     with pytest.raises(ConfigError, match=r"with --lora_target_modules \['to_k'\]: its adapter adapts the layers "
                                           r"of None, and its tensors cannot move to other layers"):
         trainer_module.GRPOTrainer(parse_cli(TrainConfig, args + resume + ["--lora_target_modules", "to_k"]))
@@ -145,7 +130,7 @@ def test_changes_that_leave_the_tensors_unloadable_are_refused(tiny_root, other_
     shapes = transformer_shapes(tiny_root, "480p_t2v", parameters_only=True)
     weights = {name: torch.zeros(shape) for name, shape in shapes.items()}
     weights["proj_out.weight"] = torch.zeros(3, 3)
-    resume = ["--resume_from_checkpoint", str(_checkpoint(full, weights)), "--allow_config_change"]
+    resume = ["--resume_from_checkpoint", str(write_checkpoint_two(full, weights)), "--allow_config_change"]
     with pytest.raises(ConfigError, match=r"with another model root --pretrained_model_root \(differs in .*\): its "
                                           r"trainable weights do not fit the transformer 480p_t2v of .*mis-shaped "
                                           r"keys \(1\): proj_out.weight"):
