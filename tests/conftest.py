@@ -34,6 +34,28 @@ def _threads_as_found():
 _threads_per_test = pytest.fixture(autouse=True, name="_threads_per_test")(_threads_as_found)
 _threads_per_module = pytest.fixture(autouse=True, scope="module", name="_threads_per_module")(_threads_as_found)
 
+# The tables a researcher extends (docs/layout.md, "Tables"): a test that adds a line (register_reward, a toy SDE)
+# must not leave it for the tests after it, in any order.
+PLUGIN_TABLES = (("sage_grpo.rewards.registry", "REWARDS"), ("sage_grpo.rewards.scorers", "HELD_OUT_SCORERS"),
+                 ("sage_grpo.sde.registry", "SDE_KERNELS"), ("sage_grpo.rl.kl_controllers", "KL_CONTROLLERS"),
+                 ("sage_grpo.pipeline.drift_proxies", "DRIFT_PROXIES"))
+
+
+@pytest.fixture(autouse=True)
+def _plugin_tables_as_found():
+    """Puts every loaded plug-in table back as the test found it (in place: modules hold references to them)."""
+    found = [(table, dict(table)) for table in _loaded_tables()]
+    yield
+    for table, entries in found:
+        table.clear()
+        table.update(entries)
+
+
+def _loaded_tables() -> list:
+    return [getattr(sys.modules[module], name) for module, name in PLUGIN_TABLES
+            if module in sys.modules and isinstance(getattr(sys.modules[module], name, None), dict)]
+
+
 # Test tiers (docs/testing.md, "Tiers"): pick one with -m, e.g. `bash scripts/test.sh -m unit` for the fast loop.
 TIERS = {
     "unit": "fast in-process tests of one module on tiny real-class configs (tests/unit/)",

@@ -22,7 +22,7 @@ def test_every_figures_comment_is_well_formed():
     assert problems == []
     by_page = {quote.path for quote in quotes}
     assert {"README.md", "docs/memory.md"} <= by_page and len(quotes) >= 15
-    assert [quote.id for quote in quotes if not quote.quoted] == ["docs/memory.md:47"]  # the plan's whole output
+    assert [quote.path for quote in quotes if not quote.quoted] == ["docs/memory.md"]  # the plan's whole output
 
 
 def test_a_figure_the_command_no_longer_prints_fails():
