@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One-node SAGE-GRPO post-training of HunyuanVideo-1.5 with the reference's launch flags (reference_spec §1.3):
-# 8 processes, Ulysses sequence parallel 2 (so 4 data-parallel replicas), FSDP2 with activation checkpointing, the
-# SAGE SDE, gradient balancing, timestep permutation and the dual (moving + step-wise) KL.
+# One-node SAGE-GRPO post-training of HunyuanVideo-1.5 with the reference's launch flags
+# (docs/reference.md#the-launch-scripts-flags): 8 processes, Ulysses sequence parallel 2 (so 4 data-parallel replicas),
+# FSDP2 with activation checkpointing, the SAGE SDE, gradient balancing, timestep permutation and the dual (moving +
+# step-wise) KL.
 #
 #   bash run_post_train.sh                                     # new run in ./outputs
 #   bash run_post_train.sh --resume_from_checkpoint latest     # extra arguments go to post_train.py, after the

@@ -1,10 +1,11 @@
 """Prompt data: the one prompt-CSV reader (training, validation and generate.py), the group-repeating distributed
 sampler, and per-sample seeds.
 
-Layout (reference_spec §2.2, §2.4). With ``B`` prompts per data-parallel rank, ``dp`` ranks and group size ``G``,
-one step uses ``U = B*dp/G`` unique prompts. Each epoch permutes the prompt indices (generator seeded ``seed + epoch``),
-keeps whole chunks of ``U``, repeats every index ``G`` times consecutively and deals blocks of ``B`` positions to the
-ranks in order. So with B=2, G=4 ranks (0, 1) hold two copies each of prompt p0, ranks (2, 3) of p1, and so on.
+Layout (docs/reference.md#prompt-data-and-the-sampler, docs/reference.md#the-rollout). With ``B`` prompts per
+data-parallel rank, ``dp`` ranks and group size ``G``, one step uses ``U = B*dp/G`` unique prompts. Each epoch permutes
+the prompt indices (generator seeded ``seed + epoch``), keeps whole chunks of ``U``, repeats every index ``G`` times
+consecutively and deals blocks of ``B`` positions to the ranks in order. So with B=2, G=4 ranks (0, 1) hold two copies
+each of prompt p0, ranks (2, 3) of p1, and so on.
 
 Seeds: member ``k`` of a group starts from the CSV seed ``s + k`` (``k = i mod G`` when a rank holds whole groups,
 ``k = rank_in_group*B + i`` when a group spans several ranks), or ``s`` with ``use_same_noise``.
@@ -256,7 +257,8 @@ class GroupedPromptSampler:
 
 def sample_seeds(csv_seeds: Sequence[int], num_generations: int, dp_rank: int, batch_size: int,
                  use_same_noise: bool = False) -> List[int]:
-    """Initial-noise seeds of this rank's samples (spec §2.4): group members get s, s+1, ..., s+G-1."""
+    """Initial-noise seeds of this rank's samples: group members get s, s+1, ..., s+G-1
+    (docs/reference.md#the-rollout)."""
     ranks_per_group, _ = group_layout(batch_size, num_generations)
     seeds = []
     for i, seed in enumerate(csv_seeds):

@@ -46,16 +46,16 @@ and FSDP2 from :func:`~sage_grpo.distributed.parallelize.parallelize_models`; th
   spread over DP ranks is gathered so its advantages are normalized over the whole group, each rank keeping its
   slice. Reward statistics are over all ``B x dp`` samples of the step; loss, KL and timing metrics are averaged over
   the world.
-* Gradients: FSDP reduces (mean over every rank: DP mean and SP correction) only on the last backward of an
-  accumulation window (``gradient_sync``): one reduce-scatter per optimizer update instead of the reference's one per
-  backward (spec §10.20), at the price of holding the unsharded fp32 gradients between backwards. Without FSDP the
+* Gradients: FSDP reduces (mean over every rank: DP mean and SP correction) only on the last backward of an accumulation
+  window (``gradient_sync``): one reduce-scatter per optimizer update instead of the reference's one per backward
+  (docs/reference.md#d20), at the price of holding the unsharded fp32 gradients between backwards. Without FSDP the
   gradients are averaged once per update.
 * KL controller: fed the world-mean KL of each inner iteration, so every rank has the same beta (the reference keeps
-  unsynchronized per-rank controllers, spec §10.12) and rank 0's checkpoint describes every rank.
+  unsynchronized per-rank controllers, docs/reference.md#d12) and rank 0's checkpoint describes every rank.
 * Files: the run directory, console, metrics, TensorBoard and validation videos are written by rank 0; rollout media
   by each SP leader (names carry the dp rank and the global rank); checkpoints by every rank together (DCP shards,
   ``CheckpointManager.save``). Every collective, the end-of-training checkpoint included, is entered by every rank
-  (the reference's rank-0-only final save deadlocks, spec §10.5).
+  (the reference's rank-0-only final save deadlocks, docs/reference.md#d5).
 * Seeds: the models are built under ``--seed`` on every rank, then the global RNGs are seeded ``seed + dp_rank``
   (:mod:`sage_grpo.startup.build`).
 """

@@ -1,7 +1,7 @@
 """The reference's launch flags, shared by the tests that parse or launch them (test modules never import each
 other; shared constants live in helper modules like this one and ``model_fixtures.py``)."""
 
-# The flags of the reference's run_post_train.sh (reference_spec §1.3), verbatim and in its order.
+# The flags of the reference's run_post_train.sh, verbatim, in its order (docs/reference.md#the-launch-scripts-flags).
 RUN_POST_TRAIN_FLAGS = (
     "--pretrained_model_root ./ckpts --learning_rate 1e-5 --batch_size 2 --num_generations 4 --max_steps 10000 "
     "--output_dir ./outputs --enable_fsdp --enable_gradient_checkpointing --sp_size 2 --reward_checkpoint_mode v3 "

@@ -1,5 +1,5 @@
 """A stand-in ``torchvision`` package, so transformers' ``Qwen2VLVideoProcessor`` (which imports torchvision) can run
-on this machine, where the torchvision wheel cannot be imported (docs/installation notes; feasibility §0).
+on this machine, where the torchvision wheel cannot be imported.
 
 It provides only what the processor's import chain names and its tensor path calls: ``resize`` is what torchvision's
 v2 ``resize`` does to a tensor (``torch.nn.functional.interpolate`` with ``antialias``; a uint8 tensor computed in

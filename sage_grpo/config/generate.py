@@ -1,4 +1,4 @@
-"""``GenerateConfig``: the options of ``generate.py`` (reference §1.4), declared once.
+"""``GenerateConfig``: the options of ``generate.py`` (docs/reference.md#sampling-script-flags), declared once.
 
 Core reference flags keep their names and defaults (``--num_inference_steps 50``, ``--video_length 121``,
 ``--seed 930``, ``--aspect_ratio 16:9``, ``--dtype bf16``, ``--offloading true``, ...); ``--guidance_scale``,
@@ -22,7 +22,7 @@ shift follow that version's own guider and scheduler configs (sage_grpo/models/v
 samples without CFG; an explicit ``--guidance_scale`` or ``--flow_shift`` that contradicts them is used with a warning.
 
 Departures: ``--resolution`` and ``--model_path`` have defaults (480p, ./ckpts) instead of being required, and
-``--valid_video_csv`` has none (the reference's default CSV is not shipped, spec §10.24).
+``--valid_video_csv`` has none (the reference's default CSV is not shipped, docs/reference.md#d24).
 """
 
 from dataclasses import dataclass

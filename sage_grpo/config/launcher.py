@@ -1,10 +1,10 @@
 """The launchers' reference flags yield to a ``--config`` file.
 
-``run_post_train.sh`` and ``scripts/post_train/train_grpo.sh`` pass the reference's launch flags (reference_spec §1.3)
-before the user's arguments. Flags beat YAML in ``parse_cli``, so those defaults would silently override every
-``--config`` value they also set (``--sde_type``, ``--kl_weight``, ...). With a ``--config`` among the user's
-arguments the launchers therefore drop each default flag whose option the file sets (by field name or alias), so the
-order is: the launcher's defaults < the config file < flags typed on the command line.
+``run_post_train.sh`` and ``scripts/post_train/train_grpo.sh`` pass the reference's launch flags
+(docs/reference.md#the-launch-scripts-flags) before the user's arguments. Flags beat YAML in ``parse_cli``, so those
+defaults would silently override every ``--config`` value they also set (``--sde_type``, ``--kl_weight``, ...). With a
+``--config`` among the user's arguments the launchers therefore drop each default flag whose option the file sets (by
+field name or alias), so the order is: the launcher's defaults < the config file < flags typed on the command line.
 
     python -m sage_grpo.config.launcher CONFIG.yaml --flag value --bare_flag ...   -> the kept flags, one token a line
 """

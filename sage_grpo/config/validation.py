@@ -1,4 +1,4 @@
-"""Validity rules checked before any model loads (reference_spec §3.4 plus our own sanity checks).
+"""Validity rules checked before any model loads (docs/reference.md#layout-rules plus our own sanity checks).
 
 Every failure raises ``ConfigError`` (a ``ValueError``) whose message names the rule, the offending values and a valid
 alternative, so that a mistyped launch line fails in a second instead of after minutes of model loading.
@@ -101,7 +101,8 @@ def validation_flow_shift(cfg: FlowShiftOptions) -> float:
 
 
 def group_layout(batch_size: int, num_generations: int) -> Tuple[int, int]:
-    """(ranks_per_group, groups_per_rank) of spec §2.2: B >= G gives (1, B/G), B < G gives (G/B, 1)."""
+    """(ranks_per_group, groups_per_rank): B >= G gives (1, B/G), B < G gives (G/B, 1)
+    (docs/reference.md#prompt-data-and-the-sampler)."""
     if batch_size >= num_generations:
         return 1, batch_size // num_generations
     return num_generations // batch_size, 1
@@ -109,7 +110,7 @@ def group_layout(batch_size: int, num_generations: int) -> Tuple[int, int]:
 
 def check_parallel_layout(world_size: int, sp_size: int, batch_size: int, num_generations: int,
                           num_attention_heads: Optional[int] = None) -> None:
-    """Rules (1)-(4) of spec §3.4."""
+    """Rules (1)-(4) of docs/reference.md#layout-rules."""
     if sp_size < 1 or sp_size > world_size or world_size % sp_size:
         _fail("sp-divides-world", f"--sp_size {sp_size} must divide the world size {world_size}",
               f"use --sp_size 1 on one process, or launch a multiple of {sp_size} processes "
@@ -140,7 +141,7 @@ def check_parallel_layout(world_size: int, sp_size: int, batch_size: int, num_ge
 
 @functools.lru_cache(maxsize=None)
 def check_sequence_parallel_tokens(num_tokens: int, sp_size: int) -> None:
-    """Rule (5) of spec §3.4: every SP rank gets image tokens (we additionally need an even split).
+    """Rule (5) of docs/reference.md#layout-rules: every SP rank gets image tokens (we additionally need an even split).
 
     Decided once per (token count, sp) shape: the setup checks every size it knows (``ParallelDims.check_tokens``)
     and the SP hooks ask again on every forward, where a passed shape is then a cache lookup (a failure raises, so

@@ -1,12 +1,14 @@
-"""The few collectives the trainer calls outside the model (reference_spec §3.5, §3.6).
+"""The few collectives the trainer calls outside the model (docs/reference.md#randomness-across-ranks,
+docs/reference.md#collectives-per-step).
 
 Each helper is a no-op (returns its input) on one process or when its group is absent, so the trainer calls them
 unconditionally. All of them must be called by every rank of the group at the same point.
 
 - :func:`broadcast_from_sp_leader` / :func:`broadcast_object_from_sp_leader`: make a value computed on sp_rank 0
   (rewards, shuffles, timestep permutations, SDE noise) identical on the whole SP group. The reference relies on
-  identical RNG consumption for this (spec §10.11); we broadcast explicitly. :func:`broadcast_object_from_main` does
-  the same from rank 0 to every rank (the validation metrics, computed on the main process).
+  identical RNG consumption for this (docs/reference.md#d11); we broadcast explicitly.
+  :func:`broadcast_object_from_main` does the same from rank 0 to every rank (the validation metrics, computed on the
+  main process).
 - :func:`all_gather_in_group`: concatenate same-shaped tensors along dim 0 in group-rank order, e.g. the rewards of a
   prompt group spread over several DP ranks (``ParallelDims.prompt_group``) or reward statistics over the world.
 - :func:`mean_over_world`: average a dict of float metrics over all ranks in one all-reduce (gloo has no AVG op, so

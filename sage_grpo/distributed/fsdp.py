@@ -1,4 +1,5 @@
-"""FSDP2 for the HunyuanVideo-1.5 transformer (reference_spec §2.17, §3.2), applied from outside the model.
+"""FSDP2 for the HunyuanVideo-1.5 transformer, applied from outside the model (docs/reference.md#fsdp2,
+docs/reference.md#optimizer-schedule-and-precision).
 
 :func:`apply_fsdp` follows the reference's order: activation checkpointing first (diffusers' own non-reentrant
 per-block checkpointing, which keeps parameter names unchanged), then ``fully_shard`` on every dual-stream block, on
@@ -13,8 +14,8 @@ transformer runs under autocast, which casts at each op, and its fp32 timestep m
 
 Gradient reduction averages over every rank of the mesh. On the flattened ``dp x sp`` mesh that mean is also the
 Ulysses SP correction (``sequence_parallel.py``). The reference reduce-scatters on every micro-step of gradient
-accumulation (spec §10.20); :func:`gradient_sync` lets the trainer reduce only on the last micro-step, which gives the
-same gradient (the mean is linear) with one reduction per optimizer update, at the price of holding unsharded
+accumulation (docs/reference.md#d20); :func:`gradient_sync` lets the trainer reduce only on the last micro-step, which
+gives the same gradient (the mean is linear) with one reduction per optimizer update, at the price of holding unsharded
 ``reduce_dtype`` gradients of the whole model between micro-steps (fp32: 4 bytes per parameter per rank, ~33 GB for
 the 8.3B model), so it is a memory/communication trade-off, not a free win.
 

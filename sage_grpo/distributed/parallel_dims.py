@@ -1,4 +1,5 @@
-"""Who is which rank, and the device meshes that say so (reference_spec §3.1, §3.4).
+"""Who is which rank, and the device meshes that say so (docs/reference.md#meshes-and-rank-layout,
+docs/reference.md#layout-rules).
 
 Layout: ``world = dp x sp`` and ``rank = dp_rank * sp + sp_rank``, so every sequence-parallel (SP) group is a block
 of ``sp`` consecutive ranks (on one node whenever ``sp`` divides the GPUs per node). One "data-parallel replica" is
@@ -14,12 +15,14 @@ Meshes (built by :meth:`ParallelDims.build_meshes`, a collective call):
   mean over its SP group is the replica's exact gradient (see ``sequence_parallel.py``), so that one mean is both the
   data-parallel average and the SP correction; no extra SP all-reduce is needed.
 - ``prompt_group``: when a prompt group of ``G`` generations spans ``ranks_per_group = G / B > 1`` data-parallel
-  ranks (spec §2.2), the ranks with the same ``sp_rank`` in those DP ranks, for gathering the group's rewards.
+  ranks (docs/reference.md#prompt-data-and-the-sampler), the ranks with the same ``sp_rank`` in those DP ranks, for
+  gathering the group's rewards.
 
-Every validity rule of spec §3.4 is one function of :mod:`sage_grpo.config.validation`, the same one the config
-validator calls (rules 1-4 and heads % sp at construction; rule 5 per token count in :meth:`ParallelDims.check_tokens`,
-a cached decision the SP hooks meet again as a lookup); failures raise ``ConfigError``.
-Constructing a ``ParallelDims`` needs no process group, so layouts can be checked (and tested) without launching.
+Every layout rule (docs/reference.md#layout-rules) is one function of :mod:`sage_grpo.config.validation`, the same one
+the config validator calls (rules 1-4 and heads % sp at construction; rule 5 per token count in
+:meth:`ParallelDims.check_tokens`, a cached decision the SP hooks meet again as a lookup); failures raise
+``ConfigError``. Constructing a ``ParallelDims`` needs no process group, so layouts can be checked (and tested) without
+launching.
 """
 
 from dataclasses import dataclass, field
@@ -90,7 +93,7 @@ def destroy_distributed() -> None:
 class ParallelDims:
     """Degrees of parallelism, this rank's coordinates and (after :meth:`build_meshes`) the meshes.
 
-    ``batch_size``/``num_generations`` (B, G) are optional: given, the batch rules (2)-(4) of §3.4 are checked too
+    ``batch_size``/``num_generations`` (B, G) are optional: given, the batch layout rules (2)-(4) are checked too
     and ``prompt_group`` is built when a group spans several DP ranks.
     """
 

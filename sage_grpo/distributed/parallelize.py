@@ -1,5 +1,5 @@
-"""Parallelizing the trainer's models from outside them (reference_spec §3): the one place that decides how the policy
-and the KL reference are split over the ranks, and how their gradients are reduced and clipped.
+"""Parallelizing the trainer's models from outside them (docs/reference.md#parallel-execution): the one place that
+decides how the policy and the KL reference are split over the ranks, and how their gradients are reduced and clipped.
 
 :func:`parallelize_models` applies, in place and in this order,
 
@@ -18,7 +18,7 @@ Moving anchor: policy and reference are sharded identically (same mesh, same uni
 ``ModelBundle.copy_policy_to_reference`` (``reference.load_state_dict(policy.state_dict())``) copies DTensor shard to
 DTensor shard, locally on every rank, casting to the reference dtype: no rank ever gathers the full model. The
 reference's implementation gathers the full policy on every rank, and with an FSDP reference its copy fails
-silently (spec §10.16).
+silently (docs/reference.md#d16).
 
 Departure from the reference: with ``--reference_mode_offload`` the reference moves the whole bf16 model to each GPU
 for its passes and is never sharded; here it is sharded *and* offloaded, so a rank holds 1/world of it in CPU memory

@@ -1,5 +1,6 @@
-"""Keeping the GRPO step consistent across ranks (reference_spec §2.8, §2.15, §3.5): rollouts and rewards inside an
-SP group, prompt groups spread over several data-parallel ranks, reward statistics, and rank-0-only file work.
+"""Keeping the GRPO step consistent across ranks (docs/reference.md#advantages, docs/reference.md#step-metrics,
+docs/reference.md#randomness-across-ranks): rollouts and rewards inside an SP group, prompt groups spread over several
+data-parallel ranks, reward statistics, and rank-0-only file work.
 
 Every function is a no-op on one process and must be called by every rank of the group it names at the same point.
 
@@ -9,7 +10,7 @@ Every function is a no-op on one process and must be called by every rank of the
   same all-gathered velocity); :func:`share_rollout` nevertheless broadcasts the stored latents and log-probs from
   the SP leader, so that the training pass of every SP rank replays the very same transitions whatever the kernels
   do (one broadcast of B x (N+1) latents per step, small next to the rollout). The reference relies on identical RNG
-  consumption alone (spec §10.11).
+  consumption alone (docs/reference.md#d11).
 - Rewards are scored once per SP group, on its leader, and broadcast (:func:`share_rewards`); the other SP ranks
   never build a reward model.
 - A prompt group of G samples spanning ``ranks_per_group > 1`` DP ranks is gathered (:func:`gather_group_rewards`,

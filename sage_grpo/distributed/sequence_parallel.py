@@ -1,7 +1,7 @@
 """Ulysses sequence parallelism for diffusers' ``HunyuanVideo15Transformer3DModel``, applied from outside the model.
 
-The reference builds SP into its DiT forward (reference_spec §3.3); here the diffusers class is used unchanged and
-:func:`apply_sequence_parallel` installs
+The reference builds SP into its DiT forward (docs/reference.md#sequence-parallelism); here the diffusers class is
+used unchanged and :func:`apply_sequence_parallel` installs
 
 1. a forward hook on ``x_embedder`` keeping this rank's ``N / sp`` image tokens (a contiguous chunk, rank order),
 2. a forward hook on ``rope`` keeping the same rows of the RoPE cos/sin tables,

@@ -1,5 +1,6 @@
-"""The image condition of HunyuanVideo-1.5 image-to-video (reference_spec §2.9, §6; diffusers'
-``HunyuanVideo15ImageToVideoPipeline``), built from the reference image of each sample:
+"""The image condition of HunyuanVideo-1.5 image-to-video (docs/reference.md#reference-means,
+docs/reference.md#the-rollout-pipeline; diffusers' ``HunyuanVideo15ImageToVideoPipeline``), built from the reference
+image of each sample:
 
 - the reference frame, resized to cover the video size and centre-cropped to it (diffusers' ``resize_mode="crop"``),
   VAE-encoded as a one-frame video (the posterior's mode) and scaled by the VAE's scaling factor: ``latents``

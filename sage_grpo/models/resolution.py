@@ -1,5 +1,6 @@
-"""Video sizes: the reference's 16:9 buckets (spec §2.4; the table is ``sage_grpo.config.train.RESOLUTION_BUCKETS``)
-and other aspect ratios. ``HxW`` flags are parsed by ``sage_grpo.config.validation.parse_size``.
+"""Video sizes: the reference's 16:9 buckets (docs/reference.md#the-rollout; the table is
+``sage_grpo.config.train.RESOLUTION_BUCKETS``) and other aspect ratios. ``HxW`` flags are parsed by
+``sage_grpo.config.validation.parse_size``.
 
 Rollouts use ``bucket_hw(480)`` = 352x624 (81 frames). ``generate.py`` maps ``--resolution`` to a bucket base size
 (480p -> 640 -> 480x864, the size ``run_inference.sh`` fixes; 720p -> 960 -> 720x1280) and, for aspect ratios other

@@ -2,7 +2,7 @@
 
 :func:`write_tiny_hunyuan` writes every component of :mod:`sage_grpo.models.layout` with the same classes as the real
 checkpoint, so :func:`sage_grpo.models.loading.load_components` opens it exactly like the real one. Sizes follow the
-diffusers test configs (feasibility note §2):
+diffusers test configs:
 
 - transformer: 2 dual-stream blocks, 2 heads x 8 dims, ``rope_axes_dim`` (2, 2, 4) (sums to the head dim, even
   entries), 4 latent channels so ``in_channels = 2*4 + 1 = 9`` (latent, zero condition, zero mask). About 4.3M

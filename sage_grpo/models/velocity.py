@@ -26,11 +26,11 @@ Text layout. The valid tokens of every row (counted once by the prompt encoder) 
 give the call's :class:`~sage_grpo.models.transformer_forward.TextLayout`, passed in ``attention_kwargs``, so the
 transformer forward reads nothing back from the device.
 
-CFG (spec §2.12, §6): ``v = v_u + s·(v_c − v_u)`` with s = ``guidance_scale``, computed in fp32, applied only when
-s > 1 as in the reference's ``denoise_step``; with s <= 1 only the positive branch runs and v = v_c (diffusers' guider
-instead switches guidance off only at s = 1). Both branches run in ONE transformer call on the doubled batch
-``[negative; positive]`` (the reference's layout; diffusers makes two calls). Gradients flow through both branches
-when grad is enabled.
+CFG (docs/reference.md#the-policy-loss, docs/reference.md#the-rollout-pipeline): ``v = v_u + s·(v_c − v_u)`` with s =
+``guidance_scale``, computed in fp32, applied only when s > 1 as in the reference's ``denoise_step``; with s <= 1 only
+the positive branch runs and v = v_c (diffusers' guider instead switches guidance off only at s = 1). Both branches run
+in ONE transformer call on the doubled batch ``[negative; positive]`` (the reference's layout; diffusers makes two
+calls). Gradients flow through both branches when grad is enabled.
 
 Precision. The latent and the text embeddings are cast to the transformer's parameter dtype, as diffusers does. The
 timestep is not: it stays fp32 for every model and precision, as in the reference (its scheduler's fp32 timesteps go

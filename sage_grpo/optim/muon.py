@@ -7,7 +7,8 @@ Two departures from ``torch.optim.Muon`` (torch 2.13), each with its reason:
   depends on the world size), and for tall matrices (rows > cols, the transposed branch) on FSDP's dim-0 shards it is
   simply wrong: on a 67x48 weight on 2 ranks the orthogonalized update differs from the single-process one by 0.19 at
   a scale of 0.30 (checked with gloo; see tests/unit/test_distributed.py). The reference instead calls ``full_tensor()``
-  and orthogonalizes the full matrix on every rank (spec §2.17), which is what :class:`Muon` does.
+  and orthogonalizes the full matrix on every rank (docs/reference.md#optimizer-schedule-and-precision), which is what
+  :class:`Muon` does.
 - **Newton-Schulz precision.** torch and the reference iterate in bf16, which is fast on GPUs. On a CPU without
   AVX-512-BF16/AMX (every AVX2-only x86 CPU, many laptops, this project's CI machines) a bf16 matrix multiply takes
   torch's generic path: 1024x1024 costs 2.3 s in bf16 against 18 ms in fp32 (measured on a 2-core AMD EPYC, AVX2), so

@@ -1,4 +1,4 @@
-"""Optimizers and the learning-rate schedule (reference_spec §2.17).
+"""Optimizers and the learning-rate schedule (docs/reference.md#optimizer-schedule-and-precision).
 
 Default (``--use_muon true``): Muon (:class:`sage_grpo.optim.muon.Muon`, ``torch.optim.Muon``'s math) on the 2-D weight
 matrices, with the reference's per-matrix learning rate ``lr * 0.2 * sqrt(max(rows, cols))`` (torch's

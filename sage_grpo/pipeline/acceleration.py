@@ -1,5 +1,5 @@
-"""The inference-speed flags of ``generate.py`` (reference §1.4), resolved for the device (:func:`plan_acceleration`)
-and applied to the loaded transformer (:func:`apply_acceleration`), mapped onto diffusers:
+"""The inference-speed flags of ``generate.py`` (docs/reference.md#sampling-script-flags), resolved for the device
+(:func:`plan_acceleration`) and applied to the loaded transformer (:func:`apply_acceleration`), mapped onto diffusers:
 
 * ``--offloading``: every model lives on the CPU and moves to CUDA for its stage only (text encoders, transformer,
   VAE), as ``enable_model_cpu_offload`` does for a pipeline;

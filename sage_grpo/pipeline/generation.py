@@ -1,4 +1,5 @@
-"""Sampling videos from the base model or trained weights: what ``generate.py`` runs (reference §5).
+"""Sampling videos from the base model or trained weights: what ``generate.py`` runs
+(docs/reference.md#the-sampling-script).
 
 1. ``plan_generation`` reads and checks everything that needs no model (prompts from CSV or ``--prompt``, seeds,
    size, output paths, weight paths, the inference-speed flags against the device) and raises ``ValueError`` /
@@ -24,9 +25,9 @@
 Inference-speed flags (``--offloading``, ``--group_offloading``, ``--enable_torch_compile``, ``--use_sageattn``,
 ``--enable_cache``): :mod:`sage_grpo.pipeline.acceleration`.
 
-Output naming (reference §5.8, sage_grpo/pipeline/output_paths.py): a ``.mp4`` path takes one item; several go to
-that path without its extension, a folder of ``sample_{i:03d}_seed_{seed}_{sanitized prompt}.mp4``; an existing
-folder or a path without extension is such a folder for any number of items; default
+Output naming (docs/reference.md#the-sampling-script, sage_grpo/pipeline/output_paths.py): a ``.mp4`` path takes one
+item; several go to that path without its extension, a folder of ``sample_{i:03d}_seed_{seed}_{sanitized prompt}.mp4``;
+an existing folder or a path without extension is such a folder for any number of items; default
 ``./outputs/output_{version}_{YYYY-mm-dd_HH-MM-SS}.mp4``.
 
 Departures: the initial noise comes from a CPU generator seeded with the item's seed (the reference draws it with a

@@ -1,6 +1,7 @@
-"""The GRPO policy pass over one stored rollout (spec §2.9-§2.13): replay each (sample, step) pair under the policy,
-PPO clipped loss times the equalizer scale of its *original* step, plus β·(KL to the reference means), one backward
-per (mini-batch, trained step) as the reference, or per (mini-batch, group of its samples' next trained steps).
+"""The GRPO policy pass over one stored rollout (docs/reference.md#reference-means to
+docs/reference.md#the-kl-terms-and-the-controller): replay each (sample, step) pair under the policy, PPO clipped loss
+times the equalizer scale of its *original* step, plus β·(KL to the reference means), one backward per (mini-batch,
+trained step) as the reference, or per (mini-batch, group of its samples' next trained steps).
 
 Grouped replay (``--replay_group_size g``, the memory plan's choice, :class:`~sage_grpo.models.placement.Placement`):
 g consecutive positions of the mini-batch's step orders go through one forward and one backward, g·mb rows. Each

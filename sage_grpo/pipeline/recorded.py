@@ -79,8 +79,8 @@ def _user_value(config: GenerateConfig, option: str, recorded: Any) -> Any:
 
 
 def transformer_version(config: GenerateConfig, task: str = "t2v") -> str:
-    """``--model_version``, else ``<resolution>_<task>`` with ``_distilled`` under ``--cfg_distilled`` (reference
-    §5.3); ``task`` is "i2v" when the prompts have reference images."""
+    """``--model_version``, else ``<resolution>_<task>`` with ``_distilled`` under ``--cfg_distilled``
+    (docs/reference.md#the-sampling-script); ``task`` is "i2v" when the prompts have reference images."""
     if config.model_version is not None:
         if config.cfg_distilled:
             raise ValueError("--model_version and --cfg_distilled both choose the transformer version: pass one "

@@ -1,10 +1,10 @@
 """Re-score a stored rollout transition x_k -> x_{k+1} under a transformer, with gradients.
 
 This is the one function the trainer uses for the policy log-prob, the reference model's SDE mean and the KL terms
-(spec §2.9, §2.12): it recomputes the CFG velocity with the same :func:`~sage_grpo.pipeline.velocity.cfg_velocity`
-as the rollout (gradients through both branches, one call on ``[negative; positive]``), then evaluates the same SDE
-kernel with ``prev_sample`` = the stored x_{k+1}. The result carries μ_θ (differentiable), the log-prob of the
-stored transition (differentiable through μ) and the kernel's stds.
+(docs/reference.md#reference-means, docs/reference.md#the-policy-loss): it recomputes the CFG velocity with the same
+:func:`~sage_grpo.pipeline.velocity.cfg_velocity` as the rollout (gradients through both branches, one call on
+``[negative; positive]``), then evaluates the same SDE kernel with ``prev_sample`` = the stored x_{k+1}. The result
+carries μ_θ (differentiable), the log-prob of the stored transition (differentiable through μ) and the kernel's stds.
 
 Given the same transformer weights, micro-batch and settings as the rollout, ``log_prob`` equals the rollout's
 ``log_probs[:, k]`` exactly (tested with ``torch.equal`` in fp32 for every SDE type). Deterministic (Euler) rollout

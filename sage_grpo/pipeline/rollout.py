@@ -1,6 +1,7 @@
 """GRPO rollout: sample B videos with an SDE sampler and record every latent and per-step log-probability.
 
-For each sample i (seed s_i) and step k = 0..N-1 on the shifted schedule σ (spec §2.5):
+For each sample i (seed s_i) and step k = 0..N-1 on the shifted schedule σ
+(docs/reference.md#the-schedule-and-the-sde-steps):
 
     v_k     = v_u + g·(v_c − v_u)                       (CFG velocity, ``velocity.cfg_velocity``; a mean-flow
                                                          transformer also gets r = 1000·σ_{k+1})
@@ -23,11 +24,11 @@ Micro-batching: ``micro_batch_size`` samples go through the transformer together
 stored transition with the same micro-batch composition reproduces the log-probs bit-exactly.
 
 Departures from the reference:
-- SDE noise comes from the per-sample generators, not the global CUDA RNG (spec §10.10).
+- SDE noise comes from the per-sample generators, not the global CUDA RNG (docs/reference.md#d10).
 - The initial latent stays fp32 (the reference draws it in bf16).
 - The final latent is divided by the VAE scaling factor ONCE before decoding, as diffusers and the reference's
   ``generate.py`` do; the reference's GRPO pipeline divides twice, so its rollout videos (and rewards) come from
-  latents ≈7% too small (spec §10.7).
+  latents ≈7% too small (docs/reference.md#d7).
 - The VAE decodes in its own dtype (the reference uses fp16 autocast with tiling); enable tiling on the VAE for
   large videos (``vae.enable_tiling()``).
 """

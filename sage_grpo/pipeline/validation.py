@@ -65,8 +65,8 @@ DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently
 
 def validation_items(validation: ValidationConfig) -> List[PromptItem]:
     """The validation prompts of the configuration's ``validation`` section: ``--valid_video_csv`` (a row without a
-    seed: ``--validation_global_seed``, spec §4.4), else ``--validation_prompts``, else the reference's default
-    prompt."""
+    seed: ``--validation_global_seed``, docs/reference.md#validation), else ``--validation_prompts``, else the
+    reference's default prompt."""
     if validation.valid_video_csv:
         return read_prompt_csvs(validation.valid_video_csv, default_seed=validation.validation_global_seed)
     prompts = validation.validation_prompts or [DEFAULT_VALIDATION_PROMPT]

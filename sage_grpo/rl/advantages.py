@@ -1,4 +1,4 @@
-"""Group-relative advantages (paper §3.1 and App. A.4; spec §2.8).
+"""Group-relative advantages (paper §3.1 and App. A.4; docs/reference.md#advantages).
 
 For the G rollouts r_1..r_G of one prompt, the advantage of rollout i is its population z-score
 
@@ -8,7 +8,7 @@ used clipped to ±adv_clip_max (5) in the PPO loss. Rewards are laid out so ever
 
 Departure from the reference: a non-finite reward (a failed reward call) is excluded from its group's mean and
 std and gets advantage 0; the other members are normalized among themselves. The reference turns NaN/±inf
-into a reward of 0 *before* normalizing (spec §10.18), so a failure acts as a real, usually very low, reward
+into a reward of 0 *before* normalizing (docs/reference.md#d18), so a failure acts as a real, usually very low, reward
 and pushes its siblings' advantages up. A group without any finite reward gets all-zero advantages.
 
 Several rewards (``--reward_aggregation``). The reward is a weighted sum of terms r_k (VideoAlign's VQ, MQ, TA with
@@ -104,7 +104,7 @@ def local_advantages(
     batch_size: int,
     aggregation: RewardAggregation = RewardAggregation(),
 ) -> Tensor:
-    """(batch_size,) advantages of this rank's samples, for both rank layouts of spec §2.8.
+    """(batch_size,) advantages of this rank's samples, for both rank layouts of docs/reference.md#advantages.
 
     ``rewards``: reward key -> values, ``"avg"`` among them, aggregated by ``aggregation``.
     ranks_per_group == 1: the values are this rank's (B,) samples holding B / group_size whole groups.

@@ -1,4 +1,4 @@
-"""When to refresh the moving KL anchor (paper §3.2.2 "periodic moving anchor"; spec §2.16).
+"""When to refresh the moving KL anchor (paper §3.2.2 "periodic moving anchor"; docs/reference.md#the-moving-anchor).
 
 With use_moving_KL and update_ref_model_step = N > 0, the reference model is overwritten with the current policy
 right after every optimizer update that brings the update count to a positive multiple of N. With one update per

@@ -1,4 +1,5 @@
-"""Gradient-norm equalizer (paper §3.2.1, App. A.5; spec §2.11): one loss scale per diffusion step.
+"""Gradient-norm equalizer: one loss scale per diffusion step (paper §3.2.1, App. A.5;
+docs/reference.md#the-gradient-norm-equalizer).
 
 With μ_k depending on v through the per-element Jacobian J_k = ∂μ_k/∂v and noise std n_k, the expected
 magnitude of ∂ log p/∂v at step k is proportional to

@@ -45,7 +45,7 @@ def shuffled_pairs(seed: int, batch: int, trained_steps: torch.Tensor, permute: 
     count = trained_steps.numel()
     if permute:
         order = torch.stack([trained_steps[torch.randperm(count, generator=generator)] for _ in range(batch)])
-    else:  # the reference crashes here with the equalizer on (spec §10.8); a (B, S) fixed order works
+    else:  # the reference crashes here with the equalizer on (docs/reference.md#d8); a (B, S) fixed order works
         order = trained_steps.repeat(batch, 1)
     return shuffle, order
 

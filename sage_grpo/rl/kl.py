@@ -1,4 +1,4 @@
-"""KL terms of the dual trust region (paper §3.2.2, App. A.6; spec §2.13).
+"""KL terms of the dual trust region (paper §3.2.2, App. A.6; docs/reference.md#the-kl-terms-and-the-controller).
 
 Position control, the mean-matching KL to a reference (fixed base model or periodically refreshed "moving
 anchor"): the KL between two isotropic Gaussians with the same std, averaged per element,
@@ -19,7 +19,7 @@ instead (the drift since the rollout, which the adaptive β then sees); ``KLMode
     KL_eff = w_pos·KL_pos + w_step·KL_step (dual; w = 1.0, 0.1)  or  KL_pos   ``dual_kl``
 
 ``std`` is the sampler's returned ``std_dev_t`` as in the reference: for flow_grpo it lacks the √(−dt) factor,
-for cps it is 0 at the last step (denominator 2e-6); see spec §10.14.
+for cps it is 0 at the last step (denominator 2e-6); see docs/reference.md#d14.
 
 KL modes (the README's KL ablation), chosen by (kl_weight, use_moving_KL, use_dual_kl): kl_weight = 0 is "none"
 (no reference model is loaded), and so is a β that stays 0 (``kl_mode_of``), otherwise the table ``KL_MODES``

@@ -1,4 +1,5 @@
-"""Adaptive KL coefficient β (paper App. A.6; spec §2.13), as ``AdaptiveKLController`` of the reference lineage.
+"""Adaptive KL coefficient β, as ``AdaptiveKLController`` of the reference lineage (paper App. A.6;
+docs/reference.md#the-kl-terms-and-the-controller).
 
 Built from the reference's flags (:func:`reference_coefs`): target = kl_weight, β_min = clamp(kl_min_coef or
 kl_coef, 0, kl_weight) (the reference's ``or``: ``--kl_min_coef 0`` means ``--kl_coef``), β_0 = clamp(kl_coef, β_min,
@@ -29,7 +30,7 @@ either way; ``state_dict`` returns plain floats.
 Departures from the reference (TVRL ``grpo_commons.py``; the SAGE copy is not public):
 - the warm-up length is ``horizon`` (the reference hard-codes 100, its default horizon) and the averaging
   window is a parameter (hard-coded 10 there); with the defaults the behaviour is identical;
-- ``state_dict``/``load_state_dict`` make it resumable; the reference does not checkpoint it (spec §10.29).
+- ``state_dict``/``load_state_dict`` make it resumable; the reference does not checkpoint it (docs/reference.md#d29).
 
 ``--kl_controller adaptive`` (the default) in the KL-controller table (:mod:`sage_grpo.rl.kl_controllers`): this module
 gives the table :func:`build`, :func:`stays_zero` and the checks of a saved state (:data:`STATE_CHECKS`).

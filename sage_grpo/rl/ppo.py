@@ -1,4 +1,5 @@
-"""PPO-clipped GRPO policy loss for one diffusion step of a mini-batch (paper Eq. GRPO objective; spec §2.12).
+"""PPO-clipped GRPO policy loss for one diffusion step of a mini-batch (paper Eq. GRPO objective;
+docs/reference.md#the-policy-loss).
 
     A_i   = clamp(Â_i, −adv_clip_max, adv_clip_max)
     r_i   = exp(log π_θ(x'_i | x_i) − log π_old(x'_i | x_i))          ``new_log_prob − old_log_prob``

@@ -1,6 +1,6 @@
 """The SDE-kernel interface, the step output and the math shared by the four samplers.
 
-Notation (paper §3.2.1; spec §2.5), all float32:
+Notation (paper §3.2.1; docs/reference.md#the-schedule-and-the-sde-steps), all float32:
 
     x   = ``sample``        current latent x_t
     v   = ``model_output``  CFG-combined velocity v_θ(x_t, t)

@@ -5,7 +5,7 @@
     x'    = μ + std_t·√(−dt)·ε,   noise_std = std_t·√(−dt)
 
 The returned ``std`` (the reference's ``std_dev_t``) is std_t *without* √(−dt), exactly like the reference;
-the mean-matching KL divides by it and is therefore mis-scaled by ≈ 1/|dt| for this type (spec §10.14).
+the mean-matching KL divides by it and is therefore mis-scaled by ≈ 1/|dt| for this type (docs/reference.md#d14).
 ``sde_solver`` is ignored: the mean always contains the correction.
 """
 import torch

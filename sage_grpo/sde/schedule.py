@@ -1,4 +1,4 @@
-"""The shifted flow-matching sigma schedule (spec §2.5) and its validation.
+"""The shifted flow-matching sigma schedule (docs/reference.md#the-schedule-and-the-sde-steps) and its validation.
 
     u_k = 1 − k/N  (k = 0..N),   σ_k = shift·u_k / (1 + (shift − 1)·u_k),   t_k = 1000·σ_k  (k = 0..N−1)
 

@@ -4,12 +4,12 @@
 index per sample), so a stored transition (x_k, x_{k+1}) is re-scored from data alone; there is no hidden step
 counter and no float matching of timesteps (the reference looks the step up by exact equality of t).
 
-All math is float32 whatever the input dtype (spec §2.5); the per-step coefficients are computed on the
-sample's device. The log density is averaged, not summed, over the non-batch elements (one scalar per sample),
-and x' enters it detached, so gradients reach ``model_output`` only through μ.
+All math is float32 whatever the input dtype (docs/reference.md#the-schedule-and-the-sde-steps); the per-step
+coefficients are computed on the sample's device. The log density is averaged, not summed, over the non-batch elements
+(one scalar per sample), and x' enters it detached, so gradients reach ``model_output`` only through μ.
 
 Departures from the reference:
-- ``generator`` may be None (global RNG, what the reference uses for SDE noise, spec §10.10), one
+- ``generator`` may be None (global RNG, what the reference uses for SDE noise, docs/reference.md#d10), one
   torch.Generator, or a list of B generators so that every sample's SDE noise can be seeded on its own; or the
   caller draws ε itself and passes it as ``noise`` (the rollout draws a whole trajectory's ε at once and moves it to
   the device in one copy).

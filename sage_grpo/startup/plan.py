@@ -26,7 +26,7 @@ from sage_grpo.rl.sde_window import SDEWindow
 @dataclass(frozen=True)
 class ParallelLayout:
     """``world = dp x sp`` (``ParallelDims``' rules, checked), FSDP's replication and how prompt groups lie on the
-    data-parallel ranks (spec §2.2)."""
+    data-parallel ranks (docs/reference.md#prompt-data-and-the-sampler)."""
 
     world_size: int
     dp_size: int

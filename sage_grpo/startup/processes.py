@@ -1,5 +1,5 @@
 """The processes of a run: join the torchrun job (if any) and check the configuration and the parallel layout
-(spec §3.4) before any model loads, so a bad launch ends in one line on every rank."""
+(docs/reference.md#layout-rules) before any model loads, so a bad launch ends in one line on every rank."""
 
 from typing import List, Tuple
 
@@ -13,9 +13,9 @@ from sage_grpo.models.geometry import read_model_geometry
 
 
 def start_processes(cfg: TrainSections, device: torch.device) -> Tuple[ParallelDims, PeerWatch, List[str]]:
-    """Join the torchrun job (if any) for this process's ``device``, check the configuration and the parallel
-    layout (spec §3.4; the transformer's heads and every video's tokens, from the model's config files) before any
-    model loads. Returns the layout, the peers' watch and the configuration's notes."""
+    """Join the torchrun job (if any) for this process's ``device``, check the configuration and the parallel layout
+    (docs/reference.md#layout-rules; the transformer's heads and every video's tokens, from the model's config files)
+    before any model loads. Returns the layout, the peers' watch and the configuration's notes."""
     timeout = collective_timeout(cfg.parallel.collective_timeout_minutes)  # a ConfigError before the job is joined
     env = init_distributed(backend="gloo" if device.type == "cpu" else None, timeout=timeout)
     geometry = read_model_geometry(cfg)

@@ -1,5 +1,5 @@
-# The reference's post_train.py launch flags (reference_spec §1.3), shared by run_post_train.sh and
-# scripts/post_train/train_grpo.sh. Source this file, then call `reference_flags OUTPUT_DIR` to fill the
+# The reference's post_train.py launch flags (docs/reference.md#the-launch-scripts-flags), shared by run_post_train.sh
+# and scripts/post_train/train_grpo.sh. Source this file, then call `reference_flags OUTPUT_DIR` to fill the
 # REFERENCE_FLAGS array (in the reference's order).
 reference_flags() {
   REFERENCE_FLAGS=(

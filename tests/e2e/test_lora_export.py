@@ -35,7 +35,7 @@ VIDEO = dict(num_frames=5, height=16, width=16)
 NUM_STEPS, GUIDANCE = 3, 6.0
 TIMING_KEYS = set(TIMING_METRICS)
 LORA_FLAGS = ["--use_lora", "true", "--lora_r", "4", "--lora_alpha", "8", "--update_ref_model_step", "1"]
-NUM_BLOCK_LINEARS = 14  # per dual-stream block (feasibility §5)
+NUM_BLOCK_LINEARS = 14  # LoRA-adapted linears per dual-stream block
 
 
 def train_args(root, out_dir, *extra):

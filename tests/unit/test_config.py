@@ -16,7 +16,8 @@ from sage_grpo.config.validation import group_layout, parse_size, validation_flo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Every flag of reference_spec §1.1 with the reference's *effective* default (argparse wins over the dataclass).
+# Every flag of docs/reference.md#flags-and-defaults with the reference's *effective* default (argparse wins over
+# the dataclass).
 REFERENCE_DEFAULTS = {
     "pretrained_model_root": "ckpts", "pretrained_transformer_version": "480p_t2v", "post_train_type": "grpo",
     "learning_rate": 1e-5, "weight_decay": 0.01, "max_steps": 10000, "warmup_steps": 500,
@@ -36,7 +37,7 @@ REFERENCE_DEFAULTS = {
     "reference_mode_offload": False, "resume_from_checkpoint": None, "use_lora": False, "lora_r": 8,
     "lora_alpha": 16, "lora_dropout": 0.0, "lora_target_modules": None, "pretrained_lora_path": None,
 }
-# Reference TrainingConfig values without a flag that we expose (spec §1.2).
+# Reference TrainingConfig values without a flag that we expose (docs/reference.md#settings-without-a-flag).
 REFERENCE_INTERNAL_DEFAULTS = {
     "grpo_sampling_steps": 20, "sample_n_frames": 81, "eta": 0.5, "cfg_scale": 6.0, "neg_prompt": "",
     "infer_flow_shift_video": 5.0, "video_bucket_hw_base_size": 480, "mini_batch_size_per_update": 1,

@@ -40,7 +40,7 @@ def test_layout_world8_sp2():
 
 def test_layout_reference_run_and_prompt_groups():
     dims = ParallelDims(world_size=8, sp_size=2, rank=0, batch_size=2, num_generations=4, num_attention_heads=16)
-    assert dims.is_main and dims.is_sp_leader and dims.ranks_per_group == 2  # spec §1.3: 2 DP ranks per group
+    assert dims.is_main and dims.is_sp_leader and dims.ranks_per_group == 2  # the launch scripts': 2 DP ranks a group
     assert ParallelDims(world_size=8, sp_size=2, batch_size=4, num_generations=2).ranks_per_group == 1
 
 

@@ -1,4 +1,5 @@
-"""SDE samplers: schedule and worked values of spec §2.5/§2.11, and one contract suite run over every SDE type."""
+"""SDE samplers: schedule and worked values of docs/reference.md#the-schedule-and-the-sde-steps and
+docs/reference.md#the-gradient-norm-equalizer, and one contract suite run over every SDE type."""
 import math
 
 import pytest
@@ -78,7 +79,7 @@ def test_sage_equalizer_scales():
     #        J = −.026042 − .5·.035964·(.140625/.859375) = −.028985 → g9 = .152838 (the lower median of 20)
     #  k=19: J = −.208333 − .5·.0063204·3.8 = −.220342 → g19 = .220342/.079501 = 2.77156
     #  scale0 = .152838/.018752 = 8.1505, scale9 = 1, scale19 = .152838/2.77156 = 0.055145
-    # (spec §2.11 prints 0.32 and 0.12 for k=15, 18; its own g list gives .1528/.486 = .314 and .1528/1.331 = .115)
+    # k=15, 18 from the same g list: .1528/.486 = .314 and .1528/1.331 = .115
     g = grad_norm_proxies("sage_grpo", SIGMAS, ETA)
     assert g[0].item() == pytest.approx(0.018752, rel=1e-3)
     assert g[9].item() == pytest.approx(0.152838, rel=1e-4)
@@ -116,7 +117,7 @@ def test_equalizer_sage_guard_gives_unit_proxy():
 
 
 def _spec_jacobian(sde_type: str, sigma: float, sigma_next: float, eta: float) -> float:
-    """The J_k column of spec §2.11, written out independently of the kernels."""
+    """The J_k column of docs/reference.md#the-gradient-norm-equalizer, written out independently of the kernels."""
     dt = sigma_next - sigma
     if sde_type == "dance_grpo":
         return dt * (1 + 0.5 * eta**2 * (1 - sigma) / sigma)

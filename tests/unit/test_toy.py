@@ -123,7 +123,8 @@ def test_exact_ode_lands_on_the_data_and_noise_std_follows_the_kernels():
     ode = terminal_errors(mixture, None, 0.0, sigmas, 2000)
     assert ode["sliced_w2"] < 0.06 and ode["off_manifold_rms"] < 0.02
     sage = noise_std_per_step("sage_grpo", 0.5, sigmas)
-    assert sage[0] == pytest.approx(0.556, abs=2e-3) and sage[-1] == pytest.approx(0.080, abs=2e-3)  # spec §2.5
+    # the sage_grpo std at the first and last steps, as docs/reference.md#the-schedule-and-the-sde-steps gives it
+    assert sage[0] == pytest.approx(0.556, abs=2e-3) and sage[-1] == pytest.approx(0.080, abs=2e-3)
     assert noise_std_per_step("cps", 0.5, sigmas)[-1] == 0.0  # CPS adds no noise on the last step
 
 

@@ -1,9 +1,10 @@
 """``TrainConfig``: every option of ``post_train.py``, declared once, in sections by what they configure.
 
 Field names, types and defaults follow the reference's *effective* behaviour (its argparse defaults, which win over its
-dataclass defaults; reference_spec §1.1-§1.2). Options the reference does not expose as flags but that we make
-configurable (rollout size, sampler settings, logging retention, ...) sit in the section they configure. Options
-the reference accepts but ignores are accepted with a warning (``no_effect``, the ``compat`` section).
+dataclass defaults; docs/reference.md#flags-and-defaults, docs/reference.md#settings-without-a-flag). Options the
+reference does not expose as flags but that we make configurable (rollout size, sampler settings, logging retention,
+...) sit in the section they configure. Options the reference accepts but ignores are accepted with a warning
+(``no_effect``, the ``compat`` section).
 
 The command line and YAML files name options flat, as the reference does (``--sde_type``, ``kl_weight: 1e-5``);
 :mod:`sage_grpo.config.sections` routes each to its section, so code reads ``cfg.rollout.sde_type``. Each stage is

@@ -8,8 +8,8 @@ from sage_grpo.config.bounds import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SEED, Bo
 from sage_grpo.config.schema import config_field
 from sage_grpo.config.sections import section
 from sage_grpo.sde.registry import SDE_TYPES  # the SDE table's names (torch-free): --sde_type's choices
-# The reference's 16:9 resolution buckets (reference_spec §2.4): bucket base size -> (height, width). The one bucket
-# table: rollouts (--video_bucket_hw_base_size) and generate.py's --resolution both read it.
+# The reference's 16:9 resolution buckets (docs/reference.md#the-rollout): bucket base size -> (height, width).
+# The one bucket table: rollouts (--video_bucket_hw_base_size) and generate.py's --resolution both read it.
 RESOLUTION_BUCKETS = {256: (192, 336), 480: (352, 624), 640: (480, 864), 720: (544, 960), 960: (720, 1280),
                       1440: (1080, 1920)}
 DEFAULT_REWARD_WEIGHTS = '{"VQ":0.5,"MQ":0.5,"TA":1.0}'
