@@ -1,6 +1,6 @@
 """Time the transformer's forward + backward with our joint attention (text trimmed to the longest valid length, a
 key-padding mask or none; ``sage_grpo/models/attention.py``) on each attention backend, against diffusers' own
-processor with its dense (B, 1, S, S) mask over the padded joint sequence (issue 13, item 8).
+processor with its dense (B, 1, S, S) mask over the padded joint sequence.
 
     python benchmarks/benchmark_attention.py [--geometry toy] [--blocks N] [--backends native,_native_math]
     python benchmarks/benchmark_attention.py --geometry real --blocks 4 --device cuda --dtype bf16        # GPU
@@ -22,7 +22,7 @@ materializes the S x S scores, 21 GB per block call); the unusable ones are list
 takes no mask runs a masked batch on its varlen sibling or native SDPA (``attention.py``). Prints each time, the ratio
 dense / ours, the largest velocity difference to diffusers' processor on the same inputs, and the dense mask each
 block call no longer allocates: B x S x S bytes (bool). With CFG and the key mask on, each backend is timed a second
-time with the rows split (``--mixed_length_attention split``, issue 36: one mask-free call per row of its own valid
+time with the rows split (``--mixed_length_attention split``: one mask-free call per row of its own valid
 length, the same rows and lengths), printed with the ratio masked / split and the largest velocity difference to the
 masked call: the mask question on the device at hand, as the trainer would run it; on the CPU also the process CPU
 time of the two, alternated.

@@ -1,4 +1,4 @@
-"""generate.py's time and memory with each of its speed flags (issue 16, item 4).
+"""generate.py's time and memory with each of its speed flags.
 
     python benchmarks/benchmark_generate.py [--geometry tiny|toy] [--steps 4] [--variants baseline,cache_deepcache]
     python benchmarks/benchmark_generate.py --geometry real --blocks 8 --device cuda --steps 20 --repeats 1   # GPU

@@ -1,4 +1,4 @@
-"""Each throughput lever of issue 36 against the step without it: the reward off the critical path (``--async_reward``),
+"""Each throughput lever against the step without it: the reward off the critical path (``--async_reward``),
 grouped replay (``--replay_group_size``) and the CFG pair without a key mask (``--mixed_length_attention split``).
 
     python benchmarks/benchmark_levers.py --config tiny --lever replay --repeats 3 --warmup 1

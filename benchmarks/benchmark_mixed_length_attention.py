@@ -1,4 +1,4 @@
-"""The attention call of a CFG pair whose rows have different valid text lengths, four ways (issue 36): one call under a
+"""The attention call of a CFG pair whose rows have different valid text lengths, four ways: one call under a
 key-padding mask (``--mixed_length_attention mask``), one mask-free call per row over its own keys (``split``),
 torch's nested-tensor (jagged) SDPA, and flex attention with a key-length ``score_mod``.
 

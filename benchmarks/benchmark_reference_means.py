@@ -1,5 +1,5 @@
 """Time the KL reference's means of one step's rollout, one transition per forward against
-``--mini_batch_size_per_update`` transitions per forward (issue 13, item 6).
+``--mini_batch_size_per_update`` transitions per forward.
 
     python benchmarks/benchmark_reference_means.py [--geometry toy|tiny] [--batch 2] [--steps 16] [--mini_batch 4]
 

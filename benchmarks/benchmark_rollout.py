@@ -1,6 +1,6 @@
 """Time our rollout (``Sampler.rollout``, every step deterministic: the ODE) against diffusers'
 ``HunyuanVideo15Pipeline`` on the same transformer, the same steps, schedule and guidance and the same seeded
-initial latents (issue 13, item 8).
+initial latents.
 
     python benchmarks/benchmark_rollout.py [--geometry toy] [--batch 2] [--steps 8]
     python benchmarks/benchmark_rollout.py --geometry real --device cuda --dtype bf16 --batch 1 --steps 8    # GPU

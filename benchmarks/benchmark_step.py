@@ -1,5 +1,5 @@
 """Where one GRPO step's time and memory go: encode, rollout, decode, reward, reference means, policy update, optimizer
-step (issue 13, item 8; issue 16, item 3; issue 32).
+step.
 
     python benchmarks/benchmark_step.py [--geometry toy|tiny] [--repeats 3] [--warmup 1] [post_train.py flags]
     python benchmarks/benchmark_step.py --geometry real --blocks 8 --device cuda --repeats 2   # GPU, 81x352x624

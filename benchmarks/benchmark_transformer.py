@@ -1,7 +1,7 @@
 """Time one training pass of the transformer (forward + backward, as the policy update's replay calls it) with
 activation checkpointing off and on, optionally compiled and as one sequence-parallel rank, report the achieved
 TFLOP/s and the MFU against the device's bf16 peak, and what each dual-stream block saves for its backward next to
-the memory planner's estimate (issue 13 item 8, issue 16 item 2).
+the memory planner's estimate.
 
     python benchmarks/benchmark_transformer.py [--geometry toy] [--batch 1] [--checkpointing both|on|off]
     python benchmarks/benchmark_transformer.py --geometry real --blocks 4 --device cuda --compile both --sp 2   # GPU

@@ -1,4 +1,4 @@
-"""Time VideoAlign's frame preprocessing before and after picking the sampled frames first (issue 13, item 6).
+"""Time VideoAlign's frame preprocessing before and after picking the sampled frames first.
 
     python benchmarks/benchmark_videoalign_preprocess.py [--repeats 5] [--threads 2]
 

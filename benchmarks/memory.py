@@ -1,4 +1,4 @@
-"""Activation memory of the dual-stream blocks, measured and as the memory planner predicts it (issue 16, item 2).
+"""Activation memory of the dual-stream blocks, measured and as the memory planner predicts it.
 
 :class:`SavedBytes` counts what one block saves for its backward on every device, through
 ``torch.autograd.graph.saved_tensors_hooks``: the storages autograd saves during a forward, each counted once (a view

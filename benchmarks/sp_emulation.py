@@ -1,4 +1,4 @@
-"""One rank of Ulysses sequence parallelism on one device: the benchmarks' ``--sp N`` (issue 16, item 2).
+"""One rank of Ulysses sequence parallelism on one device: the benchmarks' ``--sp N``.
 
 :func:`emulate_sp_rank` makes a transformer compute what rank 0 of an SP group of ``sp`` computes under
 :func:`sage_grpo.distributed.sequence_parallel.apply_sequence_parallel`, with the same tensor shapes, FLOPs and saved

@@ -1,4 +1,4 @@
-"""The GPU proof in one device call (issue 32; docs/gpu_runbook.md is how to make the call and read what comes back).
+"""The GPU proof in one command (docs/gpu_runbook.md says how to run it and read what comes back).
 
     python3 scripts/gpu_session.py                          # on the GPU machine: every part, 480 s deadline
     python3 scripts/gpu_session.py step --cap step=400      # a rerun of one part (the checkpoint is reused there)
@@ -8,7 +8,7 @@ The parts, in priority order (what the deadline leaves out is cut from the end o
 
 1. ``check``: ``scripts/gpu_check.py`` (versions, device, every ``sage_grpo`` module imports, one tiny bf16 forward +
    backward), then the device test tier (``pytest -m device --device cuda -x``: it stops at the first failure).
-   When gpu_check fails the CUDA path does not work: nothing else runs (give the machine back at once).
+   When gpu_check fails the CUDA path does not work: nothing else runs (stop the GPU work there).
 2. ``step``: one GRPO step at the real width (8 of the 54 blocks, 81x352x624, the released VAE; a warm-up step
    first) with the seconds and the peak GPU memory of each phase next to the memory planner's figure for the same
    launch (``benchmarks/benchmark_step.py``). Its checkpoint (``make_tiny_checkpoint.py --real_width_blocks 8``, CPU
@@ -23,17 +23,18 @@ The parts, in priority order (what the deadline leaves out is cut from the end o
 
 They run in the order check, mfu, step, attention, rollout (the checkpoint is being written meanwhile).
 
-Time: a global deadline (``--deadline``, default 480 s from the start: 8 of the device's 10 minutes per command, so a
-rerun of one part still fits in the 15-minute lease) and a cap per command (``--cap LABEL=SECONDS``). A command is
-given min(its cap, what is left of the deadline less :data:`GRACE_S` and less the caps of the higher-priority parts
-still to run); under :data:`MIN_LIMIT_S` it is skipped. At its limit its process group gets SIGINT (pytest and the
-scripts unwind), then SIGKILL :data:`GRACE_S` s later; it is recorded as ``timeout`` and the next command runs.
+Time: a global deadline (``--deadline``, default 480 s from the start: 8 minutes, under a scheduler's 10-minute limit
+per command, so that a rerun of one part still fits in a 15-minute slot on the GPU machine) and a cap per command
+(``--cap LABEL=SECONDS``). A command is given min(its cap, what is left of the deadline less :data:`GRACE_S` and less
+the caps of the higher-priority parts still to run); under :data:`MIN_LIMIT_S` it is skipped. At its limit its process
+group gets SIGINT (pytest and the scripts unwind), then SIGKILL :data:`GRACE_S` s later; it is recorded as ``timeout``
+and the next command runs.
 
-Results: at most 7 files under ``$OUT`` (default ``./gpu_out``): ``env.txt`` (the runner's settings, what is cut,
-the wheels' install, ``nvidia-smi``), ``summary.tsv`` (part, label, status: exit code | timeout | skipped, seconds,
-limit, command), and one log per part (``check.log``, ``mfu.log``, ``step.log``, ``attention.log``,
-``rollout.log``). The end of each command's output and the summary are printed too (the device tool's reply holds
-the last 12,000 characters). Exit status 0 when every command passed, 1 otherwise, 2 for a usage error.
+Results: at most 7 files under ``$OUT`` (default ``./gpu_out``): ``env.txt`` (the runner's settings, what is cut, the
+wheels' install, ``nvidia-smi``), ``summary.tsv`` (part, label, status: exit code | timeout | skipped, seconds, limit,
+command), and one log per part (``check.log``, ``mfu.log``, ``step.log``, ``attention.log``, ``rollout.log``). The end
+of each command's output and the summary are printed too (a remote runner that returns only the end of the output gets
+the summary in its last 12,000 characters). Exit status 0 when every command passed, 1 otherwise, 2 for a usage error.
 
 ``--cpu`` runs every command on the CPU at the tiny geometry (the runner's own test, tests/e2e/test_gpu_session_runs.py),
 installs nothing and writes the checkpoint to a temporary folder. Only the standard library is imported here: on the
@@ -72,8 +73,8 @@ CUT = (
     ("MFU per attention backend, as one rank of sp 2, at 8 and 54 blocks", "30-60 s each; the 4-block native run is "
      "the headline figure, and the attention part times every backend"),
     ("torch.compile of the blocks (inductor)", "its compile time on a GPU is unknown (minutes on the CPU): it could "
-     "take the rest of the call"),
-    ("generate.py's speed flags (benchmark_generate.py)", "4-8 minutes of renders; not among issue 32's priorities"),
+     "take the rest of the run"),
+    ("generate.py's speed flags (benchmark_generate.py)", "4-8 minutes of renders; the parts above come first"),
     ("the rollout at all 54 blocks", "8 blocks, the step checkpoint's depth, keep the part under a minute; the "
      "attention processor that makes the difference is per block"),
     ("a 16-block step, multi-GPU FSDP / Ulysses over NCCL", "one GPU per machine; the 8-block plan leaves 2x margin"),

@@ -1,4 +1,4 @@
-"""Real-width, reduced-depth random-weight HunyuanVideo-1.5 checkpoint, for benchmarks at the real width (issue 16).
+"""Real-width, reduced-depth random-weight HunyuanVideo-1.5 checkpoint, for benchmarks at the real width.
 
 :func:`write_real_width_hunyuan` writes the layout of :mod:`sage_grpo.models.layout` (what
 :func:`~sage_grpo.models.write_tiny_hunyuan` writes and the trainer and ``generate.py`` load) with:

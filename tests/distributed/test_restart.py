@@ -1,5 +1,5 @@
-"""Runs that survive a lost worker, workers that die with their agent, and a hung peer named in bounded time
-(issue 24, item 4), on 2 CPU processes (gloo on 127.0.0.1) in their own process groups (tests/procs.py).
+"""Runs that survive a lost worker, workers that die with their agent, and a hung peer named in bounded time,
+on 2 CPU processes (gloo on 127.0.0.1) in their own process groups (tests/procs.py).
 
 - a worker is SIGKILLed mid-run under ``torchrun --max-restarts 1``; the restarted group resumes from the latest
   checkpoint by itself (``--resume_from_checkpoint auto``) and the finished run's metrics equal an uninterrupted

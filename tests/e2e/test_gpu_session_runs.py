@@ -1,5 +1,5 @@
-"""The GPU runner's CPU mode end to end (scripts/gpu_session.py --cpu, issue 32): every part's command at the tiny
-geometry, the step's checkpoint written in the background, the results as the files the device tool brings back."""
+"""The GPU runner's CPU mode end to end (scripts/gpu_session.py --cpu): every part's command at the tiny geometry, the
+step's checkpoint written in the background, the results as the files that come back from the GPU machine."""
 import os
 import sys
 
@@ -21,7 +21,7 @@ def test_cpu_mode_runs_every_part(tmp_path):
     assert summary(out) == [("check", "gpu_check", "0"), ("check", "device_tier", "0"), ("mfu", "mfu", "0"),
                             ("step", "checkpoint", "0"), ("step", "step", "0"), ("attention", "attention", "0"),
                             ("rollout", "rollout", "0")]
-    # what the device tool brings back: at most 8 files, no folder
+    # what comes back from the GPU machine: at most 8 files, no folder
     assert sorted(path.name for path in out.iterdir()) == ["attention.log", "check.log", "env.txt", "mfu.log",
                                                            "rollout.log", "step.log", "summary.tsv"]
     check = (out / "check.log").read_text()

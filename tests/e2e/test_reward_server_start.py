@@ -1,4 +1,4 @@
-"""Issue 24, item 5 end to end: ``post_train.py --remote_reward_url`` with no server there ends at start in one line
+"""End to end: ``post_train.py --remote_reward_url`` with no server there ends at start in one line
 naming the URL and what to check (the client's probe waits 5 s, not 4 x 600 s), without a traceback."""
 
 import os

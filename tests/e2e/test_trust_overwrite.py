@@ -1,5 +1,5 @@
-"""Issue 24 item 1 through the real command: a start with ``--overwrite_output_dir true`` and a size the model cannot
-take ends in one line, before the earlier run is touched. The one whole-run case of the issue's input checks (the
+"""Through the real command: a start with ``--overwrite_output_dir true`` and a size the model cannot
+take ends in one line, before the earlier run is touched. The one whole-run case of the start's input checks (the
 rest are in-process, tests/unit/test_trust_inputs.py): it needs an earlier run as the trainer leaves it and the
 exit of ``post_train.py`` itself.
 """

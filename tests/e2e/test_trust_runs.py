@@ -76,10 +76,10 @@ def test_a_reward_failing_on_every_sample_is_counted_then_stops_the_run(tiny_roo
 
 
 def test_weights_changed_where_the_fingerprint_does_not_look_stop_the_run_with_nothing_lost(tiny_root, tmp_path):
-    """The issue's open case: a model root whose transformer holds NaN outside the fingerprint's sampled blocks is
-    accepted on resume (the note says the check can miss it); the KL reference it loads makes every loss NaN. Before,
-    that NaN gradient was applied, every checkpoint after the resume held NaN weights and the rewards turned NaN; now
-    no update is applied and the run stops after --max_failed_reward_steps steps, the weights as the checkpoint
+    """The open case: a model root whose transformer holds NaN outside the fingerprint's sampled blocks is accepted on
+    resume (the check does not read those blocks); the KL reference it loads makes every loss NaN.
+    Before, that NaN gradient was applied, every checkpoint after the resume held NaN weights and the rewards turned
+    NaN; now no update is applied and the run stops after --max_failed_reward_steps steps, the weights as the checkpoint
     left them."""
     from eval_support import linked_root
     from safetensors.torch import load_file

@@ -1,4 +1,4 @@
-"""Joint attention without dense masks (sage_grpo/models/attention.py, issue 13 item 4): the trimmed text and the
+"""Joint attention without dense masks (sage_grpo/models/attention.py): the trimmed text and the
 key-padding mask give diffusers' own processor's velocity and gradients; no (B, 1, S, S) mask is ever built; the
 backend is validated before any model loads."""
 
@@ -137,7 +137,7 @@ def test_backends_agree(tiny_components, tiny_encoder, backend):
 
 
 def test_split_rows_match_the_masked_call_without_a_mask(tiny_components, tiny_encoder, monkeypatch):
-    """--mixed_length_attention split (issue 36): the CFG pair of two prompts (four rows of three valid lengths) runs
+    """--mixed_length_attention split: the CFG pair of two prompts (four rows of three valid lengths) runs
     as mask-free calls, one per run of equal length over its own keys; the velocity and every parameter gradient
     equal the masked call's within float order."""
     transformer = tiny_components.transformer

@@ -1,4 +1,4 @@
-"""The benchmarks (benchmarks/; issue 13 item 8, issue 16 item 2): the analytic FLOP
+"""The benchmarks (benchmarks/): the analytic FLOP
 count against torch's FlopCounterMode (one device and one emulated SP rank), the real geometry's size and its refusal
 on the CPU, each dual-stream block's saved bytes against the memory planner's per-block formula, and each script run
 at the smallest size with one repeat, its printed lines parsed."""
@@ -198,7 +198,7 @@ def test_benchmark_attention(capsys):
     for backend in ("native", "_native_math"):
         assert value_of(rf"^joint attention, {backend}: [0-9.]+ s, ratio dense / ours {NUMBER}, ", out) > 0
         assert value_of(rf"^joint attention, {backend}: .*max \|velocity difference\| {NUMBER}$", out) < 1e-4
-        # the CFG rows split into mask-free calls (issue 36): the masked call's velocity within float order
+        # the CFG rows split into mask-free calls: the masked call's velocity within float order
         assert value_of(rf"^joint attention, {backend}, split rows: [0-9.]+ s, ratio masked / split {NUMBER}, ", out) > 0
         assert value_of(rf"^joint attention, {backend}, split rows: .*masked call\| {NUMBER}$", out) < 1e-5
         assert value_of(rf"^joint attention, {backend}, process CPU .* ratio masked / split {NUMBER}$", out) > 0

@@ -1,4 +1,4 @@
-"""Each decision made once and handed on (issue 23 part B): what is decided at setup is not re-decided per step."""
+"""Each decision made once and handed on: what is decided at setup is not re-decided per step."""
 import pytest
 import torch
 

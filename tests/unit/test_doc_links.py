@@ -1,4 +1,4 @@
-"""The documentation holds together (issue 37): every relative link and image of README.md and docs/*.md points to
+"""The documentation holds together: every relative link and image of README.md and docs/*.md points to
 a file that exists and, with an anchor, to a heading of that file; docs/README.md indexes every file in docs/; the
 README stays within 300 lines and links each recipe heading straight from its index."""
 
@@ -81,8 +81,8 @@ def test_the_checker_sees_a_broken_file_and_a_broken_anchor(tmp_path, monkeypatc
 
 def test_slugs_follow_github():
     assert slug("Quickstart (CPU, no GPU and no downloads needed)") == "quickstart-cpu-no-gpu-and-no-downloads-needed"
-    assert slug("The reference launch simulated (`--simulate`, issue 27)") == \
-        "the-reference-launch-simulated---simulate-issue-27"
+    assert slug("The reference launch simulated (`--simulate`, sp 2)") == \
+        "the-reference-launch-simulated---simulate-sp-2"
     assert slug("Using the reference's downloaded weights") == "using-the-references-downloaded-weights"
 
 

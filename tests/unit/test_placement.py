@@ -1,4 +1,4 @@
-"""Memory placement (issue 13): the ``auto`` rules of ``sage_grpo.plan.memory.resolve_placement``, tiled decoding, text
+"""Memory placement: the ``auto`` rules of ``sage_grpo.plan.memory.resolve_placement``, tiled decoding, text
 encoders that visit the compute device only to encode, and reference means batched by
 ``--mini_batch_size_per_update`` (equal to one transition per forward); the process's device, decided once."""
 

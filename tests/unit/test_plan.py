@@ -194,7 +194,7 @@ def test_activation_estimate_matches_saved_tensors(tiny_root, tiny_transformer, 
 
 
 def test_reference_launch_fits_in_80_gb():
-    """The acceptance of issue 13: the reference launch on 8 GPUs of 80 GB peaks at <= 70 GB with the defaults."""
+    """The memory plan's aim: the reference launch on 8 GPUs of 80 GB peaks at <= 70 GB with the defaults."""
     flags_file = (REPO_ROOT / "scripts/post_train/reference_flags.sh").read_text()
     for flag in REFERENCE_FLAGS[::2]:
         if flag not in ("--output_dir", "--enable_fsdp", "--enable_gradient_checkpointing"):
@@ -204,10 +204,10 @@ def test_reference_launch_fits_in_80_gb():
     cfg = parse_cli(TrainConfig, REFERENCE_FLAGS)
     plan = planner.plan_launch(cfg, world_size=8, gpu_memory_gib=80.0)
     assert plan.peak_gib <= 70.0
-    # bf16 gathers and trimmed text leave room for the unsharded gradients: one reduction per update; then (issue
-    # 36) the reward beside the reference pass and 2 trained steps per policy forward (3 would leave less than 10%
-    # of the GPU free: 57.3 GB with one step, +7.4 GB per step), and under that train peak the reference means run
-    # all 40 of the rollout batch's 2 x 20 transitions per forward (with one step per forward: 32)
+    # bf16 gathers and trimmed text leave room for the unsharded gradients: one reduction per update; then the
+    # throughput levers: the reward beside the reference pass and 2 trained steps per policy forward (3 would leave less
+    # than 10% of the GPU free: 57.3 GB with one step, +7.4 GB per step), and under that train peak the reference means
+    # run all 40 of the rollout batch's 2 x 20 transitions per forward (with one step per forward: 32)
     assert plan.placement == Placement(reduce_per_backward=False, reference_on_cpu=False, vae_tiling="auto",
                                        reference_batch_size=40, replay_group_size=2, async_reward=True)
     one_step = planner.plan_launch(cfg.replace(replay_group_size=1), world_size=8, gpu_memory_gib=80.0)

@@ -1,4 +1,4 @@
-"""The planner's up-front checks (issue 27): the trainer's token layout, the exit status of a launch that does not
+"""The planner's up-front checks: the trainer's token layout, the exit status of a launch that does not
 fit, attention backends that cannot run here."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""The simulated GRPO step against the plan at reduced depth (issue 27): 2 dual-stream blocks at the real width,
+"""The simulated GRPO step against the plan at reduced depth: 2 dual-stream blocks at the real width,
 world 4, sp 2, the reference launch's video (81 x 352 x 624), fake tensors over a fake process group
 (sage_grpo/plan/simulate.py). At this video the activations outweigh a block's gathered weights, as at full depth, so
 each phase peaks at the moment it peaks at 54 blocks."""
@@ -19,7 +19,7 @@ LAUNCHES = {"per_backward, Muon": ["--gradient_reduction", "per_backward"],
 # without its backward hooks (sage_grpo/plan/tracking.py) they read 1.041 to 1.076, by when the garbage collector
 # happened to run. Those consumed saves are about 0.14 GB per row of the transformer call (measured: 0.951 with one
 # trained step per forward, 2 rows; 0.932 with 2 steps, 4 rows; 0.916 with 18, 36 rows), so a grouped replay
-# (issue 36) reads lower at 2 blocks; at 54 blocks, where each row holds 3.7 GB, 2 steps per forward read 0.97.
+# reads lower at 2 blocks; at 54 blocks, where each row holds 3.7 GB, 2 steps per forward read 0.97.
 GROUPED_TRAIN_ACTIVATIONS_LOWEST = 0.92
 
 
@@ -53,7 +53,7 @@ def test_every_phase_is_reported_with_its_flops(simulated):
 
 
 def test_the_simulated_launches_run_every_throughput_lever(simulated):
-    """Issue 36's levers are on in these launches, so the agreement above holds with each: 2 of a sample's trained
+    """The throughput levers are on in these launches, so the agreement above holds with each: 2 of a sample's trained
     steps replayed in one forward in one launch (the rows of the simulated train pass), the reward scored beside the
     reference pass (the CUDA default: its forward planned there, outside the simulation's categories) and the CFG
     rows of different lengths in split mask-free calls (the CUDA default)."""

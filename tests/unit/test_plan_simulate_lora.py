@@ -1,4 +1,4 @@
-"""The simulated GRPO step of a LoRA launch against the plan at reduced depth (issue 27): 2 dual-stream blocks at the
+"""The simulated GRPO step of a LoRA launch against the plan at reduced depth: 2 dual-stream blocks at the
 real width, world 4, sp 2, the reference launch's video (81 x 352 x 624), fake tensors over a fake process group.
 The policy is built by the trainer's own ``build_lora`` (peft adapters on the frozen bf16 base, the moving anchor a
 second adapter), sharded by the trainer's FSDP2; the reference phase runs the policy through

@@ -1,4 +1,4 @@
-"""The memory plan's throughput decisions (issue 36, sage_grpo/plan/throughput.py): the reward beside the reference
+"""The memory plan's throughput decisions (sage_grpo/plan/throughput.py): the reward beside the reference
 pass and the grouped replay, in the plan's phases and in the auto choices on CUDA and off it."""
 import dataclasses
 

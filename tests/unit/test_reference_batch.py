@@ -1,4 +1,4 @@
-"""--reference_batch_size (issue 28): transitions per no-grad forward of the KL reference means. A batched forward is
+"""--reference_batch_size: transitions per no-grad forward of the KL reference means. A batched forward is
 not bit-identical to one transition per forward on the CPU (measured: up to 1.3e-6 apart on the toy and tiny models,
 fp32), so auto keeps --mini_batch_size_per_update off CUDA; on CUDA the plan takes the largest batch that does not
 raise the step's peak."""

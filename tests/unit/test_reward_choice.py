@@ -1,4 +1,4 @@
-"""Train on any scorer, hold out the others (issue 34): CLIPScore and PickScore are rewards like any other, several
+"""Train on any scorer, hold out the others: CLIPScore and PickScore are rewards like any other, several
 rewards combine from the config with weights, a plug-in's weights are checked against its metrics before any model
 loads, and the held-out validation metrics are planned (names, folders) before any model loads too."""
 import pytest

@@ -1,4 +1,4 @@
-"""Reward options (issue 15 item 5, issue 13 item 6): VideoAlign sampling overrides, frame picking before any
+"""Reward options: VideoAlign sampling overrides, frame picking before any
 full-size work, reward aggregation at the advantage level, and the remote reward server and client."""
 import importlib.util
 import json

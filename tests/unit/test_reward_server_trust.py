@@ -1,4 +1,4 @@
-"""Issue 33, the reward server: strangers that never authenticate cannot take a trainer's place, a request costs about
+"""The reward server: strangers that never authenticate cannot take a trainer's place, a request costs about
 its body in memory (not 14x), a server open to other machines without a token says so, and credentials never reach
 a printed line. Every server is a real one on 127.0.0.1 in a thread of this process."""
 

@@ -1,4 +1,4 @@
-"""The rollout's SDE noise drawn up front and moved to the device once (issue 28): the same numbers from the same
+"""The rollout's SDE noise drawn up front and moved to the device once: the same numbers from the same
 generators in the same order as the per-step draws it replaced, so rollouts are bit-identical."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Start-up from the meta device (sage_grpo/models/sharded_load.py, issue 13 item 3): the weights read row by row from
+"""Start-up from the meta device (sage_grpo/models/sharded_load.py): the weights read row by row from
 single-file and index-sharded safetensors equal from_pretrained's, and a checkpoint that does not fit the model is
 refused with every problem named. The sharded (DTensor) path runs in the FSDP tests of test_distributed_trainer.py."""
 

@@ -1,4 +1,4 @@
-"""The throughput levers of issue 36 in the trainer: grouped replay (the same update and the same β sequence as one
+"""The throughput levers in the trainer: grouped replay (the same update and the same β sequence as one
 step per forward), the reward scored beside the reference means (the same numbers, failures raised on the training
 thread), and the flags' checks. The mask-free CFG attention is tested in test_attention.py, the plan's decisions in
 test_plan_throughput.py."""
@@ -43,7 +43,7 @@ def test_grouped_replay_gives_the_same_update_and_beta_sequence(tiny_root, tmp_p
     forward and one backward, and against groups of 2 and 1. Every gradient and every per-iteration mean agree
     within float order, and the controller saw the same six KL values in the same order, each position's loss
     weighted by the β read before its own update. Both step-wise KL references: the rollout's log-probabilities (no
-    update since the rollout) and the current policy's (after an update: issue 35's π_prev)."""
+    update since the rollout) and the current policy's (after an update: the paper's π_prev)."""
     trainer = _trainer(tiny_root, tmp_path)
     assert trainer.models.placement.replay_group_size == 1  # a CPU device: the reference's one step per forward
     items = [trainer.items[i] for i in trainer.prompt_sampler.indices(0)]

@@ -1,4 +1,4 @@
-"""The toy study's report (scripts/toy_study.py -> sage_grpo.studies.study.write_report, issue 28): a re-run rewrites
+"""The toy study's report (scripts/toy_study.py -> sage_grpo.studies.study.write_report): a re-run rewrites
 only the generated sections and keeps every hand-written line (the verdict, the "Time to reward" section)."""
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""The transformer forward without host syncs (sage_grpo/models/transformer_forward.py, issue 28): bit for bit
+"""The transformer forward without host syncs (sage_grpo/models/transformer_forward.py): bit for bit
 diffusers' own forward run with our attention processor and the text trimmed before the blocks (velocity and every
 gradient) for text-to-video with padded text of different lengths, equal lengths and image-to-video (against
 diffusers' stock processor: tests/unit/test_attention.py); no data-dependent op in a forward on counted embeddings; a

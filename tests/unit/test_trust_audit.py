@@ -1,4 +1,4 @@
-"""Issue 33, the audit's gaps: what a careless or hostile user still broke after the second engineer's round.
+"""The audit's gaps: what a careless or hostile user could still break once the first input checks were in.
 
 Non-finite numbers: a NaN or inf gradient was applied to the weights (a model root whose transformer held NaN
 where the resume's sampled fingerprint does not look made every checkpoint after the resume NaN); a NaN video got a
@@ -312,7 +312,7 @@ CRAFTED_ROWS = [
     '{"step": 5, "gathered_avg_reward_mean": 1e308, "gathered_avg_reward_std": Infinity}',
     '{"step": 6, "gathered_avg_reward_mean": 1e308, "gathered_t_manifold_error_reward_mean": "q"}',
     '{"step": 7, "gathered_avg_reward_mean": 1' + "0" * 400 + ', "gathered_x_reward_mean": 1' + "0" * 400 + "}",
-    '{"step": 7, "Validation/avg": "x", "Validation/clipscore": [1]}',  # a validation row (issue 34)
+    '{"step": 7, "Validation/avg": "x", "Validation/clipscore": [1]}',  # a validation row
 ]
 
 

@@ -1,4 +1,4 @@
-"""Issue 33, the evaluation: every checkpoint checked as loadable before the first video; its cache keyed by the
+"""The evaluation's inputs: every checkpoint checked as loadable before the first video; its cache keyed by the
 weights' content; failed scores counted, never a crash nor a bare NaN in results.json; a cache entry that is
 unreadable, foreign or of other weights sampled again; a cache folder that is not this project's named in one line;
 no write inside an input; per-writer temporary names; a prompt repeated in the CSV evaluated once; a metric that

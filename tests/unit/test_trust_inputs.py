@@ -1,4 +1,4 @@
-"""Issue 24, items 1-3 and 6-8: what a start checks before it deletes or loads anything, files rewritten atomically,
+"""What a start checks before it deletes or loads anything, files rewritten atomically,
 the model root a resume continues, strictly typed options with short errors, one-line ends for bad files.
 
 In-process and fast; the one real subprocess here is a ``python -c`` that kills itself between a write and its

@@ -1,4 +1,4 @@
-"""Issue 24, items 4 and 5 in-process: a reward server fit for a shared cluster, workers that cannot outlive their
+"""In-process: a reward server fit for a shared cluster, workers that cannot outlive their
 agent, ``--resume_from_checkpoint auto``, rank-aimed faults and the collective timeout (the torchrun cases are in
 tests/distributed/test_restart.py, the pdsh launcher's in tests/unit/test_distributed.py).
 

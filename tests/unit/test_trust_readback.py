@@ -1,4 +1,4 @@
-"""Issue 33: every file the project writes and reads back is an input. A checkpoint's config.yaml, a run's
+"""Every file the project writes and reads back is an input. A checkpoint's config.yaml, a run's
 run_config.yaml, a weights lock, an export's sampling.json, a training state and metrics.jsonl are checked like the
 command line before anything is loaded or written (one line naming the file and the key); their values are data in
 what is written next (YAML, JSON, Markdown); no command writes inside what it reads; a plug-in is recognised without
