@@ -81,6 +81,6 @@ def test_each_kind_of_break_is_named_with_its_line(text, what):
 
 
 def test_ordinary_words_pass():
-    text = ("The release of the lock; a silent server; silently; equivalent; tissue 3; the paper's §3.2.2; "
+    text = ("The release of the lock; a silent server; silently; equivalent; tissues 3; the paper's §3.2.2; "
             "docs/reference.md#d20; [D16](reference.md#d16); issues one scalar all-reduce; the session's checkpoint")
     assert voice_breaks("f.md", text) == []
