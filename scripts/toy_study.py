@@ -3,8 +3,8 @@
     python scripts/toy_study.py            # the full study: 3 seeds per arm (under an hour on 2 cores)
     python scripts/toy_study.py --quick    # a few minutes: 1 seed, fewer steps, the SDE ablation only
 
-Needs the toy checkpoint (built by ``bash scripts/demo_cpu.sh`` or ``python scripts/make_toy_checkpoint.py``; built
-here if missing). Writes ``docs/toy_study.md`` (``docs/toy_study_quick.md`` with --quick), the PNG curves next to it
+Needs the toy checkpoint (the committed one, installed by ``bash scripts/demo_cpu.sh`` or ``python
+scripts/make_toy_checkpoint.py --committed``; installed here if missing). Writes ``docs/toy_study.md`` (``docs/toy_study_quick.md`` with --quick), the PNG curves next to it
 and the raw numbers as JSON; runs go to ``outputs/toy_study/``. An existing report keeps everything outside its
 generated sections (the hand-written verdict and time-to-reward section; ``sage_grpo.toy.study.write_report``).
 """
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
 
     base = base_config(args.config)
     if not (Path(base.model.pretrained_model_root) / ".complete").is_file():
-        subprocess.run([sys.executable, str(REPO / "scripts/make_toy_checkpoint.py"), "--output",
+        subprocess.run([sys.executable, str(REPO / "scripts/make_toy_checkpoint.py"), "--committed", "--output",
                         base.model.pretrained_model_root], check=True)
     prompts = [item.prompt for item in read_prompt_csvs(base.data.train_video_csv)]
     start = time.perf_counter()

@@ -10,6 +10,9 @@ An image-to-video transformer version (``480p_i2v``, ...) brings the SigLIP imag
 The frozen parts (VAE, both text encoders, the image encoder) are put in eval mode with ``requires_grad=False``; the
 transformer is returned as ``from_pretrained`` gives it (eval mode, trainable), since the trainer decides what to
 train.
+
+A root holding ``checksums.json`` (the toy checkpoint) has every file it lists hashed before anything is read, and a
+changed or damaged file is refused (:mod:`sage_grpo.models.checksums`).
 """
 
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ import torch
 from sage_grpo.checkpoint_layout import TRANSFORMER_FILE
 from sage_grpo.models import layout
 from sage_grpo.models.attention import install_joint_attention
+from sage_grpo.models.checksums import verify_checksums
 from sage_grpo.models.config_fields import check_component_configs
 from sage_grpo.safe_io import CheckpointError, read_json_object, shard_names
 
@@ -57,6 +61,7 @@ def load_transformer(model_root: PathLike = "./ckpts", version: str = layout.DEF
     layout.check_transformer_version(root, version)
     layout.check_layout(root, [layout.transformer_layout(version)])
     check_component_configs(root, [layout.transformer_layout(version)])
+    verify_checksums(root)  # a root with checksums.json (the toy checkpoint): every listed file as recorded
     return _read_transformer(root, version, dtype, device)
 
 
@@ -90,6 +95,7 @@ def load_components(model_root: PathLike = "./ckpts", transformer_version: str =
                                       image_encoder=load_image_encoder)
     layout.check_layout(root, layouts)
     check_component_configs(root, layouts)  # every config's structural fields, before any class is built from it
+    verify_checksums(root)
     paths = {spec.name: root / spec.subdir for spec in layouts}
 
     def folder(spec: layout.ComponentLayout) -> Path:

@@ -14,8 +14,11 @@ then trains two of its components on toy videos (:mod:`sage_grpo.toy.world`):
    works.
 
 The text encoders stay random and frozen; their outputs still tell the prompts apart, and the tokenizer is trained
-with the toy vocabulary so that every word is a token of its own. Everything is seeded: a seed gives the same
-checkpoint on a given machine and torch build.
+with the toy vocabulary so that every word is a token of its own. The transformer's byT5 glyph projection
+(``context_embedder_2``, 90% of its parameters) is set to zeros: toy prompts never quote text, so its input is all
+padding and its output is masked out of attention (the model computes the same with any values there), and zeros
+need not be stored (:mod:`sage_grpo.toy.committed`). Everything is seeded: a seed gives the same checkpoint on a given
+machine and torch build, not across machines (the demo therefore reads the committed one, ``assets/toy_ckpt``).
 
 The writer finishes with :func:`evaluate_checkpoint`: ODE samples of the pretrained model against true toy videos,
 their VAE reconstructions and the same architecture with random weights, scored by manifold error and by how often
@@ -63,6 +66,7 @@ TOY_FLOW_SHIFT = 3.0
 TEXT_EMBEDDING_SCALE = 50.0
 REPORT_FILE = "toy_report.json"
 COMPLETE_MARKER = ".complete"
+DEAD_PREFIX = "context_embedder_2."  # the byT5 glyph projection: all-padding input, masked output (zeroed)
 
 
 @dataclass
@@ -82,6 +86,24 @@ class PretrainSettings:
     eval_samples: int = 32
     eval_steps: int = 8
     guidance_scale: float = 1.0
+
+
+def toy_recipe(settings) -> Dict:
+    """Everything that decides what :func:`write_toy_checkpoint` trains, as JSON data: ``settings`` (a
+    :class:`PretrainSettings` or its dict) and the module's fixed sizes and constants."""
+    settings = asdict(settings) if isinstance(settings, PretrainSettings) else dict(settings)
+    recipe = {"settings": settings, "transformer_config": TOY_TRANSFORMER_CONFIG, "vae_config": TOY_VAE_CONFIG,
+              "text": asdict(TOY_TEXT), "image_tokens": TOY_IMAGE_TOKENS, "flow_shift": TOY_FLOW_SHIFT,
+              "text_embedding_scale": TEXT_EMBEDDING_SCALE, "zeroed": DEAD_PREFIX}
+    return json.loads(json.dumps(recipe))  # tuples as lists, as read back from a file
+
+
+def zero_dead_projection(transformer) -> None:
+    """Set the byT5 glyph projection to zeros (toy prompts never reach it; see the module docstring)."""
+    with torch.no_grad():
+        for name, param in transformer.named_parameters():
+            if name.startswith(DEAD_PREFIX):
+                param.zero_()
 
 
 def toy_corpus() -> str:
@@ -249,6 +271,27 @@ def evaluate_checkpoint(transformer, vae, encoder: PromptEncoder, settings: Pret
     return report
 
 
+def cpu_name() -> str:
+    """The CPU model (from /proc/cpuinfo where there is one), else what ``platform`` says."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> Dict:
+    """The machine a checkpoint is trained on (recorded: the result depends on it)."""
+    import platform
+
+    return {"cpu": cpu_name(), "platform": platform.platform(), "threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def write_toy_checkpoint(root, settings: PretrainSettings = PretrainSettings(), log=None) -> Dict:
     """Write, train and evaluate the toy checkpoint under ``root``; returns the report (also in toy_report.json).
 
@@ -269,6 +312,7 @@ def write_toy_checkpoint(root, settings: PretrainSettings = PretrainSettings(), 
     # the toy model is sampled without guidance at its own shift: its variant configs say so (no override warnings)
     write_variant_configs(root, DEFAULT_TRANSFORMER_VERSION, 1.0, TOY_FLOW_SHIFT)
     vae, transformer = components.vae, components.transformer
+    zero_dead_projection(transformer)
     random_transformer = load_components(root, dtype=torch.float32, load_vae=False,
                                          load_text_encoders=False).transformer
 
@@ -294,7 +338,7 @@ def write_toy_checkpoint(root, settings: PretrainSettings = PretrainSettings(), 
     timings["eval_seconds"] = time.perf_counter() - phase
     timings["total_seconds"] = time.perf_counter() - start
     report = {"settings": asdict(settings), "losses": losses, "evaluation": evaluation, "timings": timings,
-              "flow_shift": TOY_FLOW_SHIFT, "torch": torch.__version__}
+              "flow_shift": TOY_FLOW_SHIFT, "torch": torch.__version__, "machine": machine()}
     (root / REPORT_FILE).write_text(json.dumps(report, indent=2))
     (root / COMPLETE_MARKER).write_text("ok\n")
     return report

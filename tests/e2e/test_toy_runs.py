@@ -31,6 +31,9 @@ def test_toy_checkpoint_writer_at_a_reduced_size(reduced_toy):
     assert math.isfinite(report["losses"]["flow_matching_loss"])
     components = load_components(root, dtype=torch.float32)  # the real loader opens it
     assert components.vae.config.spatial_compression_ratio == 4
+    dead = [p for n, p in components.transformer.named_parameters() if n.startswith("context_embedder_2.")]
+    assert len(dead) == 8 and all(float(p.detach().abs().max()) == 0 for p in dead)  # stored as zeros
+    assert saved["machine"]["threads"] >= 1 and saved["machine"]["cpu"]
     assert components.vae.config.scaling_factor != 1.03682  # set from the trained latents
 
 
