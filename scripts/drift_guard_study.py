@@ -32,6 +32,7 @@ from typing import Dict, List, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sage_grpo.rewards.registry import register_reward  # noqa: E402
+from sage_grpo.rewards.toy_check_rewards import CHECK_REWARDS, CHECK_WEIGHTS  # noqa: E402
 from sage_grpo.rewards.toy_drift_rewards import STUDY_REWARDS, STUDY_WEIGHTS  # noqa: E402
 from sage_grpo.rl.drift_guard import drift_watch_of  # noqa: E402
 from sage_grpo.rl.kl import NO_KL  # noqa: E402
@@ -43,9 +44,8 @@ from sage_grpo.tracking.run_dir import read_metrics, training_rows  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"none": dict(kl_weight=0.0), "demo": {}}  # no KL; the demo's own trust region (dual moving KL, beta 0.1)
 TUNING = ("toy_large", *STUDY_REWARDS)  # the rewards the defaults were fixed on
-CHECK_REWARDS: Dict[str, type] = {}
 CHECK = tuple(CHECK_REWARDS)  # written after the defaults were fixed
-WEIGHTS = {**{name: {name: 1.0} for name in TUNING + CHECK}, **STUDY_WEIGHTS}  # the mixtures' terms, else the score
+WEIGHTS = {**{name: {name: 1.0} for name in TUNING + CHECK}, **STUDY_WEIGHTS, **CHECK_WEIGHTS}  # a mixture's terms
 DONE = "study_run.json"
 
 

@@ -1,8 +1,9 @@
 """Toy-world rewards written to test the drift guard on rewards it was not tuned on (``scripts/drift_guard_study.py``,
 docs/toy_study.md "Drift guard"). NOT quality measures. Each is a reward plug-in (``@reward_plugin``), usable by
 dotted path (``--reward_model sage_grpo.rewards.toy_drift_rewards:ToyGlowReward``) or registered under its ``name``
-(:data:`STUDY_REWARDS`, what the study does), and reports the toy world's manifold error beside its score (a
-diagnostic, weight 0 in ``--reward_weights``), as the built-in toy rewards do (:mod:`sage_grpo.rewards.toys`).
+(:data:`STUDY_REWARDS`, what the study does), and reports the toy world's manifold error and prompt adherence beside
+its score (diagnostics, weight 0 in ``--reward_weights``), as the built-in toy rewards do
+(:mod:`sage_grpo.rewards.toys`).
 
 Designed before the guard's defaults were fixed (the tuning set, with ``toy_large``):
 
@@ -30,6 +31,11 @@ from sage_grpo.toy import world
 from sage_grpo.toy.manifold import ManifoldFit, fit_manifold, prompt_adherence
 
 
+def adherence(prompts: List[str], fit: ManifoldFit) -> torch.Tensor:
+    """(B,) the fraction of each prompt's named factors the video follows (1 for a prompt naming none)."""
+    return torch.nan_to_num(prompt_adherence(prompts, fit), nan=1.0)
+
+
 def fitted(videos: torch.Tensor):
     if videos.ndim != 5 or videos.shape[1] != 3:
         raise ValueError(f"videos must be (B, 3, F, H, W) in [0, 1], got shape {tuple(videos.shape)}")
@@ -43,7 +49,8 @@ def whiteness(fit: ManifoldFit) -> torch.Tensor:
 
 
 class StudyReward:
-    """One score and the manifold error; subclasses define ``name`` and ``score``."""
+    """One score, the manifold error and the prompt adherence (diagnostics, as the built-in toy rewards report them);
+    subclasses define ``name`` and ``score``."""
 
     name = ""
 
@@ -52,13 +59,14 @@ class StudyReward:
 
     def __call__(self, videos: torch.Tensor, prompts: List[str]) -> Dict[str, torch.Tensor]:
         videos, fit = fitted(videos)
-        return {self.name: self.score(videos, fit), "manifold_error": fit.error}
+        return {self.name: self.score(videos, fit), "manifold_error": fit.error,
+                "prompt_adherence": adherence(prompts, fit)}
 
 
 @reward_plugin
 class ToyGlowReward(StudyReward):
     name = "toy_glow"
-    metric_names = ("toy_glow", "manifold_error")
+    metric_names = ("toy_glow", "manifold_error", "prompt_adherence")
 
     def score(self, videos, fit):
         return ((videos.mean(dim=(1, 2, 3, 4)) - 0.2) / 0.2).clamp(0, 1)
@@ -67,7 +75,7 @@ class ToyGlowReward(StudyReward):
 @reward_plugin
 class ToyMotionReward(StudyReward):
     name = "toy_motion"
-    metric_names = ("toy_motion", "manifold_error")
+    metric_names = ("toy_motion", "manifold_error", "prompt_adherence")
 
     def score(self, videos, fit):
         return ((videos[:, :, 1:] - videos[:, :, :-1]).abs().mean(dim=(1, 2, 3, 4)) / 0.04).clamp(0, 1)
@@ -76,7 +84,7 @@ class ToyMotionReward(StudyReward):
 @reward_plugin
 class ToyWhiteReward(StudyReward):
     name = "toy_white"
-    metric_names = ("toy_white", "manifold_error")
+    metric_names = ("toy_white", "manifold_error", "prompt_adherence")
 
     def score(self, videos, fit):
         return whiteness(fit)
@@ -92,7 +100,7 @@ class ToyMixReward:
     def __call__(self, videos: torch.Tensor, prompts: List[str]) -> Dict[str, torch.Tensor]:
         videos, fit = fitted(videos)
         return {"large": ToyLargeReward().score(videos, fit), "white": whiteness(fit),
-                "adherence": torch.nan_to_num(prompt_adherence(prompts, fit), nan=1.0), "manifold_error": fit.error}
+                "adherence": adherence(prompts, fit), "manifold_error": fit.error}
 
 
 STUDY_REWARDS = {cls.name: cls for cls in (ToyGlowReward, ToyMotionReward, ToyWhiteReward, ToyMixReward)}

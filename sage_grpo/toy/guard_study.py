@@ -63,7 +63,8 @@ class Outcome:
     first_alarm: Optional[int]
     max_error: float
     max_ratio: float
-    error_at_notice: Optional[float] = None  # the manifold error at the first notice
+    error_at_notice: Optional[float] = None  # the manifold error at the first notice ...
+    error_at_alarm: Optional[float] = None  # ... and at the first alarm
     false_alarms: int = 0  # proxy alarms in a run that never crosses
     fell: Dict[str, int] = field(default_factory=dict)  # dimension -> the first step the guard named it
 
@@ -97,6 +98,8 @@ def outcome(points: List[Tuple[dict, List[Finding]]], crossing: float = CROSSING
     result = Outcome(steps, crossed, first("notice"), first(ALARM), max(errors), max(ratios))
     if result.first_notice is not None:
         result.error_at_notice = errors[steps.index(result.first_notice)]
+    if result.first_alarm is not None:
+        result.error_at_alarm = errors[steps.index(result.first_alarm)]
     if crossed is None:
         result.false_alarms = sum(1 for _, found in points for f in found if f.check == "proxy" and f.level == ALARM)
     for row, found in points:
@@ -116,33 +119,43 @@ def live_matches(points: List[Tuple[dict, List[Finding]]]) -> bool:
     return True
 
 
-def _step(value: Optional[int], steps: Sequence[int]) -> str:
-    return "never" if value is None else f"{value} (point {steps.index(value)})"
+def _step(value: Optional[int], steps: Sequence[int], error: Optional[float] = None) -> str:
+    if value is None:
+        return "never"
+    return f"{value} (point {steps.index(value)}{f', at {error:.3f}' if error is not None else ''})"
+
+
+def _sparse(sparse: Optional[Outcome]) -> str:
+    if sparse is None:
+        return "—"
+    lead = sparse.lead
+    text = ("no crossing" if sparse.crossing is None else
+            "no point between step 0 and it" if sparse.steps.index(sparse.crossing) == 1 else
+            "**none**" if lead is None or lead[0] < 1 else _count(lead[0], "point"))
+    return text + (f", {_count(sparse.false_alarms, 'false alarm')}" if sparse.false_alarms else "")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def table_row(name: str, result: Outcome, sparse: Optional[Outcome]) -> str:
-    """One markdown row: the run, its crossing, first notice and alarm, lead, false alarms, extremes, the
-    dimensions named, and the same run validated half as often (``sparse``)."""
+    """One markdown row: the run, its crossing, first notice and alarm (with the manifold error there), lead, false
+    alarms, extremes, the dimensions named, and the lead of the same run validated half as often (``sparse``)."""
     lead = result.lead
     lead_text = "—" if result.crossing is None else ("**none**" if lead is None or lead[0] < 1 else
-                                                    f"{lead[0]} points, {lead[1]} steps")
-    if result.crossing is None and result.first_notice is not None:
-        lead_text = f"notice at manifold error {result.error_at_notice:.3f}"
+                                                    f"{_count(lead[0], 'point')}, {lead[1]} steps")
     fell = ", ".join(f"{d} ({s})" for d, s in result.fell.items()) or "—"
-    sparse_text = "—"
-    if sparse is not None:
-        sparse_lead = sparse.lead
-        sparse_text = ("no crossing" if sparse.crossing is None else
-                       "**none**" if sparse_lead is None or sparse_lead[0] < 1 else f"{sparse_lead[0]} points")
-        sparse_text += f", {sparse.false_alarms} false" if sparse.false_alarms else ""
-    return (f"| {name} | {_step(result.crossing, result.steps)} | {_step(result.first_notice, result.steps)} | "
-            f"{_step(result.first_alarm, result.steps)} | {lead_text} | {result.false_alarms} | "
-            f"{result.max_error:.3f}, {result.max_ratio:.2f}x | {fell} | {sparse_text} |")
+    return (f"| {name} | {_step(result.crossing, result.steps)} | "
+            f"{_step(result.first_notice, result.steps, result.error_at_notice)} | "
+            f"{_step(result.first_alarm, result.steps, result.error_at_alarm)} | {lead_text} | "
+            f"{result.false_alarms or 0} | {result.max_error:.3f}, {result.max_ratio:.2f}x | {fell} | "
+            f"{_sparse(sparse)} |")
 
 
-TABLE_HEAD = ("| run (reward, arm, seed) | manifold error >= 0.15 at step | first notice | first alarm | lead | "
-              "false alarms | largest manifold error, proxy ratio | dimensions named (first step) | "
-              "validated half as often: lead |\n|---|---|---|---|---|---|---|---|---|")
+TABLE_HEAD = ("| run (reward, arm, seed) | manifold error >= 0.15 at step | first notice (manifold error there) | "
+              "first alarm (manifold error there) | lead | false alarms | largest manifold error, proxy ratio | "
+              "dimensions named (first step) | validated half as often: lead |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def summary(outcomes: Dict[str, Outcome]) -> str:
