@@ -281,7 +281,7 @@ def _check_drift_options(cfg: TrainConfig) -> List[str]:
               f"--drift_guard_proxy_ratio {drift.drift_guard_proxy_ratio} and --drift_guard_notice_ratio "
               f"{drift.drift_guard_notice_ratio} > 1 (the step-0 point is 1 by definition), --drift_guard_heldout_fall "
               f"{drift.drift_guard_heldout_fall} and --drift_guard_dimension_fall {drift.drift_guard_dimension_fall} "
-              ">= 0", "use the defaults (3, 4.0, 2.0, 0.05, 1.0)")
+              ">= 0", "use the defaults (3, 8.0, 2.0, 0.05, 1.0)")
     if drift.drift_guard_heldout and "none" in drift.drift_guard_heldout and len(drift.drift_guard_heldout) > 1:
         _fail("drift-guard-heldout", f"--drift_guard_heldout {' '.join(drift.drift_guard_heldout)}: 'none' (no "
               "dimension watched) goes alone", "use --drift_guard_heldout none, or name the keys without it")

@@ -18,7 +18,8 @@ from sage_grpo.pipeline.validation import PREFIX as VALIDATION_PREFIX, SPREAD_PR
 from sage_grpo.pipeline.velocity import cfg_velocity
 from sage_grpo.rewards.scorers import MetricPlan, held_out_key_test
 from sage_grpo.rl.drift import VelocityFn, denoising_errors, gaussian_path_kl, proxy_noise
-from sage_grpo.rl.drift_guard import ALARM, DriftGuard, DriftWatch, Finding
+from sage_grpo.rl.drift_guard import DriftGuard, DriftWatch
+from sage_grpo.rl.drift_rules import ALARM, Finding
 from sage_grpo.sde.schedule import NUM_TRAIN_TIMESTEPS
 
 

@@ -4,9 +4,9 @@ levels, notice and alarm, are :mod:`sage_grpo.rl.drift_rules`), and an action.
 * **Proxy**: the drift proxy of the validation samples (:mod:`sage_grpo.rl.drift`, the base model's denoising error)
   over its *baseline*, the proxy of the base model's own samples (the first validation point of a fresh run, at step
   0, where the policy is the base model). An alarm above ``--drift_guard_proxy_ratio``; a notice before it, above
-  ``--drift_guard_notice_ratio`` or on course to pass the alarm bound at the next point. A ratio rather than a level:
-  the denoising error's scale depends on the model, the latent space and the validation prompts; its ratio to the
-  base model's own samples does not.
+  ``--drift_guard_notice_ratio`` or on course to pass twice that within two validation points. A ratio rather than
+  a level: the denoising error's scale depends on the model, the latent space and the validation prompts; its ratio
+  to the base model's own samples does not.
 * **Per dimension**: over the last ``--drift_guard_window`` validation points, the training reward (the mean ``avg``
   reward of the steps since the previous point) rising while a watched dimension falls: by default every score of
   the validation videos, that is every sub-reward of the training reward (VideoAlign's VQ, MQ, TA; a mixture's
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Protocol, Tuple
 
-from sage_grpo.rl.drift_rules import ALARM, Finding, fallen_dimensions, proxy_findings
+from sage_grpo.rl.drift_rules import Finding, fallen_dimensions, proxy_findings
 from sage_grpo.rl.drift_state import check_guard_state
 from sage_grpo.rl.kl import KLMode
 
@@ -52,11 +52,11 @@ class DriftOptions(Protocol):
 class GuardBounds:
     """The thresholds (``--drift_guard_*``)."""
 
-    proxy_ratio: float  # proxy / baseline above this is an alarm
+    proxy_ratio: float  # proxy / baseline above this is an alarm (8 by default)
     window: int  # the per-dimension check compares the means of the last `window` validation points (>= 2) ...
     reward_rise: float  # ... the training reward's rise since the first step above this ...
     heldout_fall: float  # ... while a dimension's fall since the first point exceeds this times |its first value| ...
-    notice_ratio: float = 2.0  # proxy / baseline above this (or on course to pass proxy_ratio next point): a notice
+    notice_ratio: float = 2.0  # proxy / baseline above this, or on course to pass twice it within two points: a notice
     dimension_fall: float = 1.0  # ... and this times its spread over the validation videos at its first point
 
 
@@ -110,7 +110,7 @@ class DriftGuard:
         self.points: List[dict] = []  # the last `window` points: {"step", "reward", "heldout": {name: value}}
         self.reward_sum, self.reward_count = 0.0, 0  # the training reward of the steps since the last point
         self.reward_start: Optional[float] = None  # the training reward of the first step (the base model's rollouts)
-        self.last_clean_step: Optional[int] = None  # the newest validation point that raised no alarm
+        self.last_clean_step: Optional[int] = None  # the newest validation point that raised neither notice nor alarm
         self.rollbacks: List[int] = []  # the checkpoint steps rolled back to
 
     def record_reward(self, reward: float) -> None:
@@ -142,13 +142,14 @@ class DriftGuard:
             if spread is not None and spread == spread and name not in self.spread_baseline:
                 self.spread_baseline[name] = spread
         self.reward_sum, self.reward_count = 0.0, 0
-        if not any(finding.level == ALARM for finding in findings):
+        if not findings:
             self.last_clean_step = step
         return findings
 
     def rollback_target(self, checkpoint_steps) -> Optional[int]:
-        """The step of the newest checkpoint at or before the last point that raised no alarm, if there is one
-        and it was not rolled back to before (a drift that came back after a rollback is not rolled back again)."""
+        """The step of the newest checkpoint at or before the last point that raised neither notice nor alarm (before
+        the drift was seen coming), if there is one and it was not rolled back to before (a drift that came back after
+        a rollback is not rolled back again)."""
         clean = self.last_clean_step
         target = max((s for s in checkpoint_steps if clean is not None and s <= clean), default=None)
         return None if target in self.rollbacks else target

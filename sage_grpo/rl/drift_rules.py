@@ -3,8 +3,8 @@ each giving :class:`Finding` s: a **notice** (a warning: the drift is coming) or
 on: ``--drift_guard stop`` / ``rollback``).
 
 * **Proxy levels** (:func:`proxy_findings`): the drift proxy over its baseline (the base model's own samples) above
-  ``--drift_guard_proxy_ratio`` is an alarm; above ``--drift_guard_notice_ratio``, or on course to pass the alarm
-  bound within two validation points (its growth since the previous point repeated twice: ratio x (ratio / previous
+  ``--drift_guard_proxy_ratio`` is an alarm; above ``--drift_guard_notice_ratio``, or on course to pass twice that
+  within two validation points (its growth since the previous point repeated twice: ratio x (ratio / previous
   ratio)^2), a notice. The growth is per validation point, so the trend looks two validations ahead whatever the
   interval.
 * **Per dimension** (:func:`fallen_dimensions`): the training reward risen since the first step (the mean over the
@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 
 NOTICE, ALARM = "notice", "alarm"
 HORIZON = 2  # validation points the trend looks ahead: a crossing it sees coming is noticed a point before it
+TREND_TARGET = 2.0  # ... of this many times the notice bound
 PROXY_ADVICE = ("the samples are leaving what the base model knows: lower --learning_rate, raise --kl_weight (beta), "
                 "refresh the KL anchor less often (a larger --update_ref_model_step), or go back to an earlier "
                 "checkpoint (--drift_guard rollback does it at an alarm)")
@@ -55,8 +56,9 @@ def projected_ratio(ratio: float, previous: Optional[float]) -> Optional[float]:
 
 
 def proxy_findings(step: int, proxy: float, baseline: float, previous: Optional[float], bounds) -> List[Finding]:
-    """The proxy's finding at ``step`` (at most one): ``bounds`` has ``proxy_ratio`` (the alarm) and ``notice_ratio``;
-    ``previous``: the ratio at the previous validation point."""
+    """The proxy's finding at ``step`` (at most one): ``bounds`` has ``proxy_ratio`` (the alarm) and ``notice_ratio``
+    (the notice, and the trend's target :data:`TREND_TARGET` times it); ``previous``: the ratio at the previous
+    validation point."""
     ratio = proxy / baseline if baseline else float("inf")
     measured = f"drift proxy {proxy:.4g} is {ratio:.2f}x its baseline {baseline:.4g}"
     if ratio > bounds.proxy_ratio:
@@ -64,11 +66,12 @@ def proxy_findings(step: int, proxy: float, baseline: float, previous: Optional[
     if bounds.notice_ratio < bounds.proxy_ratio and ratio > bounds.notice_ratio:
         return [Finding(step, "proxy", f"{measured} (notice bound --drift_guard_notice_ratio {bounds.notice_ratio:g}; "
                                        f"the alarm at {bounds.proxy_ratio:g})", NOTICE)]
-    ahead = projected_ratio(ratio, previous)
-    if ahead is not None and ahead > bounds.proxy_ratio:
+    ahead, target = projected_ratio(ratio, previous), TREND_TARGET * bounds.notice_ratio
+    if ahead is not None and ahead > target:
         return [Finding(step, "proxy", f"{measured}, up from {previous:.2f}x at the previous validation point: growing "
-                                       f"so, it reaches {ahead:.2f}x {HORIZON} validation points on, past the alarm "
-                                       f"bound --drift_guard_proxy_ratio {bounds.proxy_ratio:g}", NOTICE)]
+                                       f"so, it reaches {ahead:.2f}x {HORIZON} validation points on, past {target:g} "
+                                       f"({TREND_TARGET:g} x --drift_guard_notice_ratio {bounds.notice_ratio:g})",
+                        NOTICE)]
     return []
 
 

@@ -40,8 +40,9 @@ def check_guard_state(state) -> dict:
     with the fields of :data:`_LATER_FIELDS` it lacks filled in."""
     known = set(_STATE_FIELDS) | set(_LATER_FIELDS)
     if not isinstance(state, dict) or not set(_STATE_FIELDS) <= set(state) <= known:
+        got = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"the drift guard state must hold exactly {sorted(_STATE_FIELDS)} (and may hold "
-                         f"{sorted(_LATER_FIELDS)}), got {sorted(state) if isinstance(state, dict) else type(state).__name__}")
+                         f"{sorted(_LATER_FIELDS)}), got {got}")
     for name, (valid, what) in _STATE_FIELDS.items():
         if not valid(state[name]):
             raise ValueError(f"the drift guard state's {name} must be {what}, got {state[name]!r:.80}")

@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from sage_grpo.pipeline.drift import watched_dimensions
 from sage_grpo.pipeline.validation import PREFIX
-from sage_grpo.rl.drift_guard import ALARM, DriftGuard, DriftWatch, GuardBounds
-from sage_grpo.rl.drift_rules import Finding
+from sage_grpo.rl.drift_guard import DriftGuard, DriftWatch, GuardBounds
+from sage_grpo.rl.drift_rules import ALARM, Finding
 from sage_grpo.tracking.run_dir import is_validation_row
 
 CROSSING = 0.15  # the validation manifold error at which a run has hacked its reward off the manifold

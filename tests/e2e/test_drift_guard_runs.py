@@ -35,7 +35,7 @@ def test_the_guard_stops_resumes_and_leaves_the_training_numbers_alone(tiny_root
     trainer = GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, run, *FLAGS, *GUARD, "--drift_guard", "stop")))
     assert trainer.models.base is not None  # the moving anchor: the proxy holds a frozen copy of the base
     stopped = (r"^--drift_guard stop stopped the run at step 1: drift proxy .* is \d+\.\d\dx its baseline .* "
-               r"\(bound --drift_guard_proxy_ratio 4\)\. The weights of this step are in .*checkpoint-1$")
+               r"\(bound --drift_guard_proxy_ratio 8\)\. The weights of this step are in .*checkpoint-1$")
     with pytest.raises(drift.DriftGuardStop, match=stopped):
         trainer.train()
     state = load_plain(run / "checkpoint-1" / "training_state.pt", "training state")["drift_guard"]

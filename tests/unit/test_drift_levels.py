@@ -27,19 +27,20 @@ def test_a_notice_comes_at_the_lower_bound_before_the_alarm():
     guard = DriftGuard(BOUNDS)
     assert levels(guard, [1.0, 1.3, 1.5, 2.5, 3.0, 4.5]) == [
         [], [], [], [(NOTICE, "proxy")], [(NOTICE, "proxy")], [(ALARM, "proxy")]]
-    assert guard.last_clean_step == 8  # a notice leaves its point clean: a rollback may return to it
+    assert guard.last_clean_step == 4  # the last point before the drift was seen coming: a rollback's target
 
 
 def test_the_trend_notices_a_fast_drift_two_points_ahead():
-    # 1.0 -> 1.7: at that growth per point, 1.7 x 1.7^2 = 4.91 > 4 two points on: noticed at 1.7, below the level 2
+    # 1.0 -> 1.7: at that growth per point, 1.7 x 1.7^2 = 4.91 two points on, past twice the notice bound: noticed at
+    # 1.7, below the level 2
     guard = DriftGuard(BOUNDS)
     findings = [guard.observe(0, 0.1, {})]
     guard.record_reward(0.5)
     findings.append(guard.observe(2, 0.17, {}))
     assert findings[0] == [] and [f.level for f in findings[1]] == [NOTICE]
     assert findings[1][0].message == ("drift proxy 0.17 is 1.70x its baseline 0.1, up from 1.00x at the previous "
-                                      "validation point: growing so, it reaches 4.91x 2 validation points on, past "
-                                      "the alarm bound --drift_guard_proxy_ratio 4")
+                                      "validation point: growing so, it reaches 4.91x 2 validation points on, past 4 "
+                                      "(2 x --drift_guard_notice_ratio 2)")
     # a slow drift (1.0, 1.2, 1.4: 1.4 x (1.4/1.2)^2 = 1.91) and a falling proxy say nothing
     assert levels(DriftGuard(BOUNDS), [1.0, 1.2, 1.4, 1.3, 1.0]) == [[]] * 5
     assert projected_ratio(1.4, 1.2) == pytest.approx(1.4 * (1.4 / 1.2) ** 2)
@@ -48,7 +49,8 @@ def test_the_trend_notices_a_fast_drift_two_points_ahead():
 
 def test_a_notice_bound_at_or_above_the_alarm_gives_no_level_notice():
     guard = DriftGuard(GuardBounds(4.0, 2, 0.0, 0.05, notice_ratio=4.0))
-    assert levels(guard, [1.0, 1.1, 3.5, 3.6]) == [[], [], [(NOTICE, "proxy")], []]  # 3.5: the trend (3.5 x 3.2^2)
+    # 3.5: the trend (3.5 x 3.2^2 = 35 > 2 x 4); 3.6: none (3.6 x 1.03^2 = 3.8)
+    assert levels(guard, [1.0, 1.1, 3.5, 3.6]) == [[], [], [(NOTICE, "proxy")], []]
 
 
 def feed_dimensions(guard, points):
@@ -152,7 +154,7 @@ def test_the_console_and_trackers_say_what_crossed_and_what_to_do_and_a_notice_n
     assert added == {"Validation/drift_proxy_ratio": 2.5, "Validation/drift_guard_notices": 1.0,
                      "Validation/drift_guard_alarms": 0.0}
     assert log == ["DRIFT GUARD notice (it acts on nothing) at step 2: drift proxy 0.25 is 2.50x its baseline 0.1 "
-                   "(notice bound --drift_guard_notice_ratio 2; the alarm at 4). What to do: the samples are leaving "
+                   "(notice bound --drift_guard_notice_ratio 2; the alarm at 8). What to do: the samples are leaving "
                    "what the base model knows: lower --learning_rate, raise --kl_weight (beta), refresh the KL anchor "
                    "less often (a larger --update_ref_model_step), or go back to an earlier checkpoint "
                    "(--drift_guard rollback does it at an alarm)"]

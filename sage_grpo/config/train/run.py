@@ -84,14 +84,15 @@ class DriftGuardConfig:
     drift_guard: str = config_field(
         "off", "Drift sentinel at every validation (turns --drift_proxy on): warn (log, console, trackers), stop "
         "(checkpoint, then exit naming the bound crossed), rollback (to the newest checkpoint of a validation point "
-        "that crossed no bound; stop when it is rolled back to twice); off", choices=DRIFT_GUARD_ACTIONS)
+        "that raised neither notice nor alarm; stop when it is rolled back to twice); off", choices=DRIFT_GUARD_ACTIONS)
     drift_guard_proxy_ratio: float = config_field(
-        4.0, "Drift guard alarm bound: the drift proxy over its step-0 value (the base model's own samples)",
+        8.0, "Drift guard alarm bound: the drift proxy over its step-0 value (the base model's own samples)",
         bound="the drift-guard-bounds rule: > 1 when the drift proxy or guard is on")
     drift_guard_notice_ratio: float = config_field(
         2.0, "Drift guard notice bound (a warning that acts on nothing): the drift proxy over its step-0 value above "
-        "this, or growing so that it would pass --drift_guard_proxy_ratio within two validations; >= that bound: no "
-        "level notice", bound="the drift-guard-bounds rule: > 1 when the drift proxy or guard is on")
+        "this, or growing so that it would pass twice this within two validations; at or above "
+        "--drift_guard_proxy_ratio: the trend alone",
+        bound="the drift-guard-bounds rule: > 1 when the drift proxy or guard is on")
     drift_guard_window: int = config_field(
         3, "Drift guard: the last validation points whose means the per-dimension check compares with the start",
         bound="the drift-guard-bounds rule: >= 2 when the drift proxy or guard is on")
