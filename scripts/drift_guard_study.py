@@ -8,8 +8,9 @@
 Each run trains ``configs/toy_cpu.yaml`` (the demo) with one reward and one arm: ``none`` (no KL, ``--steps``) or
 ``demo`` (the demo's trust region, its own 25 steps), validating at step 0 and every ``--every`` steps on the 8
 held-out prompts of ``assets/toy_drift_valid.csv`` with ``--drift_guard warn`` at its defaults (1 torch thread).
-The rewards: ``toy_large`` and the four of :mod:`sage_grpo.rewards.toy_drift_rewards` the defaults were fixed on,
-and the two of :mod:`sage_grpo.rewards.toy_check_rewards` written after. The guard is replayed over each run's
+The rewards: ``toy_large`` and the four of :mod:`sage_grpo.rewards.toy_drift_rewards` the first round of defaults was
+fixed on, and the four of :mod:`sage_grpo.rewards.toy_check_rewards`: two written after the first round (the second
+round was fixed on them too), two after the second. The guard is replayed over each run's
 ``metrics.jsonl`` (:mod:`sage_grpo.toy.guard_study`; checked against what the run's own guard logged), once as
 validated and once keeping every second validation point (a run validated half as often), and compared with the toy
 world's truth. A finished run is not trained again (``--fresh`` to do so); ``--jobs N`` trains N runs at a time, each
@@ -32,7 +33,7 @@ from typing import Dict, List, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sage_grpo.rewards.registry import register_reward  # noqa: E402
-from sage_grpo.rewards.toy_check_rewards import CHECK_REWARDS, CHECK_WEIGHTS  # noqa: E402
+from sage_grpo.rewards.toy_check_rewards import CHECK_REWARDS, CHECK_WEIGHTS, SECOND_CHECK_REWARDS  # noqa: E402
 from sage_grpo.rewards.toy_drift_rewards import STUDY_REWARDS, STUDY_WEIGHTS  # noqa: E402
 from sage_grpo.rl.drift_guard import drift_watch_of  # noqa: E402
 from sage_grpo.rl.kl import NO_KL  # noqa: E402
@@ -43,9 +44,11 @@ from sage_grpo.tracking.run_dir import read_metrics, training_rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"none": dict(kl_weight=0.0), "demo": {}}  # no KL; the demo's own trust region (dual moving KL, beta 0.1)
-TUNING = ("toy_large", *STUDY_REWARDS)  # the rewards the defaults were fixed on
-CHECK = tuple(CHECK_REWARDS)  # written after the defaults were fixed
-WEIGHTS = {**{name: {name: 1.0} for name in TUNING + CHECK}, **STUDY_WEIGHTS, **CHECK_WEIGHTS}  # a mixture's terms
+TUNING = ("toy_large", *STUDY_REWARDS)  # the rewards the first round of defaults was fixed on
+CHECK = tuple(CHECK_REWARDS)  # written after the first round; the second round was fixed on these too
+SECOND_CHECK = tuple(SECOND_CHECK_REWARDS)  # written after the second round
+ALL = TUNING + CHECK + SECOND_CHECK
+WEIGHTS = {**{name: {name: 1.0} for name in ALL}, **STUDY_WEIGHTS, **CHECK_WEIGHTS}  # a mixture's terms, else the score
 DONE = "study_run.json"
 
 
@@ -70,7 +73,7 @@ def parse_args(argv=None):
     if args.quick:
         args.rewards, args.seeds, args.steps, args.demo_steps = args.rewards or ["toy_large", "toy_mix"], [0], 12, 12
         args.runs = args.runs if args.runs != str(REPO / "outputs/drift_guard_study") else args.runs + "_quick"
-    args.rewards = args.rewards or list(TUNING + CHECK)
+    args.rewards = args.rewards or list(ALL)
     unknown = [r for r in args.rewards if r not in WEIGHTS]
     if unknown:
         parser.error(f"--rewards {' '.join(unknown)}: not a reward of the study; use some of {', '.join(WEIGHTS)}")
@@ -80,7 +83,7 @@ def parse_args(argv=None):
 
 
 def register() -> None:
-    for name, cls in {**STUDY_REWARDS, **CHECK_REWARDS}.items():
+    for name, cls in {**STUDY_REWARDS, **CHECK_REWARDS, **SECOND_CHECK_REWARDS}.items():
         register_reward(name, cls)
 
 
@@ -167,8 +170,9 @@ def outcomes(args) -> Dict[str, dict]:
 
 def table(args, results: Dict[str, dict]) -> str:
     lines = []
-    for title, names in (("The rewards the defaults were fixed on", TUNING),
-                         ("The rewards written after the defaults were fixed", CHECK)):
+    for title, names in (("The rewards the first round of defaults was fixed on", TUNING),
+                         ("Written after the first round, and the second round fixed on them too", CHECK),
+                         ("Written after the second round (the defaults)", SECOND_CHECK)):
         chosen = {k: v for k, v in results.items() if v["reward"] in names}
         if not chosen:
             continue
@@ -199,7 +203,7 @@ def main(argv=None) -> int:
     atomic_write(Path(args.runs) / "drift_guard_study.json", json.dumps(
         {k: {"reward": v["reward"], "full": vars(v["full"]), "sparse": vars(v["sparse"])} for k, v in results.items()},
         indent=1))
-    if not args.quick and set(args.rewards) == set(TUNING + CHECK) and len(results) == len(runs(args)):
+    if not args.quick and set(args.rewards) == set(ALL) and len(results) == len(runs(args)):
         doc = Path(args.doc)
         atomic_write(doc, replace_generated(doc.read_text(), {"drift_guard": text}, str(doc)))
     print(text)
