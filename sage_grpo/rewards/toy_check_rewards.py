@@ -25,12 +25,10 @@ Written after the second round (fixed on those and the two above):
 
 from __future__ import annotations
 
-from typing import Dict, List
-
 import torch
 
 from sage_grpo.rewards.registry import reward_plugin
-from sage_grpo.rewards.toy_drift_rewards import StudyReward, adherence, fitted
+from sage_grpo.rewards.toy_drift_rewards import MixtureReward, StudyReward
 from sage_grpo.toy import world
 
 
@@ -46,17 +44,15 @@ class ToyEdgesReward(StudyReward):
 
 
 @reward_plugin
-class ToyBlendReward:
-    """The terms of a mixture: ``fast``, ``dark``, ``adherence`` (weigh them with ``--reward_weights``)."""
+class ToyBlendReward(MixtureReward):
+    """The terms ``fast``, ``dark``, ``adherence``."""
 
     name = "toy_blend"
     metric_names = ("fast", "dark", "adherence", "manifold_error")
 
-    def __call__(self, videos: torch.Tensor, prompts: List[str]) -> Dict[str, torch.Tensor]:
-        videos, fit = fitted(videos)
+    def terms(self, videos, fit):
         fast = (fit.raw_velocity.norm(dim=1) / world.SPEED_RANGE[1]).clamp(0, 1)
-        return {"fast": fast, "dark": (1 - fit.raw_colour.mean(dim=1)).clamp(0, 1),
-                "adherence": adherence(prompts, fit), "manifold_error": fit.error}
+        return {"fast": fast, "dark": (1 - fit.raw_colour.mean(dim=1)).clamp(0, 1)}
 
 
 @reward_plugin

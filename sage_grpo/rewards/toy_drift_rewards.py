@@ -90,17 +90,29 @@ class ToyWhiteReward(StudyReward):
         return whiteness(fit)
 
 
+class MixtureReward:
+    """The terms of a mixture (weigh them with ``--reward_weights``), the prompt adherence one of them, and the
+    manifold error; subclasses define ``name``, ``metric_names`` and ``terms``."""
+
+    name = ""
+
+    def terms(self, videos: torch.Tensor, fit: ManifoldFit) -> Dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def __call__(self, videos: torch.Tensor, prompts: List[str]) -> Dict[str, torch.Tensor]:
+        videos, fit = fitted(videos)
+        return {**self.terms(videos, fit), "adherence": adherence(prompts, fit), "manifold_error": fit.error}
+
+
 @reward_plugin
-class ToyMixReward:
-    """The terms of a mixture: ``large``, ``white``, ``adherence`` (weigh them with ``--reward_weights``)."""
+class ToyMixReward(MixtureReward):
+    """The terms ``large``, ``white``, ``adherence``."""
 
     name = "toy_mix"
     metric_names = ("large", "white", "adherence", "manifold_error")
 
-    def __call__(self, videos: torch.Tensor, prompts: List[str]) -> Dict[str, torch.Tensor]:
-        videos, fit = fitted(videos)
-        return {"large": ToyLargeReward().score(videos, fit), "white": whiteness(fit),
-                "adherence": adherence(prompts, fit), "manifold_error": fit.error}
+    def terms(self, videos, fit):
+        return {"large": ToyLargeReward().score(videos, fit), "white": whiteness(fit)}
 
 
 STUDY_REWARDS = {cls.name: cls for cls in (ToyGlowReward, ToyMotionReward, ToyWhiteReward, ToyMixReward)}
