@@ -159,16 +159,19 @@ TABLE_HEAD = ("| run (reward, arm, seed) | manifold error >= 0.15 at step | firs
 
 
 def summary(outcomes: Dict[str, Outcome]) -> str:
-    """One line: how many hacking runs were warned at least one point early, and the false alarms."""
+    """One line: how many hacking runs were warned at least one point early, the false alarms, the notices."""
     crossing = [o for o in outcomes.values() if o.crossing is not None]
     early = [o for o in crossing if o.lead is not None and o.lead[0] >= 1]
     quiet = [o for o in outcomes.values() if o.crossing is None]
     noticed = [o for o in quiet if o.first_notice is not None]
+    alarmed = [o for o in quiet if o.false_alarms]
     leads = [o.lead[0] for o in early]
+    false = (f"{len(alarmed)} raised false alarms ({sum(o.false_alarms for o in alarmed)} validation points, the "
+             f"first at manifold error {_range([o.error_at_alarm for o in alarmed])})" if alarmed else
+             "none raised a false alarm")
     return (f"{len(early)} of {len(crossing)} runs that crossed {CROSSING} were warned at least one validation point "
-            f"before (lead {min(leads, default=0)}-{max(leads, default=0)} points); "
-            f"{sum(o.false_alarms for o in outcomes.values())} false alarms in the {len(quiet)} runs that stayed "
-            f"below; notices in {len(noticed)} of them (at manifold error "
+            f"before (lead {min(leads, default=0)}-{max(leads, default=0)} points); of the {len(quiet)} runs that "
+            f"stayed below, {false}, and {len(noticed)} gave notices (the first at manifold error "
             f"{_range([o.error_at_notice for o in noticed])}; their largest {_range([o.max_error for o in noticed])})")
 
 
