@@ -42,6 +42,10 @@ def test_the_guard_stops_resumes_and_leaves_the_training_numbers_alone(tiny_root
     ratios = [row["Validation/drift_proxy_ratio"] for row in validation_rows(read_metrics(run))]
     assert [row["step"] for row in validation_rows(read_metrics(run))] == [0, 1]
     assert ratios[0] == 1.0 and ratios[1] > 2.0 and state["last_clean_step"] == 0
+    first = validation_rows(read_metrics(run))[1]  # the alarm's point: no notice, each score with its spread
+    assert (first["Validation/drift_guard_notices"], first["Validation/drift_guard_alarms"]) == (0.0, 1.0)
+    spreads = {k[len("ValidationSpread/"):] for k in first if k.startswith("ValidationSpread/")}
+    assert "avg" in spreads and all("Validation/" + key in first for key in spreads)
 
     resumed = GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, run, *FLAGS, *GUARD, "--drift_guard", "warn",
                                                            "--resume_from_checkpoint", "latest")))
