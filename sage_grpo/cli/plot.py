@@ -7,9 +7,9 @@ validation (``Validation/...`` rows), as a PNG.
 Reads only ``metrics.jsonl``; the reward is ``gathered_avg_reward_mean`` with its within-step std as a band, the
 validation prompts' training reward (``Validation/avg``) beside it and their manifold error beside the rollouts'; the
 drift proxy (``--drift_proxy``, ``--drift_guard``: the base model's denoising error of the validation samples) over its
-step-0 value beside the validation manifold error over its own, with the points where the drift guard raised an
-alarm; each held-out validation metric (``--validation_metrics``: a key the training reward does not log) gets a
-panel of its own.
+step-0 value beside the validation manifold error over its own, with the points where the drift guard gave a notice
+and raised an alarm; each held-out validation metric (``--validation_metrics``: a key the training reward does not
+log), and each dimension the guard named as fallen, gets a panel of its own with those points marked.
 """
 
 import argparse
@@ -23,7 +23,9 @@ from sage_grpo.tracking.run_dir import (manifold_error_key, metric_value, read_m
                                         validation_rows)
 
 VALIDATION = "Validation/"
-DRIFT_KEYS = tuple(VALIDATION + key for key in ("drift_proxy", "drift_proxy_ratio", "drift_guard_alarms"))
+DRIFT_KEYS = tuple(VALIDATION + key for key in ("drift_proxy", "drift_proxy_ratio", "drift_guard_alarms",
+                                                 "drift_guard_notices"))
+FELL = "DriftGuard/"  # DriftGuard/<dimension>: the drift guard saw it fall at that validation point
 
 
 def _values(rows, key, missing=math.nan):
@@ -46,6 +48,26 @@ def held_out_keys(rows, validation):
     return [k for k in keys if not k.endswith("time") and k[len(VALIDATION):] not in trained and k not in DRIFT_KEYS]
 
 
+def _proxy_findings(row, key: str) -> float:
+    """The drift guard's notices or alarms of the proxy at a validation row: its alarms less the dimensions it named
+    (each of those an alarm of its own)."""
+    count = metric_value(row, VALIDATION + key) or 0.0
+    return count - sum(1 for k in row if k.startswith(FELL)) if key == "drift_guard_alarms" else count
+
+
+def dimension_panel(validation, key: str, held_out: bool):
+    """A validation score's curve (``held_out``: a metric the training reward does not log) with the points where
+    the drift guard saw it fall marked."""
+    name = key[len(VALIDATION):]
+    series = _validation_series(validation, key, name)
+    fell = [row for row in validation if FELL + name in row and key in row]
+    if fell:
+        series.append(Series("fell (drift guard alarm)", [row["step"] for row in fell], [row[key] for row in fell],
+                             points_only=True))
+    title = f"{'held-out ' if held_out else ''}{key} of the validation prompts (mean over the prompts)"
+    return Panel(title + ("; marked: the drift guard saw it fall while the reward rose" if fell else ""), name, series)
+
+
 def drift_panel(validation, manifold_key: str):
     """The drift proxy over its step-0 value beside the validation manifold error over its own (when the reward
     reports one), and the points where the guard raised an alarm; None without the proxy."""
@@ -57,10 +79,11 @@ def drift_panel(validation, manifold_key: str):
     if truth and truth[0][1] > 0:
         series.append(Series("manifold error (truth)", [s for s, _ in truth],
                              [v / truth[0][1] for _, v in truth]))
-    alarms = [row for row in validation if row.get(VALIDATION + "drift_guard_alarms", 0) > 0]
-    if alarms:
-        series.append(Series("drift guard alarms", [row["step"] for row in alarms],
-                             [row[VALIDATION + "drift_proxy_ratio"] for row in alarms]))
+    for name, key in (("drift guard notices", "drift_guard_notices"), ("drift guard alarms", "drift_guard_alarms")):
+        marked = [row for row in validation if _proxy_findings(row, key) > 0 and VALIDATION + "drift_proxy_ratio" in row]
+        if marked:
+            series.append(Series(name, [row["step"] for row in marked],
+                                 [row[VALIDATION + "drift_proxy_ratio"] for row in marked], points_only=True))
     return Panel("drift of the validation samples, each over its step-0 value (the base model's own samples)",
                  "x step 0", series)
 
@@ -86,9 +109,11 @@ def run_panels(rows):
     if kl_keys:
         panels.append(Panel("KL to the moving anchor (kl_loss)", "KL",
                             [Series(k, steps, _values(rows, k)) for k in kl_keys]))
-    for key in held_out_keys(rows, validation):
-        panels.append(Panel(f"held-out {key} of the validation prompts (mean over the prompts)", key[len(VALIDATION):],
-                            _validation_series(validation, key, key[len(VALIDATION):])))
+    fallen = [VALIDATION + k[len(FELL):] for k in dict.fromkeys(k for row in validation for k in row)
+              if k.startswith(FELL)]
+    held_out = held_out_keys(rows, validation)
+    for key in list(dict.fromkeys(held_out + fallen)):
+        panels.append(dimension_panel(validation, key, key in held_out))
     return panels
 
 

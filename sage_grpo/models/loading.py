@@ -24,6 +24,7 @@ import torch
 from sage_grpo.checkpoint_layout import TRANSFORMER_FILE
 from sage_grpo.models import layout
 from sage_grpo.models.attention import install_joint_attention
+from sage_grpo.models.checksums import verify_checksums
 from sage_grpo.models.config_fields import check_component_configs
 from sage_grpo.models.checksums import verify_checksums
 from sage_grpo.safe_io import CheckpointError, read_json_object, shard_names

@@ -16,11 +16,12 @@ from torch import Tensor
 from sage_grpo.config.validation import ConfigError
 from sage_grpo.models.text_encoding import PromptEmbeds
 from sage_grpo.pipeline.drift_proxies import DEFAULT_DRIFT_PROXY, drift_proxy
-from sage_grpo.pipeline.validation import PREFIX as VALIDATION_PREFIX
+from sage_grpo.pipeline.validation import PREFIX as VALIDATION_PREFIX, SPREAD_PREFIX
 from sage_grpo.pipeline.velocity import cfg_velocity
 from sage_grpo.rewards.scorers import MetricPlan, held_out_key_test
 from sage_grpo.rl.drift import VelocityFn, denoising_errors, gaussian_path_kl, proxy_noise
-from sage_grpo.rl.drift_guard import Alarm, DriftGuard, DriftWatch
+from sage_grpo.rl.drift_guard import DriftGuard, DriftWatch
+from sage_grpo.rl.drift_rules import ALARM, Finding
 from sage_grpo.sde.schedule import NUM_TRAIN_TIMESTEPS
 
 
@@ -84,9 +85,9 @@ class DriftProxyMetric:
 
 def check_watched_metrics(watch: DriftWatch, plan: Optional[MetricPlan]) -> None:
     """Every ``--drift_guard_heldout`` key is one the held-out ``--validation_metrics`` (``plan``) log; checked
-    before any model loads."""
+    before any model loads (unset, or ``none``: nothing named)."""
     logged = held_out_key_test(plan)
-    unknown = [key for key in watch.heldout if not logged(key)]
+    unknown = [key for key in watch.heldout or () if not logged(key)]
     if unknown:
         raise ConfigError(f"[drift-guard-heldout] --drift_guard_heldout {' '.join(unknown)}: not a higher-is-better key "
                           f"that the held-out metrics of --validation_metrics "
@@ -100,16 +101,36 @@ class DriftGuardStop(RuntimeError):
     bounds crossed."""
 
 
+DIMENSION_PREFIX = "DriftGuard/"  # DriftGuard/<dimension>: 1.0 at a validation point where the dimension fell
+
+
+def watched_dimensions(watch: DriftWatch, metrics: Dict[str, float]) -> Dict[str, Tuple[float, Optional[float]]]:
+    """{dimension: (its value, its spread over the validation videos or None)} of a validation point's ``metrics``:
+    the ``--drift_guard_heldout`` keys, or when none are named every score of the validation videos (a key with a
+    ``ValidationSpread/`` entry: each sub-reward of the training reward and each held-out metric) but ``avg`` (the
+    training reward itself) and a manifold error (the toy world's truth, which a real run lacks)."""
+    if watch.heldout is not None:
+        names = watch.heldout
+    else:
+        names = [key[len(SPREAD_PREFIX):] for key in metrics if key.startswith(SPREAD_PREFIX)]
+        names = [name for name in names if name != "avg" and not name.endswith("manifold_error")]
+    return {name: (metrics[VALIDATION_PREFIX + name], metrics.get(SPREAD_PREFIX + name)) for name in names
+            if VALIDATION_PREFIX + name in metrics}
+
+
 class DriftSentinel:
     """``--drift_guard``'s actions on what :class:`~sage_grpo.rl.drift_guard.DriftGuard` decides at each validation
     point (docs/failures.md, "Drift guard"). It sees only the validation metrics, the same dict on every rank, so every
     rank decides alike, and what it does it does through the trainer's own ``save`` and ``roll_back``.
 
-    * ``warn``: the alarm goes to the log and the console (``DRIFT GUARD`` lines) and to the trackers
-      (``Validation/drift_guard_alarms``, the number of bounds crossed at the point); training goes on.
-    * ``stop``: a checkpoint of the current step, then :class:`DriftGuardStop` naming what crossed which bound.
-    * ``rollback``: the weights, optimizer, KL controller, anchor and EMA of the newest checkpoint at or before the last
-      validation point that crossed no bound (the anchor itself is no rollback target: refreshed every
+    * every finding: a ``DRIFT GUARD`` line in the log and on the console (what crossed which bound, and what a user
+      can do), and the trackers' ``Validation/drift_guard_notices`` and ``Validation/drift_guard_alarms`` (how many
+      at the point) and ``DriftGuard/<dimension>`` (1.0 where that dimension fell); ``run.png`` marks them;
+    * ``warn``: nothing more; training goes on. A notice never does more than this, whatever the action.
+    * ``stop`` (at an alarm): a checkpoint of the current step, then :class:`DriftGuardStop` naming what crossed which
+      bound.
+    * ``rollback`` (at an alarm): the weights, optimizer, KL controller, anchor and EMA of the newest checkpoint at or
+      before the last validation point that raised no alarm (the anchor itself is no rollback target: refreshed every
       ``--update_ref_model_step`` updates, far more often than validation, it has followed the policy into the drift
       by the time an alarm fires); the step counters go on, so the data and the noise after it are new. Rolling back
       to the same checkpoint twice, or having none, stops as ``stop`` does.
@@ -138,28 +159,35 @@ class DriftSentinel:
         if self.guard is not None:
             self.guard.record_reward(metrics["gathered_avg_reward_mean"])
 
-    def observe(self, step: int, metrics: Dict[str, float]) -> Tuple[Dict[str, float], List[Alarm]]:
-        """(the metrics it adds to the validation row, the alarms to act on) of the validation point at ``step``."""
+    def observe(self, step: int, metrics: Dict[str, float]) -> Tuple[Dict[str, float], List[Finding]]:
+        """(the metrics it adds to the validation row, the notices and alarms) of the validation point at ``step``."""
         if self.guard is None:
             return {}, []
         proxy = metrics.get(VALIDATION_PREFIX + "drift_proxy")
         if proxy is not None and self.guard.proxy_baseline is None and step > 0:
             self.log(f"note: the drift proxy's baseline is its value at step {step}, the first validation point of "
                      "this run (resumed from a checkpoint without one), not the base model's own samples")
-        held_out = {key: metrics[VALIDATION_PREFIX + key] for key in self.watch.heldout
-                    if VALIDATION_PREFIX + key in metrics}
-        alarms = self.guard.observe(step, proxy, held_out)
+        dimensions = watched_dimensions(self.watch, metrics)
+        findings = self.guard.observe(step, proxy, {name: value for name, (value, _) in dimensions.items()},
+                                      {name: spread for name, (_, spread) in dimensions.items() if spread is not None})
         added = {VALIDATION_PREFIX + "drift_proxy_ratio": self.guard.proxy_ratio(proxy)} if proxy is not None else {}
         if not self.watch.guarded:
             return added, []
+        alarms = [finding for finding in findings if finding.level == ALARM]
+        added[VALIDATION_PREFIX + "drift_guard_notices"] = float(len(findings) - len(alarms))
         added[VALIDATION_PREFIX + "drift_guard_alarms"] = float(len(alarms))
-        for alarm in alarms:
-            self.log(f"DRIFT GUARD ({self.watch.action}) at step {step}: {alarm.message}")
-        return added, alarms
+        for finding in findings:
+            if finding.dimension is not None:
+                added[DIMENSION_PREFIX + finding.dimension] = 1.0
+            acts = f" ({self.watch.action})" if finding.level == ALARM else " notice (it acts on nothing)"
+            self.log(f"DRIFT GUARD{acts} at step {step}: {finding.message}. What to do: {finding.advice}")
+        return added, findings
 
-    def act(self, step: int, alarms: List[Alarm], checkpoints: Callable[[], Dict[int, Path]],
+    def act(self, step: int, findings: List[Finding], checkpoints: Callable[[], Dict[int, Path]],
             save: Callable[[], Path], roll_back: Callable[[Path], None]) -> None:
-        """Carry out the action on ``alarms`` (none: nothing); ``checkpoints()``: the run's, step -> directory."""
+        """Carry out the action on the alarms among ``findings`` (none: nothing; a notice never acts);
+        ``checkpoints()``: the run's, step -> directory."""
+        alarms = [finding for finding in findings if finding.level == ALARM]
         if not alarms or self.watch.action == "warn":
             return
         crossed = "; ".join(alarm.message for alarm in alarms)
@@ -170,7 +198,7 @@ class DriftSentinel:
                 self.guard.rolled_back(target)
                 roll_back(checkpoints[target])
                 self.log(f"DRIFT GUARD: rolled back to {checkpoints[target]} (the newest checkpoint at or before the "
-                         f"last validation point that crossed no bound, step {self.guard.last_clean_step}); training "
+                         f"last validation point that raised no alarm, step {self.guard.last_clean_step}); training "
                          f"goes on from step {step}")
                 return
             crossed += ("; nothing to roll back to (no checkpoint at or before a validation point that crossed no "

@@ -12,7 +12,8 @@ same videos at every validation. The main process decodes the videos, writes the
 hands them to the trackers. Then every **validation metric** measures the samples:
 
 * the training reward and each of its sub-rewards (:class:`VideoScoreMetric` of the trainer's reward:
-  ``Validation/avg``, ``Validation/<reward key>``);
+  ``Validation/avg``, ``Validation/<reward key>``, and how much the videos differ in each,
+  ``ValidationSpread/<key>``);
 * the held-out scorers ``--validation_metrics`` names (CLIPScore, PickScore, VideoAlign, any registered reward:
   :class:`sage_grpo.rewards.scorers.Scorers`, the evaluation command's own);
 * whatever is added with :meth:`Validator.add_metric`.
@@ -60,6 +61,7 @@ from sage_grpo.tracking.trackers import LoggedVideo
 from sage_grpo.video_io import sanitize_name, write_video
 
 PREFIX = "Validation/"
+SPREAD_PREFIX = "ValidationSpread/"  # a per-video score's standard deviation over the validation videos
 DEFAULT_VALIDATION_PROMPT = "A beautiful sunset over the ocean with waves gently crashing on the shore"
 
 
@@ -122,6 +124,18 @@ def mean_over_videos(scores: List[Dict[str, float]]) -> Dict[str, float]:
     return means
 
 
+def spread_over_videos(scores: List[Dict[str, float]]) -> Dict[str, float]:
+    """{``ValidationSpread/<key>``: the standard deviation (population) of the finite values} over per-video score
+    dicts (NaN when a key has fewer than two): how much the validation videos differ in that score, the yardstick of
+    the drift guard's per-dimension check (:mod:`sage_grpo.rl.drift_rules`)."""
+    spreads = {}
+    for key, mean in mean_over_videos(scores).items():
+        finite = [row[key] for row in scores if key in row and math.isfinite(row[key])]
+        spreads[SPREAD_PREFIX + key] = (math.sqrt(sum((v - mean) ** 2 for v in finite) / len(finite))
+                                        if len(finite) > 1 else math.nan)
+    return spreads
+
+
 def per_video(reward_fn: Callable) -> Callable[[Tensor, str], Dict[str, float]]:
     """A reward callable (``fn(videos (B, 3, F, H, W), prompts) -> {key: (B,)}``, the trainer's reward) as a scorer of
     one video ``(3, F, H, W)`` and its prompt."""
@@ -135,7 +149,8 @@ def per_video(reward_fn: Callable) -> Callable[[Tensor, str], Dict[str, float]]:
 class VideoScoreMetric:
     """A per-video scorer (``score(video (3, F, H, W), prompt) -> {key: float}``: the training reward through
     :func:`per_video`, or the held-out :class:`~sage_grpo.rewards.scorers.Scorers`) over the validation videos, one
-    video per call (their sizes may differ: image-to-video buckets); the mean over the prompts."""
+    video per call (their sizes may differ: image-to-video buckets); the mean over the prompts, and the spread over
+    them (:func:`spread_over_videos`)."""
 
     main_only, needs_trajectories = True, False
 
@@ -144,7 +159,8 @@ class VideoScoreMetric:
 
     @torch.no_grad()
     def __call__(self, samples: ValidationSamples) -> Dict[str, float]:
-        return mean_over_videos([self.score(sample.video, sample.item.prompt) for sample in samples.samples])
+        scores = [self.score(sample.video, sample.item.prompt) for sample in samples.samples]
+        return {**mean_over_videos(scores), **spread_over_videos(scores)}
 
 
 @dataclass(frozen=True)

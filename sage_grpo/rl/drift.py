@@ -1,7 +1,7 @@
 """Drift proxies: how far a policy's samples have moved off the pre-trained model's data manifold, measured with what
 a real run has (the frozen base model, the samples, the prompts) and no ground truth.
 
-The candidates (issue 34), as pure functions of tensors and a velocity callable so that tests feed them hand-built
+The candidates, as pure functions of tensors and a velocity callable so that tests feed them hand-built
 fields and the trainer feeds them the base transformer:
 
 * **Base denoising error** (:func:`denoising_errors`, the proxy the trainer logs): noise a finished sample x0 to

@@ -23,6 +23,7 @@ class Series:
     x: Sequence[float]
     y: Sequence[float]
     band: Optional[Sequence[float]] = None  # half-width of a shaded band around y (e.g. the std over seeds)
+    points_only: bool = False  # markers at the points, no line between them (events such as alarms)
 
 
 @dataclass
@@ -107,10 +108,11 @@ def plot_panels(panels: Sequence[Panel], path, *, title: str = "", width: int = 
                 if len(upper) > 1:
                     shade = tuple(int(255 - 0.25 * (255 - c)) for c in colour)
                     draw.polygon(upper + lower[::-1], fill=shade)
-            if len(points) > 1:
+            if len(points) > 1 and not series.points_only:
                 draw.line(points, fill=colour, width=2)
+            size = 5 if series.points_only else 2
             for px, py in points:
-                draw.ellipse((px - 2, py - 2, px + 2, py + 2), fill=colour)
+                draw.ellipse((px - size, py - size, px + size, py + size), fill=colour)
             legend_y = box[1] + 4 + 14 * number
             draw.line((box[2] - 170, legend_y + 6, box[2] - 150, legend_y + 6), fill=colour, width=3)
             draw.text((box[2] - 145, legend_y), series.name[:24], fill="black")

@@ -36,13 +36,17 @@ def test_the_guard_stops_resumes_and_leaves_the_training_numbers_alone(tiny_root
     trainer = GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, run, *FLAGS, *GUARD, "--drift_guard", "stop")))
     assert trainer.models.base is not None  # the moving anchor: the proxy holds a frozen copy of the base
     stopped = (r"^--drift_guard stop stopped the run at step 1: drift proxy .* is \d+\.\d\dx its baseline .* "
-               r"\(bound --drift_guard_proxy_ratio 4\)\. The weights of this step are in .*checkpoint-1$")
+               r"\(bound --drift_guard_proxy_ratio 8\)\. The weights of this step are in .*checkpoint-1$")
     with pytest.raises(drift.DriftGuardStop, match=stopped):
         trainer.train()
     state = load_plain(run / "checkpoint-1" / "training_state.pt", "training state")["drift_guard"]
     ratios = [row["Validation/drift_proxy_ratio"] for row in validation_rows(read_metrics(run))]
     assert [row["step"] for row in validation_rows(read_metrics(run))] == [0, 1]
     assert ratios[0] == 1.0 and ratios[1] > 2.0 and state["last_clean_step"] == 0
+    first = validation_rows(read_metrics(run))[1]  # the alarm's point: no notice, each score with its spread
+    assert (first["Validation/drift_guard_notices"], first["Validation/drift_guard_alarms"]) == (0.0, 1.0)
+    spreads = {k[len("ValidationSpread/"):] for k in first if k.startswith("ValidationSpread/")}
+    assert "avg" in spreads and all("Validation/" + key in first for key in spreads)
 
     resumed = GRPOTrainer(parse_cli(TrainConfig, tiny_args(tiny_root, run, *FLAGS, *GUARD, "--drift_guard", "warn",
                                                            "--resume_from_checkpoint", "latest")))

@@ -8,7 +8,8 @@ import torch
 
 from sage_grpo.rl.drift import (denoising_errors, energy_distance, gaussian_path_kl, paired_rms, proxy_noise,
                                 spearman)
-from sage_grpo.rl.drift_guard import Alarm, DriftGuard, GuardBounds, drift_watch_of, fitted_change
+from sage_grpo.rl.drift_guard import DriftGuard, GuardBounds, drift_watch_of
+from sage_grpo.rl.drift_rules import Finding
 
 
 def point_mass_velocity(center: torch.Tensor):
@@ -104,28 +105,32 @@ def feed(guard, step, rewards, proxy=None, heldout=None):
 def test_proxy_bound_is_a_ratio_to_the_first_point():
     guard = DriftGuard(BOUNDS)
     assert feed(guard, 0, [], proxy=0.01) == []  # the step-0 point: the base model's samples, the baseline
-    assert feed(guard, 2, [0.4, 0.5], proxy=0.019) == []
+    assert feed(guard, 2, [0.4, 0.5], proxy=0.012) == []  # 1.2x, and at that growth 1.73x two points on
     assert guard.last_clean_step == 2
     alarms = feed(guard, 4, [0.6], proxy=0.025)
-    assert alarms == [Alarm(4, "proxy", "drift proxy 0.025 is 2.50x its baseline 0.01 (bound "
+    assert alarms == [Finding(4, "proxy", "drift proxy 0.025 is 2.50x its baseline 0.01 (bound "
                                         "--drift_guard_proxy_ratio 2)")]
     assert guard.last_clean_step == 2
 
 
-def test_reward_rising_while_heldout_falls_over_the_window():
+def test_reward_rising_while_heldout_falls_below_its_start():
     guard = DriftGuard(BOUNDS)
     feed(guard, 0, [], heldout={"adherence": 0.65})
     assert feed(guard, 2, [0.4], heldout={"adherence": 0.65}) == []
     assert feed(guard, 4, [0.6], heldout={"adherence": 0.6}) == []  # two points: no window yet
-    # rewards 0.4, 0.6, 0.8: fitted change 0.4; adherence 0.65, 0.6, 0.5: slope ((-1)(0.0667) + (1)(-0.0833)) / 2 =
-    # -0.075, change -0.15; bound 0.05 x |0.65| (its first value, at step 0) = 0.0325
+    # the window's means: rewards (0.4 + 0.6 + 0.8) / 3 = 0.6 against the first step's 0.4; adherence (0.65 + 0.6 +
+    # 0.5) / 3 = 0.5833, 0.0667 below its first 0.65; bound 0.05 x |0.65| = 0.0325 (no spread given)
     alarms = feed(guard, 6, [0.7, 0.9], heldout={"adherence": 0.5})
-    assert [a.check for a in alarms] == ["reward_vs_heldout"]
-    assert alarms[0].message == ("over steps 2-6 the training reward rose by 0.4 (bound --drift_guard_reward_rise 0) "
-                                 "while adherence fell by 0.15 (bound --drift_guard_heldout_fall 0.05 x |0.65| = "
-                                 "0.0325)")
-    # the held-out metric recovering, or the reward falling, ends it
-    assert feed(guard, 8, [0.9], heldout={"adherence": 0.66}) == []
+    assert [a.check for a in alarms] == ["reward_vs_heldout"] and alarms[0].dimension == "adherence"
+    assert alarms[0].message == ("over the validation points of steps 2-6 the training reward rose by 0.2 from the "
+                                 "first step's 0.4 (bound --drift_guard_reward_rise 0) while adherence averaged "
+                                 "0.5833, 0.06667 below its 0.65 at the first validation point; above "
+                                 "--drift_guard_heldout_fall 0.05 x |0.65| = 0.0325")
+    # the held-out metric back above its start over the window, or the reward back at its start, ends it
+    assert [len(feed(guard, s, [0.9], heldout={"adherence": 0.7})) for s in (8, 10, 12)] == [1, 0, 0]
+    assert feed(guard, 14, [0.4], heldout={"adherence": 0.5}) == []  # rewards 0.9, 0.9, 0.4: still up 0.33...
+    assert [a.dimension for a in feed(guard, 16, [0.4], heldout={"adherence": 0.5})] == ["adherence"]
+    assert feed(guard, 18, [0.0], heldout={"adherence": 0.5}) == []  # rewards 0.4, 0.4, 0.0: below the start
 
 
 def test_a_failed_reward_step_and_a_flat_reward_raise_nothing():
@@ -134,12 +139,6 @@ def test_a_failed_reward_step_and_a_flat_reward_raise_nothing():
     for step, value in ((2, 0.9), (4, 0.8), (6, 0.7)):
         assert feed(guard, step, [0.5, float("nan")], heldout={"m": value}) == []  # reward flat at 0.5
     assert guard.points[-1]["reward"] == 0.5
-
-
-def test_fitted_change_by_hand():
-    assert fitted_change([0.0, 1.0]) == pytest.approx(1.0)
-    assert fitted_change([0.4, 0.6, 0.8]) == pytest.approx(0.4)
-    assert fitted_change([1.0, 0.0, 1.0]) == pytest.approx(0.0)  # one point in the middle does not decide
 
 
 def test_guard_state_resumes_exactly():
@@ -225,9 +224,13 @@ def test_warn_logs_and_reports_the_alarm_and_goes_on():
     guard, log = sentinel("warn")
     run = Run([2])
     added = points(guard, run, [0.1, 0.15, 0.25])
-    assert added == {"Validation/drift_proxy_ratio": pytest.approx(2.5), "Validation/drift_guard_alarms": 1.0}
-    assert log == ["DRIFT GUARD (warn) at step 4: drift proxy 0.25 is 2.50x its baseline 0.1 (bound "
-                   "--drift_guard_proxy_ratio 2)"]
+    assert added == {"Validation/drift_proxy_ratio": pytest.approx(2.5), "Validation/drift_guard_notices": 0.0,
+                     "Validation/drift_guard_alarms": 1.0}
+    assert log == [("DRIFT GUARD (warn) at step 4: drift proxy 0.25 is 2.50x its baseline 0.1 (bound "
+                      "--drift_guard_proxy_ratio 2). What to do: the samples are leaving what the base model knows: "
+                      "lower --learning_rate, raise --kl_weight (beta), refresh the KL anchor less often (a larger "
+                      "--update_ref_model_step), or go back to an earlier checkpoint (--drift_guard rollback does it "
+                      "at an alarm)")]
     assert run.calls == []
 
 
@@ -252,7 +255,7 @@ def test_rollback_goes_to_the_newest_clean_checkpoint_once_then_stops():
     points(guard, run, [0.1, 0.15, 0.18, 0.3])
     assert run.calls == [("roll_back", Path("run/checkpoint-4"))]
     assert log[-1] == ("DRIFT GUARD: rolled back to run/checkpoint-4 (the newest checkpoint at or before the last "
-                       "validation point that crossed no bound, step 4); training goes on from step 6")
+                       "validation point that raised no alarm, step 4); training goes on from step 6")
     assert guard.guard.rollbacks == [4]
     guard.record_step({"gathered_avg_reward_mean": 0.5})
     _, alarms = guard.observe(8, {"Validation/drift_proxy": 0.35})
@@ -330,8 +333,14 @@ def test_the_drift_flags_are_checked_and_decided_once():
         "guard are off"]
     with pytest.raises(ConfigError, match=r"^\[drift-proxy-sigmas\] --drift_proxy_sigmas \[0.5, 1.0\] must be"):
         check(drift_proxy=True, drift_proxy_sigmas=[0.5, 1.0])
-    with pytest.raises(ConfigError, match=r"--drift_guard_proxy_ratio 1.0 > 1 \(the step-0 point is 1"):
+    with pytest.raises(ConfigError, match=r"--drift_guard_proxy_ratio 1.0 and --drift_guard_notice_ratio 2.0 > 1 "
+                                          r"\(the step-0 point is 1"):
         check(drift_guard="stop", drift_guard_proxy_ratio=1.0)
+    with pytest.raises(ConfigError, match=r"--drift_guard_notice_ratio 0.5 > 1 .* --drift_guard_dimension_fall -1.0 "
+                                          r">= 0\. Fix: use the defaults \(3, 8.0, 2.0, 0.05, 1.0\)"):
+        check(drift_guard="warn", drift_guard_notice_ratio=0.5, drift_guard_dimension_fall=-1.0)
+    with pytest.raises(ConfigError, match=r"^\[drift-guard-heldout\] --drift_guard_heldout none clipscore: 'none' "):
+        check(drift_guard="warn", drift_guard_heldout=["none", "clipscore"])
     check(drift_proxy_sigmas=[2.0], validation_interval=0)  # nothing watched: the drift flags are not read
 
     def watch(**flags):

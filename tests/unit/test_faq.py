@@ -18,12 +18,15 @@ from trust_support import write_checkpoint_two
 from sage_grpo.cli import train as train_cli
 from sage_grpo.config import ConfigError
 from sage_grpo.config.train import TrainConfig
+from sage_grpo.pipeline.drift import DriftSentinel
 from sage_grpo.pipeline.failed_steps import count_failed_step, step_failures
 from sage_grpo.plan import report as plan_report
 from sage_grpo.rewards.remote import RemoteReward, RemoteRewardError
 from sage_grpo.rewards.serving import RewardService, ServerLimits
 from sage_grpo.rewards.setup import RewardFailure
 from sage_grpo.rewards.toys import ToySuiteReward
+from sage_grpo.rl import NO_KL
+from sage_grpo.rl.drift_guard import drift_watch_of
 from sage_grpo.startup.threads import apply_cpu_thread_policy
 from sage_grpo.tracking.run_lock import LOCK_FILE, acquire_run_lock, check_lock_free, release_run_locks, this_process
 
@@ -104,6 +107,17 @@ def requeue(tmp_path, monkeypatch, capsys):
     return f"note: {notes[0]}"
 
 
+def drift_alarm(tmp_path, monkeypatch, capsys):
+    cfg = TrainConfig.of(drift_guard="warn")
+    lines = []
+    validator = type("Validator", (), {"add_metric": lambda self, metric: None})()
+    sentinel = DriftSentinel(drift_watch_of(cfg.drift, 1, False, NO_KL), validator, lines.append)
+    sentinel.observe(0, {"Validation/drift_proxy": 0.1})
+    sentinel.record_step({"gathered_avg_reward_mean": 0.5})
+    sentinel.observe(2, {"Validation/drift_proxy": 0.9})  # 9x the baseline: past the alarm bound (8)
+    return next(line for line in lines if line.startswith("DRIFT GUARD (warn)"))
+
+
 def cpu_threads(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
@@ -115,7 +129,7 @@ def cpu_threads(tmp_path, monkeypatch, capsys):
 
 PRODUCERS = {"memory-plan": memory_plan, "resume-refused": resume_refused, "run-folder-held": run_folder_held,
              "nan-stop": nan_stop, "reward-server-401": reward_server_401, "reward-server-413": reward_server_413,
-             "requeue": requeue, "cpu-threads": cpu_threads}
+             "requeue": requeue, "cpu-threads": cpu_threads, "drift-alarm": drift_alarm}
 
 
 def test_every_message_on_the_page_has_its_producer():

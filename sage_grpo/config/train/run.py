@@ -84,23 +84,34 @@ class DriftGuardConfig:
     drift_guard: str = config_field(
         "off", "Drift sentinel at every validation (turns --drift_proxy on): warn (log, console, trackers), stop "
         "(checkpoint, then exit naming the bound crossed), rollback (to the newest checkpoint of a validation point "
-        "that crossed no bound; stop when it is rolled back to twice); off", choices=DRIFT_GUARD_ACTIONS)
+        "that raised neither notice nor alarm; stop when it is rolled back to twice); off", choices=DRIFT_GUARD_ACTIONS)
     drift_guard_proxy_ratio: float = config_field(
-        4.0, "Drift guard bound: the drift proxy over its step-0 value (the base model's own samples)",
+        8.0, "Drift guard alarm bound: the drift proxy over its step-0 value (the base model's own samples)",
+        bound="the drift-guard-bounds rule: > 1 when the drift proxy or guard is on")
+    drift_guard_notice_ratio: float = config_field(
+        2.0, "Drift guard notice bound (a warning that acts on nothing): the drift proxy over its step-0 value above "
+        "this, or growing so that it would pass twice this within two validations; at or above "
+        "--drift_guard_proxy_ratio: the trend alone",
         bound="the drift-guard-bounds rule: > 1 when the drift proxy or guard is on")
     drift_guard_window: int = config_field(
-        3, "Drift guard: the validation points over which the training reward and the held-out metrics are compared",
+        3, "Drift guard: the last validation points whose means the per-dimension check compares with the start",
         bound="the drift-guard-bounds rule: >= 2 when the drift proxy or guard is on")
     drift_guard_heldout: Optional[List[str]] = config_field(
-        None, "Drift guard: the held-out validation metrics (keys --validation_metrics logs, higher is better: "
-        "clipscore, pickscore, Overall, ...) whose fall while the training reward rises is an alarm; unset: none",
-        nargs="+")
+        None, "Drift guard: the dimensions whose fall while the training reward rises is an alarm naming them; unset: "
+        "every score of the validation videos (each sub-reward of the training reward, e.g. VideoAlign's VQ, MQ, TA, "
+        "and each held-out --validation_metrics key; not avg, not a manifold error); held-out keys (clipscore, "
+        "pickscore, Overall, ...): only those; none: no dimension", nargs="+")
     drift_guard_reward_rise: float = config_field(
-        0.0, "Drift guard bound: a training-reward rise over the window above this, while a held-out metric falls, "
-        "is an alarm", bound=NON_NEGATIVE)
+        0.0, "Drift guard bound: the training reward's rise since the first step (its mean over the window's "
+        "validation intervals) above which a fallen dimension is an alarm", bound=NON_NEGATIVE)
     drift_guard_heldout_fall: float = config_field(
-        0.05, "Drift guard bound: a --drift_guard_heldout metric falling over the window by more than this fraction "
-        "of its first value, while the training reward rises, is an alarm",
+        0.05, "Drift guard bound: a watched dimension whose mean over the window fell below its first value by more "
+        "than this fraction of it (and by --drift_guard_dimension_fall), while the training reward rose, is an alarm",
+        bound="the drift-guard-bounds rule: >= 0 when the drift proxy or guard is on")
+    drift_guard_dimension_fall: float = config_field(
+        1.0, "Drift guard bound: a watched dimension whose mean over the window fell below its first value by more "
+        "than this many times its standard deviation over the first validation's videos (the base model's), and by "
+        "--drift_guard_heldout_fall, while the training reward rose, is an alarm",
         bound="the drift-guard-bounds rule: >= 0 when the drift proxy or guard is on")
 
 
