@@ -28,8 +28,9 @@ TREND_TARGET = 2.0  # ... of this many times the notice bound
 PROXY_ADVICE = ("the samples are leaving what the base model knows: lower --learning_rate, raise --kl_weight (beta), "
                 "refresh the KL anchor less often (a larger --update_ref_model_step), or go back to an earlier "
                 "checkpoint (--drift_guard rollback does it at an alarm)")
-DIMENSION_ADVICE = ("the reward is earned at the cost of {name}: give it more weight (--reward_weights), lower "
-                    "--learning_rate, raise --kl_weight (beta), or go back to an earlier checkpoint")
+DIMENSION_ADVICE = ("the reward is earned at the cost of {name}: give it more weight in the training reward "
+                    "(--reward_weights; a held-out metric joins it there first), lower --learning_rate, raise "
+                    "--kl_weight (beta), or go back to an earlier checkpoint")
 
 
 @dataclass(frozen=True)
