@@ -149,10 +149,14 @@ def test_run_directory_contents(tiny_root, tmp_path):
     baseline, validation = validation_rows(read_metrics(run))  # the proxy's baseline: the base model's samples
     assert baseline["step"] == 0 and baseline["Validation/drift_proxy"] > 0
     assert validation["step"] == 2 and validation["Validation/avg"] == validation["Validation/target_color"]
-    assert {"Validation/clipscore", "Validation/clip_flowgrpo", "Validation/clip_cosine", "Validation/pickscore", "Validation/pickscore_cosine",
-            "Validation/drift_proxy", "Validation/drift_proxy_ratio", "Validation/sampling_time",
-            "Validation/reward_time", "Validation/held_out_time", "Validation/drift_proxy_time", "Validation/time"
-            } == set(validation) - {"step", "Validation/avg", "Validation/target_color"}
+    scores = {"Validation/clipscore", "Validation/clip_flowgrpo", "Validation/clip_cosine", "Validation/pickscore",
+              "Validation/pickscore_cosine"}
+    spreads = {key for key in validation if key.startswith("ValidationSpread/")}  # each score's spread over the videos
+    assert spreads == {"ValidationSpread/" + key[len("Validation/"):]
+                       for key in scores | {"Validation/avg", "Validation/target_color"}}
+    assert scores | {"Validation/drift_proxy", "Validation/drift_proxy_ratio", "Validation/sampling_time",
+                     "Validation/reward_time", "Validation/held_out_time", "Validation/drift_proxy_time",
+                     "Validation/time"} == set(validation) - {"step", "Validation/avg", "Validation/target_color"} - spreads
     assert validation["Validation/drift_proxy_ratio"] == pytest.approx(
         validation["Validation/drift_proxy"] / baseline["Validation/drift_proxy"], rel=1e-12)
     before = weights(trainer)
