@@ -312,13 +312,19 @@ def _check_drift_options(drift: DriftGuardConfig, validation_interval: int) -> L
     if not drift.drift_proxy_sigmas or not all(0.0 < s < 1.0 for s in drift.drift_proxy_sigmas):
         _fail("drift-proxy-sigmas", f"--drift_proxy_sigmas {drift.drift_proxy_sigmas} must be one or more noise "
               "levels in (0, 1)", "use --drift_proxy_sigmas 0.5 0.75 0.9 (the default)")
-    if (drift.drift_guard_window < 2 or drift.drift_guard_proxy_ratio <= 1 or drift.drift_guard_notice_ratio <= 1
-            or drift.drift_guard_heldout_fall < 0 or drift.drift_guard_dimension_fall < 0):
-        _fail("drift-guard-bounds", f"--drift_guard_window {drift.drift_guard_window} must be >= 2, "
-              f"--drift_guard_proxy_ratio {drift.drift_guard_proxy_ratio} and --drift_guard_notice_ratio "
-              f"{drift.drift_guard_notice_ratio} > 1 (the step-0 point is 1 by definition), --drift_guard_heldout_fall "
-              f"{drift.drift_guard_heldout_fall} and --drift_guard_dimension_fall {drift.drift_guard_dimension_fall} "
-              ">= 0", "use the defaults (3, 8.0, 2.0, 0.05, 1.0)")
+    wrong = [f"--{name} {value:g} must be {rule}" for name, value, rule, ok in (
+        ("drift_guard_window", drift.drift_guard_window, ">= 2", drift.drift_guard_window >= 2),
+        ("drift_guard_proxy_ratio", drift.drift_guard_proxy_ratio, "> 1 (the step-0 point is 1 by definition)",
+         drift.drift_guard_proxy_ratio > 1),
+        ("drift_guard_notice_ratio", drift.drift_guard_notice_ratio, "> 1 (the step-0 point is 1 by definition)",
+         drift.drift_guard_notice_ratio > 1),
+        ("drift_guard_heldout_fall", drift.drift_guard_heldout_fall, ">= 0", drift.drift_guard_heldout_fall >= 0),
+        ("drift_guard_dimension_fall", drift.drift_guard_dimension_fall, ">= 0", drift.drift_guard_dimension_fall >= 0),
+    ) if not ok]
+    if wrong:
+        _fail("drift-guard-bounds", "; ".join(wrong), "use the defaults (--drift_guard_window 3, "
+              "--drift_guard_proxy_ratio 8, --drift_guard_notice_ratio 2, --drift_guard_heldout_fall 0.05, "
+              "--drift_guard_dimension_fall 1)")
     if drift.drift_guard_heldout and "none" in drift.drift_guard_heldout and len(drift.drift_guard_heldout) > 1:
         _fail("drift-guard-heldout", f"--drift_guard_heldout {' '.join(drift.drift_guard_heldout)}: 'none' (no "
               "dimension watched) goes alone", "use --drift_guard_heldout none, or name the keys without it")
