@@ -28,12 +28,13 @@ from __future__ import annotations
 import torch
 
 from sage_grpo.rewards.plugins import reward_plugin
-from sage_grpo.rewards.toy_drift_rewards import MixtureReward, StudyReward
+from sage_grpo.rewards.toy_drift_rewards import MixtureReward
+from sage_grpo.rewards.toys import ToyWorldReward
 from sage_grpo.toy import world
 
 
 @reward_plugin
-class ToyEdgesReward(StudyReward):
+class ToyEdgesReward(ToyWorldReward):
     name = "toy_edges"
     metric_names = ("toy_edges", "manifold_error", "prompt_adherence")
 
@@ -56,7 +57,7 @@ class ToyBlendReward(MixtureReward):
 
 
 @reward_plugin
-class ToyContrastReward(StudyReward):
+class ToyContrastReward(ToyWorldReward):
     name = "toy_contrast"
     metric_names = ("toy_contrast", "manifold_error", "prompt_adherence")
 
@@ -66,7 +67,7 @@ class ToyContrastReward(StudyReward):
 
 
 @reward_plugin
-class ToyCentreReward(StudyReward):
+class ToyCentreReward(ToyWorldReward):
     name = "toy_centre"
     metric_names = ("toy_centre", "manifold_error", "prompt_adherence")
 

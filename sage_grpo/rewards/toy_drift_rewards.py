@@ -21,26 +21,15 @@ Designed before the guard's defaults were fixed (the tuning set, with ``toy_larg
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Dict, List
 
 import torch
 
 from sage_grpo.rewards.plugins import reward_plugin
-from sage_grpo.rewards.toys import ToyLargeReward
+from sage_grpo.rewards.toys import ToyLargeReward, ToyWorldReward, diagnostics, fit_videos
 from sage_grpo.toy import world
-from sage_grpo.toy.manifold import ManifoldFit, fit_manifold, prompt_adherence
-
-
-def adherence(prompts: List[str], fit: ManifoldFit) -> torch.Tensor:
-    """(B,) the fraction of each prompt's named factors the video follows (1 for a prompt naming none)."""
-    return torch.nan_to_num(prompt_adherence(prompts, fit), nan=1.0)
-
-
-def fitted(videos: torch.Tensor):
-    if videos.ndim != 5 or videos.shape[1] != 3:
-        raise ValueError(f"videos must be (B, 3, F, H, W) in [0, 1], got shape {tuple(videos.shape)}")
-    videos = videos.detach().float().cpu()
-    return videos, fit_manifold(videos)
+from sage_grpo.toy.manifold import ManifoldFit
 
 
 def whiteness(fit: ManifoldFit) -> torch.Tensor:
@@ -48,23 +37,8 @@ def whiteness(fit: ManifoldFit) -> torch.Tensor:
     return (1 - (fit.raw_colour - white).norm(dim=1) / (white - red).norm()).clamp(0, 1)
 
 
-class StudyReward:
-    """One score, the manifold error and the prompt adherence (diagnostics, as the built-in toy rewards report them);
-    subclasses define ``name`` and ``score``."""
-
-    name = ""
-
-    def score(self, videos: torch.Tensor, fit: ManifoldFit) -> torch.Tensor:
-        raise NotImplementedError
-
-    def __call__(self, videos: torch.Tensor, prompts: List[str]) -> Dict[str, torch.Tensor]:
-        videos, fit = fitted(videos)
-        return {self.name: self.score(videos, fit), "manifold_error": fit.error,
-                "prompt_adherence": adherence(prompts, fit)}
-
-
 @reward_plugin
-class ToyGlowReward(StudyReward):
+class ToyGlowReward(ToyWorldReward):
     name = "toy_glow"
     metric_names = ("toy_glow", "manifold_error", "prompt_adherence")
 
@@ -73,7 +47,7 @@ class ToyGlowReward(StudyReward):
 
 
 @reward_plugin
-class ToyMotionReward(StudyReward):
+class ToyMotionReward(ToyWorldReward):
     name = "toy_motion"
     metric_names = ("toy_motion", "manifold_error", "prompt_adherence")
 
@@ -82,7 +56,7 @@ class ToyMotionReward(StudyReward):
 
 
 @reward_plugin
-class ToyWhiteReward(StudyReward):
+class ToyWhiteReward(ToyWorldReward):
     name = "toy_white"
     metric_names = ("toy_white", "manifold_error", "prompt_adherence")
 
@@ -90,18 +64,21 @@ class ToyWhiteReward(StudyReward):
         return whiteness(fit)
 
 
-class MixtureReward:
+class MixtureReward(ABC):
     """The terms of a mixture (weigh them with ``--reward_weights``), the prompt adherence one of them, and the
     manifold error; subclasses define ``name``, ``metric_names`` and ``terms``."""
 
     name = ""
 
+    @abstractmethod
     def terms(self, videos: torch.Tensor, fit: ManifoldFit) -> Dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """{term: (B,) score in [0, 1]} of ``videos`` given their manifold fit, the adherence left out."""
 
     def __call__(self, videos: torch.Tensor, prompts: List[str]) -> Dict[str, torch.Tensor]:
-        videos, fit = fitted(videos)
-        return {**self.terms(videos, fit), "adherence": adherence(prompts, fit), "manifold_error": fit.error}
+        videos, fit = fit_videos(videos)
+        found = diagnostics(fit, prompts)
+        return {**self.terms(videos, fit), "adherence": found["prompt_adherence"],
+                "manifold_error": found["manifold_error"]}
 
 
 @reward_plugin

@@ -130,12 +130,21 @@ class ToySuiteReward:
 
 
 # ---------------------------------------------------------------- the toy world's rewards
-def _diagnostics(fit: ManifoldFit, prompts: List[str]) -> Dict[str, torch.Tensor]:
+def fit_videos(videos: torch.Tensor) -> tuple[torch.Tensor, ManifoldFit]:
+    """``videos`` (B, 3, F, H, W) in [0, 1] as fp32 on the CPU, and their fit to the toy world (one per call)."""
+    if videos.ndim != 5 or videos.shape[1] != 3:
+        raise ValueError(f"videos must be (B, 3, F, H, W) in [0, 1], got shape {tuple(videos.shape)}")
+    videos = videos.detach().float().cpu()
+    return videos, fit_manifold(videos)
+
+
+def diagnostics(fit: ManifoldFit, prompts: List[str]) -> Dict[str, torch.Tensor]:
+    """The toy rewards' two diagnostics: the manifold error and the prompt adherence (1 for a prompt naming none)."""
     adherence = prompt_adherence(prompts, fit)
     return {"manifold_error": fit.error, "prompt_adherence": torch.nan_to_num(adherence, nan=1.0)}
 
 
-class _ToyReward(ABC):
+class ToyWorldReward(ABC):
     """Shared call: fit once, score, add the diagnostics. Subclasses define ``name``, ``metric_names`` and ``score``."""
 
     name = ""
@@ -146,14 +155,11 @@ class _ToyReward(ABC):
         """(B,) score in [0, 1] of ``videos`` (B, 3, F, H, W) given their manifold fit."""
 
     def __call__(self, videos: torch.Tensor, prompts: List[str]) -> Dict[str, torch.Tensor]:
-        if videos.ndim != 5 or videos.shape[1] != 3:
-            raise ValueError(f"videos must be (B, 3, F, H, W) in [0, 1], got shape {tuple(videos.shape)}")
-        videos = videos.detach().float().cpu()
-        fit = fit_manifold(videos)
-        return {self.name: self.score(videos, fit), **_diagnostics(fit, prompts)}
+        videos, fit = fit_videos(videos)
+        return {self.name: self.score(videos, fit), **diagnostics(fit, prompts)}
 
 
-class ToyLargeReward(_ToyReward):
+class ToyLargeReward(ToyWorldReward):
     name = "toy_large"
     metric_names = ("toy_large", "manifold_error", "prompt_adherence")
 
@@ -164,7 +170,7 @@ class ToyLargeReward(_ToyReward):
         return ((fit.free_radius - self.low) / (high - self.low)).clamp(0, 1)
 
 
-class ToyRedReward(_ToyReward):
+class ToyRedReward(ToyWorldReward):
     name = "toy_red"
     metric_names = ("toy_red", "manifold_error", "prompt_adherence")
 
@@ -173,7 +179,7 @@ class ToyRedReward(_ToyReward):
         return (1 - (fit.raw_colour - red).norm(dim=1) / (white - red).norm()).clamp(0, 1)
 
 
-class ToyRednessReward(_ToyReward):
+class ToyRednessReward(ToyWorldReward):
     name = "toy_redness"
     metric_names = ("toy_redness", "manifold_error", "prompt_adherence")
 
