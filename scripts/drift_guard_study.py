@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -135,10 +136,15 @@ def train_all(args) -> None:
                        "--valid_csv", args.valid_csv] + (["--demo_steps", str(args.demo_steps)]
                                                          if args.demo_steps is not None else [])
             print(f"[{time.strftime('%H:%M:%S')}] {reward}, {arm}, seed {seed}", flush=True)
-            log = open(log_dir / f"{reward}-{arm}-seed{seed}.log", "w")
-            running.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True), (reward, arm, seed)))
-        time.sleep(2)
+            with open(log_dir / f"{reward}-{arm}-seed{seed}.log", "w") as log:  # the child keeps its own handle
+                running.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                 start_new_session=True), (reward, arm, seed)))
+        try:
+            time.sleep(2)
+        except KeyboardInterrupt:  # each run is a process group of its own: stop them too (a rerun redoes them)
+            for process, _ in running:
+                os.killpg(process.pid, signal.SIGTERM)
+            raise
         for process, run in list(running):
             if process.poll() is not None:
                 running.remove((process, run))
