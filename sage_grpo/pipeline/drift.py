@@ -130,9 +130,9 @@ class DriftSentinel:
     * ``stop`` (at an alarm): a checkpoint of the current step, then :class:`DriftGuardStop` naming what crossed which
       bound.
     * ``rollback`` (at an alarm): the weights, optimizer, KL controller, anchor and EMA of the newest checkpoint at or
-      before the last validation point that raised no alarm (the anchor itself is no rollback target: refreshed every
-      ``--update_ref_model_step`` updates, far more often than validation, it has followed the policy into the drift
-      by the time an alarm fires); the step counters go on, so the data and the noise after it are new. Rolling back
+      before the last validation point that raised neither notice nor alarm (the anchor itself is no rollback target:
+      refreshed every ``--update_ref_model_step`` updates, far more often than validation, it has followed the policy
+      into the drift by the time an alarm fires); the step counters go on, so the data and the noise after it are new. Rolling back
       to the same checkpoint twice, or having none, stops as ``stop`` does.
     """
 
@@ -198,8 +198,8 @@ class DriftSentinel:
                 self.guard.rolled_back(target)
                 roll_back(checkpoints[target])
                 self.log(f"DRIFT GUARD: rolled back to {checkpoints[target]} (the newest checkpoint at or before the "
-                         f"last validation point that raised no alarm, step {self.guard.last_clean_step}); training "
-                         f"goes on from step {step}")
+                         f"last validation point that raised neither notice nor alarm, step "
+                         f"{self.guard.last_clean_step}); training goes on from step {step}")
                 return
             crossed += ("; nothing to roll back to (no checkpoint at or before a validation point that crossed no "
                         "bound, or the drift came back after the rollback to it)")

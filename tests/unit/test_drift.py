@@ -255,7 +255,7 @@ def test_rollback_goes_to_the_newest_clean_checkpoint_once_then_stops():
     points(guard, run, [0.1, 0.15, 0.18, 0.3])
     assert run.calls == [("roll_back", Path("run/checkpoint-4"))]
     assert log[-1] == ("DRIFT GUARD: rolled back to run/checkpoint-4 (the newest checkpoint at or before the last "
-                       "validation point that raised no alarm, step 4); training goes on from step 6")
+                       "validation point that raised neither notice nor alarm, step 4); training goes on from step 6")
     assert guard.guard.rollbacks == [4]
     guard.record_step({"gathered_avg_reward_mean": 0.5})
     _, alarms = guard.observe(8, {"Validation/drift_proxy": 0.35})
