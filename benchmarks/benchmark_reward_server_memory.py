@@ -10,7 +10,7 @@ uint8 frames. Two measurements of that request, each divided by the body's size:
   torch's included. Each case's process fixes glibc's mmap threshold at 64 KiB first (:func:`exact_resident_set`):
   every buffer of that size or more is its own mapping, returned when freed, so the peak is the peak of live memory
   rather than of what the allocator kept after earlier frees (with glibc's moving threshold, the VideoAlign case read
-  anywhere from 1.2x to 2.6x);
+  from 1.6x to 2.6x between runs);
 * the peak of ``tracemalloc`` (Python's allocators: the body's buffer, any bytes copy of it; torch's allocator is
   not traced).
 
