@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from bench_support import NUMBER, benchmark_module, value_of
+from bench_support import NUMBER, SCRIPTS, value_of
 from procs import eventually, run_group, scaled
 from reward_options_support import ServerThread
 
@@ -120,7 +120,7 @@ def test_trickling_strangers_neither_take_a_trainers_slot_nor_stay_past_a_second
     assert all(0.95 < seconds < scaled(2.0) for seconds in open_for), open_for
 
 
-MEMORY = benchmark_module("benchmark_reward_server_memory")  # run in a fresh process per case
+MEMORY_BENCHMARK = SCRIPTS / "benchmark_reward_server_memory.py"  # run in a fresh process per case
 BENCHMARKS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"  # its table of what it measured
 
 
@@ -136,7 +136,7 @@ def test_a_request_costs_its_body_and_what_the_reward_asks_for(case, below):
     float32 besides the body, 5.0x; VideoAlign 5.5x). Measured as the benchmark does, in a fresh process whose
     allocator gives freed buffers back, so nothing that ran before in this process and nothing glibc cached counts;
     the figure docs/benchmarks.md gives is the one measured."""
-    done = run_group([sys.executable, str(MEMORY.__file__), "--case", case], timeout=120)
+    done = run_group([sys.executable, str(MEMORY_BENCHMARK), "--case", case], timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "could not be fixed" not in done.stdout, done.stdout
     ratios = (value_of(rf"^{case}: .* peak resident \+[0-9.]+ MiB \({NUMBER}x\)", done.stdout),
